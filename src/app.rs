@@ -1,0 +1,232 @@
+//! Putting the server together: the shared state, the roles, start and clean shutdown.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::Router;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::Jwt;
+use crate::broker::{Broker, Topology};
+use crate::config::{DEV_JWT_SECRET, Role, Settings};
+use crate::http::rate_limit::RateLimits;
+use crate::items::catalog::Catalog;
+use crate::keys::Keys;
+use crate::orders::consumer::Consumer;
+use crate::outbox::publisher::OrderPublisher;
+use crate::outbox::relay::Relay;
+use crate::store::{Db, RedisConns, connect_mysql, migrate};
+use crate::{http, lua};
+
+/// Everything a handler may need; each field is cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub settings: Arc<Settings>,
+    pub keys: Keys,
+    pub db: Db,
+    pub redis: RedisConns,
+    pub broker: Broker,
+    pub catalog: Catalog,
+    pub publisher: OrderPublisher,
+    pub jwt: Arc<Jwt>,
+    pub limits: Arc<RateLimits>,
+}
+
+/// A server that has connected, migrated and bound its listeners, ready to [`Server::run`].
+pub struct Server {
+    state: AppState,
+    roles: HashSet<Role>,
+    listener: TcpListener,
+    admin_listener: Option<TcpListener>,
+    /// Stops the background roles once HTTP has drained.
+    workers: CancellationToken,
+    publisher_task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    pub async fn build(settings: Settings, roles: &[Role]) -> anyhow::Result<Self> {
+        if settings.jwt_secret.expose() == DEV_JWT_SECRET {
+            tracing::warn!(
+                "SECKILL_JWT_SECRET is not set: using the built-in development secret; anyone can mint tokens"
+            );
+        }
+        if settings.admin_token.is_none() {
+            tracing::warn!("SECKILL_ADMIN_TOKEN is not set: the admin API answers 401");
+        }
+        let db = connect_mysql(settings.database_url.expose()).await?;
+        migrate(&db).await?;
+
+        let redis = RedisConns::new(settings.redis_url.expose())
+            .context("SECKILL_REDIS_URL is not a Redis URL")?;
+        if let Err(e) = lua::preload(&mut redis.hot.clone()).await {
+            tracing::warn!(error = %e, "cannot preload Lua scripts yet (Redis down?); they load on first use");
+        }
+        let keys = Keys::new(&settings.namespace);
+        let broker = Broker::new(
+            settings.amqp_url.expose(),
+            Topology::new(&settings.namespace),
+        );
+        let catalog = Catalog::new(db.clone(), redis.clone(), keys.clone());
+        let roles: HashSet<Role> = roles.iter().copied().collect();
+        if roles.contains(&Role::Api)
+            && let Err(e) = catalog.refresh().await
+        {
+            tracing::warn!(error = %crate::error::cause_chain(&e), "first item catalogue load failed; retrying in the background");
+        }
+
+        let listener = bind(settings.http_addr, "listening").await?;
+        let admin_listener = match settings.admin_addr {
+            Some(addr) => Some(bind(addr, "admin listening").await?),
+            None => None,
+        };
+
+        let workers = CancellationToken::new();
+        let (publisher, publisher_task) =
+            OrderPublisher::spawn(broker.clone(), redis.clone(), keys.clone(), workers.clone());
+        let state = AppState {
+            jwt: Arc::new(Jwt::new(&settings.jwt_secret)),
+            limits: Arc::new(RateLimits::new(&settings)),
+            settings: Arc::new(settings),
+            keys,
+            db,
+            redis,
+            broker,
+            catalog,
+            publisher,
+        };
+        Ok(Self {
+            state,
+            roles,
+            listener,
+            admin_listener,
+            workers,
+            publisher_task,
+        })
+    }
+
+    /// The address the main listener is bound to (useful with port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .unwrap_or_else(|_| self.state.settings.http_addr)
+    }
+
+    /// The admin listener's address, when `SECKILL_ADMIN_ADDR` is set.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+    }
+
+    /// Serves until `shutdown`: then stops accepting, finishes in-flight requests, lets
+    /// the consumer finish (and ack) its batch and the publisher send its buffer, and
+    /// closes the broker connection last.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let Server {
+            state,
+            roles,
+            listener,
+            admin_listener,
+            workers,
+            publisher_task,
+        } = self;
+        let broker_stop = CancellationToken::new();
+        let broker_task = tokio::spawn(state.broker.clone().run(broker_stop.clone()));
+
+        let mut background = JoinSet::new();
+        if roles.contains(&Role::Api) {
+            background.spawn(state.catalog.clone().run(workers.clone()));
+            let limits = state.limits.clone();
+            let stop = workers.clone();
+            background.spawn(async move { limits.housekeeping(stop).await });
+        }
+        if roles.contains(&Role::Consumer) {
+            let consumer = Consumer {
+                broker: state.broker.clone(),
+                db: state.db.clone(),
+                redis: state.redis.clone(),
+                keys: state.keys.clone(),
+            };
+            background.spawn(consumer.run(workers.clone()));
+        }
+        if roles.contains(&Role::Scheduler) {
+            let relay = Relay {
+                broker: state.broker.clone(),
+                redis: state.redis.clone(),
+                db: state.db.clone(),
+                keys: state.keys.clone(),
+            };
+            background.spawn(relay.run(workers.clone()));
+        }
+
+        let (main, admin) = routers(&state, &roles, admin_listener.is_some());
+        let mut servers = JoinSet::new();
+        servers.spawn(serve(listener, main, shutdown.clone()));
+        if let (Some(listener), Some(admin)) = (admin_listener, admin) {
+            servers.spawn(serve(listener, admin, shutdown.clone()));
+        }
+        let mut result = Ok(());
+        while let Some(done) = servers.join_next().await {
+            if let Err(e) = done.map_err(anyhow::Error::from).and_then(|r| r) {
+                // One listener failed: stop the whole server rather than run half of it.
+                shutdown.cancel();
+                result = Err(e);
+            }
+        }
+        tracing::info!("HTTP drained; stopping background work");
+        workers.cancel();
+        while background.join_next().await.is_some() {}
+        let _ = publisher_task.await;
+        broker_stop.cancel();
+        let _ = broker_task.await;
+        tracing::info!("stopped");
+        result
+    }
+}
+
+/// The main router and, when the admin API has a listener of its own, the admin router.
+fn routers(state: &AppState, roles: &HashSet<Role>, admin_apart: bool) -> (Router, Option<Router>) {
+    let main = if roles.contains(&Role::Api) {
+        http::api_routes()
+    } else {
+        http::health_routes()
+    };
+    if admin_apart {
+        (
+            http::finish(main, state.clone()),
+            Some(http::finish(http::admin_routes(), state.clone())),
+        )
+    } else {
+        (
+            http::finish(main.merge(http::admin_routes()), state.clone()),
+            None,
+        )
+    }
+}
+
+async fn bind(addr: SocketAddr, what: &'static str) -> anyhow::Result<TcpListener> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let bound = listener.local_addr()?;
+    tracing::info!(addr = %bound, "{what}");
+    Ok(listener)
+}
+
+async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown.cancelled_owned())
+    .await
+    .context("HTTP server failed")
+}

@@ -1,0 +1,173 @@
+//! The connection to RabbitMQ, kept alive by a supervisor task.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::options::ConfirmSelectOptions;
+use lapin::{Channel, Connection, ConnectionProperties};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::Topology;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How often the supervisor looks at the connection's health.
+const CHECK_EVERY: Duration = Duration::from_millis(250);
+
+#[derive(Clone)]
+pub struct Broker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    url: String,
+    topology: Topology,
+    link: watch::Sender<Option<Link>>,
+}
+
+/// A live connection, with the channel all publishes share (publisher confirms on).
+#[derive(Clone)]
+pub struct Link {
+    connection: Arc<Connection>,
+    publish: Channel,
+}
+
+impl Link {
+    /// Connected, and the publishing channel still open (a channel can be closed by the
+    /// broker on its own, for instance when its queue is deleted).
+    fn is_healthy(&self) -> bool {
+        self.connection.status().connected() && self.publish.status().connected()
+    }
+}
+
+impl Broker {
+    pub fn new(url: &str, topology: Topology) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                url: url.to_owned(),
+                topology,
+                link: watch::Sender::new(None),
+            }),
+        }
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.inner.topology
+    }
+
+    pub fn is_connected(&self) -> bool {
+        self.inner
+            .link
+            .borrow()
+            .as_ref()
+            .is_some_and(Link::is_healthy)
+    }
+
+    /// The publishing channel, if connected now. Never waits.
+    pub fn publish_channel(&self) -> Option<Channel> {
+        self.inner
+            .link
+            .borrow()
+            .as_ref()
+            .filter(|l| l.is_healthy())
+            .map(|l| l.publish.clone())
+    }
+
+    /// Messages ready in the order queue (not counting those a consumer holds unacked),
+    /// or `None` when the broker cannot tell now.
+    pub async fn queue_depth(&self) -> Option<u32> {
+        let connection = self.inner.link.borrow().as_ref()?.connection.clone();
+        // A channel of its own: a failed passive declare closes the channel it ran on.
+        let channel = connection.create_channel().await.ok()?;
+        let queue = channel
+            .queue_declare(
+                self.inner.topology.orders_queue.as_str().into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .ok();
+        let _ = channel.close(200, "done".into()).await;
+        Some(queue?.message_count())
+    }
+
+    /// A new channel (for a consumer), waiting for a connection; `None` on shutdown.
+    pub async fn open_channel(
+        &self,
+        shutdown: &CancellationToken,
+    ) -> Option<lapin::Result<Channel>> {
+        let mut link = self.inner.link.subscribe();
+        let connection = tokio::select! {
+            () = shutdown.cancelled() => return None,
+            found = link.wait_for(Option::is_some) => found.ok()?.as_ref()?.connection.clone(),
+        };
+        Some(connection.create_channel().await)
+    }
+
+    /// Connects, declares the topology, and reconnects whenever the connection is lost,
+    /// until shutdown.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut backoff = Duration::from_millis(200);
+        let mut warned = false;
+        while !shutdown.is_cancelled() {
+            match tokio::time::timeout(CONNECT_TIMEOUT, self.connect()).await {
+                Ok(Ok(link)) => {
+                    tracing::info!("connected to RabbitMQ");
+                    warned = false;
+                    backoff = Duration::from_millis(200);
+                    let connection = link.connection.clone();
+                    self.inner.link.send_replace(Some(link.clone()));
+                    while link.is_healthy() && !shutdown.is_cancelled() {
+                        tokio::select! {
+                            () = shutdown.cancelled() => {}
+                            () = tokio::time::sleep(CHECK_EVERY) => {}
+                        }
+                    }
+                    self.inner.link.send_replace(None);
+                    // Closes a connection whose publishing channel died; fails harmlessly
+                    // on one that is already gone.
+                    let _ = connection.close(200, "reconnecting".into()).await;
+                    if shutdown.is_cancelled() {
+                        return;
+                    }
+                    tracing::warn!(
+                        "lost the RabbitMQ connection; reconnecting (orders wait in the Redis outbox)"
+                    );
+                }
+                failed => {
+                    let reason = match failed {
+                        Ok(Err(e)) => crate::error::cause_chain(&e),
+                        _ => format!("no answer within {CONNECT_TIMEOUT:?}"),
+                    };
+                    if !warned {
+                        tracing::warn!(error = %reason, "cannot connect to RabbitMQ; retrying (orders wait in the Redis outbox)");
+                        warned = true;
+                    }
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    async fn connect(&self) -> lapin::Result<Link> {
+        let connection =
+            Connection::connect(&self.inner.url, ConnectionProperties::default()).await?;
+        let publish = connection.create_channel().await?;
+        self.inner.topology.declare(&publish).await?;
+        publish
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        Ok(Link {
+            connection: Arc::new(connection),
+            publish,
+        })
+    }
+}

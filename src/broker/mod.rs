@@ -1,0 +1,13 @@
+//! RabbitMQ: names and declarations, a connection that heals itself, and publishing with
+//! confirms.
+//!
+//! The server never needs the broker to answer a purchase (orders wait in the Redis outbox),
+//! so it starts without one and keeps trying to connect in the background.
+
+mod link;
+mod publish;
+mod topology;
+
+pub use self::link::Broker;
+pub use self::publish::{Outgoing, publish_confirmed};
+pub use self::topology::Topology;

@@ -1,0 +1,95 @@
+//! Exchanges and queues, all named after the namespace so deployments and tests sharing a
+//! broker never see each other's messages.
+
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
+use lapin::{Channel, ExchangeKind};
+
+#[derive(Clone, Debug)]
+pub struct Topology {
+    /// Direct exchange the server publishes won orders to.
+    pub orders_exchange: String,
+    /// Durable queue the consumer reads.
+    pub orders_queue: String,
+    /// Fanout exchange rejected (unparseable) messages are dead-lettered to.
+    pub dead_exchange: String,
+    /// Where dead letters wait for a human.
+    pub dead_queue: String,
+}
+
+pub const ORDER_PLACED: &str = "order.placed";
+
+impl Topology {
+    pub fn new(namespace: &str) -> Self {
+        Self {
+            orders_exchange: format!("{namespace}.orders"),
+            orders_queue: format!("{namespace}.orders"),
+            dead_exchange: format!("{namespace}.orders.dead"),
+            dead_queue: format!("{namespace}.orders.dead"),
+        }
+    }
+
+    /// Declares everything (idempotent; run on every connect).
+    pub async fn declare(&self, channel: &Channel) -> lapin::Result<()> {
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        channel
+            .exchange_declare(
+                self.orders_exchange.as_str().into(),
+                ExchangeKind::Direct,
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .exchange_declare(
+                self.dead_exchange.as_str().into(),
+                ExchangeKind::Fanout,
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
+        let durable_queue = QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        };
+        channel
+            .queue_declare(
+                self.dead_queue.as_str().into(),
+                durable_queue,
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .queue_bind(
+                self.dead_queue.as_str().into(),
+                self.dead_exchange.as_str().into(),
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        // A message the consumer rejects (it cannot be parsed) goes to the dead-letter
+        // exchange instead of being redelivered forever.
+        let mut args = FieldTable::default();
+        args.insert(
+            ShortString::from("x-dead-letter-exchange"),
+            AMQPValue::LongString(self.dead_exchange.as_str().into()),
+        );
+        channel
+            .queue_declare(self.orders_queue.as_str().into(), durable_queue, args)
+            .await?;
+        channel
+            .queue_bind(
+                self.orders_queue.as_str().into(),
+                self.orders_exchange.as_str().into(),
+                ORDER_PLACED.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(())
+    }
+}

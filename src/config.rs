@@ -1,0 +1,187 @@
+//! Settings: every `SECKILL_*` variable of the contract, with its default, parsed and
+//! validated once at start. Each one is also a command-line flag (`seckill serve --help`
+//! lists them all), which is how tests give every server its own namespace and database
+//! without touching the process environment.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
+
+use clap::{Args, ValueEnum};
+use ipnet::IpNet;
+
+/// The default JWT secret: fine on a laptop, announced loudly in the log anywhere else.
+pub const DEV_JWT_SECRET: &str = "seckill-dev-secret-change-me";
+
+#[derive(Args, Clone, Debug)]
+pub struct Settings {
+    /// Listen address of the HTTP API (port 0 = any free port).
+    #[arg(long, env = "SECKILL_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    pub http_addr: SocketAddr,
+
+    /// A separate listen address for `/admin` and `/metrics`; unset = the main listener.
+    #[arg(long, env = "SECKILL_ADMIN_ADDR")]
+    pub admin_addr: Option<SocketAddr>,
+
+    /// Redis URL.
+    #[arg(
+        long,
+        env = "SECKILL_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub redis_url: Secret,
+
+    /// MySQL/MariaDB URL; the database is created if missing.
+    #[arg(
+        long,
+        env = "SECKILL_DATABASE_URL",
+        default_value = "mysql://root@127.0.0.1:3306/seckill"
+    )]
+    pub database_url: Secret,
+
+    /// RabbitMQ URL.
+    #[arg(
+        long,
+        env = "SECKILL_AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    pub amqp_url: Secret,
+
+    /// Prefix of every Redis key and every RabbitMQ exchange and queue.
+    #[arg(long, env = "SECKILL_NAMESPACE", default_value = "seckill", value_parser = parse_namespace)]
+    pub namespace: String,
+
+    /// HS256 secret for user tokens.
+    #[arg(long, env = "SECKILL_JWT_SECRET", default_value = DEV_JWT_SECRET, hide_default_value = true)]
+    pub jwt_secret: Secret,
+
+    /// Bearer token for `/admin/*`; unset = the admin API answers 401.
+    #[arg(long, env = "SECKILL_ADMIN_TOKEN")]
+    pub admin_token: Option<Secret>,
+
+    /// Tolerated difference between `X-Client-Time` and server time, in milliseconds.
+    #[arg(long, env = "SECKILL_CLOCK_SKEW_MS", default_value_t = 5000)]
+    pub clock_skew_ms: u64,
+
+    /// Purchase attempts per second per user (bursts of twice that); 0 = off.
+    #[arg(long, env = "SECKILL_RATE_PER_USER", default_value_t = 5)]
+    pub rate_per_user: u32,
+
+    /// Purchase attempts per second per client IP; 0 = off.
+    #[arg(long, env = "SECKILL_RATE_PER_IP", default_value_t = 0)]
+    pub rate_per_ip: u32,
+
+    /// Proxies whose `X-Forwarded-For` is believed, as comma-separated CIDRs.
+    #[arg(
+        long,
+        env = "SECKILL_TRUSTED_PROXIES",
+        default_value = "127.0.0.1/32,::1/128",
+        value_delimiter = ','
+    )]
+    pub trusted_proxies: Vec<IpNet>,
+}
+
+impl Settings {
+    /// The settings as the environment gives them, without any flag: the base that tests
+    /// adjust field by field.
+    pub fn from_env() -> Result<Self, clap::Error> {
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            settings: Settings,
+        }
+        <Only as clap::Parser>::try_parse_from(["seckill"]).map(|o| o.settings)
+    }
+
+    pub fn is_trusted_proxy(&self, ip: IpAddr) -> bool {
+        self.trusted_proxies.iter().any(|net| net.contains(&ip))
+    }
+}
+
+/// Which parts of the server this process runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, ValueEnum)]
+pub enum Role {
+    /// The HTTP API: purchases, reads, operators.
+    Api,
+    /// Takes orders off RabbitMQ and writes them to MySQL.
+    Consumer,
+    /// Background work: the outbox relay (later also deadlines and reconciliation).
+    Scheduler,
+}
+
+impl Role {
+    pub const ALL: [Role; 3] = [Role::Api, Role::Consumer, Role::Scheduler];
+}
+
+fn parse_namespace(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err("a namespace is 1 to 64 characters of A-Z, a-z, 0-9, '_' and '-'".into())
+    }
+}
+
+/// A value that must never reach a log line: URLs with passwords, secrets, tokens.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(…)")
+    }
+}
+
+impl FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self(s.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_contract() {
+        let s = Settings::from_env().unwrap();
+        assert_eq!(s.http_addr.to_string(), "127.0.0.1:8080");
+        assert_eq!(s.namespace, "seckill");
+        assert_eq!(s.clock_skew_ms, 5000);
+        assert_eq!(s.rate_per_user, 5);
+        assert_eq!(s.rate_per_ip, 0);
+        assert!(s.admin_token.is_none());
+        assert!(s.is_trusted_proxy("127.0.0.1".parse().unwrap()));
+        assert!(s.is_trusted_proxy("::1".parse().unwrap()));
+        assert!(!s.is_trusted_proxy("10.0.0.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn namespaces_are_checked() {
+        assert!(parse_namespace("t_abc-1").is_ok());
+        assert!(parse_namespace("").is_err());
+        assert!(parse_namespace("a:b").is_err());
+        assert!(parse_namespace("a b").is_err());
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let s = Secret::new("hunter2");
+        assert!(!format!("{s:?}").contains("hunter2"));
+    }
+}

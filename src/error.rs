@@ -1,0 +1,146 @@
+//! The one error type of the HTTP edge. Each variant is one `code` of the contract; the
+//! `IntoResponse` below is the only place that turns failures into answers, and the only
+//! place that logs them (once, with their cause chain). Internal details never reach the
+//! client: it gets the code, a plain sentence and the trace id to quote.
+
+use std::time::Duration;
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::domain::OrderSn;
+use crate::http::reply::envelope;
+use crate::store::{DbError, RedisError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    #[error("client clock differs from server time by {skew_ms} ms (tolerance {tolerance_ms} ms)")]
+    ClockSkew { skew_ms: i64, tolerance_ms: u64 },
+    #[error("unauthorized: {0}")]
+    Unauthorized(&'static str),
+    #[error("no such item")]
+    ItemNotFound,
+    #[error("no such order")]
+    OrderNotFound,
+    #[error("no such route")]
+    RouteNotFound,
+    #[error("the sale has not started: {0}")]
+    NotStarted(&'static str),
+    #[error("the sale has ended")]
+    Ended,
+    #[error("user already holds order {order_sn}")]
+    Duplicate { order_sn: OrderSn },
+    #[error("sold out")]
+    SoldOut,
+    #[error("rate limited")]
+    RateLimited { retry_after: Duration },
+    #[error("the sale is paused")]
+    Paused,
+    /// A 409 of the operators' API: `code` names the conflict.
+    #[error("{detail}")]
+    Conflict { code: &'static str, detail: String },
+    #[error("request took longer than the time budget")]
+    Timeout,
+    #[error("Redis failed")]
+    Redis(#[from] RedisError),
+    #[error("MySQL failed")]
+    Database(#[from] DbError),
+    #[error("RabbitMQ is not connected")]
+    BrokerDown,
+    #[error("internal error")]
+    Internal(#[from] anyhow::Error),
+}
+
+impl ApiError {
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self::BadRequest(detail.into())
+    }
+
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        use ApiError::*;
+        match self {
+            BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ClockSkew { .. } => (StatusCode::BAD_REQUEST, "clock_skew"),
+            Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ItemNotFound => (StatusCode::NOT_FOUND, "item_not_found"),
+            OrderNotFound => (StatusCode::NOT_FOUND, "order_not_found"),
+            RouteNotFound => (StatusCode::NOT_FOUND, "not_found"),
+            NotStarted(_) => (StatusCode::FORBIDDEN, "not_started"),
+            Ended => (StatusCode::FORBIDDEN, "ended"),
+            Duplicate { .. } => (StatusCode::CONFLICT, "duplicate"),
+            SoldOut => (StatusCode::GONE, "sold_out"),
+            RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+            Paused => (StatusCode::SERVICE_UNAVAILABLE, "paused"),
+            Conflict { code, .. } => (StatusCode::CONFLICT, code),
+            Timeout | Redis(_) | BrokerDown => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            Database(e) if e.is_unavailable() => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            Database(_) | Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+
+    /// What the client is told. Dependencies are named (operators need that) but their
+    /// error text is not sent.
+    fn detail(&self) -> String {
+        match self {
+            ApiError::Redis(_) => "Redis did not answer; try again shortly".into(),
+            ApiError::Database(e) if e.is_unavailable() => {
+                "MySQL did not answer; try again shortly".into()
+            }
+            ApiError::BrokerDown => "RabbitMQ is not connected; try again shortly".into(),
+            ApiError::Database(_) | ApiError::Internal(_) => {
+                "internal error; quote the trace_id when reporting it".into()
+            }
+            other => other.to_string(),
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ApiError::RateLimited { retry_after } => Some(*retry_after),
+            ApiError::Paused => Some(Duration::from_secs(5)),
+            _ if self.status_and_code().0 == StatusCode::SERVICE_UNAVAILABLE => {
+                Some(Duration::from_secs(1))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        if status.is_server_error() {
+            tracing::error!(code, error = %cause_chain(&self), "request failed");
+        } else {
+            tracing::debug!(code, error = %self, "request refused");
+        }
+        let mut extra = json!({ "detail": self.detail() });
+        if let ApiError::Duplicate { order_sn } = &self {
+            extra["order_sn"] = json!(order_sn);
+        }
+        let mut response = envelope(status, code, extra);
+        if let Some(after) = self.retry_after() {
+            // Whole seconds, at least one: clients treat 0 as "now".
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        }
+        response
+    }
+}
+
+/// `outer: inner: innermost`, for a log line.
+pub fn cause_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

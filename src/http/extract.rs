@@ -1,0 +1,160 @@
+//! Extractors: authentication and validation happen here, so handlers only see good input.
+//! Each refusal is one `code` of the contract, with a detail naming what is wrong.
+
+use std::net::SocketAddr;
+
+use axum::body::Bytes;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{ConnectInfo, FromRequest, FromRequestParts, Request};
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use serde::de::DeserializeOwned;
+
+use crate::app::AppState;
+use crate::auth::{admin_token_matches, bearer};
+use crate::domain::UserId;
+use crate::error::ApiError;
+
+use super::rate_limit::client_ip;
+
+/// A JSON body, whatever its `Content-Type` (curl users forget it), refused with a 400
+/// that names the field at fault.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(request, state)
+            .await
+            .map_err(|e| ApiError::bad_request(format!("request body: {}", e.body_text())))?;
+        if bytes.is_empty() {
+            return Err(ApiError::bad_request(
+                "request body is empty; expected a JSON object",
+            ));
+        }
+        let mut json = serde_json::Deserializer::from_slice(&bytes);
+        serde_path_to_error::deserialize(&mut json)
+            .map(ApiJson)
+            .map_err(|e| {
+                let path = e.path().to_string();
+                if path == "." {
+                    ApiError::bad_request(format!("request body: {}", e.inner()))
+                } else {
+                    ApiError::bad_request(format!("request body: `{path}`: {}", e.inner()))
+                }
+            })
+    }
+}
+
+/// Path parameters, refused with a 400.
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
+pub struct ApiPath<T>(pub T);
+
+impl From<PathRejection> for ApiError {
+    fn from(e: PathRejection) -> Self {
+        ApiError::bad_request(format!("path: {}", e.body_text()))
+    }
+}
+
+/// Query parameters, refused with a 400.
+#[derive(FromRequestParts)]
+#[from_request(via(axum::extract::Query), rejection(ApiError))]
+pub struct ApiQuery<T>(pub T);
+
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
+        ApiError::bad_request(format!("query: {}", e.body_text()))
+    }
+}
+
+/// A user with a valid token.
+pub struct AuthUser(pub UserId);
+
+impl FromRequestParts<AppState> for AuthUser {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let header = parts
+            .headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let user = bearer(header)
+            .and_then(|token| state.jwt.verify(token))
+            .map_err(|e| ApiError::Unauthorized(e.as_str()))?;
+        tracing::Span::current().record("user_id", user.get());
+        Ok(AuthUser(user))
+    }
+}
+
+/// A user allowed to attempt a purchase now: the client IP within its rate (checked
+/// before the token, so a flood of bad tokens is limited too), a valid token, the user
+/// within theirs.
+pub struct Buyer(pub UserId);
+
+impl FromRequestParts<AppState> for Buyer {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        if let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>() {
+            state
+                .limits
+                .check_ip(client_ip(&state.settings, *peer, &parts.headers))?;
+        }
+        let AuthUser(user) = AuthUser::from_request_parts(parts, state).await?;
+        state.limits.check_user(user)?;
+        Ok(Buyer(user))
+    }
+}
+
+/// `X-Client-Time` (ms since the epoch), within the tolerated skew of server time.
+pub struct ClientTime(pub i64);
+
+impl FromRequestParts<AppState> for ClientTime {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let value = parts.headers.get("x-client-time").ok_or_else(|| {
+            ApiError::bad_request("missing X-Client-Time header (ms since the epoch)")
+        })?;
+        let client_ms: i64 = value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .ok_or_else(|| {
+                ApiError::bad_request("X-Client-Time is not a number of ms since the epoch")
+            })?;
+        let skew_ms = client_ms.saturating_sub(chrono::Utc::now().timestamp_millis());
+        if skew_ms.unsigned_abs() > state.settings.clock_skew_ms {
+            return Err(ApiError::ClockSkew {
+                skew_ms,
+                tolerance_ms: state.settings.clock_skew_ms,
+            });
+        }
+        Ok(ClientTime(client_ms))
+    }
+}
+
+/// An operator: `Authorization: Bearer $SECKILL_ADMIN_TOKEN`.
+pub struct Admin;
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Some(expected) = &state.settings.admin_token else {
+            return Err(ApiError::Unauthorized(
+                "the admin API is off: set SECKILL_ADMIN_TOKEN",
+            ));
+        };
+        let header = parts
+            .headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        match bearer(header) {
+            Ok(given) if admin_token_matches(expected, given) => Ok(Admin),
+            _ => Err(ApiError::Unauthorized("admin token missing or wrong")),
+        }
+    }
+}

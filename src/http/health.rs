@@ -1,0 +1,53 @@
+//! `/healthz` (the process answers) and `/readyz` (its dependencies answer).
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde_json::json;
+
+use crate::app::AppState;
+use crate::store::mysql_timed;
+
+use super::reply::{envelope, ok};
+
+pub async fn healthz() -> Response {
+    ok("ok", json!({}))
+}
+
+pub async fn readyz(
+    State(AppState {
+        db, redis, broker, ..
+    }): State<AppState>,
+) -> Response {
+    let (redis_ok, mysql_ok) = tokio::join!(
+        redis.ping(),
+        mysql_timed(sqlx::query("SELECT 1").execute(&db))
+    );
+    let checks = [
+        ("redis", redis_ok.is_ok()),
+        ("mysql", mysql_ok.is_ok()),
+        ("rabbitmq", broker.is_connected()),
+    ];
+    let down: Vec<&str> = checks
+        .iter()
+        .filter(|(_, up)| !up)
+        .map(|(name, _)| *name)
+        .collect();
+    let status: serde_json::Map<String, serde_json::Value> = checks
+        .iter()
+        .map(|(name, up)| (name.to_string(), json!(if *up { "up" } else { "down" })))
+        .collect();
+    if down.is_empty() {
+        ok("ready", json!({ "dependencies": status }))
+    } else {
+        envelope(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            json!({
+                "detail": format!("not answering: {}", down.join(", ")),
+                "down": down,
+                "dependencies": status,
+            }),
+        )
+    }
+}

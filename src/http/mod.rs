@@ -1,0 +1,68 @@
+//! The HTTP edge: routes, the layers every request passes, and the pieces handlers share.
+
+pub mod extract;
+pub mod health;
+pub mod rate_limit;
+pub mod reply;
+pub mod request_id;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::error_handling::HandleErrorLayer;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post, put};
+use tower::ServiceBuilder;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::{items, orders, purchase};
+
+/// The contract's budget: an answer within one second, whatever a dependency does.
+pub const REQUEST_BUDGET: Duration = Duration::from_secs(1);
+/// Request bodies are a few dozen bytes; anything bigger is a mistake or an attack.
+const BODY_LIMIT: usize = 64 * 1024;
+
+/// The public API (with health checks).
+pub fn api_routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/flashbuy", post(purchase::flashbuy))
+        .route("/api/orders/{order_sn}", get(orders::api::get_order))
+        .route("/api/items/{item_id}", get(items::api::get_item))
+        .merge(health_routes())
+}
+
+/// Health checks alone: what a worker-only process (no `api` role) serves.
+pub fn health_routes() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(health::healthz))
+        .route("/readyz", get(health::readyz))
+}
+
+/// The operators' API.
+pub fn admin_routes() -> Router<AppState> {
+    use items::admin::*;
+    Router::new()
+        .route("/admin/items/{item_id}", put(put_item))
+        .route("/admin/items/{item_id}/warmup", post(warmup_item))
+        .route("/admin/items/{item_id}/pause", post(pause_item))
+        .route("/admin/items/{item_id}/resume", post(resume_item))
+        .route("/admin/items/{item_id}/stats", get(item_stats))
+}
+
+/// Adds the layers every request passes, outermost first: request id and span, the time
+/// budget, the body limit; and a JSON 404 for unknown routes.
+pub fn finish(routes: Router<AppState>, state: AppState) -> Router {
+    routes
+        .fallback(|| async { ApiError::RouteNotFound })
+        .layer(
+            ServiceBuilder::new()
+                .layer(axum::middleware::from_fn(request_id::layer))
+                .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
+                    ApiError::Timeout
+                }))
+                .timeout(REQUEST_BUDGET)
+                .layer(DefaultBodyLimit::max(BODY_LIMIT)),
+        )
+        .with_state(state)
+}

@@ -1,0 +1,223 @@
+//! Operators' item endpoints: create/update, warm-up, pause/resume, stats.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::app::AppState;
+use crate::domain::ItemId;
+use crate::error::ApiError;
+use crate::http::extract::{Admin, ApiJson, ApiPath, ApiQuery};
+use crate::http::reply::{envelope, ok};
+use crate::orders::repo as orders;
+
+use super::catalog::Catalog;
+use super::repo::{self, ItemDraft};
+use super::stock;
+use super::warmup::{WarmupError, warmup};
+
+/// The most units one item may have (a million units is about 60 MB of Redis).
+const MAX_TOTAL: u32 = 10_000_000;
+const MAX_PAY_TIMEOUT_S: u32 = 7 * 24 * 3600;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ItemBody {
+    name: String,
+    shop_id: u64,
+    total: u32,
+    start_at: DateTime<Utc>,
+    end_at: DateTime<Utc>,
+    price_cents: u64,
+    #[serde(default = "default_pay_timeout")]
+    pay_timeout_s: u32,
+}
+
+fn default_pay_timeout() -> u32 {
+    1800
+}
+
+impl ItemBody {
+    fn validate(self) -> Result<ItemDraft, ApiError> {
+        let name = self.name.trim().to_owned();
+        if name.is_empty() || name.chars().count() > 200 {
+            return Err(ApiError::bad_request("`name`: 1 to 200 characters"));
+        }
+        if self.shop_id == 0 {
+            return Err(ApiError::bad_request("`shop_id`: must be positive"));
+        }
+        if !(1..=MAX_TOTAL).contains(&self.total) {
+            return Err(ApiError::bad_request(format!("`total`: 1 to {MAX_TOTAL}")));
+        }
+        if self.start_at >= self.end_at {
+            return Err(ApiError::bad_request("`end_at` must be after `start_at`"));
+        }
+        if !(1..=MAX_PAY_TIMEOUT_S).contains(&self.pay_timeout_s) {
+            return Err(ApiError::bad_request(format!(
+                "`pay_timeout_s`: 1 to {MAX_PAY_TIMEOUT_S}"
+            )));
+        }
+        Ok(ItemDraft {
+            name,
+            shop_id: self.shop_id,
+            total: self.total,
+            start_at: self.start_at,
+            end_at: self.end_at,
+            price_cents: self.price_cents,
+            pay_timeout_s: self.pay_timeout_s,
+        })
+    }
+}
+
+/// `PUT /admin/items/{id}`: MySQL is the record; the sale window is copied to Redis for
+/// `grab.lua`. A changed `total` takes effect with `warmup?force=true`.
+pub async fn put_item(
+    _: Admin,
+    State(AppState {
+        db,
+        redis,
+        keys,
+        catalog,
+        ..
+    }): State<AppState>,
+    ApiPath(id): ApiPath<ItemId>,
+    ApiJson(body): ApiJson<ItemBody>,
+) -> Result<Response, ApiError> {
+    let draft = body.validate()?;
+    let created = repo::upsert(&db, id, &draft).await?;
+    let item = repo::get(&db, id).await?.ok_or(ApiError::ItemNotFound)?;
+    let mut conn = redis.bulk().await?;
+    stock::sync_rules(&mut *conn, &keys.item(id), &item).await?;
+    refresh_everywhere(&catalog, id).await;
+    let (status, code) = if created {
+        (StatusCode::CREATED, "created")
+    } else {
+        (StatusCode::OK, "updated")
+    };
+    Ok(envelope(status, code, json!({ "item": item })))
+}
+
+/// `POST /admin/items/{id}/warmup[?force=true]`
+#[derive(Debug, Deserialize)]
+pub struct WarmupQuery {
+    #[serde(default)]
+    force: bool,
+}
+
+pub async fn warmup_item(
+    _: Admin,
+    State(AppState {
+        db,
+        redis,
+        keys,
+        catalog,
+        ..
+    }): State<AppState>,
+    ApiPath(id): ApiPath<ItemId>,
+    ApiQuery(query): ApiQuery<WarmupQuery>,
+) -> Result<Response, ApiError> {
+    let report = warmup(&db, &redis, &keys, id, query.force, &|_, _| {})
+        .await
+        .map_err(|e| match e {
+            WarmupError::NotFound => ApiError::ItemNotFound,
+            WarmupError::AlreadyLoaded { .. } => conflict("already_loaded", &e),
+            WarmupError::LiveSale => conflict("sale_live", &e),
+            WarmupError::OverHeld { .. } => conflict("over_held", &e),
+            WarmupError::Raced => conflict("raced", &e),
+            WarmupError::Verify { .. } => ApiError::Internal(e.into()),
+            WarmupError::Redis(e) => ApiError::Redis(e),
+            WarmupError::Database(e) => ApiError::Database(e),
+        })?;
+    // The warm-up announced itself to every instance; this one need not wait for that.
+    let _ = catalog.refresh().await;
+    Ok(ok("loaded", report))
+}
+
+fn conflict(code: &'static str, e: &WarmupError) -> ApiError {
+    ApiError::Conflict {
+        code,
+        detail: e.to_string(),
+    }
+}
+
+/// `POST /admin/items/{id}/pause`
+pub async fn pause_item(
+    admin: Admin,
+    state: State<AppState>,
+    id: ApiPath<ItemId>,
+) -> Result<Response, ApiError> {
+    set_paused(admin, state, id, true).await
+}
+
+/// `POST /admin/items/{id}/resume`
+pub async fn resume_item(
+    admin: Admin,
+    state: State<AppState>,
+    id: ApiPath<ItemId>,
+) -> Result<Response, ApiError> {
+    set_paused(admin, state, id, false).await
+}
+
+async fn set_paused(
+    _: Admin,
+    State(AppState {
+        db,
+        redis,
+        keys,
+        catalog,
+        ..
+    }): State<AppState>,
+    ApiPath(id): ApiPath<ItemId>,
+    paused: bool,
+) -> Result<Response, ApiError> {
+    if !repo::set_paused(&db, id, paused).await? {
+        return Err(ApiError::ItemNotFound);
+    }
+    let item = repo::get(&db, id).await?.ok_or(ApiError::ItemNotFound)?;
+    let mut conn = redis.bulk().await?;
+    stock::sync_rules(&mut *conn, &keys.item(id), &item).await?;
+    refresh_everywhere(&catalog, id).await;
+    let code = if paused { "paused" } else { "resumed" };
+    Ok(ok(code, json!({ "item_id": id })))
+}
+
+/// `GET /admin/items/{id}/stats`
+pub async fn item_stats(
+    _: Admin,
+    State(AppState {
+        db, redis, keys, ..
+    }): State<AppState>,
+    ApiPath(id): ApiPath<ItemId>,
+) -> Result<Response, ApiError> {
+    let item = repo::get(&db, id).await?.ok_or(ApiError::ItemNotFound)?;
+    let mut conn = redis.bulk().await?;
+    let stock = stock::snapshot(&mut *conn, &keys.item(id)).await?;
+    let counts = orders::count_by_status(&db, id).await?;
+    let accounted = stock.remaining + stock.pending + counts.unpaid + counts.paid;
+    Ok(ok(
+        "ok",
+        json!({
+            "item_id": id,
+            "total": item.total,
+            "loaded": stock.loaded,
+            "sold": stock.sold,
+            "remaining": stock.remaining,
+            "pending": stock.pending,
+            "orders": counts,
+            "consistent": accounted == u64::from(item.total),
+        }),
+    ))
+}
+
+/// This instance at once, the others through the item-events channel.
+async fn refresh_everywhere(catalog: &Catalog, id: ItemId) {
+    if let Err(e) = catalog.announce(id).await {
+        tracing::warn!(error = %e, "could not announce an item change; other instances catch up within a second");
+    }
+    if let Err(e) = catalog.refresh().await {
+        tracing::warn!(error = %crate::error::cause_chain(&e), "item catalogue refresh failed");
+    }
+}

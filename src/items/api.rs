@@ -1,0 +1,35 @@
+//! `GET /api/items/{id}`: what a storefront shows (from the catalogue, no round trip).
+
+use axum::extract::State;
+use axum::response::Response;
+use chrono::Utc;
+use serde_json::json;
+
+use crate::app::AppState;
+use crate::domain::ItemId;
+use crate::error::ApiError;
+use crate::http::extract::ApiPath;
+use crate::http::reply::ok;
+
+pub async fn get_item(
+    State(AppState { catalog, .. }): State<AppState>,
+    ApiPath(id): ApiPath<ItemId>,
+) -> Result<Response, ApiError> {
+    let entry = catalog.get(id).await?.ok_or(ApiError::ItemNotFound)?;
+    let item = &entry.item;
+    Ok(ok(
+        "ok",
+        json!({
+            "item_id": item.id,
+            "name": item.name,
+            "shop_id": item.shop_id,
+            "status": entry.status(Utc::now()),
+            "total": item.total,
+            "remaining": entry.remaining(),
+            "start_at": item.start_at,
+            "end_at": item.end_at,
+            "price_cents": item.price_cents,
+            "pay_timeout_s": item.pay_timeout_s,
+        }),
+    ))
+}

@@ -1,0 +1,255 @@
+//! Every instance's in-memory view of the items on sale, so the purchase path checks the
+//! sale window, the pause flag and "sold out" without a network round trip.
+//!
+//! Kept fresh in the background: every half second the definitions come from MySQL and
+//! each item's live stock from Redis (one pipelined round trip for all items), and at once
+//! when another instance announces a change on the item-events channel (a warm-up, a
+//! pause, units coming back). Pub/sub is only a hint — a lost message costs at most one
+//! refresh period — so "sold out" clears everywhere within a second of units returning.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use redis::AsyncCommands;
+use serde::Serialize;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::domain::ItemId;
+use crate::keys::{ItemKeys, Keys};
+use crate::store::{Db, DbError, RedisConns, RedisError, redis_timed};
+
+use super::repo::{self, Item};
+use super::stock;
+
+const REFRESH_EVERY: Duration = Duration::from_millis(500);
+/// How long "no such item" is remembered, so unknown ids do not reach MySQL each time.
+const UNKNOWN_FOR: Duration = Duration::from_secs(2);
+
+#[derive(Clone)]
+pub struct Catalog {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Db,
+    redis: RedisConns,
+    keys: Keys,
+    items: RwLock<HashMap<ItemId, Arc<CatalogItem>>>,
+    /// Coalesced MySQL look-ups of items not (yet) in `items`, remembered briefly.
+    lookups: moka::future::Cache<ItemId, Option<Item>>,
+    wake: Notify,
+}
+
+/// One item as the purchase path sees it.
+pub struct CatalogItem {
+    pub item: Item,
+    pub keys: Arc<ItemKeys>,
+    live: Arc<LiveStock>,
+}
+
+/// The item's stock as last seen in Redis (shared across reloads of the definition).
+#[derive(Default)]
+struct LiveStock {
+    loaded: AtomicBool,
+    remaining: AtomicU64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemStatus {
+    Scheduled,
+    Active,
+    Paused,
+    Ended,
+    SoldOut,
+}
+
+impl CatalogItem {
+    pub fn remaining(&self) -> u64 {
+        self.live.remaining.load(Ordering::Relaxed)
+    }
+
+    pub fn sold_out(&self) -> bool {
+        self.live.loaded.load(Ordering::Relaxed) && self.remaining() == 0
+    }
+
+    /// Remembers what `grab.lua` just found, until the next refresh says otherwise.
+    pub fn mark_sold_out(&self) {
+        self.live.loaded.store(true, Ordering::Relaxed);
+        self.live.remaining.store(0, Ordering::Relaxed);
+    }
+
+    pub fn status(&self, now: DateTime<Utc>) -> ItemStatus {
+        if now >= self.item.end_at {
+            ItemStatus::Ended
+        } else if self.item.paused {
+            ItemStatus::Paused
+        } else if now < self.item.start_at {
+            ItemStatus::Scheduled
+        } else if self.sold_out() {
+            ItemStatus::SoldOut
+        } else {
+            ItemStatus::Active
+        }
+    }
+}
+
+impl Catalog {
+    pub fn new(db: Db, redis: RedisConns, keys: Keys) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                db,
+                redis,
+                keys,
+                items: RwLock::new(HashMap::new()),
+                lookups: moka::future::Cache::builder()
+                    .max_capacity(100_000)
+                    .time_to_live(UNKNOWN_FOR)
+                    .build(),
+                wake: Notify::new(),
+            }),
+        }
+    }
+
+    /// The item, from memory; an item not seen yet costs one (coalesced) MySQL read.
+    pub async fn get(&self, id: ItemId) -> Result<Option<Arc<CatalogItem>>, DbError> {
+        if let Some(hit) = self.cached(id) {
+            return Ok(Some(hit));
+        }
+        let db = self.inner.db.clone();
+        let found = self
+            .inner
+            .lookups
+            .try_get_with(id, async move { repo::get(&db, id).await })
+            .await
+            .map_err(DbError::Shared)?;
+        Ok(found.map(|item| {
+            self.inner.wake.notify_one();
+            self.upsert(item)
+        }))
+    }
+
+    fn cached(&self, id: ItemId) -> Option<Arc<CatalogItem>> {
+        let items = self.inner.items.read().unwrap_or_else(|e| e.into_inner());
+        items.get(&id).cloned()
+    }
+
+    /// Puts a definition in the map, keeping the live stock of an earlier version.
+    fn upsert(&self, item: Item) -> Arc<CatalogItem> {
+        let mut items = self.inner.items.write().unwrap_or_else(|e| e.into_inner());
+        let (keys, live) = match items.get(&item.id) {
+            Some(old) if old.item == item => return old.clone(),
+            Some(old) => (old.keys.clone(), old.live.clone()),
+            None => (Arc::new(self.inner.keys.item(item.id)), Arc::default()),
+        };
+        let entry = Arc::new(CatalogItem { item, keys, live });
+        items.insert(entry.item.id, entry.clone());
+        entry
+    }
+
+    /// Reloads definitions from MySQL and live stock from Redis, now.
+    pub async fn refresh(&self) -> Result<(), RefreshError> {
+        // MySQL down: keep the definitions we have, still refresh stock from Redis.
+        let definitions = repo::recent(&self.inner.db).await;
+        if let Ok(items) = &definitions {
+            for item in items {
+                self.upsert(item.clone());
+            }
+        }
+        let cutoff = Utc::now() - chrono::Duration::hours(1);
+        let entries: Vec<Arc<CatalogItem>> = {
+            let items = self.inner.items.read().unwrap_or_else(|e| e.into_inner());
+            items
+                .values()
+                .filter(|e| e.item.end_at > cutoff)
+                .cloned()
+                .collect()
+        };
+        let mut conn = self.inner.redis.bulk().await?;
+        let states = stock::live_states(&mut *conn, entries.iter().map(|e| &*e.keys)).await?;
+        for (entry, (loaded, remaining)) in entries.iter().zip(states) {
+            entry.live.loaded.store(loaded, Ordering::Relaxed);
+            entry.live.remaining.store(remaining, Ordering::Relaxed);
+        }
+        definitions.map(|_| ()).map_err(RefreshError::from)
+    }
+
+    /// Tells every instance (this one included) that an item changed.
+    pub async fn announce(&self, id: ItemId) -> Result<(), RedisError> {
+        let mut conn = self.inner.redis.bulk().await?;
+        redis_timed(conn.publish::<_, _, ()>(self.inner.keys.item_events_channel(), id.get())).await
+    }
+
+    /// The background refresh: periodic, and at once on an item event.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let listener = tokio::spawn(self.clone().listen(shutdown.clone()));
+        let mut failing = false;
+        loop {
+            match self.refresh().await {
+                Ok(()) if failing => {
+                    tracing::info!("item catalogue refresh works again");
+                    failing = false;
+                }
+                Ok(()) => {}
+                Err(e) if !failing => {
+                    tracing::warn!(error = %crate::error::cause_chain(&e), "item catalogue refresh failed; serving the last known state");
+                    failing = true;
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(REFRESH_EVERY) => {}
+                () = self.inner.wake.notified() => {}
+            }
+        }
+        let _ = listener.await;
+    }
+
+    /// Subscribes to the item-events channel, reconnecting as needed; each message (or a
+    /// fresh subscription, which may have missed some) wakes the refresh.
+    async fn listen(self, shutdown: CancellationToken) {
+        let channel = self.inner.keys.item_events_channel();
+        while !shutdown.is_cancelled() {
+            let subscribed = async {
+                let mut pubsub = self.inner.redis.pubsub().await?;
+                redis_timed(pubsub.subscribe(&channel)).await?;
+                Ok::<_, RedisError>(pubsub)
+            }
+            .await;
+            match subscribed {
+                Ok(pubsub) => {
+                    self.inner.wake.notify_one();
+                    let mut messages = pubsub.into_on_message();
+                    loop {
+                        tokio::select! {
+                            () = shutdown.cancelled() => return,
+                            message = messages.next() => match message {
+                                Some(_) => self.inner.wake.notify_one(),
+                                None => break,
+                            },
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "item events: cannot subscribe yet"),
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RefreshError {
+    #[error("reading items from MySQL")]
+    Database(#[from] DbError),
+    #[error("reading stock from Redis")]
+    Redis(#[from] RedisError),
+}

@@ -1,0 +1,110 @@
+//! Items in MySQL: the record of what is on sale.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::domain::ItemId;
+use crate::store::{Db, DbError, mysql_timed};
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow)]
+pub struct Item {
+    #[sqlx(try_from = "u64")]
+    pub id: ItemId,
+    pub shop_id: u64,
+    pub name: String,
+    pub total: u32,
+    pub price_cents: u64,
+    pub start_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+    pub pay_timeout_s: u32,
+    pub paused: bool,
+}
+
+/// What an operator sends to create or update an item (already validated).
+#[derive(Clone, Debug)]
+pub struct ItemDraft {
+    pub name: String,
+    pub shop_id: u64,
+    pub total: u32,
+    pub start_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+    pub price_cents: u64,
+    pub pay_timeout_s: u32,
+}
+
+const COLUMNS: &str =
+    "id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, paused";
+
+pub async fn get(db: &Db, id: ItemId) -> Result<Option<Item>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM items WHERE id = ?");
+    mysql_timed(
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(id.get())
+            .fetch_optional(db),
+    )
+    .await
+}
+
+/// Items whose sale ended less than a day ago or has not ended: what the catalogue of
+/// every instance keeps fresh.
+pub async fn recent(db: &Db) -> Result<Vec<Item>, DbError> {
+    let sql =
+        format!("SELECT {COLUMNS} FROM items WHERE end_at > UTC_TIMESTAMP(3) - INTERVAL 1 DAY");
+    mysql_timed(sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_all(db)).await
+}
+
+/// Creates or updates an item, creating its shop (open, no hours) when it is new.
+/// Returns whether the item was created.
+pub async fn upsert(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<bool, DbError> {
+    let mut tx = mysql_timed(db.begin()).await?;
+    mysql_timed(
+        sqlx::query("INSERT INTO shops (id) VALUES (?) ON DUPLICATE KEY UPDATE id = id")
+            .bind(draft.shop_id)
+            .execute(&mut *tx),
+    )
+    .await?;
+    let done = mysql_timed(
+        sqlx::query(
+            "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+             ON DUPLICATE KEY UPDATE shop_id = VALUES(shop_id), name = VALUES(name),
+               total = VALUES(total), price_cents = VALUES(price_cents),
+               start_at = VALUES(start_at), end_at = VALUES(end_at),
+               pay_timeout_s = VALUES(pay_timeout_s)",
+        )
+        .bind(id.get())
+        .bind(draft.shop_id)
+        .bind(&draft.name)
+        .bind(draft.total)
+        .bind(draft.price_cents)
+        .bind(draft.start_at)
+        .bind(draft.end_at)
+        .bind(draft.pay_timeout_s)
+        .execute(&mut *tx),
+    )
+    .await?;
+    mysql_timed(tx.commit()).await?;
+    // MySQL reports 1 affected row for an insert, 2 for an update, 0 for an unchanged row.
+    Ok(done.rows_affected() == 1)
+}
+
+/// Returns false when there is no such item.
+pub async fn set_paused(db: &Db, id: ItemId, paused: bool) -> Result<bool, DbError> {
+    let found = mysql_timed(
+        sqlx::query("SELECT 1 FROM items WHERE id = ?")
+            .bind(id.get())
+            .fetch_optional(db),
+    )
+    .await?;
+    if found.is_none() {
+        return Ok(false);
+    }
+    mysql_timed(
+        sqlx::query("UPDATE items SET paused = ? WHERE id = ?")
+            .bind(paused)
+            .bind(id.get())
+            .execute(db),
+    )
+    .await?;
+    Ok(true)
+}

@@ -1,0 +1,82 @@
+//! An item's live stock in Redis, as operators and the catalogue read it.
+
+use redis::AsyncCommands;
+
+use crate::keys::ItemKeys;
+use crate::store::{RedisError, redis_timed};
+
+use super::repo::Item;
+
+/// The Redis side of an item at one instant (read in one MULTI).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StockSnapshot {
+    pub loaded: bool,
+    /// Units still in the token list.
+    pub remaining: u64,
+    /// Units sold and not given back.
+    pub sold: u64,
+    /// Won units whose order is not in MySQL yet.
+    pub pending: u64,
+}
+
+pub async fn snapshot<C>(conn: &mut C, keys: &ItemKeys) -> Result<StockSnapshot, RedisError>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    let ((loaded, sold), remaining, pending): ((Option<u64>, Option<u64>), u64, u64) = redis_timed(
+        redis::pipe()
+            .atomic()
+            .cmd("HMGET")
+            .arg(&keys.meta)
+            .arg("loaded")
+            .arg("sold")
+            .llen(&keys.tokens)
+            .hlen(&keys.pending)
+            .query_async(conn),
+    )
+    .await?;
+    Ok(StockSnapshot {
+        loaded: loaded.is_some(),
+        remaining,
+        sold: sold.unwrap_or(0),
+        pending,
+    })
+}
+
+/// `(loaded, remaining)` of many items in one round trip, for the catalogue refresh.
+pub async fn live_states<'a, C>(
+    conn: &mut C,
+    items: impl Iterator<Item = &'a ItemKeys>,
+) -> Result<Vec<(bool, u64)>, RedisError>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    let mut pipe = redis::pipe();
+    let mut count = 0;
+    for keys in items {
+        pipe.hexists(&keys.meta, "loaded").llen(&keys.tokens);
+        count += 1;
+    }
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let flat: Vec<u64> = redis_timed(pipe.query_async(conn)).await?;
+    Ok(flat.chunks(2).map(|p| (p[0] == 1, p[1])).collect())
+}
+
+/// Copies what `grab.lua` checks from the MySQL record into the item's meta hash: the sale
+/// window and the pause flag. Harmless before a warm-up (`grab.lua` first checks `loaded`).
+pub async fn sync_rules<C>(conn: &mut C, keys: &ItemKeys, item: &Item) -> Result<(), RedisError>
+where
+    C: redis::aio::ConnectionLike + Send + Sync,
+{
+    redis_timed(conn.hset_multiple::<_, _, _, ()>(
+        &keys.meta,
+        &[
+            ("start_ms", item.start_at.timestamp_millis()),
+            ("end_ms", item.end_at.timestamp_millis()),
+            ("paused", i64::from(item.paused)),
+        ],
+    ))
+    .await
+}

@@ -1,0 +1,139 @@
+//! Every Redis key and channel name, built here and nowhere else.
+//!
+//! Shape: `{namespace}:{item:ID}:v1:<what>`. The namespace comes first so deployments and
+//! tests can share one Redis; the braces are a Redis Cluster hash tag, so all keys of one
+//! item live in one slot (one Lua script may touch them all) while items spread over the
+//! cluster; `v1` lets a later layout migrate key by key.
+
+use crate::domain::{ItemId, UserId};
+
+/// How many buyer sets an item's buyers are spread over (`crc32(user) % BUYER_SHARDS`), so
+/// that no single Redis value grows with the whole crowd.
+pub const BUYER_SHARDS: u32 = 16;
+
+#[derive(Clone, Debug)]
+pub struct Keys {
+    namespace: String,
+}
+
+impl Keys {
+    pub fn new(namespace: &str) -> Self {
+        Self {
+            namespace: namespace.to_owned(),
+        }
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    pub fn item(&self, item: ItemId) -> ItemKeys {
+        let shards = |what: &str| {
+            (0..BUYER_SHARDS)
+                .map(|i| self.item_key(item, &format!("{what}:{i}")))
+                .collect()
+        };
+        ItemKeys {
+            meta: self.item_key(item, "meta"),
+            tokens: self.item_key(item, "tokens"),
+            tokens_loading: self.item_key(item, "tokens:loading"),
+            pending: self.pending(item),
+            outbox: self.outbox(item),
+            buyers: shards("buyers"),
+            buyer_orders: shards("buyer_orders"),
+        }
+    }
+
+    /// [`ItemKeys::pending`] alone, for background work that needs no other key.
+    pub fn pending(&self, item: ItemId) -> String {
+        self.item_key(item, "pending")
+    }
+
+    /// [`ItemKeys::outbox`] alone.
+    pub fn outbox(&self, item: ItemId) -> String {
+        self.item_key(item, "outbox")
+    }
+
+    fn item_key(&self, item: ItemId, what: &str) -> String {
+        format!("{}:{{item:{item}}}:v1:{what}", self.namespace)
+    }
+
+    /// SET of the ids of items that have state in Redis (the relay walks it).
+    pub fn items_index(&self) -> String {
+        format!("{}:items:v1", self.namespace)
+    }
+
+    /// Pub/sub channel on which "item N changed" is announced to every instance.
+    pub fn item_events_channel(&self) -> String {
+        format!("{}:item-events:v1", self.namespace)
+    }
+
+    /// Matches every key of this namespace (for tests and tear-down, never on a hot path).
+    pub fn all_pattern(&self) -> String {
+        format!("{}:*", self.namespace)
+    }
+}
+
+/// The keys of one item. Built once per item and kept in the item catalog, so the hot path
+/// formats no strings.
+#[derive(Clone, Debug)]
+pub struct ItemKeys {
+    /// HASH: `loaded` (ms), `total`, `sold`, `paused` (0/1), `start_ms`, `end_ms`.
+    pub meta: String,
+    /// LIST of unsold units; `LPOP` sells one.
+    pub tokens: String,
+    /// LIST being filled by a warm-up before it atomically replaces `tokens`.
+    pub tokens_loading: String,
+    /// HASH `order_sn` → order JSON: won, not yet written to MySQL.
+    pub pending: String,
+    /// ZSET `order_sn` → won-at ms: not yet confirmed by RabbitMQ (the relay's work list).
+    pub outbox: String,
+    /// ZSET per shard: `user_id` → won-at ms, for every user holding a unit.
+    buyers: Vec<String>,
+    /// HASH per shard: `user_id` → the `order_sn` they hold (for `409 duplicate`).
+    buyer_orders: Vec<String>,
+}
+
+impl ItemKeys {
+    pub fn buyers(&self, user: UserId) -> &str {
+        &self.buyers[user.shard(BUYER_SHARDS) as usize]
+    }
+
+    pub fn buyer_orders(&self, user: UserId) -> &str {
+        &self.buyer_orders[user.shard(BUYER_SHARDS) as usize]
+    }
+
+    /// Every buyer key of the item, both kinds.
+    pub fn all_buyer_keys(&self) -> impl Iterator<Item = &str> {
+        self.buyers
+            .iter()
+            .chain(&self.buyer_orders)
+            .map(String::as_str)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_carry_namespace_hash_tag_and_version() {
+        let keys = Keys::new("ns").item(ItemId::new(1001).unwrap());
+        assert_eq!(keys.tokens, "ns:{item:1001}:v1:tokens");
+        let user = UserId::new(7);
+        let shard = user.shard(BUYER_SHARDS);
+        assert_eq!(
+            keys.buyers(user),
+            format!("ns:{{item:1001}}:v1:buyers:{shard}")
+        );
+        assert_eq!(
+            keys.buyer_orders(user),
+            format!("ns:{{item:1001}}:v1:buyer_orders:{shard}")
+        );
+        assert_eq!(keys.all_buyer_keys().count(), 2 * BUYER_SHARDS as usize);
+        assert!(
+            keys.all_buyer_keys()
+                .all(|k| k.starts_with("ns:{item:1001}:v1:"))
+        );
+    }
+}

@@ -1,0 +1,24 @@
+//! seckill: a flash-sale HTTP API server.
+//!
+//! A purchase is one Lua script in Redis (stock, buyer, outbox, atomically), then a `202`;
+//! RabbitMQ carries the order to MySQL, and a relay makes sure it gets there. See
+//! `README.md` for the design and the contract it keeps.
+
+pub mod app;
+pub mod auth;
+pub mod broker;
+pub mod config;
+pub mod domain;
+pub mod error;
+pub mod http;
+pub mod items;
+pub mod keys;
+pub mod lua;
+pub mod orders;
+pub mod outbox;
+pub mod purchase;
+pub mod store;
+pub mod telemetry;
+
+pub use app::{AppState, Server};
+pub use config::{Role, Settings};

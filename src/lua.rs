@@ -1,0 +1,26 @@
+//! The Lua scripts under `lua/`, compiled into the binary. Each file's header gives its
+//! KEYS, ARGV and return values.
+//!
+//! They run by `EVALSHA`; redis-rs loads a script again and retries when Redis answers
+//! `NOSCRIPT` (its script cache is empty after a restart or failover), so a flushed cache
+//! costs one extra round trip, not an outage.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+use crate::store::{RedisError, redis_timed};
+
+/// Sells one unit: see `lua/grab.lua`.
+pub static GRAB: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/grab.lua")));
+
+/// Loads every script into Redis's cache ahead of the first request.
+pub async fn preload<C>(conn: &mut C) -> Result<(), RedisError>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    for script in [&*GRAB] {
+        redis_timed(script.prepare_invoke().load_async(conn)).await?;
+    }
+    Ok(())
+}

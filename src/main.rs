@@ -1,0 +1,179 @@
+//! The `seckill` command: parses the command line, sets up logging, and hands over to the
+//! library.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio_util::sync::CancellationToken;
+
+use seckill::auth::Jwt;
+use seckill::domain::{ItemId, UserId};
+use seckill::items::warmup::warmup;
+use seckill::keys::Keys;
+use seckill::store::{RedisConns, connect_mysql, migrate};
+use seckill::{Role, Server, Settings, telemetry};
+
+#[derive(Parser)]
+#[command(name = "seckill", version, about = "A flash-sale HTTP API server")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Apply pending migrations, then serve (every role unless --roles says otherwise).
+    Serve {
+        /// The roles this process runs, comma-separated.
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "api,consumer,scheduler"
+        )]
+        roles: Vec<Role>,
+        #[command(flatten)]
+        settings: Settings,
+    },
+    /// Apply pending migrations and exit.
+    Migrate {
+        #[command(flatten)]
+        settings: Settings,
+    },
+    /// Load an item's units into Redis (as POST /admin/items/{id}/warmup does).
+    Warmup {
+        /// The item to load.
+        #[arg(long, value_parser = parse_item)]
+        item: ItemId,
+        /// Reload an item that is already loaded (it must not be on sale right now).
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        settings: Settings,
+    },
+    /// Print a user token signed with SECKILL_JWT_SECRET (one per line with --count).
+    Token {
+        /// The user id (the token's `sub`).
+        #[arg(long)]
+        user: u64,
+        /// How long the token is valid, in seconds.
+        #[arg(long, default_value_t = 3600)]
+        ttl_s: u64,
+        /// Print tokens for this many consecutive users, starting at --user (load tests).
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        #[command(flatten)]
+        settings: Settings,
+    },
+}
+
+fn parse_item(s: &str) -> Result<ItemId, String> {
+    let id: u64 = s.parse().map_err(|_| format!("{s:?} is not an item id"))?;
+    ItemId::try_from(id)
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    // A missing .env is normal; a malformed one is worth saying before anything else.
+    if let Err(e) = dotenvy::dotenv()
+        && !e.not_found()
+    {
+        eprintln!("error: reading .env: {e}");
+        return ExitCode::FAILURE;
+    }
+    let cli = Cli::parse();
+    match run(cli.command).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Serve { roles, settings } => {
+            let _logs = telemetry::init();
+            let server = Server::build(settings, &roles).await?;
+            let shutdown = CancellationToken::new();
+            tokio::spawn(stop_on_signal(shutdown.clone()));
+            server.run(shutdown).await
+        }
+        Command::Migrate { settings } => {
+            let _logs = telemetry::init();
+            let db = connect_mysql(settings.database_url.expose()).await?;
+            migrate(&db).await?;
+            tracing::info!("migrations applied");
+            Ok(())
+        }
+        Command::Warmup {
+            item,
+            force,
+            settings,
+        } => {
+            let db = connect_mysql(settings.database_url.expose()).await?;
+            migrate(&db).await?;
+            let redis = RedisConns::new(settings.redis_url.expose())?;
+            let bar = ProgressBar::new(0).with_style(
+                ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} units ({eta})")
+                    .context("progress bar template")?
+                    .progress_chars("=> "),
+            );
+            bar.set_message(format!("item {item}"));
+            let report = warmup(
+                &db,
+                &redis,
+                &Keys::new(&settings.namespace),
+                item,
+                force,
+                &|done, total| {
+                    bar.set_length(total);
+                    bar.set_position(done);
+                },
+            )
+            .await;
+            bar.finish_and_clear();
+            let report = report?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+        Command::Token {
+            user,
+            ttl_s,
+            count,
+            settings,
+        } => {
+            let jwt = Jwt::new(&settings.jwt_secret);
+            let ttl = Duration::from_secs(ttl_s);
+            for id in user..user.saturating_add(count) {
+                println!("{}", jwt.mint(UserId::new(id), ttl)?);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Cancels `shutdown` on SIGINT or SIGTERM.
+async fn stop_on_signal(shutdown: CancellationToken) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutdown requested: finishing in-flight work");
+    shutdown.cancel();
+}

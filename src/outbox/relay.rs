@@ -1,0 +1,192 @@
+//! The relay (scheduler role): sends again every order that stayed in an outbox longer
+//! than [`RELAY_AFTER`] — the broker was down, the publisher's buffer was full, or the
+//! process that won it died — and repairs pending entries that outlived their order's
+//! journey (a message lost after its confirm, say by a purged queue).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use chrono::Utc;
+use redis::AsyncCommands;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::{Broker, Outgoing, publish_confirmed};
+use crate::domain::{ItemId, OrderPlaced, OrderSn};
+use crate::keys::Keys;
+use crate::orders::repo as orders;
+use crate::store::{Db, RedisConns, RedisError, redis_timed};
+
+/// An outbox entry younger than this is left to the in-process publisher.
+pub const RELAY_AFTER: Duration = Duration::from_secs(3);
+const EVERY: Duration = Duration::from_secs(1);
+const BATCH: isize = 1_000;
+/// A pending order older than this, no longer in the outbox, is checked against MySQL.
+const PENDING_STALE_AFTER: Duration = Duration::from_secs(60);
+/// ... and, if MySQL lacks it while the order queue is empty, sent again after this long.
+const PENDING_LOST_AFTER: Duration = Duration::from_secs(300);
+/// The pending sweep runs every this many relay passes.
+const SWEEP_EVERY_PASSES: u32 = 30;
+
+#[derive(Clone)]
+pub struct Relay {
+    pub broker: Broker,
+    pub redis: RedisConns,
+    pub db: Db,
+    pub keys: Keys,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum RelayError {
+    #[error(transparent)]
+    Redis(#[from] RedisError),
+    #[error(transparent)]
+    Database(#[from] crate::store::DbError),
+}
+
+impl Relay {
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut pass = 0u32;
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(EVERY) => {}
+            }
+            pass = pass.wrapping_add(1);
+            let sweep = pass.is_multiple_of(SWEEP_EVERY_PASSES);
+            match self.pass(sweep).await {
+                Ok(()) => failing = false,
+                Err(e) if !failing => {
+                    tracing::warn!(error = %crate::error::cause_chain(&e), "outbox relay pass failed; retrying");
+                    failing = true;
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    async fn pass(&self, sweep: bool) -> Result<(), RelayError> {
+        let mut conn = self.redis.bulk().await?;
+        let items: Vec<u64> = redis_timed(conn.smembers(self.keys.items_index())).await?;
+        drop(conn);
+        for item in items.into_iter().filter_map(ItemId::new) {
+            self.relay_item(item).await?;
+            if sweep {
+                self.sweep_pending(item).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the item's overdue outbox entries again.
+    async fn relay_item(&self, item: ItemId) -> Result<(), RelayError> {
+        let (outbox, pending) = (self.keys.outbox(item), self.keys.pending(item));
+        let mut conn = self.redis.bulk().await?;
+        loop {
+            let due = Utc::now().timestamp_millis() - RELAY_AFTER.as_millis() as i64;
+            let sns: Vec<String> =
+                redis_timed(conn.zrangebyscore_limit(&outbox, "-inf", due, 0, BATCH)).await?;
+            if sns.is_empty() {
+                return Ok(());
+            }
+            let payloads: Vec<Option<String>> = redis_timed(
+                redis::cmd("HMGET")
+                    .arg(&pending)
+                    .arg(&sns)
+                    .query_async(&mut *conn),
+            )
+            .await?;
+            let (due_orders, done): (Vec<_>, Vec<_>) = sns
+                .into_iter()
+                .zip(payloads)
+                .partition(|(_, payload)| payload.is_some());
+            // No pending JSON: the consumer already wrote it to MySQL.
+            if !done.is_empty() {
+                let done: Vec<&str> = done.iter().map(|(sn, _)| sn.as_str()).collect();
+                redis_timed(conn.zrem::<_, _, ()>(&outbox, done)).await?;
+            }
+            let outgoing: Vec<Outgoing> = due_orders
+                .into_iter()
+                .filter_map(|(sn, payload)| {
+                    Some(Outgoing {
+                        order_sn: OrderSn::parse(&sn)?,
+                        payload: payload?,
+                    })
+                })
+                .collect();
+            if outgoing.is_empty() {
+                continue;
+            }
+            let Some(channel) = self.broker.publish_channel() else {
+                tracing::debug!(%item, orders = outgoing.len(), "relay: no broker connection yet");
+                return Ok(());
+            };
+            let confirmed = publish_confirmed(&channel, self.broker.topology(), &outgoing).await;
+            let sent = confirmed.iter().filter(|c| **c).count();
+            tracing::info!(%item, orders = outgoing.len(), confirmed = sent, "outbox_relay");
+            super::clear_confirmed(
+                &self.redis,
+                &self.keys,
+                outgoing
+                    .iter()
+                    .zip(&confirmed)
+                    .filter_map(|(o, ok)| ok.then_some(o)),
+            )
+            .await?;
+            if sent < outgoing.len() {
+                // The broker is struggling; try again next pass.
+                return Ok(());
+            }
+        }
+    }
+
+    /// Pending entries that are old and no longer in the outbox were confirmed by the
+    /// broker long ago. If MySQL has them, the consumer's clean-up was lost: drop them.
+    /// If MySQL still lacks them long after, while the order queue is empty, their message
+    /// was lost after the confirm (a purged queue): put them back in the outbox. (While the
+    /// queue holds messages the consumer is merely behind, and nothing is sent again.)
+    async fn sweep_pending(&self, item: ItemId) -> Result<(), RelayError> {
+        let (outbox, pending) = (self.keys.outbox(item), self.keys.pending(item));
+        let mut conn = self.redis.bulk().await?;
+        let entries: Vec<(String, String)> = redis_timed(conn.hgetall(&pending)).await?;
+        let in_outbox: HashSet<String> = redis_timed(conn.zrange(&outbox, 0, -1)).await?;
+        let stale_before = Utc::now().timestamp_millis() - PENDING_STALE_AFTER.as_millis() as i64;
+        let stale: Vec<OrderPlaced> = entries
+            .iter()
+            .filter(|(sn, _)| !in_outbox.contains(sn))
+            .filter_map(|(_, json)| serde_json::from_str::<OrderPlaced>(json).ok())
+            .filter(|o| o.created_at_ms < stale_before)
+            .collect();
+        if stale.is_empty() {
+            return Ok(());
+        }
+        let sns: Vec<&str> = stale.iter().map(|o| o.order_sn.as_str()).collect();
+        let written: HashSet<String> = orders::existing(&self.db, &sns)
+            .await?
+            .into_iter()
+            .collect();
+        let (written, lost): (Vec<&OrderPlaced>, Vec<&OrderPlaced>) = stale
+            .iter()
+            .partition(|o| written.contains(o.order_sn.as_str()));
+        let lost_before = Utc::now().timestamp_millis() - PENDING_LOST_AFTER.as_millis() as i64;
+        let queue_empty = self.broker.queue_depth().await == Some(0);
+        let lost: Vec<&OrderPlaced> = lost
+            .into_iter()
+            .filter(|o| queue_empty && o.created_at_ms < lost_before)
+            .collect();
+        if written.is_empty() && lost.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for order in &written {
+            pipe.hdel(&pending, order.order_sn.as_str()).ignore();
+        }
+        for order in &lost {
+            pipe.zadd(&outbox, order.order_sn.as_str(), order.created_at_ms)
+                .ignore();
+        }
+        redis_timed(pipe.query_async::<()>(&mut *conn)).await?;
+        tracing::warn!(%item, cleared = written.len(), requeued = lost.len(), "pending_sweep repaired stale entries");
+        Ok(())
+    }
+}

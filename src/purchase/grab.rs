@@ -1,0 +1,74 @@
+//! The Redis side of a purchase: one `EVALSHA grab.lua`, one round trip.
+
+use redis::aio::ConnectionManager;
+
+use crate::domain::{OrderSn, UserId};
+use crate::keys::ItemKeys;
+use crate::lua::GRAB;
+use crate::store::{RedisError, redis_timed};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GrabOutcome {
+    Won,
+    Duplicate(OrderSn),
+    SoldOut,
+    Paused,
+    NotLoaded,
+    NotStarted,
+    Ended,
+}
+
+impl GrabOutcome {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            GrabOutcome::Won => "won",
+            GrabOutcome::Duplicate(_) => "duplicate",
+            GrabOutcome::SoldOut => "sold_out",
+            GrabOutcome::Paused => "paused",
+            GrabOutcome::NotLoaded => "not_loaded",
+            GrabOutcome::NotStarted => "not_started",
+            GrabOutcome::Ended => "ended",
+        }
+    }
+}
+
+pub async fn grab(
+    conn: &mut ConnectionManager,
+    keys: &ItemKeys,
+    user: UserId,
+    order_sn: &OrderSn,
+    now_ms: i64,
+    order_json: &str,
+) -> Result<GrabOutcome, RedisError> {
+    let (outcome, detail): (String, String) = redis_timed(
+        GRAB.key(&keys.meta)
+            .key(&keys.tokens)
+            .key(keys.buyers(user))
+            .key(keys.buyer_orders(user))
+            .key(&keys.pending)
+            .key(&keys.outbox)
+            .arg(user.get())
+            .arg(order_sn.as_str())
+            .arg(now_ms)
+            .arg(order_json)
+            .invoke_async(conn),
+    )
+    .await?;
+    Ok(match outcome.as_str() {
+        "won" => GrabOutcome::Won,
+        "duplicate" => GrabOutcome::Duplicate(
+            OrderSn::parse(&detail)
+                .ok_or_else(|| RedisError::Unexpected(format!("buyer record holds {detail:?}")))?,
+        ),
+        "sold_out" => GrabOutcome::SoldOut,
+        "paused" => GrabOutcome::Paused,
+        "not_loaded" => GrabOutcome::NotLoaded,
+        "not_started" => GrabOutcome::NotStarted,
+        "ended" => GrabOutcome::Ended,
+        other => {
+            return Err(RedisError::Unexpected(format!(
+                "grab.lua answered {other:?}"
+            )));
+        }
+    })
+}

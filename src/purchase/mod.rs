@@ -1,0 +1,112 @@
+//! `POST /api/flashbuy`: the hot path.
+//!
+//! Extractors have checked the IP and user rates, the token, the client clock and the
+//! body. What is left: the item's window, pause and sold-out flag from memory (a "no"
+//! costs no network round trip), then one `EVALSHA grab.lua`, then `202` — the outbox
+//! already guarantees the order reaches MySQL, so the broker is not waited for.
+
+mod grab;
+
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use chrono::Utc;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::app::AppState;
+use crate::broker::Outgoing;
+use crate::domain::{ItemId, OrderPlaced, OrderSn};
+use crate::error::ApiError;
+use crate::http::extract::{ApiJson, Buyer, ClientTime};
+use crate::http::reply::envelope;
+
+use self::grab::{GrabOutcome, grab};
+
+#[derive(Debug, Deserialize)]
+pub struct FlashbuyRequest {
+    item_id: ItemId,
+}
+
+pub async fn flashbuy(
+    State(AppState {
+        catalog,
+        redis,
+        publisher,
+        ..
+    }): State<AppState>,
+    Buyer(user): Buyer,
+    _: ClientTime,
+    ApiJson(request): ApiJson<FlashbuyRequest>,
+) -> Result<Response, ApiError> {
+    let item_id = request.item_id;
+    tracing::Span::current().record("item_id", item_id.get());
+    tracing::info!("flashbuy_start");
+
+    let now = Utc::now();
+    let item = catalog.get(item_id).await?.ok_or(ApiError::ItemNotFound)?;
+    if now < item.item.start_at {
+        return Err(ApiError::NotStarted("the sale has not opened yet"));
+    }
+    if now >= item.item.end_at {
+        return Err(ApiError::Ended);
+    }
+    if item.item.paused {
+        return Err(ApiError::Paused);
+    }
+    if item.sold_out() {
+        return Err(ApiError::SoldOut);
+    }
+
+    let now_ms = now.timestamp_millis();
+    let order = OrderPlaced {
+        order_sn: OrderSn::generate(item_id),
+        item_id,
+        user_id: user,
+        created_at_ms: now_ms,
+        pay_deadline_ms: now_ms + i64::from(item.item.pay_timeout_s) * 1000,
+    };
+    let order_json = serde_json::to_string(&order).map_err(anyhow::Error::from)?;
+    let started = Instant::now();
+    let mut conn = redis.hot.clone();
+    let outcome = grab(
+        &mut conn,
+        &item.keys,
+        user,
+        &order.order_sn,
+        now_ms,
+        &order_json,
+    )
+    .await;
+    let duration_ms = started.elapsed().as_secs_f64() * 1e3;
+    match &outcome {
+        Ok(o) => tracing::info!(outcome = o.as_str(), duration_ms, "redis_grab"),
+        Err(e) => tracing::info!(outcome = "error", error = %e, duration_ms, "redis_grab"),
+    }
+
+    match outcome? {
+        GrabOutcome::Won => {
+            let order_sn = order.order_sn;
+            publisher.offer(Outgoing {
+                order_sn: order_sn.clone(),
+                payload: order_json,
+            });
+            Ok(envelope(
+                StatusCode::ACCEPTED,
+                "queued",
+                json!({ "order_sn": order_sn, "item_id": item_id }),
+            ))
+        }
+        GrabOutcome::Duplicate(order_sn) => Err(ApiError::Duplicate { order_sn }),
+        GrabOutcome::SoldOut => {
+            item.mark_sold_out();
+            Err(ApiError::SoldOut)
+        }
+        GrabOutcome::Paused => Err(ApiError::Paused),
+        GrabOutcome::NotLoaded => Err(ApiError::NotStarted("the item's units are not loaded yet")),
+        GrabOutcome::NotStarted => Err(ApiError::NotStarted("the sale has not opened yet")),
+        GrabOutcome::Ended => Err(ApiError::Ended),
+    }
+}

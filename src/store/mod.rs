@@ -1,0 +1,13 @@
+//! Connections to the two stores, and the errors and time limits of talking to them.
+
+use std::time::Duration;
+
+mod mysql;
+mod redis_conns;
+
+pub use self::mysql::{Db, DbError, connect_mysql, migrate, timed as mysql_timed};
+pub use self::redis_conns::{RedisConns, RedisError, timed as redis_timed};
+
+/// How long one store call may take before the request gives up on it, leaving room in the
+/// contract's one-second budget for everything else.
+pub const STORE_TIMEOUT: Duration = Duration::from_millis(800);

@@ -1,0 +1,114 @@
+//! MySQL/MariaDB: the pool, creating the database, and migrations.
+
+use std::future::Future;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::{ConnectOptions, Connection, MySqlPool};
+
+use super::STORE_TIMEOUT;
+
+pub type Db = MySqlPool;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("MySQL did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("MySQL query failed")]
+    Sql(#[from] sqlx::Error),
+    /// One failure reported to several waiters of a coalesced read.
+    #[error(transparent)]
+    Shared(std::sync::Arc<DbError>),
+}
+
+impl DbError {
+    /// Whether the database could not be reached (retry later), as opposed to a query that
+    /// MySQL refused (a bug or bad data).
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            DbError::Timeout(_) => true,
+            DbError::Sql(e) => matches!(
+                e,
+                sqlx::Error::Io(_)
+                    | sqlx::Error::PoolTimedOut
+                    | sqlx::Error::PoolClosed
+                    | sqlx::Error::WorkerCrashed
+                    | sqlx::Error::Protocol(_)
+                    | sqlx::Error::Tls(_)
+            ),
+            DbError::Shared(e) => e.is_unavailable(),
+        }
+    }
+}
+
+/// Runs one MySQL call with the store time limit.
+pub async fn timed<T>(call: impl Future<Output = Result<T, sqlx::Error>>) -> Result<T, DbError> {
+    tokio::time::timeout(STORE_TIMEOUT, call)
+        .await
+        .map_err(|_| DbError::Timeout(STORE_TIMEOUT))?
+        .map_err(DbError::from)
+}
+
+/// Connects, creating the database named in the URL first when it does not exist.
+pub async fn connect_mysql(url: &str) -> anyhow::Result<MySqlPool> {
+    let options =
+        MySqlConnectOptions::from_str(url).context("SECKILL_DATABASE_URL is not a MySQL URL")?;
+    let database = options
+        .get_database()
+        .context("SECKILL_DATABASE_URL names no database (…:3306/seckill)")?
+        .to_owned();
+    anyhow::ensure!(
+        !database.is_empty()
+            && database
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_'),
+        "database name {database:?}: use only A-Z, a-z, 0-9 and '_'"
+    );
+    create_database(url, &database).await?;
+    MySqlPoolOptions::new()
+        .max_connections(16)
+        .min_connections(1)
+        // Fail fast: a request waits at most this long for a connection, never forever.
+        .acquire_timeout(Duration::from_secs(1))
+        .connect_with(options)
+        .await
+        .with_context(|| format!("cannot connect to MySQL database {database}"))
+}
+
+async fn create_database(url: &str, database: &str) -> anyhow::Result<()> {
+    let mut server = url::Url::parse(url).context("SECKILL_DATABASE_URL is not a URL")?;
+    server.set_path("");
+    let mut conn = MySqlConnectOptions::from_str(server.as_str())?
+        .connect()
+        .await
+        .with_context(|| format!("cannot connect to MySQL at {}", redacted(&server)))?;
+    // The name was checked above to hold only [A-Za-z0-9_]; identifiers cannot be bound.
+    let ddl = format!(
+        "CREATE DATABASE IF NOT EXISTS `{database}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+        .execute(&mut conn)
+        .await?;
+    conn.close().await?;
+    Ok(())
+}
+
+fn redacted(url: &url::Url) -> String {
+    format!(
+        "{}:{}",
+        url.host_str().unwrap_or("?"),
+        url.port().unwrap_or(3306)
+    )
+}
+
+/// Applies pending migrations (safe to run from several instances at once: sqlx takes a
+/// database lock).
+pub async fn migrate(db: &MySqlPool) -> anyhow::Result<()> {
+    sqlx::migrate!("./migrations")
+        .run(db)
+        .await
+        .context("applying migrations")
+}

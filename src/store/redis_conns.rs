@@ -1,0 +1,85 @@
+//! Redis connections: one multiplexed connection for the purchase path and a small pool for
+//! everything else.
+
+use std::future::Future;
+use std::time::Duration;
+
+use deadpool_redis::{PoolConfig, Runtime, Timeouts};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::STORE_TIMEOUT;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RedisError {
+    #[error("Redis did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("Redis command failed")]
+    Command(#[from] redis::RedisError),
+    #[error("no Redis connection available")]
+    Pool(#[from] deadpool_redis::PoolError),
+    #[error("Redis answered something unexpected: {0}")]
+    Unexpected(String),
+}
+
+/// Runs one Redis call with the store time limit.
+pub async fn timed<T, E>(call: impl Future<Output = Result<T, E>>) -> Result<T, RedisError>
+where
+    RedisError: From<E>,
+{
+    match tokio::time::timeout(STORE_TIMEOUT, call).await {
+        Ok(result) => result.map_err(RedisError::from),
+        Err(_) => Err(RedisError::Timeout(STORE_TIMEOUT)),
+    }
+}
+
+#[derive(Clone)]
+pub struct RedisConns {
+    /// One multiplexed connection shared by every purchase: commands from all requests are
+    /// pipelined on it, with no checkout and no PING per request (a pooled checkout costs a
+    /// round trip, measured at about 40% of the purchase path).
+    pub hot: ConnectionManager,
+    /// Pooled connections for bulk and background work (warm-up, relay, consumer, stats),
+    /// so that a large pipeline never queues ahead of purchases on the hot connection.
+    pool: deadpool_redis::Pool,
+    /// For pub/sub, which needs a connection of its own.
+    client: redis::Client,
+}
+
+impl RedisConns {
+    /// Builds the connections without touching the network: a server starts while Redis is
+    /// down and reports it on `/readyz`; each call then fails fast until Redis is back.
+    pub fn new(url: &str) -> anyhow::Result<Self> {
+        let client = redis::Client::open(url)?;
+        let hot = ConnectionManager::new_lazy_with_config(
+            client.clone(),
+            ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(Duration::from_millis(500)))
+                .set_response_timeout(Some(STORE_TIMEOUT))
+                .set_max_delay(Duration::from_secs(1)),
+        )?;
+        let mut config = deadpool_redis::Config::from_url(url);
+        let mut pool = PoolConfig::new(16);
+        pool.timeouts = Timeouts {
+            wait: Some(STORE_TIMEOUT),
+            create: Some(STORE_TIMEOUT),
+            recycle: Some(STORE_TIMEOUT),
+        };
+        config.pool = Some(pool);
+        let pool = config.create_pool(Some(Runtime::Tokio1))?;
+        Ok(Self { hot, pool, client })
+    }
+
+    /// A pooled connection for background work.
+    pub async fn bulk(&self) -> Result<deadpool_redis::Connection, RedisError> {
+        Ok(self.pool.get().await?)
+    }
+
+    pub async fn pubsub(&self) -> Result<redis::aio::PubSub, RedisError> {
+        timed(self.client.get_async_pubsub()).await
+    }
+
+    pub async fn ping(&self) -> Result<(), RedisError> {
+        let mut conn = self.hot.clone();
+        timed(redis::cmd("PING").query_async::<()>(&mut conn)).await
+    }
+}
