@@ -32,7 +32,9 @@ CREATE TABLE orders (
     order_sn        VARCHAR(40)     NOT NULL,
     item_id         BIGINT UNSIGNED NOT NULL,
     user_id         BIGINT UNSIGNED NOT NULL,
-    status          ENUM('unpaid', 'paid', 'cancelled') NOT NULL DEFAULT 'unpaid',
+    -- A non-binary collation: drivers see a binary-collated ENUM as bytes, not as an enum.
+    status          ENUM('unpaid', 'paid', 'cancelled') CHARACTER SET ascii COLLATE ascii_general_ci
+                        NOT NULL DEFAULT 'unpaid',
     created_at      DATETIME(3)     NOT NULL,
     pay_deadline    DATETIME(3)     NOT NULL,
     updated_at      DATETIME(3)     NOT NULL DEFAULT CURRENT_TIMESTAMP(3) ON UPDATE CURRENT_TIMESTAMP(3),

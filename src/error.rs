@@ -15,11 +15,11 @@ use crate::store::{DbError, RedisError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
-    #[error("bad request: {0}")]
+    #[error("{0}")]
     BadRequest(String),
     #[error("client clock differs from server time by {skew_ms} ms (tolerance {tolerance_ms} ms)")]
     ClockSkew { skew_ms: i64, tolerance_ms: u64 },
-    #[error("unauthorized: {0}")]
+    #[error("{0}")]
     Unauthorized(&'static str),
     #[error("no such item")]
     ItemNotFound,

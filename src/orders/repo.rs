@@ -7,13 +7,37 @@ use sqlx::QueryBuilder;
 use crate::domain::{ItemId, OrderPlaced, OrderSn, UserId};
 use crate::store::{Db, DbError, mysql_timed};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, sqlx::Type)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-#[sqlx(rename_all = "lowercase")]
 pub enum OrderStatus {
     Unpaid,
     Paid,
     Cancelled,
+}
+
+/// Read and written as text: how MariaDB describes an ENUM column varies with its
+/// collation and flags, and sqlx's derived enum type insists on one description.
+impl OrderStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OrderStatus::Unpaid => "unpaid",
+            OrderStatus::Paid => "paid",
+            OrderStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl TryFrom<String> for OrderStatus {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        match s.as_str() {
+            "unpaid" => Ok(OrderStatus::Unpaid),
+            "paid" => Ok(OrderStatus::Paid),
+            "cancelled" => Ok(OrderStatus::Cancelled),
+            _ => Err(format!("unknown order status {s:?}")),
+        }
+    }
 }
 
 #[derive(Clone, Debug, sqlx::FromRow)]
@@ -23,6 +47,7 @@ pub struct OrderRow {
     #[sqlx(try_from = "u64")]
     pub item_id: ItemId,
     pub user_id: u64,
+    #[sqlx(try_from = "String")]
     pub status: OrderStatus,
     pub created_at: DateTime<Utc>,
     pub pay_deadline: DateTime<Utc>,
@@ -49,22 +74,23 @@ pub struct StatusCounts {
 }
 
 pub async fn count_by_status(db: &Db, item: ItemId) -> Result<StatusCounts, DbError> {
-    let rows: Vec<(OrderStatus, i64)> = mysql_timed(
-        sqlx::query_as("SELECT status, COUNT(*) FROM orders WHERE item_id = ? GROUP BY status")
-            .bind(item.get())
-            .fetch_all(db),
+    let (unpaid, paid, cancelled): (i64, i64, i64) = mysql_timed(
+        sqlx::query_as(
+            "SELECT COUNT(CASE WHEN status = 'unpaid' THEN 1 END),
+                    COUNT(CASE WHEN status = 'paid' THEN 1 END),
+                    COUNT(CASE WHEN status = 'cancelled' THEN 1 END)
+             FROM orders WHERE item_id = ?",
+        )
+        .bind(item.get())
+        .fetch_one(db),
     )
     .await?;
-    let mut counts = StatusCounts::default();
-    for (status, n) in rows {
-        let n = u64::try_from(n).unwrap_or(0);
-        match status {
-            OrderStatus::Unpaid => counts.unpaid = n,
-            OrderStatus::Paid => counts.paid = n,
-            OrderStatus::Cancelled => counts.cancelled = n,
-        }
-    }
-    Ok(counts)
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    Ok(StatusCounts {
+        unpaid: count(unpaid),
+        paid: count(paid),
+        cancelled: count(cancelled),
+    })
 }
 
 /// Users holding a unit of the item (unpaid or paid) and their order numbers.
@@ -118,7 +144,7 @@ pub async fn insert_batch<'a>(
         row.push_bind(order.order_sn.as_str())
             .push_bind(order.item_id.get())
             .push_bind(order.user_id.get())
-            .push_bind(status)
+            .push_bind(status.as_str())
             .push_bind(from_millis(order.created_at_ms))
             .push_bind(from_millis(order.pay_deadline_ms));
     });
