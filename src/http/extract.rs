@@ -28,10 +28,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
         let bytes = Bytes::from_request(request, state)
             .await
             .map_err(|e| ApiError::bad_request(format!("request body: {}", e.body_text())))?;
-        if bytes.is_empty() {
-            return Err(ApiError::bad_request(
-                "request body is empty; expected a JSON object",
-            ));
+        // Every body of this API is an object. (serde would also read `[1001]` as a struct.)
+        if bytes.trim_ascii_start().first() != Some(&b'{') {
+            return Err(ApiError::bad_request("request body must be a JSON object"));
         }
         let mut json = serde_json::Deserializer::from_slice(&bytes);
         serde_path_to_error::deserialize(&mut json)

@@ -57,13 +57,22 @@ pub async fn recent(db: &Db) -> Result<Vec<Item>, DbError> {
 /// Returns whether the item was created.
 pub async fn upsert(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<bool, DbError> {
     let mut tx = mysql_timed(db.begin()).await?;
+    // Whether it existed, read under the row lock that the upsert takes anyway (the
+    // driver's affected-rows count does not tell an unchanged row from a new one).
+    let existed = mysql_timed(
+        sqlx::query("SELECT 1 FROM items WHERE id = ? FOR UPDATE")
+            .bind(id.get())
+            .fetch_optional(&mut *tx),
+    )
+    .await?
+    .is_some();
     mysql_timed(
         sqlx::query("INSERT INTO shops (id) VALUES (?) ON DUPLICATE KEY UPDATE id = id")
             .bind(draft.shop_id)
             .execute(&mut *tx),
     )
     .await?;
-    let done = mysql_timed(
+    mysql_timed(
         sqlx::query(
             "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s)
              VALUES (?, ?, ?, ?, ?, ?, ?, ?)
@@ -84,8 +93,7 @@ pub async fn upsert(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<bool, DbEr
     )
     .await?;
     mysql_timed(tx.commit()).await?;
-    // MySQL reports 1 affected row for an insert, 2 for an update, 0 for an unchanged row.
-    Ok(done.rows_affected() == 1)
+    Ok(!existed)
 }
 
 /// Returns false when there is no such item.

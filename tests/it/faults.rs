@@ -1,0 +1,143 @@
+//! Redis failing: hung, gone, restarted with an empty script cache; and the sold-out flag
+//! that spares Redis.
+
+use std::time::{Duration, Instant};
+
+use seckill::config::Secret;
+use serde_json::Value;
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn a_hung_or_dead_redis_turns_into_503_within_the_budget_and_readyz_names_it() {
+    let env = TestEnv::new("redisdown").await;
+    let redis = PrivateRedis::start().await;
+    let server = env
+        .server_with(ALL_ROLES, |s| s.redis_url = Secret::new(redis.url()))
+        .await;
+    env.item_on_sale(&server, 1, 10).await;
+    assert_eq!(env.buy(&server, 1, 1).await.0, 202);
+
+    redis.freeze();
+    let started = Instant::now();
+    let (status, json) = env.buy(&server, 2, 1).await;
+    let took = started.elapsed();
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (503, Some("unavailable")),
+        "{json}"
+    );
+    // The contract's budget is one second; the margin is for a loaded 2-core CI machine.
+    assert!(took < Duration::from_millis(1500), "took {took:?}");
+
+    let response = env.http.get(server.url("/readyz")).send().await.unwrap();
+    assert_eq!(response.status(), 503);
+    let ready: Value = response.json().await.unwrap();
+    assert_eq!(ready["down"], serde_json::json!(["redis"]), "{ready}");
+    assert_eq!(ready["dependencies"]["mysql"], "up");
+
+    redis.thaw();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, json) = env.buy(&server, 3, 1).await;
+        if status == 202 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no recovery after thaw: {json}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let ready = env.http.get(server.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+
+    // Gone altogether: still a quick 503, never a hang.
+    drop(redis);
+    let started = Instant::now();
+    let (status, _) = env.buy(&server, 4, 1).await;
+    assert_eq!(status, 503);
+    assert!(started.elapsed() < Duration::from_millis(1500));
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn purchases_survive_a_flushed_script_cache() {
+    let env = TestEnv::new("noscript").await;
+    let redis = PrivateRedis::start().await;
+    let server = env
+        .server_with(ALL_ROLES, |s| s.redis_url = Secret::new(redis.url()))
+        .await;
+    env.item_on_sale(&server, 1, 10).await;
+    assert_eq!(env.buy(&server, 1, 1).await.0, 202);
+    redis.cmd(&["SCRIPT", "FLUSH"]).await;
+    let (status, json) = env.buy(&server, 2, 1).await;
+    assert_eq!(status, 202, "after SCRIPT FLUSH: {json}");
+    let (status, _) = env.buy(&server, 2, 1).await;
+    assert_eq!(status, 409);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn sold_out_is_answered_from_memory_everywhere_and_forgotten_when_units_return() {
+    let env = TestEnv::new("soldout").await;
+    let redis = PrivateRedis::start().await;
+    let private = |s: &mut seckill::Settings| s.redis_url = Secret::new(redis.url());
+    let a = env.server_with(ALL_ROLES, private).await;
+    let b = env.server_with(&[seckill::Role::Api], private).await;
+    env.item_on_sale(&a, 1, 2).await;
+    assert_eq!(env.buy(&a, 1, 1).await.0, 202);
+    assert_eq!(env.buy(&a, 2, 1).await.0, 202);
+    assert_eq!(env.buy(&a, 3, 1).await.0, 410);
+
+    // B learns "sold out" without selling anything itself.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let item: Value = env
+            .http
+            .get(b.url("/api/items/1"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if item["status"] == "sold_out" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "B never learned: {item}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // With Redis hung, both still answer 410 at once: no round trip was needed.
+    redis.freeze();
+    for server in [&a, &b] {
+        let (status, json) = env.buy(server, 4, 1).await;
+        assert_eq!(
+            (status, json["code"].as_str()),
+            (410, Some("sold_out")),
+            "{json}"
+        );
+    }
+    redis.thaw();
+
+    // Units come back (the operator raises the total and reloads): every instance sells again.
+    let admin = |path: &str| env.admin(reqwest::Method::POST, &a, path).send();
+    admin("/admin/items/1/pause").await.unwrap();
+    env.create_item(&a, 1, 5).await;
+    assert_eq!(
+        admin("/admin/items/1/warmup?force=true")
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    admin("/admin/items/1/resume").await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let (status, json) = env.buy(&b, 5, 1).await;
+        if status == 202 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "B still refuses: {json}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    b.stop().await;
+    a.stop().await;
+}

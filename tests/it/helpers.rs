@@ -1,0 +1,504 @@
+//! The test harness: every test gets its own namespace (Redis keys, RabbitMQ exchanges and
+//! queues) and its own MySQL database, starts real servers on port 0 against the machine's
+//! Redis, MariaDB and RabbitMQ, and cleans everything up afterwards (also when it fails).
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+use sqlx::MySqlPool;
+use tokio_util::sync::CancellationToken;
+
+use seckill::auth::Jwt;
+use seckill::broker::Topology;
+use seckill::config::Secret;
+use seckill::domain::UserId;
+use seckill::{Role, Server, Settings};
+
+pub const ADMIN_TOKEN: &str = "test-admin-token";
+pub const ALL_ROLES: &[Role] = &[Role::Api, Role::Consumer, Role::Scheduler];
+
+/// Where the machine's shared services are (overridable like the server's own settings).
+fn shared(var: &str, default: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| default.to_owned())
+}
+
+pub fn redis_url() -> String {
+    shared("SECKILL_REDIS_URL", "redis://127.0.0.1:6379")
+}
+
+fn mysql_server_url() -> String {
+    shared("SECKILL_TEST_MYSQL", "mysql://root@127.0.0.1:3306")
+}
+
+pub fn amqp_url() -> String {
+    shared("SECKILL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
+}
+
+/// One test's private world.
+pub struct TestEnv {
+    pub settings: Settings,
+    pub db: MySqlPool,
+    pub redis: redis::aio::MultiplexedConnection,
+    pub http: reqwest::Client,
+    jwt: Jwt,
+    namespace: String,
+    database: String,
+}
+
+impl TestEnv {
+    pub async fn new(name: &str) -> Self {
+        init_logs();
+        let suffix = ulid::Ulid::new().to_string().to_lowercase();
+        let namespace = format!("t_{name}_{}", &suffix[16..]);
+        let database = namespace.clone();
+        let mut settings = Settings::from_env().expect("settings from the environment");
+        settings.namespace = namespace.clone();
+        settings.database_url = Secret::new(format!("{}/{database}", mysql_server_url()));
+        settings.redis_url = Secret::new(redis_url());
+        settings.amqp_url = Secret::new(amqp_url());
+        settings.http_addr = "127.0.0.1:0".parse().unwrap();
+        settings.admin_token = Some(Secret::new(ADMIN_TOKEN));
+        settings.jwt_secret = Secret::new(format!("secret-{namespace}"));
+
+        let db = seckill::store::connect_mysql(settings.database_url.expose())
+            .await
+            .expect("MariaDB at 127.0.0.1:3306 (see README: ./dev/services.sh)");
+        seckill::store::migrate(&db).await.expect("migrations");
+        let redis = redis::Client::open(redis_url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .expect("Redis at 127.0.0.1:6379");
+        Self {
+            jwt: Jwt::new(&settings.jwt_secret),
+            settings,
+            db,
+            redis,
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(512)
+                .build()
+                .unwrap(),
+            namespace,
+            database,
+        }
+    }
+
+    pub async fn server(&self, roles: &[Role]) -> TestServer {
+        self.server_with(roles, |_| {}).await
+    }
+
+    pub async fn server_with(
+        &self,
+        roles: &[Role],
+        adjust: impl FnOnce(&mut Settings),
+    ) -> TestServer {
+        let mut settings = self.settings.clone();
+        adjust(&mut settings);
+        let server = Server::build(settings, roles).await.expect("server starts");
+        let (addr, admin_addr) = (server.addr(), server.admin_addr());
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(server.run(shutdown.clone()));
+        TestServer {
+            addr,
+            admin_addr,
+            shutdown,
+            handle: Some(handle),
+        }
+    }
+
+    pub fn token(&self, user: u64) -> String {
+        self.jwt
+            .mint(UserId::new(user), Duration::from_secs(600))
+            .unwrap()
+    }
+
+    /// `PUT /admin/items/{id}` with a sale window open now for an hour.
+    pub async fn create_item(&self, server: &TestServer, id: u64, total: u32) -> Value {
+        let now = Utc::now();
+        self.put_item(
+            server,
+            id,
+            total,
+            now - chrono::Duration::seconds(5),
+            now + chrono::Duration::hours(1),
+        )
+        .await
+    }
+
+    pub async fn put_item(
+        &self,
+        server: &TestServer,
+        id: u64,
+        total: u32,
+        start_at: DateTime<Utc>,
+        end_at: DateTime<Utc>,
+    ) -> Value {
+        let response = self
+            .admin(reqwest::Method::PUT, server, &format!("/admin/items/{id}"))
+            .json(&json!({
+                "name": format!("item {id}"),
+                "shop_id": 1,
+                "total": total,
+                "start_at": start_at,
+                "end_at": end_at,
+                "price_cents": 1999,
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            response.status().is_success(),
+            "PUT item: {}",
+            response.status()
+        );
+        response.json().await.unwrap()
+    }
+
+    pub async fn warmup(&self, server: &TestServer, id: u64) -> Value {
+        let response = self
+            .admin(
+                reqwest::Method::POST,
+                server,
+                &format!("/admin/items/{id}/warmup"),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "warmup");
+        response.json().await.unwrap()
+    }
+
+    /// An item created and loaded, on sale now.
+    pub async fn item_on_sale(&self, server: &TestServer, id: u64, total: u32) {
+        self.create_item(server, id, total).await;
+        self.warmup(server, id).await;
+    }
+
+    pub fn admin(
+        &self,
+        method: reqwest::Method,
+        server: &TestServer,
+        path: &str,
+    ) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, server.url(path))
+            .bearer_auth(ADMIN_TOKEN)
+    }
+
+    pub async fn stats(&self, server: &TestServer, id: u64) -> Value {
+        self.admin(
+            reqwest::Method::GET,
+            server,
+            &format!("/admin/items/{id}/stats"),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+    }
+
+    /// `POST /api/flashbuy` as `user`.
+    pub async fn buy(&self, server: &TestServer, user: u64, item: u64) -> (u16, Value) {
+        buy(&self.http, server.addr, &self.token(user), item).await
+    }
+
+    /// Orders in MySQL for an item.
+    pub async fn orders(&self, item: u64) -> Vec<(String, u64, String)> {
+        sqlx::query_as("SELECT order_sn, user_id, status FROM orders WHERE item_id = ?")
+            .bind(item)
+            .fetch_all(&self.db)
+            .await
+            .unwrap()
+    }
+
+    /// Waits (up to `limit`) until MySQL has `expected` orders for the item and nothing is
+    /// pending in Redis.
+    pub async fn wait_for_orders(
+        &self,
+        server: &TestServer,
+        item: u64,
+        expected: usize,
+        limit: Duration,
+    ) {
+        let deadline = Instant::now() + limit;
+        loop {
+            let stats = self.stats(server, item).await;
+            let in_mysql = self.orders(item).await.len();
+            if in_mysql == expected && stats["pending"] == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "after {limit:?}: {in_mysql} orders in MySQL (want {expected}); stats {stats}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// CONTRACT.md section 7, invariants 1 to 4, for a quiescent item: `won` are the order
+    /// numbers of every `202` the test saw.
+    pub async fn assert_invariants(
+        &self,
+        server: &TestServer,
+        item: u64,
+        total: u32,
+        won: &[String],
+    ) {
+        let orders = self.orders(item).await;
+        let live: Vec<_> = orders.iter().filter(|(_, _, s)| s != "cancelled").collect();
+        // 1. No oversell.
+        assert!(
+            live.len() <= total as usize,
+            "oversold: {} live orders for {total} units",
+            live.len()
+        );
+        // 2. No double purchase.
+        let users: HashSet<u64> = live.iter().map(|(_, u, _)| *u).collect();
+        assert_eq!(users.len(), live.len(), "a user holds two live orders");
+        // 3. Nothing lost: every 202 is exactly one row (order_sn is unique in MySQL).
+        let in_mysql: HashSet<&str> = orders.iter().map(|(sn, _, _)| sn.as_str()).collect();
+        let answered: HashSet<&str> = won.iter().map(String::as_str).collect();
+        assert_eq!(
+            answered.len(),
+            won.len(),
+            "an order number was answered twice"
+        );
+        let missing: Vec<_> = answered.difference(&in_mysql).collect();
+        assert!(missing.is_empty(), "202s missing from MySQL: {missing:?}");
+        // 4. Stock adds up: remaining tokens + unpaid + paid = total.
+        let remaining: u64 = self
+            .redis
+            .clone()
+            .llen(self.key(item, "tokens"))
+            .await
+            .unwrap();
+        assert_eq!(
+            remaining as usize + live.len(),
+            total as usize,
+            "stock does not add up"
+        );
+        let stats = self.stats(server, item).await;
+        assert_eq!(stats["consistent"], true, "stats: {stats}");
+        assert_eq!(stats["pending"], 0, "stats: {stats}");
+    }
+
+    pub fn key(&self, item: u64, what: &str) -> String {
+        format!("{}:{{item:{item}}}:v1:{what}", self.namespace)
+    }
+
+    pub fn topology(&self) -> Topology {
+        Topology::new(&self.namespace)
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        let (namespace, database) = (self.namespace.clone(), self.database.clone());
+        // Async clean-up from a synchronous Drop: on a thread with its own runtime.
+        let cleaned = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map(|rt| rt.block_on(cleanup(&namespace, &database)))
+        })
+        .join();
+        if !matches!(cleaned, Ok(Ok(()))) {
+            eprintln!("test clean-up failed for {}", self.namespace);
+        }
+    }
+}
+
+async fn cleanup(namespace: &str, database: &str) {
+    if let Ok(pool) = MySqlPool::connect(&mysql_server_url()).await {
+        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS `{database}`"
+        )))
+        .execute(&pool)
+        .await;
+    }
+    if let Ok(mut redis) = redis::Client::open(redis_url()).and_then(|c| c.get_connection()) {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{namespace}:*"))
+            .query(&mut redis)
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: Result<(), _> = redis::cmd("DEL").arg(keys).query(&mut redis);
+        }
+    }
+    if let Ok(conn) = lapin::Connection::connect(&amqp_url(), Default::default()).await
+        && let Ok(channel) = conn.create_channel().await
+    {
+        let t = Topology::new(namespace);
+        for queue in [&t.orders_queue, &t.dead_queue] {
+            let _ = channel
+                .queue_delete(queue.as_str().into(), Default::default())
+                .await;
+        }
+        for exchange in [&t.orders_exchange, &t.dead_exchange] {
+            let _ = channel
+                .exchange_delete(exchange.as_str().into(), Default::default())
+                .await;
+        }
+        let _ = conn.close(200, "bye".into()).await;
+    }
+}
+
+/// A running server.
+pub struct TestServer {
+    pub addr: SocketAddr,
+    /// Set when the server has a separate admin listener.
+    pub admin_addr: Option<SocketAddr>,
+    shutdown: CancellationToken,
+    handle: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl TestServer {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Graceful shutdown, as on SIGTERM; fails the test if the server reports an error.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        if let Some(handle) = self.handle.take() {
+            tokio::time::timeout(Duration::from_secs(20), handle)
+                .await
+                .expect("server stops within 20 s")
+                .expect("server task")
+                .expect("server ends cleanly");
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+pub async fn buy(http: &reqwest::Client, addr: SocketAddr, token: &str, item: u64) -> (u16, Value) {
+    let response = http
+        .post(format!("http://{addr}/api/flashbuy"))
+        .bearer_auth(token)
+        .header("x-client-time", Utc::now().timestamp_millis().to_string())
+        .json(&json!({ "item_id": item }))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+fn init_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Quiet unless asked: `RUST_LOG=info cargo test` shows the servers' logs.
+        if std::env::var("RUST_LOG").is_ok() {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+                .with_test_writer()
+                .try_init();
+        }
+    });
+}
+
+/// A free TCP port on loopback (for private server processes).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
+/// A private `redis-server` on a spare port, for tests that stop, freeze or flush Redis
+/// (never the machine's shared one). Killed on drop.
+pub struct PrivateRedis {
+    pub port: u16,
+    child: Child,
+}
+
+impl PrivateRedis {
+    pub async fn start() -> Self {
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server on PATH");
+        let redis = Self { port, child };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while redis.ping().await.is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "private redis-server did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        redis
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub async fn ping(&self) -> redis::RedisResult<()> {
+        let mut conn = redis::Client::open(self.url())?
+            .get_multiplexed_async_connection()
+            .await?;
+        redis::cmd("PING").query_async(&mut conn).await
+    }
+
+    pub async fn cmd(&self, args: &[&str]) -> redis::Value {
+        let mut conn = redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query_async(&mut conn).await.unwrap()
+    }
+
+    /// SIGSTOP: the process keeps its socket but answers nothing (a hung Redis).
+    pub fn freeze(&self) {
+        signal(self.child.id(), "STOP");
+    }
+
+    pub fn thaw(&self) {
+        signal(self.child.id(), "CONT");
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.thaw();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{name} {pid}");
+}

@@ -1,0 +1,10 @@
+//! Integration tests against the real Redis, MariaDB and RabbitMQ. One binary, so it
+//! compiles once; every test isolates itself (see `helpers`).
+
+mod admin;
+mod burst;
+mod faults;
+mod helpers;
+mod purchase;
+mod queue;
+mod setup;

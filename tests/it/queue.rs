@@ -1,0 +1,181 @@
+//! The way to MySQL: broker down, consumer down, redelivery, dead letters.
+
+use std::time::{Duration, Instant};
+
+use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{BasicProperties, Connection};
+use seckill::Role;
+use seckill::domain::{ItemId, OrderPlaced, OrderSn, UserId};
+
+use crate::helpers::*;
+
+async fn buy_many(
+    env: &TestEnv,
+    server: &TestServer,
+    item: u64,
+    users: std::ops::Range<u64>,
+) -> Vec<String> {
+    let mut won = Vec::new();
+    for user in users {
+        let (status, json) = env.buy(server, user, item).await;
+        assert_eq!(status, 202, "{json}");
+        won.push(json["order_sn"].as_str().unwrap().to_owned());
+    }
+    won
+}
+
+/// Messages ready in a queue (declared passively; `None` while it does not exist).
+async fn queue_depth(queue: &str) -> Option<u32> {
+    let conn = Connection::connect(&amqp_url(), Default::default())
+        .await
+        .ok()?;
+    let channel = conn.create_channel().await.ok()?;
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await;
+    let _ = conn.close(200, "bye".into()).await;
+    declared.ok().map(|q| q.message_count())
+}
+
+async fn wait_for_depth(queue: &str, expected: u32) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let depth = queue_depth(queue).await;
+        if depth == Some(expected) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "queue {queue} holds {depth:?}, want {expected}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn with_the_broker_down_purchases_still_win_and_the_relay_delivers_them_later() {
+    let env = TestEnv::new("brokerdown").await;
+    // API node pointed at a port where no broker listens.
+    let api = env
+        .server_with(&[Role::Api], |s| {
+            s.amqp_url = seckill::config::Secret::new(format!(
+                "amqp://guest:guest@127.0.0.1:{}/%2f",
+                free_port()
+            ));
+        })
+        .await;
+    env.item_on_sale(&api, 1, 50).await;
+    let won = buy_many(&env, &api, 1, 1..41).await;
+    let stats = env.stats(&api, 1).await;
+    assert_eq!(stats["pending"], 40, "{stats}");
+    assert_eq!(stats["consistent"], true, "{stats}");
+    let ready: serde_json::Value = env
+        .http
+        .get(api.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(ready["down"], serde_json::json!(["rabbitmq"]), "{ready}");
+
+    // A worker node with a working broker: the relay sends the outbox, the consumer writes.
+    let worker = env.server(&[Role::Scheduler, Role::Consumer]).await;
+    env.wait_for_orders(&api, 1, 40, Duration::from_secs(30))
+        .await;
+    env.assert_invariants(&api, 1, 50, &won).await;
+    let outbox: u64 = redis::AsyncCommands::zcard(&mut env.redis.clone(), env.key(1, "outbox"))
+        .await
+        .unwrap();
+    assert_eq!(outbox, 0);
+    worker.stop().await;
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn with_the_consumer_down_orders_wait_in_the_queue_and_land_once_it_starts() {
+    let env = TestEnv::new("consumerdown").await;
+    let api = env.server(&[Role::Api, Role::Scheduler]).await;
+    env.item_on_sale(&api, 1, 30).await;
+    let won = buy_many(&env, &api, 1, 1..31).await;
+    wait_for_depth(&env.topology().orders_queue, 30).await;
+    assert!(env.orders(1).await.is_empty());
+    assert_eq!(env.stats(&api, 1).await["pending"], 30);
+
+    let consumer = env.server(&[Role::Consumer]).await;
+    env.wait_for_orders(&api, 1, 30, Duration::from_secs(30))
+        .await;
+    env.assert_invariants(&api, 1, 30, &won).await;
+    wait_for_depth(&env.topology().orders_queue, 0).await;
+    consumer.stop().await;
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn a_message_delivered_twice_writes_one_row_and_garbage_is_dead_lettered() {
+    let env = TestEnv::new("redeliver").await;
+    let server = env.server(ALL_ROLES).await;
+    env.create_item(&server, 1, 10).await;
+    let topology = env.topology();
+    let order = OrderPlaced {
+        order_sn: OrderSn::generate(ItemId::new(1).unwrap()),
+        item_id: ItemId::new(1).unwrap(),
+        user_id: UserId::new(9),
+        created_at_ms: 1_700_000_000_000,
+        pay_deadline_ms: 1_700_000_600_000,
+    };
+    let json = serde_json::to_vec(&order).unwrap();
+
+    // Wait for the server to have declared its topology.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while queue_depth(&topology.orders_queue).await.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the server never declared its queue"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let conn = Connection::connect(&amqp_url(), Default::default())
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    for body in [&json[..], b"{not json", &json[..]] {
+        channel
+            .basic_publish(
+                topology.orders_exchange.as_str().into(),
+                "order.placed".into(),
+                BasicPublishOptions::default(),
+                body,
+                BasicProperties::default(),
+            )
+            .await
+            .unwrap();
+    }
+    let _ = conn.close(200, "bye".into()).await;
+
+    wait_for_depth(&topology.dead_queue, 1).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let orders = env.orders(1).await;
+        if orders.len() == 1 && queue_depth(&topology.orders_queue).await == Some(0) {
+            assert_eq!(orders[0].0, order.order_sn.as_str());
+            break;
+        }
+        assert!(
+            orders.len() <= 1,
+            "a redelivered message wrote a second row"
+        );
+        assert!(Instant::now() < deadline, "the order never landed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.stop().await;
+}
