@@ -1,0 +1,147 @@
+//! The yardstick for `loadtest/bench.sh`: the least an HTTP server must do for a purchase.
+//!
+//! `POST /grab` reads `{"item_id": N}` and the `X-User` header and runs the same
+//! `EVALSHA grab.lua` as seckill over one multiplexed connection — no auth, no checks, no
+//! logs, no publishing. `GET /hello` answers a constant. seckill's purchase path is
+//! measured against the first; its sold-out path against the second.
+//!
+//! `cargo run --release --example bare -- --addr 127.0.0.1:18081 --units 1000000`
+
+use std::net::SocketAddr;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use clap::Parser;
+use redis::aio::ConnectionManager;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use seckill::domain::{ItemId, OrderPlaced, OrderSn, UserId};
+use seckill::keys::{ItemKeys, Keys};
+use seckill::lua::GRAB;
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value = "127.0.0.1:18081")]
+    addr: SocketAddr,
+    #[arg(long, default_value = "redis://127.0.0.1:6379")]
+    redis: String,
+    /// Namespace of the bare server's own item (its keys are deleted at start).
+    #[arg(long, default_value = "bare")]
+    namespace: String,
+    /// Units to load for the bare item.
+    #[arg(long, default_value_t = 1_000_000)]
+    units: u64,
+}
+
+#[derive(Clone)]
+struct Bare {
+    redis: ConnectionManager,
+    keys: std::sync::Arc<ItemKeys>,
+}
+
+#[derive(Deserialize)]
+struct Body {
+    item_id: ItemId,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let item = ItemId::new(1).ok_or_else(|| anyhow::anyhow!("item 1"))?;
+    let keys = Keys::new(&args.namespace).item(item);
+    let mut redis = ConnectionManager::new(redis::Client::open(args.redis.as_str())?).await?;
+    load(&mut redis, &keys, args.units).await?;
+    GRAB.prepare_invoke().load_async(&mut redis).await?;
+
+    let app = Router::new()
+        .route("/grab", post(grab))
+        .route("/hello", get(|| async { Json(json!({ "code": "hello" })) }))
+        .with_state(Bare {
+            redis,
+            keys: std::sync::Arc::new(keys),
+        });
+    let listener = tokio::net::TcpListener::bind(args.addr).await?;
+    eprintln!("bare server on {}", listener.local_addr()?);
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+async fn grab(
+    State(bare): State<Bare>,
+    headers: HeaderMap,
+    Json(body): Json<Body>,
+) -> (StatusCode, Json<Value>) {
+    let user = headers
+        .get("x-user")
+        .and_then(|v| v.to_str().ok())
+        .and_then(UserId::parse)
+        .unwrap_or(UserId::new(1));
+    let now = chrono::Utc::now().timestamp_millis();
+    let order = OrderPlaced {
+        order_sn: OrderSn::generate(body.item_id),
+        item_id: body.item_id,
+        user_id: user,
+        created_at_ms: now,
+        pay_deadline_ms: now + 1_800_000,
+    };
+    let payload = serde_json::to_string(&order).unwrap_or_default();
+    let keys = &bare.keys;
+    let answer: redis::RedisResult<(String, String)> = GRAB
+        .key(&keys.meta)
+        .key(&keys.tokens)
+        .key(keys.buyers(user))
+        .key(keys.buyer_orders(user))
+        .key(&keys.pending)
+        .key(&keys.outbox)
+        .arg(user.get())
+        .arg(order.order_sn.as_str())
+        .arg(now)
+        .arg(payload)
+        .invoke_async(&mut bare.redis.clone())
+        .await;
+    match answer {
+        Ok((outcome, sn)) => (
+            StatusCode::OK,
+            Json(json!({ "code": outcome, "order_sn": sn })),
+        ),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "code": "unavailable" })),
+        ),
+    }
+}
+
+/// A fresh item: every key of the namespace's item 1 rebuilt, `units` tokens, open window.
+async fn load(redis: &mut ConnectionManager, keys: &ItemKeys, units: u64) -> anyhow::Result<()> {
+    let mut pipe = redis::pipe();
+    pipe.del(&keys.meta)
+        .del(&keys.tokens)
+        .del(&keys.pending)
+        .del(&keys.outbox);
+    for key in keys.all_buyer_keys() {
+        pipe.del(key);
+    }
+    pipe.query_async::<()>(redis).await?;
+    for start in (0..units).step_by(10_000) {
+        let batch: Vec<u64> = (start..(start + 10_000).min(units)).collect();
+        redis::cmd("RPUSH")
+            .arg(&keys.tokens)
+            .arg(batch)
+            .query_async::<()>(redis)
+            .await?;
+    }
+    redis::cmd("HSET")
+        .arg(&keys.meta)
+        .arg(&[
+            ("loaded", "1"),
+            ("paused", "0"),
+            ("start_ms", "0"),
+            ("end_ms", "99999999999999"),
+        ])
+        .query_async::<()>(redis)
+        .await?;
+    Ok(())
+}

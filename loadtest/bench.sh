@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# One command, one run, everything local: seckill's purchase path against a bare axum
+# server doing only the same EVALSHA, its sold-out path against a bare hello handler, the
+# consumer draining 100,000 queued orders into MySQL, and the server's peak memory.
+#
+#   ./loadtest/bench.sh            (DURATION=10s CONNECTIONS=64 by default)
+#
+# Uses the machine's Redis, MariaDB and RabbitMQ under a namespace and database of its own,
+# removed at the end. Logs and wrk outputs stay in loadtest/out/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+duration=${DURATION:-10s}
+connections=${CONNECTIONS:-64}
+threads=2
+fill_units=100000
+users=200000
+
+./dev/services.sh
+if ! command -v wrk >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
+  else
+    echo "wrk is missing: sudo apt-get install wrk" >&2
+    exit 1
+  fi
+fi
+cargo build --release --locked --bin seckill --example bare 2>&1 | tail -1
+
+out=loadtest/out
+mkdir -p "$out"
+ns="bench_$(date +%s)"
+export SECKILL_NAMESPACE=$ns
+export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$ns"
+export SECKILL_ADMIN_TOKEN=bench-admin
+export SECKILL_RATE_PER_USER=0
+export SECKILL_HTTP_ADDR=127.0.0.1:18080
+export RUST_LOG=${RUST_LOG:-info}
+bin=target/release/seckill
+api="http://$SECKILL_HTTP_ADDR"
+pids=()
+
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$ns\`" 2>/dev/null || true
+  redis-cli --scan --pattern "$ns:*" | xargs -r -n 1000 redis-cli del >/dev/null || true
+  redis-cli --scan --pattern "bench_bare:*" | xargs -r -n 1000 redis-cli del >/dev/null || true
+  if command -v rabbitmqctl >/dev/null; then
+    for q in "$ns.orders" "$ns.orders.dead"; do rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true; done
+  fi
+}
+trap cleanup EXIT
+
+wait_http() { for _ in $(seq 200); do curl -fs "$1" >/dev/null && return 0; sleep 0.1; done; echo "no answer from $1" >&2; exit 1; }
+admin() { curl -fsS -X "$1" "$api$2" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" -H 'Content-Type: application/json' ${3:+-d "$3"}; }
+stat() { admin GET "/admin/items/$1/stats" | sed -E "s/.*\"$2\":([0-9]+).*/\1/"; }
+rows() { mariadb -h 127.0.0.1 -u root -N -e "SELECT COUNT(*) FROM \`$ns\`.orders WHERE item_id = $1"; }
+# wrk: prints "requests_per_second p99" from its report.
+run_wrk() { # name url [env...]
+  local name=$1 url=$2; shift 2
+  env "$@" THREADS=$threads wrk -t$threads -c"$connections" -d"$duration" --latency \
+    -s loadtest/wrk/flashbuy.lua "$url" >"$out/$name.txt"
+  awk '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} END {print rps, p99}' "$out/$name.txt"
+}
+run_wrk_get() { # name url
+  wrk -t$threads -c"$connections" -d"$duration" --latency "$2" >"$out/$1.txt"
+  awk '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} END {print rps, p99}' "$out/$1.txt"
+}
+
+echo "minting $users user tokens" >&2
+"$bin" token --user 1 --count "$users" --ttl-s 7200 >"$out/tokens.txt"
+
+"$bin" serve --roles api,scheduler >"$out/api.log" 2>&1 &
+api_pid=$!
+pids+=("$api_pid")
+wait_http "$api/healthz"
+start=$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)
+end=$(date -u -d '+1 day' +%Y-%m-%dT%H:%M:%SZ)
+for spec in "1 400000" "3 $fill_units"; do
+  set -- $spec
+  admin PUT "/admin/items/$1" "{\"name\":\"bench $1\",\"shop_id\":1,\"total\":$2,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1}" >/dev/null
+  admin POST "/admin/items/$1/warmup" >/dev/null
+done
+
+echo "filling the queue: selling $fill_units units of item 3 with no consumer running" >&2
+run_wrk fill "$api/api/flashbuy" TOKENS="$out/tokens.txt" ITEM=3 MODE=sequential >/dev/null
+for _ in $(seq 300); do
+  [ "$(stat 3 remaining)" = 0 ] && [ "$(stat 3 pending)" = "$fill_units" ] && break
+  sleep 0.2
+done
+[ "$(stat 3 pending)" = "$fill_units" ] || { echo "item 3 did not sell out: $(admin GET /admin/items/3/stats)" >&2; exit 1; }
+sleep 2 # the publisher's last confirms
+
+echo "draining $fill_units queued orders with a consumer" >&2
+SECKILL_HTTP_ADDR=127.0.0.1:18082 "$bin" serve --roles consumer >"$out/consumer.log" 2>&1 &
+consumer_pid=$!
+pids+=("$consumer_pid")
+first_count=0
+while :; do
+  n=$(rows 3)
+  if [ "$n" -gt 0 ]; then first_count=$n; t0=$(date +%s.%N); break; fi
+  sleep 0.02
+done
+while [ "$(rows 3)" -lt "$fill_units" ]; do sleep 0.05; done
+t1=$(date +%s.%N)
+kill "$consumer_pid"
+drain_rate=$(echo "($fill_units - $first_count) / ($t1 - $t0)" | bc)
+
+echo "the purchase path: wins and duplicates, every request reaches Redis" >&2
+read -r redis_rps redis_p99 < <(run_wrk redis_path "$api/api/flashbuy" TOKENS="$out/tokens.txt" ITEM=1 MODE=random)
+echo "the sold-out path" >&2
+read -r soldout_rps soldout_p99 < <(run_wrk sold_out "$api/api/flashbuy" TOKENS="$out/tokens.txt" ITEM=3 MODE=random)
+peak_kb=$(awk '/VmHWM/ {print $2}' "/proc/$api_pid/status")
+
+target/release/examples/bare --addr 127.0.0.1:18081 --namespace bench_bare --units 400000 >"$out/bare.log" 2>&1 &
+pids+=("$!")
+wait_http "http://127.0.0.1:18081/hello"
+echo "the bare EVALSHA server" >&2
+read -r bare_rps bare_p99 < <(run_wrk bare_grab http://127.0.0.1:18081/grab BARE_USERS=$users ITEM=1 MODE=random)
+echo "the bare hello handler" >&2
+read -r hello_rps hello_p99 < <(run_wrk_get bare_hello http://127.0.0.1:18081/hello)
+
+ratio() { echo "scale=2; $1 / $2" | bc; }
+cat <<REPORT
+
+seckill benchmark — $(nproc) cores, $(date -u +%Y-%m-%d), wrk -t$threads -c$connections -d$duration, all on this machine
+
+| path                                   | req/s      | p99      | yardstick            | req/s      | p99      | ratio |
+|----------------------------------------|------------|----------|----------------------|------------|----------|-------|
+| purchase, Redis path (wins+duplicates) | $redis_rps | $redis_p99 | bare EVALSHA server | $bare_rps | $bare_p99 | $(ratio "$redis_rps" "$bare_rps") |
+| purchase, sold out (from memory)       | $soldout_rps | $soldout_p99 | bare hello handler | $hello_rps | $hello_p99 | $(ratio "$soldout_rps" "$hello_rps") |
+
+consumer: $fill_units queued orders drained into MySQL at $drain_rate orders/s
+server peak memory (VmHWM, API process): $((peak_kb / 1024)) MB
+REPORT
