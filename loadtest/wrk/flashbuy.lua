@@ -13,7 +13,6 @@
 --   THREADS  wrk's -t, for sequential mode (default 2)
 
 local tokens = {}
-local tid = 0
 local threads = {}
 
 function setup(thread)

@@ -21,20 +21,27 @@ pub struct Outgoing {
     pub payload: String,
 }
 
-/// Publishes a batch (pipelined: every message is sent before any confirm is awaited) and
-/// tells, message by message, whether the broker confirmed it.
+/// Orders carried by one AMQP message. One persistent, confirmed message per order costs
+/// the broker more CPU than everything else on the purchase path together (measured: with
+/// it, the path ran at 0.4 of its speed without a broker); a hundred per message makes the
+/// broker's share small while a message stays well under 100 KB.
+pub const ORDERS_PER_MESSAGE: usize = 100;
+
+/// Publishes orders (pipelined: every message is sent before any confirm is awaited), up
+/// to [`ORDERS_PER_MESSAGE`] per message as a JSON array, and tells, order by order,
+/// whether the broker confirmed it.
 pub async fn publish_confirmed(
     channel: &Channel,
     topology: &Topology,
     orders: &[Outgoing],
 ) -> Vec<bool> {
-    let mut confirms = Vec::with_capacity(orders.len());
-    for order in orders {
+    let messages: Vec<&[Outgoing]> = orders.chunks(ORDERS_PER_MESSAGE).collect();
+    let mut confirms = Vec::with_capacity(messages.len());
+    for message in &messages {
         let properties = BasicProperties::default()
             // Persistent: the broker writes it to disk before it confirms.
             .with_delivery_mode(2)
-            .with_content_type("application/json".into())
-            .with_message_id(order.order_sn.as_str().into());
+            .with_content_type("application/json".into());
         let sent = channel
             .basic_publish(
                 topology.orders_exchange.as_str().into(),
@@ -44,7 +51,7 @@ pub async fn publish_confirmed(
                     mandatory: true,
                     ..Default::default()
                 },
-                order.payload.as_bytes(),
+                &json_array(message),
                 properties,
             )
             .await;
@@ -57,18 +64,66 @@ pub async fn publish_confirmed(
             }
         }
     }
-    confirms.resize_with(orders.len(), || None);
-    join_all(confirms.into_iter().map(|confirm| async move {
-        let confirm = confirm?;
-        match tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await {
-            // Acked and not returned. A returned mandatory message is *also* acked
-            // (`Ack(Some(returned))`): unroutable, so not delivered.
-            Ok(Ok(Confirmation::Ack(None))) => Some(()),
-            _ => None,
-        }
+    confirms.resize_with(messages.len(), || None);
+    let confirmed = join_all(confirms.into_iter().map(|confirm| async move {
+        let Some(confirm) = confirm else {
+            return false;
+        };
+        // Acked and not returned. A returned mandatory message is *also* acked
+        // (`Ack(Some(returned))`): unroutable, so not delivered.
+        matches!(
+            tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await,
+            Ok(Ok(Confirmation::Ack(None)))
+        )
     }))
-    .await
-    .into_iter()
-    .map(|r| r.is_some())
-    .collect()
+    .await;
+    messages
+        .iter()
+        .zip(confirmed)
+        .flat_map(|(message, ok)| std::iter::repeat_n(ok, message.len()))
+        .collect()
+}
+
+/// The orders' JSON, as `grab.lua` stored it, joined into one array (nothing re-encoded).
+fn json_array(orders: &[Outgoing]) -> Vec<u8> {
+    let mut body =
+        Vec::with_capacity(orders.iter().map(|o| o.payload.len() + 1).sum::<usize>() + 2);
+    body.push(b'[');
+    for (i, order) in orders.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(order.payload.as_bytes());
+    }
+    body.push(b']');
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{ItemId, OrderPlaced};
+
+    #[test]
+    fn a_message_is_a_json_array_of_the_stored_orders() {
+        let orders: Vec<Outgoing> = (1..=3)
+            .map(|user| {
+                let order = OrderPlaced {
+                    order_sn: OrderSn::generate(ItemId::new(5).unwrap()),
+                    item_id: ItemId::new(5).unwrap(),
+                    user_id: crate::domain::UserId::new(user),
+                    created_at_ms: 1,
+                    pay_deadline_ms: 2,
+                };
+                Outgoing {
+                    payload: serde_json::to_string(&order).unwrap(),
+                    order_sn: order.order_sn,
+                }
+            })
+            .collect();
+        let back: Vec<OrderPlaced> = serde_json::from_slice(&json_array(&orders)).unwrap();
+        assert_eq!(back.len(), 3);
+        assert_eq!(back[2].order_sn, orders[2].order_sn);
+        assert_eq!(json_array(&[]), b"[]");
+    }
 }

@@ -1,11 +1,13 @@
 //! The consumer role: takes won orders off RabbitMQ and writes them to MySQL.
 //!
-//! Batches: whatever is ready (up to [`BATCH`], with [`PREFETCH`] in flight) goes into one
-//! multi-row idempotent INSERT; after the commit the orders leave Redis's `pending` hash;
-//! then one `ack` with `multiple` covers the whole batch. A crash anywhere before the ack
-//! means redelivery, which the unique key on `order_sn` turns into a no-op. While MySQL or
-//! Redis is down the batch is retried with growing pauses, never in a busy loop, and
-//! nothing is acked; an unparseable message is dead-lettered at once.
+//! A message carries one order or an array of them (the publisher sends up to a hundred per
+//! message). Whatever messages are ready (up to [`BATCH`], with [`PREFETCH`] in flight) are
+//! written with multi-row idempotent INSERTs of up to [`ROWS_PER_INSERT`] rows; after the
+//! commits the orders leave Redis's `pending` hash; then one `ack` with `multiple` covers
+//! the batch. A crash anywhere before the ack means redelivery, which the unique key on
+//! `order_sn` turns into a no-op. While MySQL or Redis is down the batch is retried with
+//! growing pauses, never in a busy loop, and nothing is acked. A message that cannot be
+//! read goes to the dead-letter queue (after any readable orders in it are written).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -24,8 +26,11 @@ use crate::store::{Db, DbError, RedisConns, RedisError, redis_timed};
 
 use super::repo::{self, OrderStatus};
 
-const PREFETCH: u16 = 2_000;
-const BATCH: usize = 500;
+/// Messages in flight to this consumer, and at most taken per batch.
+const PREFETCH: u16 = 64;
+const BATCH: usize = 32;
+/// Rows per INSERT statement.
+const ROWS_PER_INSERT: usize = 1_000;
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
@@ -125,55 +130,60 @@ impl Consumer {
         shutdown: &CancellationToken,
     ) -> Result<bool, lapin::Error> {
         let started = Instant::now();
-        let mut orders = Vec::with_capacity(deliveries.len());
-        let mut last_good = None;
+        let mut orders = Vec::new();
+        let (mut readable, mut unreadable) = (Vec::new(), Vec::new());
         for delivery in deliveries {
-            match serde_json::from_slice::<OrderPlaced>(&delivery.data) {
-                Ok(order) => {
-                    orders.push(order);
-                    last_good = Some(delivery);
-                }
-                Err(e) => {
-                    tracing::error!(
-                        error = %e,
-                        body = %String::from_utf8_lossy(&delivery.data).chars().take(200).collect::<String>(),
-                        "unparseable order message; dead-lettered"
-                    );
-                    delivery
-                        .reject(BasicRejectOptions { requeue: false })
-                        .await?;
-                }
+            let parsed = parse(&delivery.data);
+            orders.extend(parsed.orders);
+            if parsed.complete {
+                readable.push(delivery);
+            } else {
+                unreadable.push(delivery);
             }
         }
-        let Some(last_good) = last_good else {
-            return Ok(true);
-        };
 
-        let Some(inserted) = retry("mysql", shutdown, || self.insert(&orders)).await else {
-            return Ok(false);
-        };
-        tracing::info!(
-            orders = orders.len(),
-            inserted,
-            outcome = "committed",
-            duration_ms = started.elapsed().as_secs_f64() * 1e3,
-            "mysql_insert"
-        );
-        if retry("redis", shutdown, || self.clear_pending(&orders))
-            .await
-            .is_none()
-        {
-            return Ok(false);
+        if !orders.is_empty() {
+            let Some(inserted) = retry("mysql", shutdown, || self.insert(&orders)).await else {
+                return Ok(false);
+            };
+            tracing::info!(
+                orders = orders.len(),
+                inserted,
+                messages = readable.len() + unreadable.len(),
+                outcome = "committed",
+                duration_ms = started.elapsed().as_secs_f64() * 1e3,
+                "mysql_insert"
+            );
+            if retry("redis", shutdown, || self.clear_pending(&orders))
+                .await
+                .is_none()
+            {
+                return Ok(false);
+            }
         }
-        // One ack for the whole batch: every earlier delivery on this channel is either in
-        // this batch or was rejected above.
-        last_good.ack(BasicAckOptions { multiple: true }).await?;
+        for delivery in unreadable {
+            tracing::error!(
+                body = %String::from_utf8_lossy(&delivery.data).chars().take(300).collect::<String>(),
+                "unreadable order message; dead-lettered"
+            );
+            delivery
+                .reject(BasicRejectOptions { requeue: false })
+                .await?;
+        }
+        // One ack for the batch: every earlier delivery on this channel is either in it
+        // or was settled above.
+        if let Some(last) = readable.last() {
+            last.ack(BasicAckOptions { multiple: true }).await?;
+        }
         Ok(true)
     }
 
     /// Inserts the batch; returns how many rows were new.
     async fn insert(&self, orders: &[OrderPlaced]) -> Result<u64, ConsumeError> {
-        let inserted = repo::insert_batch(&self.db, orders, OrderStatus::Unpaid).await?;
+        let mut inserted = 0;
+        for rows in orders.chunks(ROWS_PER_INSERT) {
+            inserted += repo::insert_batch(&self.db, rows, OrderStatus::Unpaid).await?;
+        }
         if inserted as usize == orders.len() {
             return Ok(inserted);
         }
@@ -211,6 +221,44 @@ impl Consumer {
         let mut conn = self.redis.bulk().await?;
         redis_timed(pipe.query_async::<()>(&mut *conn)).await?;
         Ok(())
+    }
+}
+
+/// What a message holds.
+#[derive(Debug, PartialEq)]
+struct Parsed {
+    orders: Vec<OrderPlaced>,
+    /// Every part of the message was read.
+    complete: bool,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    Many(Vec<OrderPlaced>),
+    One(OrderPlaced),
+}
+
+/// An array of orders or a single order. From an array with unreadable elements the
+/// readable ones are kept, so one bad element never holds the others hostage.
+fn parse(data: &[u8]) -> Parsed {
+    if let Ok(read) = serde_json::from_slice::<OneOrMany>(data) {
+        let orders = match read {
+            OneOrMany::Many(orders) => orders,
+            OneOrMany::One(order) => vec![order],
+        };
+        return Parsed {
+            orders,
+            complete: true,
+        };
+    }
+    let elements = serde_json::from_slice::<Vec<serde_json::Value>>(data).unwrap_or_default();
+    Parsed {
+        orders: elements
+            .into_iter()
+            .filter_map(|e| serde_json::from_value(e).ok())
+            .collect(),
+        complete: false,
     }
 }
 
@@ -253,5 +301,74 @@ where
             () = tokio::time::sleep(pause) => {}
         }
         pause = (pause * 2).min(MAX_BACKOFF);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{OrderSn, UserId};
+
+    fn order(user: u64) -> OrderPlaced {
+        let item = ItemId::new(3).unwrap();
+        OrderPlaced {
+            order_sn: OrderSn::generate(item),
+            item_id: item,
+            user_id: UserId::new(user),
+            created_at_ms: 1,
+            pay_deadline_ms: 2,
+        }
+    }
+
+    #[test]
+    fn messages_hold_one_order_or_many() {
+        let one = order(1);
+        let parsed = parse(&serde_json::to_vec(&one).unwrap());
+        assert_eq!(
+            parsed,
+            Parsed {
+                orders: vec![one],
+                complete: true
+            }
+        );
+        let many = vec![order(1), order(2)];
+        let parsed = parse(&serde_json::to_vec(&many).unwrap());
+        assert_eq!(
+            parsed,
+            Parsed {
+                orders: many,
+                complete: true
+            }
+        );
+    }
+
+    #[test]
+    fn unreadable_parts_are_flagged_and_readable_ones_kept() {
+        let good = order(1);
+        let body = format!(
+            "[{}, {{\"order_sn\": 5}}]",
+            serde_json::to_string(&good).unwrap()
+        );
+        assert_eq!(
+            parse(body.as_bytes()),
+            Parsed {
+                orders: vec![good],
+                complete: false
+            }
+        );
+        assert_eq!(
+            parse(b"{not json"),
+            Parsed {
+                orders: vec![],
+                complete: false
+            }
+        );
+        assert_eq!(
+            parse(b"[]"),
+            Parsed {
+                orders: vec![],
+                complete: true
+            }
+        );
     }
 }
