@@ -84,13 +84,23 @@ for spec in "1 400000" "3 $fill_units"; do
 done
 
 echo "filling the queue: selling $fill_units units of item 3 with no consumer running" >&2
-run_wrk fill "$api/api/flashbuy" TOKENS="$out/tokens.txt" ITEM=3 MODE=sequential >/dev/null
-for _ in $(seq 300); do
-  [ "$(stat 3 remaining)" = 0 ] && [ "$(stat 3 pending)" = "$fill_units" ] && break
+for _ in $(seq 20); do
+  sold=$(stat 3 sold)
+  [ "$sold" -ge "$fill_units" ] && break
+  # Each round starts after the users already served, so every request is a new buyer.
+  THREADS=$threads TOKENS="$out/tokens.txt" ITEM=3 MODE=sequential FIRST_USER=$sold \
+    wrk -t$threads -c"$connections" -d5s -s loadtest/wrk/flashbuy.lua "$api/api/flashbuy" >"$out/fill.txt"
+done
+for _ in $(seq 100); do
+  [ "$(stat 3 pending)" = "$fill_units" ] && break
   sleep 0.2
 done
 [ "$(stat 3 pending)" = "$fill_units" ] || { echo "item 3 did not sell out: $(admin GET /admin/items/3/stats)" >&2; exit 1; }
-sleep 2 # the publisher's last confirms
+# Every order confirmed by the broker: the outbox is empty.
+for _ in $(seq 100); do
+  [ "$(redis-cli zcard "$ns:{item:3}:v1:outbox")" = 0 ] && break
+  sleep 0.2
+done
 
 echo "draining $fill_units queued orders with a consumer" >&2
 SECKILL_HTTP_ADDR=127.0.0.1:18082 "$bin" serve --roles consumer >"$out/consumer.log" 2>&1 &
@@ -107,19 +117,29 @@ t1=$(date +%s.%N)
 kill "$consumer_pid"
 drain_rate=$(echo "($fill_units - $first_count) / ($t1 - $t0)" | bc)
 
-echo "the purchase path: wins and duplicates, every request reaches Redis" >&2
-read -r redis_rps redis_p99 < <(run_wrk redis_path "$api/api/flashbuy" TOKENS="$out/tokens.txt" ITEM=1 MODE=random)
-echo "the sold-out path" >&2
-read -r soldout_rps soldout_p99 < <(run_wrk sold_out "$api/api/flashbuy" TOKENS="$out/tokens.txt" ITEM=3 MODE=random)
-peak_kb=$(awk '/VmHWM/ {print $2}' "/proc/$api_pid/status")
-
 target/release/examples/bare --addr 127.0.0.1:18081 --namespace bench_bare --units 400000 >"$out/bare.log" 2>&1 &
 pids+=("$!")
 wait_http "http://127.0.0.1:18081/hello"
-echo "the bare EVALSHA server" >&2
-read -r bare_rps bare_p99 < <(run_wrk bare_grab http://127.0.0.1:18081/grab BARE_USERS=$users ITEM=1 MODE=random)
-echo "the bare hello handler" >&2
+
+# Each seckill path runs right next to its yardstick, after the broker has settled, so
+# that both see the machine in the same state.
+settle() {
+  for _ in $(seq 100); do
+    [ "$(redis-cli zcard "$ns:{item:1}:v1:outbox")" = 0 ] && break
+    sleep 0.2
+  done
+  sleep 2
+}
+settle
+echo "the sold-out path, then the bare hello handler" >&2
+read -r soldout_rps soldout_p99 < <(run_wrk sold_out "$api/api/flashbuy" TOKENS="$out/tokens.txt" ITEM=3 MODE=random)
 read -r hello_rps hello_p99 < <(run_wrk_get bare_hello http://127.0.0.1:18081/hello)
+settle
+echo "the purchase path (wins and duplicates: every request reaches Redis), then the bare EVALSHA server" >&2
+read -r redis_rps redis_p99 < <(run_wrk redis_path "$api/api/flashbuy" TOKENS="$out/tokens.txt" ITEM=1 MODE=random)
+peak_kb=$(awk '/VmHWM/ {print $2}' "/proc/$api_pid/status")
+settle
+read -r bare_rps bare_p99 < <(run_wrk bare_grab http://127.0.0.1:18081/grab BARE_USERS=$users ITEM=1 MODE=random)
 
 ratio() { echo "scale=2; $1 / $2" | bc; }
 cat <<REPORT

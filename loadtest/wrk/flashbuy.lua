@@ -11,6 +11,7 @@
 --            sequential: users in order, each once per lap (every request a new buyer)
 --   BARE_USERS=N  for loadtest/bare.rs: send X-User (1..N) instead of a token
 --   THREADS  wrk's -t, for sequential mode (default 2)
+--   FIRST_USER  sequential mode starts after this many users (default 0)
 
 local tokens = {}
 local threads = {}
@@ -35,7 +36,7 @@ function init(args)
     users = bare_users
   end
   body = '{"item_id":' .. item .. '}'
-  next_user = tid
+  next_user = tonumber(os.getenv("FIRST_USER") or "0") + tid
   math.randomseed(os.time() * 1000 + tid)
 end
 

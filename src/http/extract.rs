@@ -82,7 +82,6 @@ impl FromRequestParts<AppState> for AuthUser {
         let user = bearer(header)
             .and_then(|token| state.jwt.verify(token))
             .map_err(|e| ApiError::Unauthorized(e.as_str()))?;
-        tracing::Span::current().record("user_id", user.get());
         Ok(AuthUser(user))
     }
 }
@@ -96,7 +95,9 @@ impl FromRequestParts<AppState> for Buyer {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        if let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>() {
+        if state.limits.per_ip_enabled()
+            && let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>()
+        {
             state
                 .limits
                 .check_ip(client_ip(&state.settings, *peer, &parts.headers))?;

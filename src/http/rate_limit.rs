@@ -36,6 +36,11 @@ impl RateLimits {
         check(self.per_user.as_ref(), &user)
     }
 
+    /// Whether there is a per-IP limit at all (finding the client IP costs a little).
+    pub fn per_ip_enabled(&self) -> bool {
+        self.per_ip.is_some()
+    }
+
     pub fn check_ip(&self, ip: IpAddr) -> Result<(), ApiError> {
         check(self.per_ip.as_ref(), &ip)
     }

@@ -7,22 +7,11 @@ use serde::Serialize;
 
 use super::request_id;
 
-#[derive(Serialize)]
-struct Envelope<'a, T> {
-    code: &'a str,
-    trace_id: &'a str,
-    #[serde(flatten)]
-    body: T,
-}
-
-/// `body` must serialize as a JSON object (a struct, a map or `json!({..})`).
+/// `body` must serialize as a JSON object (a struct, a map or `json!({..})`); its fields
+/// follow `code` and `trace_id`. (Spliced rather than `#[serde(flatten)]`, which buffers
+/// every field through serde's generic content type: this runs on every answer.)
 pub fn envelope<T: Serialize>(status: StatusCode, code: &str, body: T) -> Response {
-    let trace_id = request_id::current();
-    match serde_json::to_vec(&Envelope {
-        code,
-        trace_id: &trace_id,
-        body,
-    }) {
+    match spliced(code, &request_id::current(), &body) {
         Ok(bytes) => {
             let mut response = (status, bytes).into_response();
             response.headers_mut().insert(
@@ -38,7 +27,47 @@ pub fn envelope<T: Serialize>(status: StatusCode, code: &str, body: T) -> Respon
     }
 }
 
+fn spliced<T: Serialize>(code: &str, trace_id: &str, body: &T) -> serde_json::Result<Vec<u8>> {
+    let fields = serde_json::to_vec(body)?;
+    let Some(rest) = fields.strip_prefix(b"{") else {
+        return Err(serde::ser::Error::custom(
+            "a response body must be a JSON object",
+        ));
+    };
+    let mut out = Vec::with_capacity(fields.len() + code.len() + trace_id.len() + 32);
+    out.extend_from_slice(b"{\"code\":");
+    serde_json::to_writer(&mut out, code)?;
+    out.extend_from_slice(b",\"trace_id\":");
+    serde_json::to_writer(&mut out, trace_id)?;
+    if rest != b"}" {
+        out.push(b',');
+    }
+    out.extend_from_slice(rest);
+    Ok(out)
+}
+
 /// `200` with `code` and the body.
 pub fn ok<T: Serialize>(code: &str, body: T) -> Response {
     envelope(StatusCode::OK, code, body)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::spliced;
+
+    #[test]
+    fn code_and_trace_id_come_first_then_the_body() {
+        let bytes = spliced("queued", "t1", &json!({ "order_sn": "1-X", "item_id": 1 })).unwrap();
+        let value: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            value,
+            json!({ "code": "queued", "trace_id": "t1", "order_sn": "1-X", "item_id": 1 })
+        );
+        let empty: Value =
+            serde_json::from_slice(&spliced("ok", "t\"2", &json!({})).unwrap()).unwrap();
+        assert_eq!(empty, json!({ "code": "ok", "trace_id": "t\"2" }));
+        assert!(spliced("ok", "t", &json!([1])).is_err());
+    }
 }

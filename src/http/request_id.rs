@@ -9,7 +9,9 @@ use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
-use tracing::field::Empty;
+use tracing::field::{Empty, Value};
+
+use crate::domain::{ItemId, UserId};
 
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -48,6 +50,32 @@ pub async fn layer(request: Request, next: Next) -> Response {
         response.headers_mut().insert(X_REQUEST_ID.clone(), value);
     }
     response
+}
+
+/// Fills the request span's `user_id` (and `item_id`) in one call: the JSON log formatter
+/// re-reads and re-writes a span's stored fields on every record, so one call, not two.
+pub fn record_user(user: UserId, item: Option<ItemId>) {
+    let span = tracing::Span::current();
+    let Some(fields) = span.metadata().map(|m| m.fields()) else {
+        return;
+    };
+    let (Some(user_field), Some(item_field)) = (fields.field("user_id"), fields.field("item_id"))
+    else {
+        return;
+    };
+    let user = user.get();
+    match item {
+        Some(item) => {
+            let item = item.get();
+            span.record_all(&fields.value_set(&[
+                (&user_field, Some(&user as &dyn Value)),
+                (&item_field, Some(&item as &dyn Value)),
+            ]));
+        }
+        None => {
+            span.record_all(&fields.value_set(&[(&user_field, Some(&user as &dyn Value))]));
+        }
+    }
 }
 
 /// Short and plain enough to go into a header, a JSON string and a log line unchanged.

@@ -12,6 +12,7 @@ use crate::domain::{ItemId, OrderPlaced, OrderSn, UserId};
 use crate::error::ApiError;
 use crate::http::extract::{ApiPath, AuthUser};
 use crate::http::reply::ok;
+use crate::http::request_id;
 use crate::store::{RedisError, redis_timed};
 
 use super::repo::{self, OrderStatus, from_millis};
@@ -41,6 +42,7 @@ pub async fn get_order(
     AuthUser(user): AuthUser,
     ApiPath(order_sn): ApiPath<String>,
 ) -> Result<Response, ApiError> {
+    request_id::record_user(user, None);
     // Not even an order number: unknown, like any order that is not yours.
     let sn = OrderSn::parse(&order_sn).ok_or(ApiError::OrderNotFound)?;
     // Redis first, MySQL second: the consumer clears `pending` only after its commit, so

@@ -31,6 +31,10 @@ const PREFETCH: u16 = 64;
 const BATCH: usize = 32;
 /// Rows per INSERT statement.
 const ROWS_PER_INSERT: usize = 1_000;
+/// Consuming loops per process, each with its own channel: while one waits for MySQL to
+/// commit, another parses and inserts. Measured on 2 cores: 22k orders/s with one worker,
+/// 32k with two, 33k with four.
+const WORKERS: usize = 2;
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
@@ -50,7 +54,17 @@ enum Ended {
 }
 
 impl Consumer {
+    /// Runs [`WORKERS`] consuming loops until shutdown.
     pub async fn run(self, shutdown: CancellationToken) {
+        let mut workers = tokio::task::JoinSet::new();
+        for _ in 0..WORKERS {
+            workers.spawn(self.clone().work(shutdown.clone()));
+        }
+        while workers.join_next().await.is_some() {}
+    }
+
+    /// One consuming loop on a channel of its own, reopened whenever it is lost.
+    async fn work(self, shutdown: CancellationToken) {
         loop {
             let Some(channel) = self.broker.open_channel(&shutdown).await else {
                 return;
