@@ -106,13 +106,17 @@ echo "draining $fill_units queued orders with a consumer" >&2
 SECKILL_HTTP_ADDR=127.0.0.1:18082 "$bin" serve --roles consumer >"$out/consumer.log" 2>&1 &
 consumer_pid=$!
 pids+=("$consumer_pid")
-first_count=0
-while :; do
-  n=$(rows 3)
-  if [ "$n" -gt 0 ]; then first_count=$n; t0=$(date +%s.%N); break; fi
+give_up=$((SECONDS + 120))
+until [ "$(rows 3)" -gt 0 ]; do
+  [ $SECONDS -lt $give_up ] || { echo "the consumer wrote nothing; see $out/consumer.log" >&2; exit 1; }
   sleep 0.02
 done
-while [ "$(rows 3)" -lt "$fill_units" ]; do sleep 0.05; done
+first_count=$(rows 3)
+t0=$(date +%s.%N)
+until [ "$(rows 3)" -ge "$fill_units" ]; do
+  [ $SECONDS -lt $give_up ] || { echo "the consumer stalled at $(rows 3) orders; see $out/consumer.log" >&2; exit 1; }
+  sleep 0.05
+done
 t1=$(date +%s.%N)
 kill "$consumer_pid"
 drain_rate=$(echo "($fill_units - $first_count) / ($t1 - $t0)" | bc)
