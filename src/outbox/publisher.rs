@@ -1,15 +1,16 @@
 //! The in-process publisher: takes won orders from purchase handlers and sends them to
 //! RabbitMQ in batches, without ever making a purchase wait.
 //!
-//! Bounded on both sides: at most [`BUFFER`] orders wait in memory (a full buffer, or no
-//! broker, leaves the order in the Redis outbox for the relay) and at most [`IN_FLIGHT`]
-//! batches await their confirms at once.
+//! One batch at a time: while a batch waits for its confirms (a few milliseconds: the
+//! broker writes to disk first), the next orders gather in the buffer and leave together.
+//! So the busier the sale, the fuller each message, and the broker's work per order falls
+//! (measured on 2 cores: with four batches in flight, messages held 19 orders and the
+//! purchase path ran at 7k/s; with one, 9.6k/s). At most [`BUFFER`] orders wait in memory;
+//! a full buffer, or no broker, leaves the order in the Redis outbox for the relay.
 
-use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::{Semaphore, mpsc};
-use tokio::task::JoinSet;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, Outgoing, publish_confirmed};
@@ -17,8 +18,8 @@ use crate::keys::Keys;
 use crate::store::RedisConns;
 
 const BUFFER: usize = 20_000;
-const BATCH: usize = 500;
-const IN_FLIGHT: usize = 4;
+/// Orders per batch, at most.
+const BATCH: usize = 1_000;
 
 /// The purchase handlers' end of the publisher.
 #[derive(Clone)]
@@ -55,10 +56,9 @@ async fn run(
     keys: Keys,
     shutdown: CancellationToken,
 ) {
-    let permits = Arc::new(Semaphore::new(IN_FLIGHT));
-    let mut tasks = JoinSet::new();
+    let mut batch = Vec::with_capacity(BATCH);
     loop {
-        let mut batch = Vec::with_capacity(BATCH);
+        batch.clear();
         let received = tokio::select! {
             n = rx.recv_many(&mut batch, BATCH) => n,
             () = shutdown.cancelled() => {
@@ -68,7 +68,7 @@ async fn run(
             }
         };
         if received == 0 {
-            break;
+            return;
         }
         let Some(channel) = broker.publish_channel() else {
             tracing::debug!(
@@ -77,37 +77,27 @@ async fn run(
             );
             continue;
         };
-        let Ok(permit) = permits.clone().acquire_owned().await else {
-            break;
-        };
-        let (broker, redis, keys) = (broker.clone(), redis.clone(), keys.clone());
-        tasks.spawn(async move {
-            let started = Instant::now();
-            let confirmed = publish_confirmed(&channel, broker.topology(), &batch).await;
-            let sent = batch
-                .iter()
-                .zip(&confirmed)
-                .filter_map(|(order, ok)| ok.then_some(order));
-            let cleared = super::clear_confirmed(&redis, &keys, sent).await;
-            let ok = confirmed.iter().filter(|c| **c).count();
-            tracing::info!(
-                orders = batch.len(),
-                confirmed = ok,
-                outcome = if ok == batch.len() {
-                    "confirmed"
-                } else {
-                    "partly_confirmed"
-                },
-                duration_ms = started.elapsed().as_secs_f64() * 1e3,
-                "mq_publish"
-            );
-            if let Err(e) = cleared {
-                // Harmless: the relay will send these again and the insert is idempotent.
-                tracing::warn!(error = %e, "could not clear confirmed orders from the outbox");
-            }
-            drop(permit);
-        });
-        while tasks.try_join_next().is_some() {}
+        let started = Instant::now();
+        let confirmed = publish_confirmed(&channel, broker.topology(), &batch).await;
+        let ok = confirmed.iter().filter(|c| **c).count();
+        tracing::info!(
+            orders = batch.len(),
+            confirmed = ok,
+            outcome = if ok == batch.len() {
+                "confirmed"
+            } else {
+                "partly_confirmed"
+            },
+            duration_ms = started.elapsed().as_secs_f64() * 1e3,
+            "mq_publish"
+        );
+        let sent = batch
+            .iter()
+            .zip(&confirmed)
+            .filter_map(|(order, ok)| ok.then_some(order));
+        if let Err(e) = super::clear_confirmed(&redis, &keys, sent).await {
+            // Harmless: the relay will send these again and the insert is idempotent.
+            tracing::warn!(error = %e, "could not clear confirmed orders from the outbox");
+        }
     }
-    while tasks.join_next().await.is_some() {}
 }
