@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use seckill::domain::{ItemId, OrderPlaced, OrderSn, UserId};
 use seckill::keys::{ItemKeys, Keys};
-use seckill::lua::GRAB;
+use seckill::purchase::grab::grab;
 
 #[derive(Parser)]
 struct Args {
@@ -54,10 +54,10 @@ async fn main() -> anyhow::Result<()> {
     let keys = Keys::new(&args.namespace).item(item);
     let mut redis = ConnectionManager::new(redis::Client::open(args.redis.as_str())?).await?;
     load(&mut redis, &keys, args.units).await?;
-    GRAB.prepare_invoke().load_async(&mut redis).await?;
+    seckill::lua::preload(&mut redis).await?;
 
     let app = Router::new()
-        .route("/grab", post(grab))
+        .route("/grab", post(grab_handler))
         .route("/hello", get(|| async { Json(json!({ "code": "hello" })) }))
         .with_state(Bare {
             redis,
@@ -69,7 +69,7 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn grab(
+async fn grab_handler(
     State(bare): State<Bare>,
     headers: HeaderMap,
     Json(body): Json<Body>,
@@ -88,25 +88,18 @@ async fn grab(
         pay_deadline_ms: now + 1_800_000,
     };
     let payload = serde_json::to_string(&order).unwrap_or_default();
-    let keys = &bare.keys;
-    let answer: redis::RedisResult<(String, String)> = GRAB
-        .key(&keys.meta)
-        .key(&keys.tokens)
-        .key(keys.buyers(user))
-        .key(keys.buyer_orders(user))
-        .key(&keys.pending)
-        .key(&keys.outbox)
-        .arg(user.get())
-        .arg(order.order_sn.as_str())
-        .arg(now)
-        .arg(payload)
-        .invoke_async(&mut bare.redis.clone())
-        .await;
+    // The very function seckill's purchase handler calls: the same script, keys and args.
+    let answer = grab(
+        &mut bare.redis.clone(),
+        &bare.keys,
+        user,
+        &order.order_sn,
+        now,
+        &payload,
+    )
+    .await;
     match answer {
-        Ok((outcome, sn)) => (
-            StatusCode::OK,
-            Json(json!({ "code": outcome, "order_sn": sn })),
-        ),
+        Ok(outcome) => (StatusCode::OK, Json(json!({ "code": outcome.as_str() }))),
         Err(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({ "code": "unavailable" })),

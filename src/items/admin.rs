@@ -12,10 +12,12 @@ use crate::domain::ItemId;
 use crate::error::ApiError;
 use crate::http::extract::{Admin, ApiJson, ApiPath, ApiQuery};
 use crate::http::reply::{envelope, ok};
+use crate::keys::Keys;
 use crate::orders::repo as orders;
+use crate::store::{Db, RedisConns};
 
 use super::catalog::Catalog;
-use super::repo::{self, ItemDraft};
+use super::repo::{self, Item, ItemDraft};
 use super::stock;
 use super::warmup::{WarmupError, warmup};
 
@@ -88,10 +90,7 @@ pub async fn put_item(
 ) -> Result<Response, ApiError> {
     let draft = body.validate()?;
     let created = repo::upsert(&db, id, &draft).await?;
-    let item = repo::get(&db, id).await?.ok_or(ApiError::ItemNotFound)?;
-    let mut conn = redis.bulk().await?;
-    stock::sync_rules(&mut *conn, &keys.item(id), &item).await?;
-    refresh_everywhere(&catalog, id).await;
+    let item = spread_rules(&db, &redis, &keys, &catalog, id).await?;
     let (status, code) = if created {
         (StatusCode::CREATED, "created")
     } else {
@@ -176,10 +175,7 @@ async fn set_paused(
     if !repo::set_paused(&db, id, paused).await? {
         return Err(ApiError::ItemNotFound);
     }
-    let item = repo::get(&db, id).await?.ok_or(ApiError::ItemNotFound)?;
-    let mut conn = redis.bulk().await?;
-    stock::sync_rules(&mut *conn, &keys.item(id), &item).await?;
-    refresh_everywhere(&catalog, id).await;
+    spread_rules(&db, &redis, &keys, &catalog, id).await?;
     let code = if paused { "paused" } else { "resumed" };
     Ok(ok(code, json!({ "item_id": id })))
 }
@@ -210,6 +206,22 @@ pub async fn item_stats(
             "consistent": accounted == u64::from(item.total),
         }),
     ))
+}
+
+/// After the MySQL record changed: copies what `grab.lua` checks (window, pause) to Redis
+/// and has every instance's catalogue reload the item. Returns the item as recorded.
+async fn spread_rules(
+    db: &Db,
+    redis: &RedisConns,
+    keys: &Keys,
+    catalog: &Catalog,
+    id: ItemId,
+) -> Result<Item, ApiError> {
+    let item = repo::get(db, id).await?.ok_or(ApiError::ItemNotFound)?;
+    let mut conn = redis.bulk().await?;
+    stock::sync_rules(&mut *conn, &keys.item(id), &item).await?;
+    refresh_everywhere(catalog, id).await;
+    Ok(item)
 }
 
 /// This instance at once, the others through the item-events channel.

@@ -5,7 +5,7 @@
 //! costs no network round trip), then one `EVALSHA grab.lua`, then `202` — the outbox
 //! already guarantees the order reaches MySQL, so the broker is not waited for.
 
-mod grab;
+pub mod grab;
 
 use std::time::Instant;
 

@@ -111,15 +111,7 @@ async fn items_are_validated() {
         .await
         .unwrap();
     assert_eq!(shops, 1);
-    let item: Value = env
-        .http
-        .get(server.url("/api/items/5"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, item) = env.get(&server, "/api/items/5", None).await;
     assert_eq!(
         (item["status"].as_str(), item["shop_id"].as_u64()),
         (Some("scheduled"), Some(3))

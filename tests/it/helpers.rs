@@ -209,6 +209,26 @@ impl TestEnv {
         buy(&self.http, server.addr, &self.token(user), item).await
     }
 
+    /// A purchase request ready to send (token, client time, body), for tests that add to it.
+    pub fn purchase(&self, server: &TestServer, user: u64, item: u64) -> reqwest::RequestBuilder {
+        self.http
+            .post(server.url("/api/flashbuy"))
+            .bearer_auth(self.token(user))
+            .header("x-client-time", Utc::now().timestamp_millis().to_string())
+            .json(&json!({ "item_id": item }))
+    }
+
+    /// `GET path`, as `user` when given: status and JSON body.
+    pub async fn get(&self, server: &TestServer, path: &str, user: Option<u64>) -> (u16, Value) {
+        let mut request = self.http.get(server.url(path));
+        if let Some(user) = user {
+            request = request.bearer_auth(self.token(user));
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
     /// Orders in MySQL for an item.
     pub async fn orders(&self, item: u64) -> Vec<(String, u64, String)> {
         sqlx::query_as("SELECT order_sn, user_id, status FROM orders WHERE item_id = ?")

@@ -196,48 +196,26 @@ async fn the_sale_answers_win_duplicate_sold_out_and_window() {
         .await;
     let won = vec![sn.clone(), second["order_sn"].as_str().unwrap().to_owned()];
     env.assert_invariants(&server, 7, 2, &won).await;
-    let order: Value = env
-        .http
-        .get(server.url(&format!("/api/orders/{sn}")))
-        .bearer_auth(env.token(1))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, order) = env
+        .get(&server, &format!("/api/orders/{sn}"), Some(1))
+        .await;
     assert_eq!(order["status"], "unpaid", "{order}");
     assert_eq!(order["user_id"], 1);
     assert_eq!(order["item_id"], 7);
-    for (token, path) in [
-        (env.token(2), format!("/api/orders/{sn}")),
-        (
-            env.token(1),
-            "/api/orders/7-01ARZ3NDEKTSV4RRFFQ69G5FAV".to_owned(),
-        ),
-        (env.token(1), "/api/orders/not-an-order".to_owned()),
+    for (user, path) in [
+        (2, format!("/api/orders/{sn}")),
+        (1, "/api/orders/7-01ARZ3NDEKTSV4RRFFQ69G5FAV".to_owned()),
+        (1, "/api/orders/not-an-order".to_owned()),
     ] {
-        let response = env
-            .http
-            .get(server.url(&path))
-            .bearer_auth(token)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 404, "{path}");
-        let json: Value = response.json().await.unwrap();
-        assert_eq!(json["code"], "order_not_found");
+        let (status, json) = env.get(&server, &path, Some(user)).await;
+        assert_eq!(
+            (status, json["code"].as_str()),
+            (404, Some("order_not_found")),
+            "{path}"
+        );
     }
 
-    let item: Value = env
-        .http
-        .get(server.url("/api/items/7"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, item) = env.get(&server, "/api/items/7", None).await;
     assert_eq!(item["status"], "sold_out", "{item}");
     assert_eq!(
         (item["total"].as_u64(), item["remaining"].as_u64()),
@@ -254,16 +232,9 @@ async fn a_pending_order_reads_as_pending() {
     env.item_on_sale(&server, 1, 3).await;
     let (_, won) = env.buy(&server, 5, 1).await;
     let sn = won["order_sn"].as_str().unwrap();
-    let order: Value = env
-        .http
-        .get(server.url(&format!("/api/orders/{sn}")))
-        .bearer_auth(env.token(5))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, order) = env
+        .get(&server, &format!("/api/orders/{sn}"), Some(5))
+        .await;
     assert_eq!(order["status"], "pending", "{order}");
     assert_eq!(env.stats(&server, 1).await["pending"], 1);
     server.stop().await;
@@ -283,15 +254,7 @@ async fn rate_limits_answer_429_with_retry_after() {
     for expected in [202, 409] {
         assert_eq!(env.buy(&server, 1, 1).await.0, expected);
     }
-    let response = env
-        .http
-        .post(server.url("/api/flashbuy"))
-        .bearer_auth(env.token(1))
-        .header("x-client-time", now_ms())
-        .json(&json!({ "item_id": 1 }))
-        .send()
-        .await
-        .unwrap();
+    let response = env.purchase(&server, 1, 1).send().await.unwrap();
     assert_eq!(response.status(), 429);
     assert!(response.headers().contains_key("retry-after"));
     let json: Value = response.json().await.unwrap();
@@ -308,12 +271,8 @@ async fn rate_limits_answer_429_with_retry_after() {
     let mut statuses = Vec::new();
     for user in 10..14 {
         let response = env
-            .http
-            .post(server.url("/api/flashbuy"))
-            .bearer_auth(env.token(user))
-            .header("x-client-time", now_ms())
+            .purchase(&server, user, 1)
             .header("x-forwarded-for", "203.0.113.7")
-            .json(&json!({ "item_id": 1 }))
             .send()
             .await
             .unwrap();
@@ -321,12 +280,8 @@ async fn rate_limits_answer_429_with_retry_after() {
     }
     assert_eq!(statuses, [202, 202, 429, 429]);
     let status = env
-        .http
-        .post(server.url("/api/flashbuy"))
-        .bearer_auth(env.token(20))
-        .header("x-client-time", now_ms())
+        .purchase(&server, 20, 1)
         .header("x-forwarded-for", "203.0.113.8")
-        .json(&json!({ "item_id": 1 }))
         .send()
         .await
         .unwrap()
@@ -346,27 +301,11 @@ async fn a_paused_sale_answers_503_paused_until_resumed() {
         .await
         .unwrap();
     assert_eq!(paused.status(), 200);
-    let response = env
-        .http
-        .post(server.url("/api/flashbuy"))
-        .bearer_auth(env.token(1))
-        .header("x-client-time", now_ms())
-        .json(&json!({ "item_id": 1 }))
-        .send()
-        .await
-        .unwrap();
+    let response = env.purchase(&server, 1, 1).send().await.unwrap();
     assert_eq!(response.status(), 503);
     assert!(response.headers().contains_key("retry-after"));
     assert_eq!(response.json::<Value>().await.unwrap()["code"], "paused");
-    let item: Value = env
-        .http
-        .get(server.url("/api/items/1"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, item) = env.get(&server, "/api/items/1", None).await;
     assert_eq!(item["status"], "paused");
 
     env.admin(reqwest::Method::POST, &server, "/admin/items/1/resume")

@@ -77,15 +77,8 @@ async fn with_the_broker_down_purchases_still_win_and_the_relay_delivers_them_la
     let stats = env.stats(&api, 1).await;
     assert_eq!(stats["pending"], 40, "{stats}");
     assert_eq!(stats["consistent"], true, "{stats}");
-    let ready: serde_json::Value = env
-        .http
-        .get(api.url("/readyz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (status, ready) = env.get(&api, "/readyz", None).await;
+    assert_eq!(status, 503);
     assert_eq!(ready["down"], serde_json::json!(["rabbitmq"]), "{ready}");
 
     // A worker node with a working broker: the relay sends the outbox, the consumer writes.
