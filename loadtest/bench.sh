@@ -5,8 +5,8 @@
 #
 #   ./loadtest/bench.sh            (DURATION=10s CONNECTIONS=64 by default)
 #
-# Uses the machine's Redis, MariaDB and RabbitMQ under a namespace and database of its own,
-# removed at the end. Logs and wrk outputs stay in loadtest/out/.
+# Uses the machine's Redis, MariaDB and RabbitMQ under the namespace and database
+# `seckill_bench`, emptied before and after. Logs and wrk outputs stay in loadtest/out/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +29,9 @@ cargo build --release --locked --bin seckill --example bare 2>&1 | tail -1
 
 out=loadtest/out
 mkdir -p "$out"
-ns="bench_$(date +%s)"
+# One fixed namespace and database, emptied before and after: RabbitMQ's command line
+# cannot delete exchanges, so a new name per run would leave a pair behind each time.
+ns=seckill_bench
 export SECKILL_NAMESPACE=$ns
 export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$ns"
 export SECKILL_ADMIN_TOKEN=bench-admin
@@ -50,6 +52,7 @@ cleanup() {
     for q in "$ns.orders" "$ns.orders.dead"; do rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true; done
   fi
 }
+cleanup
 trap cleanup EXIT
 
 wait_http() { for _ in $(seq 200); do curl -fs "$1" >/dev/null && return 0; sleep 0.1; done; echo "no answer from $1" >&2; exit 1; }
