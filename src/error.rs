@@ -27,6 +27,8 @@ pub enum ApiError {
     OrderNotFound,
     #[error("no such route")]
     RouteNotFound,
+    #[error("this route does not take that method (see the Allow header)")]
+    MethodNotAllowed,
     #[error("the sale has not started: {0}")]
     NotStarted(&'static str),
     #[error("the sale has ended")]
@@ -68,6 +70,7 @@ impl ApiError {
             ItemNotFound => (StatusCode::NOT_FOUND, "item_not_found"),
             OrderNotFound => (StatusCode::NOT_FOUND, "order_not_found"),
             RouteNotFound => (StatusCode::NOT_FOUND, "not_found"),
+            MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             NotStarted(_) => (StatusCode::FORBIDDEN, "not_started"),
             Ended => (StatusCode::FORBIDDEN, "ended"),
             Duplicate { .. } => (StatusCode::CONFLICT, "duplicate"),

@@ -51,10 +51,12 @@ pub fn admin_routes() -> Router<AppState> {
 }
 
 /// Adds the layers every request passes, outermost first: request id and span, the time
-/// budget, the body limit; and a JSON 404 for unknown routes.
+/// budget, the body limit; and JSON answers for unknown routes and wrong methods (axum
+/// still adds the `Allow` header to the latter).
 pub fn finish(routes: Router<AppState>, state: AppState) -> Router {
     routes
         .fallback(|| async { ApiError::RouteNotFound })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(
             ServiceBuilder::new()
                 .layer(axum::middleware::from_fn(request_id::layer))

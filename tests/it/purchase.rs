@@ -318,7 +318,7 @@ async fn a_paused_sale_answers_503_paused_until_resumed() {
 }
 
 #[tokio::test]
-async fn request_ids_are_echoed_or_made() {
+async fn every_answer_is_json_with_a_request_id() {
     let env = TestEnv::new("reqid").await;
     let server = env.server(ALL_ROLES).await;
     let response = env
@@ -350,5 +350,18 @@ async fn request_ids_are_echoed_or_made() {
     let json: Value = response.json().await.unwrap();
     assert_eq!(json["trace_id"], id.as_str());
     assert_eq!(json["code"], "not_found");
+
+    // A wrong method: JSON too, and the methods that would do.
+    let response = env
+        .http
+        .get(server.url("/api/flashbuy"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 405);
+    assert_eq!(response.headers()["allow"], "POST");
+    let json: Value = response.json().await.unwrap();
+    assert_eq!(json["code"], "method_not_allowed");
+    assert!(json["trace_id"].is_string());
     server.stop().await;
 }
