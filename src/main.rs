@@ -16,6 +16,12 @@ use seckill::keys::Keys;
 use seckill::store::{RedisConns, connect_mysql, migrate};
 use seckill::{Role, Server, Settings, telemetry};
 
+/// Every request allocates and frees dozens of small buffers: glibc's malloc and free were
+/// a third of the sold-out path's instructions; mimalloc cut the path from 69k to 60k
+/// instructions per request (callgrind).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "seckill", version, about = "A flash-sale HTTP API server")]
 struct Cli {

