@@ -11,6 +11,7 @@ use serde_json::json;
 
 use crate::domain::OrderSn;
 use crate::http::reply::envelope;
+use crate::http::request_id;
 use crate::store::{DbError, RedisError};
 
 #[derive(Debug, thiserror::Error)]
@@ -116,9 +117,11 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
         if status.is_server_error() {
-            tracing::error!(code, error = %cause_chain(&self), "request failed");
-        } else {
-            tracing::debug!(code, error = %self, "request refused");
+            let (method, path) = request_id::method_and_path();
+            tracing::error!(code, method, path, error = %cause_chain(&self), "request failed");
+        } else if tracing::enabled!(tracing::Level::DEBUG) {
+            let (method, path) = request_id::method_and_path();
+            tracing::debug!(code, method, path, error = %self, "request refused");
         }
         let mut extra = json!({ "detail": self.detail() });
         if let ApiError::Duplicate { order_sn } = &self {
