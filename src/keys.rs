@@ -11,15 +11,16 @@ use crate::domain::{ItemId, UserId};
 /// that no single Redis value grows with the whole crowd.
 pub const BUYER_SHARDS: u32 = 16;
 
+/// Cheap to clone (it is part of every handler's state).
 #[derive(Clone, Debug)]
 pub struct Keys {
-    namespace: String,
+    namespace: std::sync::Arc<str>,
 }
 
 impl Keys {
     pub fn new(namespace: &str) -> Self {
         Self {
-            namespace: namespace.to_owned(),
+            namespace: namespace.into(),
         }
     }
 

@@ -2,6 +2,7 @@
 //! everything else.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::{PoolConfig, Runtime, Timeouts};
@@ -41,8 +42,9 @@ pub struct RedisConns {
     /// Pooled connections for bulk and background work (warm-up, relay, consumer, stats),
     /// so that a large pipeline never queues ahead of purchases on the hot connection.
     pool: deadpool_redis::Pool,
-    /// For pub/sub, which needs a connection of its own.
-    client: redis::Client,
+    /// For pub/sub, which needs a connection of its own. (Behind an Arc: this struct is
+    /// cloned with every handler's state, and a client clone copies its connection info.)
+    client: Arc<redis::Client>,
 }
 
 impl RedisConns {
@@ -66,7 +68,11 @@ impl RedisConns {
         };
         config.pool = Some(pool);
         let pool = config.create_pool(Some(Runtime::Tokio1))?;
-        Ok(Self { hot, pool, client })
+        Ok(Self {
+            hot,
+            pool,
+            client: Arc::new(client),
+        })
     }
 
     /// A pooled connection for background work.
