@@ -72,7 +72,13 @@ impl Consumer {
                 return;
             };
             let ended = match channel {
-                Ok(channel) => self.consume(channel, &shutdown).await,
+                Ok(channel) => {
+                    let ended = self.consume(&channel, &shutdown).await;
+                    // Whatever ended the session: unacked messages go back to the queue,
+                    // and the connection forgets the channel.
+                    let _ = channel.close(200, "consumer done".into()).await;
+                    ended
+                }
                 Err(e) => Ended::Broker(e),
             };
             match ended {
@@ -91,7 +97,7 @@ impl Consumer {
         }
     }
 
-    async fn consume(&self, channel: lapin::Channel, shutdown: &CancellationToken) -> Ended {
+    async fn consume(&self, channel: &lapin::Channel, shutdown: &CancellationToken) -> Ended {
         let started = async {
             channel
                 .basic_qos(PREFETCH, BasicQosOptions::default())
@@ -113,11 +119,7 @@ impl Consumer {
         let mut batches = consumer.ready_chunks(BATCH);
         loop {
             let batch = tokio::select! {
-                () = shutdown.cancelled() => {
-                    // Unacked prefetched messages go back to the queue when the channel closes.
-                    let _ = channel.close(200, "shutting down".into()).await;
-                    return Ended::Shutdown;
-                }
+                () = shutdown.cancelled() => return Ended::Shutdown,
                 batch = batches.next() => batch,
             };
             let Some(batch) = batch else {

@@ -105,15 +105,22 @@ impl Relay {
                 let done: Vec<&str> = done.iter().map(|(sn, _)| sn.as_str()).collect();
                 redis_timed(conn.zrem::<_, _, ()>(&outbox, done)).await?;
             }
-            let outgoing: Vec<Outgoing> = due_orders
-                .into_iter()
-                .filter_map(|(sn, payload)| {
-                    Some(Outgoing {
-                        order_sn: OrderSn::parse(&sn)?,
-                        payload: payload?,
-                    })
-                })
-                .collect();
+            let mut outgoing = Vec::with_capacity(due_orders.len());
+            let mut corrupt = Vec::new();
+            for (sn, payload) in due_orders {
+                match (OrderSn::parse(&sn), payload) {
+                    (Some(order_sn), Some(payload)) => {
+                        outgoing.push(Outgoing { order_sn, payload })
+                    }
+                    _ => corrupt.push(sn),
+                }
+            }
+            // Not written by grab.lua: say so and drop them, or every pass would meet them
+            // again (each round trip of this loop must remove what it read, or return).
+            if !corrupt.is_empty() {
+                tracing::error!(%item, entries = ?corrupt, "outbox entries that are not order numbers; dropped");
+                redis_timed(conn.zrem::<_, _, ()>(&outbox, &corrupt)).await?;
+            }
             if outgoing.is_empty() {
                 continue;
             }
