@@ -43,7 +43,9 @@ pub struct WarmupReport {
 pub enum WarmupError {
     #[error("no such item")]
     NotFound,
-    #[error("item already loaded ({remaining} units remaining); add ?force=true to reload")]
+    #[error(
+        "item already loaded ({remaining} units remaining); force a reload with ?force=true (HTTP) or --force (command line)"
+    )]
     AlreadyLoaded { remaining: u64 },
     #[error("the sale is live: pause the item before reloading it")]
     LiveSale,

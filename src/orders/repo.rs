@@ -111,17 +111,32 @@ pub async fn existing(db: &Db, sns: &[&str]) -> Result<Vec<String>, DbError> {
     if sns.is_empty() {
         return Ok(Vec::new());
     }
-    let mut query = QueryBuilder::new("SELECT order_sn FROM orders WHERE order_sn IN (");
+    let mut query = in_list("SELECT order_sn FROM orders WHERE order_sn IN (", sns);
+    mysql_timed(query.build_query_scalar().fetch_all(db)).await
+}
+
+/// How many of these order numbers MySQL has (one number back instead of the list).
+pub async fn count_existing(db: &Db, sns: &[&str]) -> Result<u64, DbError> {
+    if sns.is_empty() {
+        return Ok(0);
+    }
+    let mut query = in_list("SELECT COUNT(*) FROM orders WHERE order_sn IN (", sns);
+    let count: i64 = mysql_timed(query.build_query_scalar().fetch_one(db)).await?;
+    Ok(u64::try_from(count).unwrap_or(0))
+}
+
+fn in_list(head: &str, sns: &[&str]) -> QueryBuilder<sqlx::MySql> {
+    let mut query = QueryBuilder::new(head);
     let mut list = query.separated(", ");
     for sn in sns {
         list.push_bind(*sn);
     }
     query.push(")");
-    mysql_timed(query.build_query_scalar().fetch_all(db)).await
+    query
 }
 
 /// Inserts a batch in one statement, idempotently: an order already there (a message
-/// delivered twice) is left as it is. Returns how many rows were new.
+/// delivered twice) is left as it is.
 ///
 /// `ON DUPLICATE KEY UPDATE order_sn = order_sn` rather than `INSERT IGNORE`, which would
 /// also turn bad data into warnings. It fires on either unique key, so a second *live*
@@ -132,10 +147,10 @@ pub async fn insert_batch<'a>(
     db: &Db,
     orders: impl IntoIterator<Item = &'a OrderPlaced>,
     status: OrderStatus,
-) -> Result<u64, sqlx::Error> {
+) -> Result<(), sqlx::Error> {
     let mut orders = orders.into_iter().peekable();
     if orders.peek().is_none() {
-        return Ok(0);
+        return Ok(());
     }
     let mut query = QueryBuilder::new(
         "INSERT INTO orders (order_sn, item_id, user_id, status, created_at, pay_deadline) ",
@@ -149,7 +164,8 @@ pub async fn insert_batch<'a>(
             .push_bind(from_millis(order.pay_deadline_ms));
     });
     query.push(" ON DUPLICATE KEY UPDATE order_sn = order_sn");
-    Ok(query.build().execute(db).await?.rows_affected())
+    query.build().execute(db).await?;
+    Ok(())
 }
 
 pub fn from_millis(ms: i64) -> DateTime<Utc> {

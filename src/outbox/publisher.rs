@@ -81,6 +81,7 @@ async fn run(
         let confirmed = publish_confirmed(&channel, broker.topology(), &batch).await;
         let ok = confirmed.iter().filter(|c| **c).count();
         tracing::info!(
+            via = "publisher",
             orders = batch.len(),
             confirmed = ok,
             outcome = if ok == batch.len() {

@@ -4,7 +4,7 @@
 //! journey (a message lost after its confirm, say by a purged queue).
 
 use std::collections::HashSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use redis::AsyncCommands;
@@ -128,9 +128,18 @@ impl Relay {
                 tracing::debug!(%item, orders = outgoing.len(), "relay: no broker connection yet");
                 return Ok(());
             };
+            let started = Instant::now();
             let confirmed = publish_confirmed(&channel, self.broker.topology(), &outgoing).await;
             let sent = confirmed.iter().filter(|c| **c).count();
-            tracing::info!(%item, orders = outgoing.len(), confirmed = sent, "outbox_relay");
+            tracing::info!(
+                via = "relay",
+                %item,
+                orders = outgoing.len(),
+                confirmed = sent,
+                outcome = if sent == outgoing.len() { "confirmed" } else { "partly_confirmed" },
+                duration_ms = started.elapsed().as_secs_f64() * 1e3,
+                "mq_publish"
+            );
             super::clear_confirmed(
                 &self.redis,
                 &self.keys,

@@ -7,15 +7,21 @@ use seckill::config::Secret;
 
 use crate::helpers::*;
 
-#[tokio::test]
-async fn a_hung_or_dead_redis_turns_into_503_within_the_budget_and_readyz_names_it() {
-    let env = TestEnv::new("redisdown").await;
+/// A server on a private Redis, item 1 on sale with 10 units, and user 1 holding one.
+async fn on_private_redis(name: &str) -> (TestEnv, PrivateRedis, TestServer) {
+    let env = TestEnv::new(name).await;
     let redis = PrivateRedis::start().await;
     let server = env
         .server_with(ALL_ROLES, |s| s.redis_url = Secret::new(redis.url()))
         .await;
     env.item_on_sale(&server, 1, 10).await;
     assert_eq!(env.buy(&server, 1, 1).await.0, 202);
+    (env, redis, server)
+}
+
+#[tokio::test]
+async fn a_hung_or_dead_redis_turns_into_503_within_the_budget_and_readyz_names_it() {
+    let (env, redis, server) = on_private_redis("redisdown").await;
 
     redis.freeze();
     let started = Instant::now();
@@ -58,13 +64,7 @@ async fn a_hung_or_dead_redis_turns_into_503_within_the_budget_and_readyz_names_
 
 #[tokio::test]
 async fn purchases_survive_a_flushed_script_cache() {
-    let env = TestEnv::new("noscript").await;
-    let redis = PrivateRedis::start().await;
-    let server = env
-        .server_with(ALL_ROLES, |s| s.redis_url = Secret::new(redis.url()))
-        .await;
-    env.item_on_sale(&server, 1, 10).await;
-    assert_eq!(env.buy(&server, 1, 1).await.0, 202);
+    let (env, redis, server) = on_private_redis("noscript").await;
     redis.cmd(&["SCRIPT", "FLUSH"]).await;
     let (status, json) = env.buy(&server, 2, 1).await;
     assert_eq!(status, 202, "after SCRIPT FLUSH: {json}");

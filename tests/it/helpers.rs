@@ -309,6 +309,20 @@ impl TestEnv {
         assert_eq!(stats["pending"], 0, "stats: {stats}");
     }
 
+    /// This environment's settings as the variables a `seckill` process reads.
+    pub fn vars(&self) -> Vec<(&'static str, String)> {
+        let s = &self.settings;
+        vec![
+            ("SECKILL_NAMESPACE", s.namespace.clone()),
+            ("SECKILL_DATABASE_URL", s.database_url.expose().to_owned()),
+            ("SECKILL_REDIS_URL", s.redis_url.expose().to_owned()),
+            ("SECKILL_AMQP_URL", s.amqp_url.expose().to_owned()),
+            ("SECKILL_JWT_SECRET", s.jwt_secret.expose().to_owned()),
+            ("SECKILL_ADMIN_TOKEN", ADMIN_TOKEN.to_owned()),
+            ("SECKILL_HTTP_ADDR", "127.0.0.1:0".to_owned()),
+        ]
+    }
+
     pub fn key(&self, item: u64, what: &str) -> String {
         format!("{}:{{item:{item}}}:v1:{what}", self.namespace)
     }
@@ -336,12 +350,23 @@ impl Drop for TestEnv {
 }
 
 async fn cleanup(namespace: &str, database: &str) {
+    // The test's database and any it made beside it (`{database}_…`).
     if let Ok(pool) = MySqlPool::connect(&mysql_server_url()).await {
-        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS `{database}`"
-        )))
-        .execute(&pool)
-        .await;
+        let like = format!("{}%", database.replace('_', "\\_"));
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE ?",
+        )
+        .bind(like)
+        .fetch_all(&pool)
+        .await
+        .unwrap_or_default();
+        for name in names {
+            let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS `{name}`"
+            )))
+            .execute(&pool)
+            .await;
+        }
     }
     if let Ok(mut redis) = redis::Client::open(redis_url()).and_then(|c| c.get_connection()) {
         let keys: Vec<String> = redis::cmd("KEYS")
@@ -380,6 +405,16 @@ pub struct TestServer {
 }
 
 impl TestServer {
+    /// A server this test did not start in-process (a child process, say).
+    pub fn external(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            admin_addr: None,
+            shutdown: CancellationToken::new(),
+            handle: None,
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
     }

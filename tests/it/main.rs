@@ -3,6 +3,7 @@
 
 mod admin;
 mod burst;
+mod cli;
 mod faults;
 mod helpers;
 mod purchase;

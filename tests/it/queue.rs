@@ -198,3 +198,60 @@ async fn a_message_delivered_twice_writes_one_row_and_garbage_is_dead_lettered()
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn mysql_refuses_a_second_live_order_and_the_consumer_records_it_cancelled() {
+    let env = TestEnv::new("twolive").await;
+    let server = env.server(ALL_ROLES).await;
+    env.create_item(&server, 1, 10).await;
+    let topology = env.topology();
+    // Two orders of one user for one item, as if Redis had lost its buyer records.
+    let first = OrderPlaced {
+        order_sn: OrderSn::generate(ItemId::new(1).unwrap()),
+        item_id: ItemId::new(1).unwrap(),
+        user_id: UserId::new(9),
+        created_at_ms: 1_700_000_000_000,
+        pay_deadline_ms: 1_700_000_600_000,
+    };
+    let second = OrderPlaced {
+        order_sn: OrderSn::generate(ItemId::new(1).unwrap()),
+        ..first.clone()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while queue_depth(&topology.orders_queue).await.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the server never declared its queue"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let conn = Connection::connect(&amqp_url(), Default::default())
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    channel
+        .basic_publish(
+            topology.orders_exchange.as_str().into(),
+            "order.placed".into(),
+            BasicPublishOptions::default(),
+            &serde_json::to_vec(&[&first, &second]).unwrap(),
+            BasicProperties::default(),
+        )
+        .await
+        .unwrap();
+    let _ = conn.close(200, "bye".into()).await;
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut statuses: Vec<String> = env.orders(1).await.into_iter().map(|o| o.2).collect();
+        statuses.sort();
+        if statuses.len() == 2 {
+            // Both 202s have their row; the user holds one unit, not two.
+            assert_eq!(statuses, ["cancelled", "unpaid"]);
+            break;
+        }
+        assert!(Instant::now() < deadline, "orders: {statuses:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.stop().await;
+}

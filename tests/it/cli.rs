@@ -1,0 +1,184 @@
+//! The `seckill` binary as users run it: its commands, and `serve` as a process — JSON logs
+//! with the request's span, and a clean stop on SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use seckill::auth::Jwt;
+use seckill::domain::UserId;
+
+use crate::helpers::*;
+
+fn seckill(env: &TestEnv) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_seckill"));
+    command.envs(env.vars()).env_remove("RUST_LOG");
+    command
+}
+
+#[tokio::test]
+async fn token_migrate_and_warmup_commands() {
+    let env = TestEnv::new("cli").await;
+
+    let out = seckill(&env)
+        .args(["token", "--user", "42"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let jwt = Jwt::new(&env.settings.jwt_secret);
+    let token = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(jwt.verify(token.trim()), Ok(UserId::new(42)));
+    let out = seckill(&env)
+        .args(["token", "--user", "10", "--count", "3"])
+        .output()
+        .unwrap();
+    let users: Vec<UserId> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|t| jwt.verify(t).unwrap())
+        .collect();
+    assert_eq!(users, [10, 11, 12].map(UserId::new));
+
+    // migrate creates the database and its tables.
+    let fresh = format!("{}_m", env.settings.database_url.expose());
+    let out = seckill(&env)
+        .arg("migrate")
+        .env("SECKILL_DATABASE_URL", &fresh)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pool = sqlx::MySqlPool::connect(&fresh).await.unwrap();
+    let tables: Vec<String> = sqlx::query_scalar("SHOW TABLES")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    for table in ["items", "orders", "shops"] {
+        assert!(tables.iter().any(|t| t == table), "{tables:?}");
+    }
+    pool.close().await;
+
+    // warmup loads once, and says why it will not load twice.
+    let server = env.server(&[seckill::Role::Api]).await;
+    env.create_item(&server, 9, 2_500).await;
+    let out = seckill(&env)
+        .args(["warmup", "--item", "9"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (report["remaining"].as_u64(), report["sold"].as_u64()),
+        (Some(2_500), Some(0))
+    );
+    let out = seckill(&env)
+        .args(["warmup", "--item", "9"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("already loaded") && said.contains("--force"),
+        "{said}"
+    );
+    let out = seckill(&env)
+        .args(["warmup", "--item", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn serve_logs_json_lines_with_the_request_span_and_stops_on_sigterm() {
+    let env = TestEnv::new("process").await;
+    let mut child = seckill(&env)
+        .arg("serve")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Collect stdout; hand over the bound address from the `listening` line.
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (addr_tx, addr_rx) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    let reader = {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(json) = serde_json::from_str::<Value>(&line)
+                    && json["message"] == "listening"
+                {
+                    let _ = addr_tx.send(json["addr"].as_str().unwrap_or_default().to_owned());
+                }
+                lines.lock().unwrap().push(line);
+            }
+        })
+    };
+    let addr = addr_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a `listening` line");
+    let server = TestServer::external(addr.parse().unwrap());
+
+    env.item_on_sale(&server, 1, 5).await;
+    let (status, won) = env.buy(&server, 7, 1).await;
+    assert_eq!(status, 202, "{won}");
+    env.wait_for_orders(&server, 1, 1, Duration::from_secs(20))
+        .await;
+
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let exit = child.wait().unwrap();
+    reader.join().unwrap();
+    assert!(exit.success(), "exit after SIGTERM: {exit}");
+
+    let lines = lines.lock().unwrap();
+    let logged: Vec<Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let event = |message: &str| logged.iter().find(|l| l["message"] == message);
+    let grab = event("redis_grab").expect("a redis_grab line");
+    assert_eq!(grab["outcome"], "won");
+    assert!(grab["duration_ms"].is_number());
+    assert_eq!(grab["span"]["trace_id"], won["trace_id"]);
+    assert_eq!(
+        (
+            grab["span"]["user_id"].as_u64(),
+            grab["span"]["item_id"].as_u64()
+        ),
+        (Some(7), Some(1))
+    );
+    for stage in ["mq_publish", "mysql_insert"] {
+        let line = event(stage).unwrap_or_else(|| {
+            panic!(
+                "a {stage} line in {:#?}",
+                logged
+                    .iter()
+                    .map(|l| l["message"].clone())
+                    .collect::<Vec<_>>()
+            )
+        });
+        assert!(
+            line["outcome"].is_string() && line["duration_ms"].is_number(),
+            "{line}"
+        );
+    }
+    assert!(event("stopped").is_some(), "a clean stop is logged");
+}
