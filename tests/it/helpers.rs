@@ -31,7 +31,7 @@ pub fn redis_url() -> String {
     shared("SECKILL_REDIS_URL", "redis://127.0.0.1:6379")
 }
 
-fn mysql_server_url() -> String {
+pub fn mysql_server_url() -> String {
     shared("SECKILL_TEST_MYSQL", "mysql://root@127.0.0.1:3306")
 }
 
@@ -556,4 +556,85 @@ fn signal(pid: u32, name: &str) {
         .status()
         .expect("kill");
     assert!(status.success(), "kill -{name} {pid}");
+}
+
+/// A TCP proxy in front of a real server, which a test can cut (open connections dropped,
+/// new ones accepted and closed at once) and restore; it counts connection attempts.
+pub struct TcpProxy {
+    pub addr: SocketAddr,
+    state: std::sync::Arc<ProxyState>,
+    accept_loop: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    cut: std::sync::atomic::AtomicBool,
+    attempts: std::sync::atomic::AtomicU64,
+    open: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl TcpProxy {
+    pub async fn start(target: SocketAddr) -> Self {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = std::sync::Arc::new(ProxyState::default());
+        let shared = state.clone();
+        let accept_loop = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                shared.attempts.fetch_add(1, Ordering::SeqCst);
+                if shared.cut.load(Ordering::SeqCst) {
+                    continue; // dropped: the client sees the connection closed
+                }
+                let forward = tokio::spawn(async move {
+                    if let Ok(mut upstream) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                    }
+                });
+                shared.open.lock().unwrap().push(forward.abort_handle());
+            }
+        });
+        Self {
+            addr,
+            state,
+            accept_loop,
+        }
+    }
+
+    pub fn cut(&self) {
+        self.state
+            .cut
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        for connection in self.state.open.lock().unwrap().drain(..) {
+            connection.abort();
+        }
+    }
+
+    pub fn restore(&self) {
+        self.state
+            .cut
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Connections attempted through the proxy so far.
+    pub fn attempts(&self) -> u64 {
+        self.state
+            .attempts
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.accept_loop.abort();
+        self.cut();
+    }
+}
+
+/// The MariaDB server the tests use, as a socket address (for a proxy in front of it).
+pub fn mysql_addr() -> SocketAddr {
+    let url = url::Url::parse(&mysql_server_url()).unwrap();
+    format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(3306))
+        .parse()
+        .unwrap()
 }

@@ -255,3 +255,71 @@ async fn mysql_refuses_a_second_live_order_and_the_consumer_records_it_cancelled
     }
     server.stop().await;
 }
+
+#[tokio::test]
+async fn with_mysql_down_sales_go_on_the_consumer_waits_without_spinning_and_catches_up() {
+    let env = TestEnv::new("mysqldown").await;
+    let proxy = TcpProxy::start(mysql_addr()).await;
+    let database = env
+        .settings
+        .database_url
+        .expose()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let through_proxy = format!("mysql://root@{}/{database}", proxy.addr);
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.database_url = seckill::config::Secret::new(&through_proxy)
+        })
+        .await;
+    env.item_on_sale(&server, 1, 20).await;
+    let (_, first) = env.buy(&server, 1, 1).await;
+    let first_sn = first["order_sn"].as_str().unwrap().to_owned();
+    env.wait_for_orders(&server, 1, 1, Duration::from_secs(20))
+        .await;
+
+    proxy.cut();
+    // Selling needs no MySQL.
+    let mut won = vec![first_sn.clone()];
+    won.extend(buy_many(&env, &server, 1, 2..12).await);
+    let (status, ready) = env.get(&server, "/readyz", None).await;
+    assert_eq!(
+        (status, ready["down"].clone()),
+        (503, serde_json::json!(["mysql"])),
+        "{ready}"
+    );
+    // A read that needs MySQL answers 503 within the budget, not a hang.
+    let started = Instant::now();
+    let (status, json) = env
+        .get(&server, &format!("/api/orders/{first_sn}"), Some(1))
+        .await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (503, Some("unavailable")),
+        "{json}"
+    );
+    assert!(started.elapsed() < Duration::from_millis(1500));
+
+    // While MySQL is gone the consumer retries with growing pauses, not in a busy loop
+    // (the catalogue's refresh also tries every half second).
+    let before = proxy.attempts();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let attempts = proxy.attempts() - before;
+    assert!(
+        attempts < 100,
+        "{attempts} connection attempts in 4 s: a busy loop"
+    );
+    assert_eq!(
+        env.orders(1).await.len(),
+        1,
+        "nothing can have been written"
+    );
+
+    proxy.restore();
+    env.wait_for_orders(&server, 1, 11, Duration::from_secs(30))
+        .await;
+    env.assert_invariants(&server, 1, 20, &won).await;
+    server.stop().await;
+}
