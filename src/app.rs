@@ -19,6 +19,8 @@ use crate::keys::Keys;
 use crate::orders::consumer::Consumer;
 use crate::outbox::publisher::OrderPublisher;
 use crate::outbox::relay::Relay;
+use crate::scheduler::Scheduler;
+use crate::scheduler::delay::Plan;
 use crate::store::{Db, RedisConns, connect_mysql, migrate};
 use crate::{http, lua};
 
@@ -150,6 +152,7 @@ impl Server {
                 db: state.db.clone(),
                 redis: state.redis.clone(),
                 keys: state.keys.clone(),
+                plan: Plan::from_settings(&state.settings),
             };
             background.spawn(consumer.run(workers.clone()));
         }
@@ -161,6 +164,14 @@ impl Server {
                 keys: state.keys.clone(),
             };
             background.spawn(relay.run(workers.clone()));
+            let scheduler = Scheduler {
+                db: state.db.clone(),
+                redis: state.redis.clone(),
+                keys: state.keys.clone(),
+                broker: state.broker.clone(),
+                settings: state.settings.clone(),
+            };
+            background.spawn(scheduler.run(workers.clone()));
         }
 
         let (main, admin) = routers(&state, &roles, admin_listener.is_some());

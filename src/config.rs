@@ -79,6 +79,31 @@ pub struct Settings {
         value_delimiter = ','
     )]
     pub trusted_proxies: Vec<IpNet>,
+
+    /// How often a scheduler looks for due deadlines and reminders when nothing wakes it
+    /// earlier, in milliseconds.
+    #[arg(long, env = "SECKILL_SCHEDULER_POLL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub scheduler_poll_ms: u64,
+
+    /// How long a scheduler holds the delay-queue entries it took before another may take
+    /// them (a scheduler that dies mid-work delays them by at most this), in milliseconds.
+    #[arg(long, env = "SECKILL_SCHEDULER_LEASE_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub scheduler_lease_ms: u64,
+
+    /// Reminder stages, as percentages of the pay timeout elapsed (comma-separated, 1 to
+    /// 99), each publishing one `order.remind` event per unpaid order; `off` = none.
+    #[arg(long, env = "SECKILL_REMIND_AT_PERCENT", default_value = "50")]
+    pub remind_at_percent: RemindStages,
+
+    /// Wake schedulers early with Redis keyspace notifications (turned on in Redis where
+    /// the server allows `CONFIG SET`); the delay queue is polled either way.
+    #[arg(long, env = "SECKILL_KEYSPACE_EVENTS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub keyspace_events: bool,
+
+    /// How often the compensation scan looks in MySQL for unpaid orders past their
+    /// deadline that the delay queue lost, in seconds.
+    #[arg(long, env = "SECKILL_COMPENSATE_EVERY_S", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub compensate_every_s: u64,
 }
 
 impl Settings {
@@ -105,7 +130,8 @@ pub enum Role {
     Api,
     /// Takes orders off RabbitMQ and writes them to MySQL.
     Consumer,
-    /// Background work: the outbox relay (later also deadlines and reconciliation).
+    /// Background work: the outbox relay, pay deadlines and reminders, the compensation
+    /// scan and end-of-sale reconciliation.
     Scheduler,
 }
 
@@ -122,6 +148,42 @@ fn parse_namespace(s: &str) -> Result<String, String> {
         Ok(s.to_owned())
     } else {
         Err("a namespace is 1 to 64 characters of A-Z, a-z, 0-9, '_' and '-'".into())
+    }
+}
+
+/// Reminder stages: percentages of an order's pay timeout, ascending, without repeats.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RemindStages(Vec<u8>);
+
+impl RemindStages {
+    pub fn new(mut percents: Vec<u8>) -> Self {
+        percents.sort_unstable();
+        percents.dedup();
+        Self(percents)
+    }
+
+    pub fn percents(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl FromStr for RemindStages {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if s.is_empty() || s.eq_ignore_ascii_case("off") {
+            return Ok(Self::default());
+        }
+        s.split(',')
+            .map(|part| match part.trim().parse::<u8>() {
+                Ok(p) if (1..=99).contains(&p) => Ok(p),
+                _ => Err(format!(
+                    "{part:?} is not a percentage from 1 to 99 (write `off` for no reminders)"
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Self::new)
     }
 }
 
@@ -169,6 +231,18 @@ mod tests {
         assert!(s.is_trusted_proxy("127.0.0.1".parse().unwrap()));
         assert!(s.is_trusted_proxy("::1".parse().unwrap()));
         assert!(!s.is_trusted_proxy("10.0.0.1".parse().unwrap()));
+        assert_eq!(s.remind_at_percent.percents(), &[50]);
+        assert!(s.keyspace_events);
+    }
+
+    #[test]
+    fn remind_stages_parse() {
+        let stages: RemindStages = "75, 25,50,25".parse().unwrap();
+        assert_eq!(stages.percents(), &[25, 50, 75]);
+        assert!("off".parse::<RemindStages>().unwrap().percents().is_empty());
+        assert!("0".parse::<RemindStages>().is_err());
+        assert!("100".parse::<RemindStages>().is_err());
+        assert!("half".parse::<RemindStages>().is_err());
     }
 
     #[test]

@@ -42,7 +42,7 @@ pub enum ApiError {
     RateLimited { retry_after: Duration },
     #[error("the sale is paused")]
     Paused,
-    /// A 409 of the operators' API: `code` names the conflict.
+    /// A 409 whose `code` names the conflict (`order_paid`, `already_loaded`, …).
     #[error("{detail}")]
     Conflict { code: &'static str, detail: String },
     #[error("request took longer than the time budget")]

@@ -40,6 +40,8 @@ impl Keys {
             tokens_loading: self.item_key(item, "tokens:loading"),
             pending: self.pending(item),
             outbox: self.outbox(item),
+            due: self.due(item),
+            leased: self.leased(item),
             buyers: shards("buyers"),
             buyer_orders: shards("buyer_orders"),
         }
@@ -55,6 +57,21 @@ impl Keys {
         self.item_key(item, "outbox")
     }
 
+    /// [`ItemKeys::due`] alone.
+    pub fn due(&self, item: ItemId) -> String {
+        self.item_key(item, "due")
+    }
+
+    /// [`ItemKeys::leased`] alone.
+    pub fn leased(&self, item: ItemId) -> String {
+        self.item_key(item, "leased")
+    }
+
+    /// STRING held by whoever reconciles the item right now (`SET NX PX`).
+    pub fn reconcile_lock(&self, item: ItemId) -> String {
+        self.item_key(item, "reconciling")
+    }
+
     fn item_key(&self, item: ItemId, what: &str) -> String {
         format!("{}:{{item:{item}}}:v1:{what}", self.namespace)
     }
@@ -67,6 +84,17 @@ impl Keys {
     /// Pub/sub channel on which "item N changed" is announced to every instance.
     pub fn item_events_channel(&self) -> String {
         format!("{}:item-events:v1", self.namespace)
+    }
+
+    /// A key that expires when the second `epoch_s` begins: its expiry event wakes the
+    /// schedulers for the delay-queue entries due then (one key per second, not per order).
+    pub fn wake(&self, epoch_s: i64) -> String {
+        format!("{}{epoch_s}", self.wake_prefix())
+    }
+
+    /// What every [`Keys::wake`] key starts with.
+    pub fn wake_prefix(&self) -> String {
+        format!("{}:wake:v1:", self.namespace)
     }
 
     /// Matches every key of this namespace (for tests and tear-down, never on a hot path).
@@ -89,6 +117,10 @@ pub struct ItemKeys {
     pub pending: String,
     /// ZSET `order_sn` → won-at ms: not yet confirmed by RabbitMQ (the relay's work list).
     pub outbox: String,
+    /// ZSET delay queue: task (`cancel|SN`, `remind:50|SN`) → when it is due (ms).
+    pub due: String,
+    /// ZSET of tasks a scheduler has taken: task → when its lease runs out (ms).
+    pub leased: String,
     /// ZSET per shard: `user_id` → won-at ms, for every user holding a unit.
     buyers: Vec<String>,
     /// HASH per shard: `user_id` → the `order_sn` they hold (for `409 duplicate`).
@@ -102,6 +134,11 @@ impl ItemKeys {
 
     pub fn buyer_orders(&self, user: UserId) -> &str {
         &self.buyer_orders[user.shard(BUYER_SHARDS) as usize]
+    }
+
+    /// Every shard of the user → order records.
+    pub fn buyer_order_shards(&self) -> &[String] {
+        &self.buyer_orders
     }
 
     /// Every buyer key of the item, both kinds.

@@ -1,7 +1,8 @@
 //! seckill: a flash-sale HTTP API server.
 //!
 //! A purchase is one Lua script in Redis (stock, buyer, outbox, atomically), then a `202`;
-//! RabbitMQ carries the order to MySQL, and a relay makes sure it gets there. See
+//! RabbitMQ carries the order to MySQL, and a relay makes sure it gets there. A scheduler
+//! cancels orders left unpaid and gives their units back. See
 //! `README.md` for the design and the contract it keeps.
 
 pub mod app;
@@ -17,6 +18,7 @@ pub mod lua;
 pub mod orders;
 pub mod outbox;
 pub mod purchase;
+pub mod scheduler;
 pub mod store;
 pub mod telemetry;
 

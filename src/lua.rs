@@ -14,12 +14,24 @@ use crate::store::{RedisError, redis_timed};
 /// Sells one unit: see `lua/grab.lua`.
 pub static GRAB: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/grab.lua")));
 
+/// Gives the units of ended orders back: see `lua/release.lua`.
+pub static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
+
+/// Takes due delay-queue entries under a lease: see `lua/claim.lua`.
+pub static CLAIM: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/claim.lua")));
+
+/// Releases a lock only for its owner: see `lua/unlock.lua`.
+pub static UNLOCK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/unlock.lua")));
+
 /// Loads every script into Redis's cache ahead of the first request.
 pub async fn preload<C>(conn: &mut C) -> Result<(), RedisError>
 where
     C: redis::aio::ConnectionLike + Send,
 {
-    for script in [&*GRAB] {
+    for script in [&*GRAB, &*RELEASE, &*CLAIM, &*UNLOCK] {
         redis_timed(script.prepare_invoke().load_async(conn)).await?;
     }
     Ok(())

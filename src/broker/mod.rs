@@ -9,5 +9,5 @@ mod publish;
 mod topology;
 
 pub use self::link::Broker;
-pub use self::publish::{Outgoing, publish_confirmed};
+pub use self::publish::{Event, Outgoing, publish_confirmed, publish_events};
 pub use self::topology::Topology;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use lapin::options::BasicPublishOptions;
-use lapin::{BasicProperties, Channel, Confirmation};
+use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
 
 use super::Topology;
 use super::topology::ORDER_PLACED;
@@ -65,7 +65,57 @@ pub async fn publish_confirmed(
         }
     }
     confirms.resize_with(messages.len(), || None);
-    let confirmed = join_all(confirms.into_iter().map(|confirm| async move {
+    let confirmed = await_confirms(confirms).await;
+    messages
+        .iter()
+        .zip(confirmed)
+        .flat_map(|(message, ok)| std::iter::repeat_n(ok, message.len()))
+        .collect()
+}
+
+/// An event for other services (reminders, …) on the topic exchange `{namespace}.events`.
+#[derive(Clone, Debug)]
+pub struct Event {
+    /// Also the topic: `order.remind`, …
+    pub routing_key: &'static str,
+    /// The same for every send of one event, so a listener can drop a repeat.
+    pub message_id: String,
+    pub body: Vec<u8>,
+}
+
+/// Publishes events (pipelined, persistent, confirmed) and tells which the broker took.
+/// Not mandatory: an event nobody listens to yet is not an error.
+pub async fn publish_events(channel: &Channel, topology: &Topology, events: &[Event]) -> Vec<bool> {
+    let mut confirms = Vec::with_capacity(events.len());
+    for event in events {
+        let properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into())
+            .with_message_id(event.message_id.as_str().into());
+        let sent = channel
+            .basic_publish(
+                topology.events_exchange.as_str().into(),
+                event.routing_key.into(),
+                BasicPublishOptions::default(),
+                &event.body,
+                properties,
+            )
+            .await;
+        match sent {
+            Ok(confirm) => confirms.push(Some(confirm)),
+            Err(e) => {
+                tracing::debug!(error = %e, "event publish failed");
+                break;
+            }
+        }
+    }
+    confirms.resize_with(events.len(), || None);
+    await_confirms(confirms).await
+}
+
+/// Waits for each publish's confirm (up to [`CONFIRM_TIMEOUT`]); `None`: never sent.
+async fn await_confirms(confirms: Vec<Option<PublisherConfirm>>) -> Vec<bool> {
+    join_all(confirms.into_iter().map(|confirm| async move {
         let Some(confirm) = confirm else {
             return false;
         };
@@ -76,12 +126,7 @@ pub async fn publish_confirmed(
             Ok(Ok(Confirmation::Ack(None)))
         )
     }))
-    .await;
-    messages
-        .iter()
-        .zip(confirmed)
-        .flat_map(|(message, ok)| std::iter::repeat_n(ok, message.len()))
-        .collect()
+    .await
 }
 
 /// The orders' JSON, as `grab.lua` stored it, joined into one array (nothing re-encoded).

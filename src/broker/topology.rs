@@ -15,6 +15,9 @@ pub struct Topology {
     pub dead_exchange: String,
     /// Where dead letters wait for a human.
     pub dead_queue: String,
+    /// Topic exchange of events for other services (`order.remind`); they bind their own
+    /// queues to it.
+    pub events_exchange: String,
 }
 
 pub const ORDER_PLACED: &str = "order.placed";
@@ -26,6 +29,7 @@ impl Topology {
             orders_queue: format!("{namespace}.orders"),
             dead_exchange: format!("{namespace}.orders.dead"),
             dead_queue: format!("{namespace}.orders.dead"),
+            events_exchange: format!("{namespace}.events"),
         }
     }
 
@@ -47,6 +51,14 @@ impl Topology {
             .exchange_declare(
                 self.dead_exchange.as_str().into(),
                 ExchangeKind::Fanout,
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .exchange_declare(
+                self.events_exchange.as_str().into(),
+                ExchangeKind::Topic,
                 durable,
                 FieldTable::default(),
             )

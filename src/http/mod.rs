@@ -28,6 +28,11 @@ pub fn api_routes() -> Router<AppState> {
     Router::new()
         .route("/api/flashbuy", post(purchase::flashbuy))
         .route("/api/orders/{order_sn}", get(orders::api::get_order))
+        .route("/api/orders/{order_sn}/pay", post(orders::api::pay_order))
+        .route(
+            "/api/orders/{order_sn}/cancel",
+            post(orders::api::cancel_order),
+        )
         .route("/api/items/{item_id}", get(items::api::get_item))
         .merge(health_routes())
 }
@@ -48,6 +53,7 @@ pub fn admin_routes() -> Router<AppState> {
         .route("/admin/items/{item_id}/pause", post(pause_item))
         .route("/admin/items/{item_id}/resume", post(resume_item))
         .route("/admin/items/{item_id}/stats", get(item_stats))
+        .route("/admin/items/{item_id}/reconcile", post(reconcile_item))
 }
 
 /// Adds the layers every request passes, outermost first: request id and span, the time

@@ -1,4 +1,4 @@
-//! Operators' item endpoints: create/update, warm-up, pause/resume, stats.
+//! Operators' item endpoints: create/update, warm-up, pause/resume, stats, reconcile.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -14,6 +14,7 @@ use crate::http::extract::{Admin, ApiJson, ApiPath, ApiQuery};
 use crate::http::reply::{envelope, ok};
 use crate::keys::Keys;
 use crate::orders::repo as orders;
+use crate::scheduler::reconcile::{ReconcileError, reconcile};
 use crate::store::{Db, RedisConns};
 
 use super::catalog::Catalog;
@@ -206,6 +207,30 @@ pub async fn item_stats(
             "consistent": accounted == u64::from(item.total),
         }),
     ))
+}
+
+/// `POST /admin/items/{id}/reconcile`: what the end-of-sale reconciliation does, now.
+pub async fn reconcile_item(
+    _: Admin,
+    State(AppState {
+        db, redis, keys, ..
+    }): State<AppState>,
+    ApiPath(id): ApiPath<ItemId>,
+) -> Result<Response, ApiError> {
+    if repo::get(&db, id).await?.is_none() {
+        return Err(ApiError::ItemNotFound);
+    }
+    let report = reconcile(&db, &redis, &keys, id)
+        .await
+        .map_err(|e| match e {
+            ReconcileError::Busy => ApiError::Conflict {
+                code: "reconciling",
+                detail: e.to_string(),
+            },
+            ReconcileError::Database(e) => ApiError::Database(e),
+            ReconcileError::Redis(e) => ApiError::Redis(e),
+        })?;
+    Ok(ok("reconciled", report))
 }
 
 /// After the MySQL record changed: copies what `grab.lua` checks (window, pause) to Redis

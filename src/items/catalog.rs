@@ -182,7 +182,7 @@ impl Catalog {
     /// Tells every instance (this one included) that an item changed.
     pub async fn announce(&self, id: ItemId) -> Result<(), RedisError> {
         let mut conn = self.inner.redis.bulk().await?;
-        redis_timed(conn.publish::<_, _, ()>(self.inner.keys.item_events_channel(), id.get())).await
+        announce_change(&mut *conn, &self.inner.keys, id).await
     }
 
     /// The background refresh: periodic, and at once on an item event.
@@ -244,6 +244,14 @@ impl Catalog {
             }
         }
     }
+}
+
+/// Tells every instance's catalogue that an item changed (for processes without one).
+pub async fn announce_change<C>(conn: &mut C, keys: &Keys, id: ItemId) -> Result<(), RedisError>
+where
+    C: redis::aio::ConnectionLike + Send + Sync,
+{
+    redis_timed(conn.publish::<_, _, ()>(keys.item_events_channel(), id.get())).await
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -76,7 +76,12 @@ pub async fn upsert(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<bool, DbEr
         sqlx::query(
             "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s)
              VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-             ON DUPLICATE KEY UPDATE shop_id = VALUES(shop_id), name = VALUES(name),
+             ON DUPLICATE KEY UPDATE
+               -- First, while end_at and pay_timeout_s still hold the old values: a sale
+               -- whose end moved is reconciled again at its new end.
+               reconciled_at = IF(end_at <=> VALUES(end_at) AND pay_timeout_s <=> VALUES(pay_timeout_s),
+                                  reconciled_at, NULL),
+               shop_id = VALUES(shop_id), name = VALUES(name),
                total = VALUES(total), price_cents = VALUES(price_cents),
                start_at = VALUES(start_at), end_at = VALUES(end_at),
                pay_timeout_s = VALUES(pay_timeout_s)",
@@ -115,4 +120,28 @@ pub async fn set_paused(db: &Db, id: ItemId, paused: bool) -> Result<bool, DbErr
     )
     .await?;
     Ok(true)
+}
+
+/// Items whose sale ended at least their pay timeout ago and that were not reconciled yet.
+pub async fn due_for_reconcile(db: &Db) -> Result<Vec<ItemId>, DbError> {
+    let ids: Vec<u64> = mysql_timed(
+        sqlx::query_scalar(
+            "SELECT id FROM items
+             WHERE reconciled_at IS NULL AND end_at <= UTC_TIMESTAMP(3)
+               AND end_at + INTERVAL pay_timeout_s SECOND <= UTC_TIMESTAMP(3)",
+        )
+        .fetch_all(db),
+    )
+    .await?;
+    Ok(ids.into_iter().filter_map(ItemId::new).collect())
+}
+
+pub async fn mark_reconciled(db: &Db, id: ItemId) -> Result<(), DbError> {
+    mysql_timed(
+        sqlx::query("UPDATE items SET reconciled_at = UTC_TIMESTAMP(3) WHERE id = ?")
+            .bind(id.get())
+            .execute(db),
+    )
+    .await?;
+    Ok(())
 }

@@ -131,7 +131,7 @@ async fn load(
             found: after.remaining,
         });
     }
-    redis_timed(conn.publish::<_, _, ()>(keys.item_events_channel(), id.get())).await?;
+    super::catalog::announce_change(&mut **conn, keys, id).await?;
     Ok(WarmupReport {
         item_id: id,
         total: item.total,

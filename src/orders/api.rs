@@ -1,5 +1,10 @@
-//! `GET /api/orders/{order_sn}`: the owner's view of an order, `pending` while it is on
-//! its way to MySQL.
+//! The owner's order endpoints: `GET /api/orders/{order_sn}` (`pending` while the order
+//! is on its way to MySQL), and `POST …/pay` and `…/cancel`.
+//!
+//! Paying or cancelling an order that is still pending works: the order is first written
+//! to MySQL here (the same idempotent write the consumer makes; its own write later
+//! changes nothing), so every change of state is one conditional `UPDATE` on the row, and
+//! a pay racing a cancel ends in exactly one of the two.
 
 use axum::extract::State;
 use axum::response::Response;
@@ -15,7 +20,11 @@ use crate::http::reply::ok;
 use crate::http::request_id;
 use crate::store::{RedisError, redis_timed};
 
-use super::repo::{self, OrderStatus, from_millis};
+use crate::scheduler::delay::Plan;
+
+use super::ending::{self, Held};
+use super::placed;
+use super::repo::{self, CancelReason, OrderRow, OrderStatus, from_millis};
 
 #[derive(Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -64,20 +73,161 @@ pub async fn get_order(
                 pay_deadline: from_millis(order.pay_deadline_ms),
             }
         }
-        None => {
-            let row = repo::find(&db, &sn).await?.ok_or(ApiError::OrderNotFound)?;
-            OrderView {
-                user_id: row.user(),
-                order_sn: row.order_sn,
-                item_id: row.item_id,
-                status: ShownStatus::Stored(row.status),
-                created_at: row.created_at,
-                pay_deadline: row.pay_deadline,
-            }
-        }
+        None => repo::find(&db, &sn)
+            .await?
+            .ok_or(ApiError::OrderNotFound)?
+            .into(),
     };
     if view.user_id != user {
         return Err(ApiError::OrderNotFound);
     }
     Ok(ok("ok", view))
+}
+
+impl From<OrderRow> for OrderView {
+    fn from(row: OrderRow) -> Self {
+        OrderView {
+            user_id: row.user(),
+            order_sn: row.order_sn,
+            item_id: row.item_id,
+            status: ShownStatus::Stored(row.status),
+            created_at: row.created_at,
+            pay_deadline: row.pay_deadline,
+        }
+    }
+}
+
+/// `POST /api/orders/{order_sn}/pay`: `200 paid` (again on a repeat); `409 order_cancelled`
+/// for a cancelled order or one whose pay deadline has passed (which is then cancelled).
+pub async fn pay_order(
+    State(state): State<AppState>,
+    AuthUser(user): AuthUser,
+    ApiPath(order_sn): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    request_id::record_user(user, None);
+    let sn = OrderSn::parse(&order_sn).ok_or(ApiError::OrderNotFound)?;
+    let db = &state.db;
+    let paid_now = repo::pay(db, &sn, user).await?;
+    let mut row = stored_order(&state, &sn, user).await?;
+    // Not paid by the first try: the order was still pending (written to MySQL just now),
+    // or its deadline passed.
+    if !paid_now && row.status == OrderStatus::Unpaid {
+        repo::pay(db, &sn, user).await?;
+        row = stored_order(&state, &sn, user).await?;
+    }
+    match row.status {
+        OrderStatus::Paid => {}
+        OrderStatus::Cancelled => return Err(order_cancelled()),
+        OrderStatus::Unpaid => {
+            // Too late to pay: end it now rather than leave it to the scheduler.
+            ending::cancel_overdue(
+                db,
+                &state.redis,
+                &state.keys,
+                &[sn.as_str()],
+                CancelReason::Timeout,
+            )
+            .await
+            .map_err(ending_error)?;
+            return Err(order_cancelled());
+        }
+    }
+    tracing::info!(order_sn = %sn, "order_paid");
+    Ok(ok("paid", OrderView::from(row)))
+}
+
+/// `POST /api/orders/{order_sn}/cancel`: `200 cancelled` (again on a repeat) with the unit
+/// back on sale at once; `409 order_paid` for a paid order.
+pub async fn cancel_order(
+    State(state): State<AppState>,
+    AuthUser(user): AuthUser,
+    ApiPath(order_sn): ApiPath<String>,
+) -> Result<Response, ApiError> {
+    request_id::record_user(user, None);
+    let sn = OrderSn::parse(&order_sn).ok_or(ApiError::OrderNotFound)?;
+    let db = &state.db;
+    let cancelled_now = repo::cancel_own(db, &sn, user).await?;
+    let mut row = stored_order(&state, &sn, user).await?;
+    if !cancelled_now && row.status == OrderStatus::Unpaid {
+        repo::cancel_own(db, &sn, user).await?;
+        row = stored_order(&state, &sn, user).await?;
+    }
+    match row.status {
+        OrderStatus::Cancelled => {}
+        OrderStatus::Paid => {
+            return Err(ApiError::Conflict {
+                code: "order_paid",
+                detail: "the order is paid; it cannot be cancelled".into(),
+            });
+        }
+        OrderStatus::Unpaid => {
+            return Err(ApiError::Internal(anyhow::anyhow!(
+                "order {sn} stayed unpaid through two cancels"
+            )));
+        }
+    }
+    // Also for a repeat: finishes a release that an earlier call did not get to.
+    ending::release(&state.redis, &state.keys, &[Held::from(&row)]).await?;
+    tracing::info!(order_sn = %sn, "order_cancelled");
+    Ok(ok("cancelled", OrderView::from(row)))
+}
+
+fn order_cancelled() -> ApiError {
+    ApiError::Conflict {
+        code: "order_cancelled",
+        detail: "the order is cancelled (by its owner, or because its pay deadline passed)".into(),
+    }
+}
+
+fn ending_error(e: ending::EndError) -> ApiError {
+    match e {
+        ending::EndError::Database(e) => ApiError::Database(e),
+        ending::EndError::Redis(e) => ApiError::Redis(e),
+    }
+}
+
+/// The user's order as MySQL has it, writing it there first if it is still pending in
+/// Redis. Another user's or an unknown order: `order_not_found`.
+async fn stored_order(state: &AppState, sn: &OrderSn, user: UserId) -> Result<OrderRow, ApiError> {
+    if let Some(row) = repo::find(&state.db, sn).await? {
+        return if row.user() == user {
+            Ok(row)
+        } else {
+            Err(ApiError::OrderNotFound)
+        };
+    }
+    let pending: Option<String> = {
+        let mut conn = state.redis.hot.clone();
+        redis_timed(conn.hget(state.keys.pending(sn.item()), sn.as_str())).await?
+    };
+    let order: OrderPlaced = match pending {
+        Some(json) => serde_json::from_str(&json)
+            .map_err(|e| RedisError::Unexpected(format!("pending order JSON: {e}")))?,
+        // Written by the consumer between the two reads, or unknown.
+        None => {
+            let row = repo::find(&state.db, sn)
+                .await?
+                .ok_or(ApiError::OrderNotFound)?;
+            return if row.user() == user {
+                Ok(row)
+            } else {
+                Err(ApiError::OrderNotFound)
+            };
+        }
+    };
+    if order.user_id != user {
+        return Err(ApiError::OrderNotFound);
+    }
+    let orders = [order];
+    placed::write(&state.db, &orders)
+        .await
+        .map_err(|e| match e {
+            placed::WriteError::Read(e) => ApiError::Database(e),
+            placed::WriteError::Insert(e) => ApiError::Database(e.into()),
+        })?;
+    let plan = Plan::from_settings(&state.settings);
+    placed::settle_in_redis(&state.redis, &state.keys, &plan, &orders).await?;
+    repo::find(&state.db, sn)
+        .await?
+        .ok_or(ApiError::OrderNotFound)
 }

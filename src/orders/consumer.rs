@@ -2,14 +2,13 @@
 //!
 //! A message carries one order or an array of them (the publisher sends up to a hundred per
 //! message). Whatever messages are ready (up to [`BATCH`], with [`PREFETCH`] in flight) are
-//! written with multi-row idempotent INSERTs of up to [`ROWS_PER_INSERT`] rows; after the
-//! commits the orders leave Redis's `pending` hash; then one `ack` with `multiple` covers
-//! the batch. A crash anywhere before the ack means redelivery, which the unique key on
+//! written with multi-row idempotent INSERTs (see [`placed::write`]); after the commits the
+//! orders leave Redis's `pending` hash and their pay deadlines are scheduled; then one
+//! `ack` with `multiple` covers the batch. A crash anywhere before the ack means redelivery, which the unique key on
 //! `order_sn` turns into a no-op. While MySQL or Redis is down the batch is retried with
 //! growing pauses, never in a busy loop, and nothing is acked. A message that cannot be
 //! read goes to the dead-letter queue (after any readable orders in it are written).
 
-use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -20,19 +19,18 @@ use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
-use crate::domain::{ItemId, OrderPlaced};
+use crate::domain::OrderPlaced;
 use crate::keys::Keys;
-use crate::store::{Db, DbError, RedisConns, RedisError, redis_timed};
+use crate::scheduler::delay::Plan;
+use crate::store::{Db, RedisConns, RedisError};
 
-use super::repo::{self, OrderStatus};
+use super::placed;
 
 /// Messages in flight to each worker, and at most taken per batch. Bigger batches mean
 /// fewer statements and acks per order (measured: 32k orders/s at 64/32, 40k at 256/128);
 /// at most 2 × 256 messages of up to 100 orders (about 13 MB) wait in memory.
 const PREFETCH: u16 = 256;
 const BATCH: usize = 128;
-/// Rows per INSERT statement.
-const ROWS_PER_INSERT: usize = 1_000;
 /// Consuming loops per process, each with its own channel: while one waits for MySQL to
 /// commit, another parses and inserts. Measured on 2 cores: 22k orders/s with one worker,
 /// 32k with two, 33k with four.
@@ -45,6 +43,8 @@ pub struct Consumer {
     pub db: Db,
     pub redis: RedisConns,
     pub keys: Keys,
+    /// What to schedule for each order once it is written.
+    pub plan: Plan,
 }
 
 /// Why a consuming session ended.
@@ -174,7 +174,7 @@ impl Consumer {
                 duration_ms = started.elapsed().as_secs_f64() * 1e3,
                 "mysql_insert"
             );
-            if retry("redis", shutdown, || self.clear_pending(&orders))
+            if retry("redis", shutdown, || self.settle(&orders))
                 .await
                 .is_none()
             {
@@ -198,48 +198,12 @@ impl Consumer {
         Ok(true)
     }
 
-    /// Inserts the batch; returns how many rows were new.
     async fn insert(&self, orders: &[OrderPlaced]) -> Result<(), ConsumeError> {
-        for rows in orders.chunks(ROWS_PER_INSERT) {
-            repo::insert_batch(&self.db, rows, OrderStatus::Unpaid).await?;
-            // The affected-rows count cannot tell a redelivered order (already there) from
-            // one MySQL refused as a second live order of a user for an item: the driver
-            // counts an untouched duplicate as affected. So ask, with one count first.
-            let sns: Vec<&str> = rows.iter().map(|o| o.order_sn.as_str()).collect();
-            if repo::count_existing(&self.db, &sns).await? == sns.len() as u64 {
-                continue;
-            }
-            let present: HashSet<String> =
-                repo::existing(&self.db, &sns).await?.into_iter().collect();
-            let refused: Vec<&OrderPlaced> = rows
-                .iter()
-                .filter(|o| !present.contains(o.order_sn.as_str()))
-                .collect();
-            tracing::error!(
-                orders = ?refused.iter().map(|o| o.order_sn.as_str()).collect::<Vec<_>>(),
-                "MySQL refused a second live order of a user for an item; recorded as cancelled"
-            );
-            repo::insert_batch(&self.db, refused, OrderStatus::Cancelled).await?;
-        }
-        Ok(())
+        Ok(placed::write(&self.db, orders).await?)
     }
 
-    /// The orders are in MySQL: they are no longer pending in Redis.
-    async fn clear_pending(&self, orders: &[OrderPlaced]) -> Result<(), ConsumeError> {
-        let mut by_item: HashMap<ItemId, Vec<&str>> = HashMap::new();
-        for order in orders {
-            by_item
-                .entry(order.item_id)
-                .or_default()
-                .push(order.order_sn.as_str());
-        }
-        let mut pipe = redis::pipe();
-        for (item, sns) in by_item {
-            pipe.hdel(self.keys.pending(item), sns).ignore();
-        }
-        let mut conn = self.redis.bulk().await?;
-        redis_timed(pipe.query_async::<()>(&mut *conn)).await?;
-        Ok(())
+    async fn settle(&self, orders: &[OrderPlaced]) -> Result<(), ConsumeError> {
+        Ok(placed::settle_in_redis(&self.redis, &self.keys, &self.plan, orders).await?)
     }
 }
 
@@ -283,11 +247,9 @@ fn parse(data: &[u8]) -> Parsed {
 
 #[derive(Debug, thiserror::Error)]
 enum ConsumeError {
-    #[error("inserting orders")]
-    Insert(#[from] sqlx::Error),
-    #[error("reading orders")]
-    Read(#[from] DbError),
-    #[error("clearing pending orders")]
+    #[error(transparent)]
+    Write(#[from] placed::WriteError),
+    #[error("clearing pending orders and scheduling their deadlines")]
     Redis(#[from] RedisError),
 }
 
@@ -326,7 +288,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{OrderSn, UserId};
+    use crate::domain::{ItemId, OrderSn, UserId};
 
     fn order(user: u64) -> OrderPlaced {
         let item = ItemId::new(3).unwrap();

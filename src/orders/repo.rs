@@ -65,6 +65,112 @@ pub async fn find(db: &Db, sn: &OrderSn) -> Result<Option<OrderRow>, DbError> {
     .await
 }
 
+/// Many orders by number, in one query (absent ones are simply not in the answer).
+pub async fn find_many(db: &Db, sns: &[&str]) -> Result<Vec<OrderRow>, DbError> {
+    if sns.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut query = in_list(
+        "SELECT order_sn, item_id, user_id, status, created_at, pay_deadline
+         FROM orders WHERE order_sn IN (",
+        sns,
+    );
+    mysql_timed(query.build_query_as().fetch_all(db)).await
+}
+
+/// Why an order was cancelled (the `cancel_reason` column).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CancelReason {
+    /// The owner cancelled it.
+    User,
+    /// Its pay deadline passed.
+    Timeout,
+    /// An end-of-sale reconciliation found it could no longer be paid.
+    Reconcile,
+}
+
+impl CancelReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelReason::User => "user",
+            CancelReason::Timeout => "timeout",
+            CancelReason::Reconcile => "reconcile",
+        }
+    }
+}
+
+/// `unpaid` → `paid`, only for the owner and only before the deadline. Returns whether
+/// this call paid it (a conditional update: racing a cancel, exactly one of them wins).
+pub async fn pay(db: &Db, sn: &OrderSn, user: UserId) -> Result<bool, DbError> {
+    let done = mysql_timed(
+        sqlx::query(
+            "UPDATE orders SET status = 'paid', paid_at = UTC_TIMESTAMP(3)
+             WHERE order_sn = ? AND user_id = ? AND status = 'unpaid'
+               AND pay_deadline > UTC_TIMESTAMP(3)",
+        )
+        .bind(sn.as_str())
+        .bind(user.get())
+        .execute(db),
+    )
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// `unpaid` → `cancelled` for the owner. Returns whether this call cancelled it.
+pub async fn cancel_own(db: &Db, sn: &OrderSn, user: UserId) -> Result<bool, DbError> {
+    let done = mysql_timed(
+        sqlx::query(
+            "UPDATE orders SET status = 'cancelled', cancel_reason = 'user'
+             WHERE order_sn = ? AND user_id = ? AND status = 'unpaid'",
+        )
+        .bind(sn.as_str())
+        .bind(user.get())
+        .execute(db),
+    )
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// `unpaid` → `cancelled` for those of these orders whose deadline has passed (by
+/// MySQL's clock). Returns how many this call cancelled.
+pub async fn cancel_overdue(db: &Db, sns: &[&str], reason: CancelReason) -> Result<u64, DbError> {
+    if sns.is_empty() {
+        return Ok(0);
+    }
+    let mut query = QueryBuilder::new("UPDATE orders SET status = 'cancelled', cancel_reason = ");
+    query
+        .push_bind(reason.as_str())
+        .push(" WHERE status = 'unpaid' AND pay_deadline <= UTC_TIMESTAMP(3) AND order_sn IN (");
+    let mut list = query.separated(", ");
+    for sn in sns {
+        list.push_bind(*sn);
+    }
+    query.push(")");
+    let done = mysql_timed(query.build().execute(db)).await?;
+    Ok(done.rows_affected())
+}
+
+/// Unpaid orders whose deadline passed at least `grace` ago, oldest first (all items, or one).
+pub async fn overdue_unpaid(
+    db: &Db,
+    item: Option<ItemId>,
+    grace: std::time::Duration,
+    limit: u32,
+) -> Result<Vec<OrderRow>, DbError> {
+    let mut query = QueryBuilder::new(
+        "SELECT order_sn, item_id, user_id, status, created_at, pay_deadline
+         FROM orders WHERE status = 'unpaid' AND pay_deadline <= UTC_TIMESTAMP(3) - INTERVAL ",
+    );
+    query
+        .push_bind(grace.as_millis() as u64)
+        .push(" * 1000 MICROSECOND");
+    if let Some(item) = item {
+        query.push(" AND item_id = ").push_bind(item.get());
+    }
+    query.push(" ORDER BY pay_deadline LIMIT ").push_bind(limit);
+    mysql_timed(query.build_query_as().fetch_all(db)).await
+}
+
 /// Orders of an item by status.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct StatusCounts {

@@ -80,6 +80,11 @@ impl RedisConns {
         Ok(self.pool.get().await?)
     }
 
+    /// The database number of the URL (keyspace notification channels name it).
+    pub fn db(&self) -> i64 {
+        self.client.get_connection_info().redis_settings().db()
+    }
+
     pub async fn pubsub(&self) -> Result<redis::aio::PubSub, RedisError> {
         timed(self.client.get_async_pubsub()).await
     }

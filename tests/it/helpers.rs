@@ -386,7 +386,7 @@ async fn cleanup(namespace: &str, database: &str) {
                 .queue_delete(queue.as_str().into(), Default::default())
                 .await;
         }
-        for exchange in [&t.orders_exchange, &t.dead_exchange] {
+        for exchange in [&t.orders_exchange, &t.dead_exchange, &t.events_exchange] {
             let _ = channel
                 .exchange_delete(exchange.as_str().into(), Default::default())
                 .await;

@@ -1,0 +1,73 @@
+//! Won orders arriving in MySQL: the idempotent write, then the Redis follow-up (no longer
+//! pending; deadline and reminders scheduled). The consumer does this for every order; a
+//! pay or cancel of an order still on its way does it for that one order first.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::domain::{ItemId, OrderPlaced};
+use crate::keys::Keys;
+use crate::scheduler::delay::Plan;
+use crate::store::{Db, DbError, RedisConns, RedisError, redis_timed};
+
+use super::repo::{self, OrderStatus};
+
+/// Rows per INSERT statement.
+const ROWS_PER_INSERT: usize = 1_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("inserting orders")]
+    Insert(#[from] sqlx::Error),
+    #[error("reading orders")]
+    Read(#[from] DbError),
+}
+
+/// Writes the orders with multi-row idempotent INSERTs: an order already there (a message
+/// delivered twice) is left as it is.
+pub async fn write(db: &Db, orders: &[OrderPlaced]) -> Result<(), WriteError> {
+    for rows in orders.chunks(ROWS_PER_INSERT) {
+        repo::insert_batch(db, rows, OrderStatus::Unpaid).await?;
+        // The affected-rows count cannot tell a redelivered order (already there) from
+        // one MySQL refused as a second live order of a user for an item: the driver
+        // counts an untouched duplicate as affected. So ask, with one count first.
+        let sns: Vec<&str> = rows.iter().map(|o| o.order_sn.as_str()).collect();
+        if repo::count_existing(db, &sns).await? == sns.len() as u64 {
+            continue;
+        }
+        let present: HashSet<String> = repo::existing(db, &sns).await?.into_iter().collect();
+        let refused: Vec<&OrderPlaced> = rows
+            .iter()
+            .filter(|o| !present.contains(o.order_sn.as_str()))
+            .collect();
+        tracing::error!(
+            orders = ?refused.iter().map(|o| o.order_sn.as_str()).collect::<Vec<_>>(),
+            "MySQL refused a second live order of a user for an item; recorded as cancelled"
+        );
+        repo::insert_batch(db, refused, OrderStatus::Cancelled).await?;
+    }
+    Ok(())
+}
+
+/// The orders are in MySQL: they leave Redis's `pending` hash and their deadline and
+/// reminders go into the delay queue, in one round trip.
+pub async fn settle_in_redis(
+    redis: &RedisConns,
+    keys: &Keys,
+    plan: &Plan,
+    orders: &[OrderPlaced],
+) -> Result<(), RedisError> {
+    let mut by_item: HashMap<ItemId, Vec<&str>> = HashMap::new();
+    let mut pipe = redis::pipe();
+    for order in orders {
+        by_item
+            .entry(order.item_id)
+            .or_default()
+            .push(order.order_sn.as_str());
+        plan.schedule(&mut pipe, keys, order);
+    }
+    for (item, sns) in by_item {
+        pipe.hdel(keys.pending(item), sns).ignore();
+    }
+    let mut conn = redis.bulk().await?;
+    redis_timed(pipe.query_async::<()>(&mut *conn)).await
+}

@@ -1,0 +1,84 @@
+//! The compensation scan: unpaid orders in MySQL past their deadline that the delay queue
+//! no longer holds (lost with Redis, deleted by hand, never scheduled because a process
+//! died at the wrong moment) are cancelled the same way, and their units come back.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::orders::ending;
+use crate::orders::repo::{self, CancelReason, OrderRow};
+
+use super::Scheduler;
+use super::deadlines::PassError;
+use super::delay::Task;
+
+/// An order is only looked at once its deadline is this far behind, so the delay queue
+/// has had its chance.
+const GRACE: Duration = Duration::from_secs(2);
+const BATCH: u32 = 1_000;
+
+pub async fn run(scheduler: Scheduler, shutdown: CancellationToken) {
+    let every = Duration::from_secs(scheduler.settings.compensate_every_s);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        if let Err(e) = scan(&scheduler).await {
+            tracing::warn!(error = %crate::error::cause_chain(&e), "compensation scan failed; next one in {every:?}");
+        }
+    }
+}
+
+async fn scan(scheduler: &Scheduler) -> Result<(), PassError> {
+    loop {
+        let overdue = repo::overdue_unpaid(&scheduler.db, None, GRACE, BATCH).await?;
+        let lost = not_queued(scheduler, &overdue).await?;
+        if lost.is_empty() {
+            return Ok(());
+        }
+        let sns: Vec<&str> = lost.iter().map(|o| o.order_sn.as_str()).collect();
+        let outcome = ending::cancel_overdue(
+            &scheduler.db,
+            &scheduler.redis,
+            &scheduler.keys,
+            &sns,
+            CancelReason::Timeout,
+        )
+        .await?;
+        tracing::warn!(
+            found = lost.len(),
+            cancelled = outcome.cancelled,
+            released = outcome.released,
+            "compensation scan: cancelled overdue orders the delay queue had lost"
+        );
+        if overdue.len() < BATCH as usize || outcome.cancelled == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// Those of the orders whose deadline task is neither waiting nor taken.
+async fn not_queued<'a>(
+    scheduler: &Scheduler,
+    orders: &'a [OrderRow],
+) -> Result<Vec<&'a OrderRow>, PassError> {
+    if orders.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for order in orders {
+        let member = Task::Cancel(order.order_sn.clone()).member();
+        pipe.zscore(scheduler.keys.due(order.item_id), &member)
+            .zscore(scheduler.keys.leased(order.item_id), &member);
+    }
+    let mut conn = scheduler.redis.bulk().await?;
+    let scores: Vec<Option<f64>> = crate::store::redis_timed(pipe.query_async(&mut *conn)).await?;
+    Ok(orders
+        .iter()
+        .zip(scores.chunks(2))
+        .filter(|(_, s)| s.iter().all(Option::is_none))
+        .map(|(order, _)| order)
+        .collect())
+}

@@ -1,0 +1,227 @@
+//! Working the delay queue: at each order's pay deadline it is cancelled if still unpaid
+//! and its unit goes back on sale; at each reminder stage an `order.remind` event goes out
+//! for an order still unpaid.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use redis::AsyncCommands;
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::{Event, publish_events};
+use crate::domain::ItemId;
+use crate::orders::ending::{self, EndError};
+use crate::orders::repo::{self, CancelReason, OrderStatus};
+use crate::store::{DbError, RedisError, redis_timed};
+
+use super::Scheduler;
+use super::delay::{self, Task};
+
+/// Tasks taken per claim.
+const CLAIM_LIMIT: usize = 500;
+/// A task that cannot be done yet (a deadline MySQL's clock has not reached, a broker
+/// that is down) is tried again after this long.
+const RETRY_AFTER: Duration = Duration::from_millis(500);
+
+pub const REMIND: &str = "order.remind";
+
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    #[error(transparent)]
+    Redis(#[from] RedisError),
+    #[error(transparent)]
+    Database(#[from] DbError),
+}
+
+impl From<EndError> for PassError {
+    fn from(e: EndError) -> Self {
+        match e {
+            EndError::Database(e) => PassError::Database(e),
+            EndError::Redis(e) => PassError::Redis(e),
+        }
+    }
+}
+
+/// Polls every `SECKILL_SCHEDULER_POLL_MS`, and at once when a keyspace notification
+/// says something falls due.
+pub async fn run(scheduler: Scheduler, wake: Arc<Notify>, shutdown: CancellationToken) {
+    let poll = Duration::from_millis(scheduler.settings.scheduler_poll_ms);
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(poll) => {}
+            () = wake.notified() => {}
+        }
+        match pass(&scheduler).await {
+            Ok(()) if failing => {
+                tracing::info!("delay queue: working again");
+                failing = false;
+            }
+            Ok(()) => {}
+            // What was taken stays leased and comes back when the lease runs out.
+            Err(e) if !failing => {
+                tracing::warn!(error = %crate::error::cause_chain(&e), "delay queue pass failed; retrying");
+                failing = true;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Takes and handles every due task of every item.
+pub async fn pass(scheduler: &Scheduler) -> Result<(), PassError> {
+    let items: Vec<u64> = {
+        let mut conn = scheduler.redis.bulk().await?;
+        redis_timed(conn.smembers(scheduler.keys.items_index())).await?
+    };
+    for item in items.into_iter().filter_map(ItemId::new) {
+        loop {
+            let claimed = {
+                let mut conn = scheduler.redis.bulk().await?;
+                delay::claim(
+                    &mut *conn,
+                    &scheduler.keys,
+                    item,
+                    scheduler.settings.scheduler_lease_ms,
+                    CLAIM_LIMIT,
+                )
+                .await?
+            };
+            let full = claimed.len() == CLAIM_LIMIT;
+            handle(scheduler, item, claimed).await?;
+            if !full {
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn handle(
+    scheduler: &Scheduler,
+    item: ItemId,
+    claimed: Vec<Result<Task, String>>,
+) -> Result<(), PassError> {
+    let (mut done, mut later) = (Vec::new(), Vec::new());
+    let (mut cancels, mut reminders) = (Vec::new(), Vec::new());
+    for task in claimed {
+        match task {
+            Ok(Task::Cancel(sn)) => cancels.push(sn),
+            Ok(Task::Remind { percent, order_sn }) => reminders.push((percent, order_sn)),
+            Err(member) => {
+                tracing::error!(%item, entry = member, "delay queue entry is not a task; dropped");
+                done.push(member);
+            }
+        }
+    }
+
+    if !cancels.is_empty() {
+        let sns: Vec<&str> = cancels.iter().map(|sn| sn.as_str()).collect();
+        let outcome = ending::cancel_overdue(
+            &scheduler.db,
+            &scheduler.redis,
+            &scheduler.keys,
+            &sns,
+            CancelReason::Timeout,
+        )
+        .await?;
+        if outcome.cancelled > 0 || outcome.released > 0 {
+            tracing::info!(%item, cancelled = outcome.cancelled, released = outcome.released, "unpaid orders timed out");
+        }
+        if !outcome.missing.is_empty() {
+            tracing::warn!(%item, orders = ?outcome.missing, "deadline of orders MySQL does not have; dropped");
+        }
+        let still: HashSet<&str> = outcome.still_unpaid.iter().map(String::as_str).collect();
+        for sn in &cancels {
+            let member = Task::Cancel(sn.clone()).member();
+            if still.contains(sn.as_str()) {
+                later.push(member);
+            } else {
+                done.push(member);
+            }
+        }
+    }
+
+    if !reminders.is_empty() {
+        let (sent, unsent) = remind(scheduler, &reminders).await?;
+        done.extend(sent);
+        later.extend(unsent);
+    }
+
+    let mut pipe = redis::pipe();
+    delay::finish(&mut pipe, &scheduler.keys, item, &done);
+    let retry_at = Utc::now().timestamp_millis() + RETRY_AFTER.as_millis() as i64;
+    delay::put_back(&mut pipe, &scheduler.keys, item, &later, retry_at);
+    let mut conn = scheduler.redis.bulk().await?;
+    redis_timed(pipe.query_async::<()>(&mut *conn)).await?;
+    Ok(())
+}
+
+/// Publishes the reminders of orders still unpaid. Returns the members done (sent, or no
+/// longer needed) and those to try again (the broker did not take them).
+async fn remind(
+    scheduler: &Scheduler,
+    reminders: &[(u8, crate::domain::OrderSn)],
+) -> Result<(Vec<String>, Vec<String>), PassError> {
+    let sns: Vec<&str> = reminders.iter().map(|(_, sn)| sn.as_str()).collect();
+    let rows = repo::find_many(&scheduler.db, &sns).await?;
+    let unpaid: std::collections::HashMap<&str, &repo::OrderRow> = rows
+        .iter()
+        .filter(|r| r.status == OrderStatus::Unpaid)
+        .map(|r| (r.order_sn.as_str(), r))
+        .collect();
+    let mut done = Vec::new();
+    let mut to_send = Vec::new();
+    for (percent, sn) in reminders {
+        let member = Task::Remind {
+            percent: *percent,
+            order_sn: sn.clone(),
+        }
+        .member();
+        match unpaid.get(sn.as_str()) {
+            Some(row) => to_send.push((member, reminder_event(row, *percent))),
+            // Paid, cancelled or unknown: nobody needs reminding.
+            None => done.push(member),
+        }
+    }
+    if to_send.is_empty() {
+        return Ok((done, Vec::new()));
+    }
+    let events: Vec<Event> = to_send.iter().map(|(_, e)| e.clone()).collect();
+    let confirmed = match scheduler.broker.publish_channel() {
+        Some(channel) => publish_events(&channel, scheduler.broker.topology(), &events).await,
+        None => vec![false; events.len()],
+    };
+    let mut later = Vec::new();
+    for ((member, _), ok) in to_send.into_iter().zip(&confirmed) {
+        if *ok {
+            done.push(member);
+        } else {
+            later.push(member);
+        }
+    }
+    let sent = confirmed.iter().filter(|ok| **ok).count();
+    tracing::info!(sent, unsent = later.len(), "order_remind");
+    Ok((done, later))
+}
+
+fn reminder_event(row: &repo::OrderRow, percent: u8) -> Event {
+    let body = json!({
+        "event": REMIND,
+        "order_sn": row.order_sn,
+        "item_id": row.item_id,
+        "user_id": row.user(),
+        "stage_percent": percent,
+        "pay_deadline": row.pay_deadline,
+    });
+    Event {
+        routing_key: REMIND,
+        message_id: format!("{}:remind:{percent}", row.order_sn),
+        body: body.to_string().into_bytes(),
+    }
+}

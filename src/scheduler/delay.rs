@@ -1,0 +1,202 @@
+//! The delay queue: one sorted set per item, task → when it is due (ms), plus the set of
+//! tasks a scheduler has taken under a lease (`lua/claim.lua`).
+//!
+//! Tasks are added when an order reaches MySQL (by the consumer, or by a pay or cancel of
+//! a still-pending order), never before: a due task's order is always in MySQL.
+
+use chrono::Utc;
+use redis::Pipeline;
+
+use crate::config::{RemindStages, Settings};
+use crate::domain::{ItemId, OrderPlaced, OrderSn};
+use crate::keys::Keys;
+use crate::lua::CLAIM;
+use crate::store::{RedisError, redis_timed};
+
+/// One thing to do for one order at one time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Task {
+    /// Its pay deadline: cancel it if still unpaid.
+    Cancel(OrderSn),
+    /// A reminder stage (percent of the pay timeout elapsed): tell other services.
+    Remind { percent: u8, order_sn: OrderSn },
+}
+
+impl Task {
+    /// The sorted-set member: `cancel|SN` or `remind:50|SN`.
+    pub fn member(&self) -> String {
+        match self {
+            Task::Cancel(sn) => format!("cancel|{sn}"),
+            Task::Remind { percent, order_sn } => format!("remind:{percent}|{order_sn}"),
+        }
+    }
+
+    pub fn parse(member: &str) -> Option<Self> {
+        let (kind, sn) = member.split_once('|')?;
+        let order_sn = OrderSn::parse(sn)?;
+        match kind {
+            "cancel" => Some(Task::Cancel(order_sn)),
+            _ => {
+                let percent = kind.strip_prefix("remind:")?.parse().ok()?;
+                Some(Task::Remind { percent, order_sn })
+            }
+        }
+    }
+
+    pub fn order_sn(&self) -> &OrderSn {
+        match self {
+            Task::Cancel(sn) | Task::Remind { order_sn: sn, .. } => sn,
+        }
+    }
+}
+
+/// What gets scheduled for each order: its deadline, the reminder stages, and whether
+/// wake-up keys are written for keyspace notifications.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub stages: RemindStages,
+    pub wake_keys: bool,
+}
+
+impl Plan {
+    pub fn from_settings(settings: &Settings) -> Self {
+        Self {
+            stages: settings.remind_at_percent.clone(),
+            wake_keys: settings.keyspace_events,
+        }
+    }
+
+    /// The order's tasks and when each is due (ms).
+    pub fn tasks(&self, order: &OrderPlaced) -> Vec<(Task, i64)> {
+        let span = (order.pay_deadline_ms - order.created_at_ms).max(0);
+        let mut tasks: Vec<(Task, i64)> = self
+            .stages
+            .percents()
+            .iter()
+            .map(|&percent| {
+                let at = order.created_at_ms + span * i64::from(percent) / 100;
+                let task = Task::Remind {
+                    percent,
+                    order_sn: order.order_sn.clone(),
+                };
+                (task, at)
+            })
+            .collect();
+        tasks.push((Task::Cancel(order.order_sn.clone()), order.pay_deadline_ms));
+        tasks
+    }
+
+    /// Adds the order's tasks to a pipeline (idempotent: adding them twice changes nothing).
+    pub fn schedule(&self, pipe: &mut Pipeline, keys: &Keys, order: &OrderPlaced) {
+        let due = keys.due(order.item_id);
+        let now_ms = Utc::now().timestamp_millis();
+        for (task, at) in self.tasks(order) {
+            // NX: a task a scheduler already took and put back later keeps its time.
+            pipe.cmd("ZADD")
+                .arg(&due)
+                .arg("NX")
+                .arg(at)
+                .arg(task.member())
+                .ignore();
+            if self.wake_keys && at > now_ms {
+                // Expires as the second after `at` begins: its expiry event is the hint.
+                let second = at.div_euclid(1000) + 1;
+                pipe.cmd("SET")
+                    .arg(keys.wake(second))
+                    .arg(1)
+                    .arg("PXAT")
+                    .arg(second * 1000)
+                    .ignore();
+            }
+        }
+    }
+}
+
+/// Takes up to `limit` due tasks (and tasks whose lease ran out) for `lease_ms`. Entries
+/// that are not tasks come back as `Err(member)` so the caller can drop them.
+pub async fn claim<C>(
+    conn: &mut C,
+    keys: &Keys,
+    item: ItemId,
+    lease_ms: u64,
+    limit: usize,
+) -> Result<Vec<Result<Task, String>>, RedisError>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    let now = Utc::now().timestamp_millis();
+    let members: Vec<String> = redis_timed(
+        CLAIM
+            .key(keys.due(item))
+            .key(keys.leased(item))
+            .arg(now)
+            .arg(now + lease_ms as i64)
+            .arg(limit)
+            .invoke_async(conn),
+    )
+    .await?;
+    Ok(members
+        .into_iter()
+        .map(|m| Task::parse(&m).ok_or(m))
+        .collect())
+}
+
+/// Done with these tasks: they leave the leased set.
+pub fn finish(pipe: &mut Pipeline, keys: &Keys, item: ItemId, members: &[String]) {
+    if !members.is_empty() {
+        pipe.zrem(keys.leased(item), members).ignore();
+    }
+}
+
+/// Not done yet: back into the queue, due at `at_ms`.
+pub fn put_back(pipe: &mut Pipeline, keys: &Keys, item: ItemId, members: &[String], at_ms: i64) {
+    if members.is_empty() {
+        return;
+    }
+    finish(pipe, keys, item, members);
+    let due = keys.due(item);
+    for member in members {
+        pipe.zadd(&due, member, at_ms).ignore();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::UserId;
+
+    #[test]
+    fn tasks_round_trip_through_their_member() {
+        let sn = OrderSn::generate(ItemId::new(9).unwrap());
+        for task in [
+            Task::Cancel(sn.clone()),
+            Task::Remind {
+                percent: 50,
+                order_sn: sn.clone(),
+            },
+        ] {
+            assert_eq!(Task::parse(&task.member()), Some(task));
+        }
+        assert_eq!(Task::parse("cancel|nope"), None);
+        assert_eq!(Task::parse(&format!("remind:x|{sn}")), None);
+        assert_eq!(Task::parse(&format!("other|{sn}")), None);
+    }
+
+    #[test]
+    fn reminders_fall_at_their_share_of_the_pay_timeout() {
+        let item = ItemId::new(9).unwrap();
+        let order = OrderPlaced {
+            order_sn: OrderSn::generate(item),
+            item_id: item,
+            user_id: UserId::new(1),
+            created_at_ms: 10_000,
+            pay_deadline_ms: 20_000,
+        };
+        let plan = Plan {
+            stages: RemindStages::new(vec![50, 90]),
+            wake_keys: false,
+        };
+        let at: Vec<i64> = plan.tasks(&order).into_iter().map(|(_, at)| at).collect();
+        assert_eq!(at, vec![15_000, 19_000, 20_000]);
+    }
+}

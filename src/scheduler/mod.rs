@@ -1,0 +1,92 @@
+//! The scheduler role's work after the win: pay deadlines and reminders from the delay
+//! queue, the compensation scan, and end-of-sale reconciliation. (The outbox relay runs
+//! beside it in the same role.)
+//!
+//! Any number of schedulers may run on one namespace: delay-queue entries are taken under
+//! a lease, every change of an order is a conditional update, and giving a unit back is
+//! idempotent, so two of them never do one thing twice.
+
+pub mod deadlines;
+pub mod delay;
+pub mod reconcile;
+pub mod wake;
+
+mod compensate;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::Broker;
+use crate::config::Settings;
+use crate::keys::Keys;
+use crate::store::{Db, RedisConns};
+
+/// How often ended sales are looked for (to reconcile them).
+const END_OF_SALE_EVERY: Duration = Duration::from_secs(2);
+
+#[derive(Clone)]
+pub struct Scheduler {
+    pub db: Db,
+    pub redis: RedisConns,
+    pub keys: Keys,
+    pub broker: Broker,
+    pub settings: Arc<Settings>,
+}
+
+impl Scheduler {
+    pub async fn run(self, shutdown: CancellationToken) {
+        let wake = Arc::new(Notify::new());
+        let mut tasks = tokio::task::JoinSet::new();
+        if self.settings.keyspace_events {
+            tasks.spawn(wake::listen(
+                self.redis.clone(),
+                self.keys.clone(),
+                wake.clone(),
+                shutdown.clone(),
+            ));
+        } else {
+            tracing::info!(
+                poll_ms = self.settings.scheduler_poll_ms,
+                "keyspace notifications off (SECKILL_KEYSPACE_EVENTS=false): polling the delay queue"
+            );
+        }
+        tasks.spawn(compensate::run(self.clone(), shutdown.clone()));
+        tasks.spawn(self.clone().end_of_sale(shutdown.clone()));
+        deadlines::run(self, wake, shutdown).await;
+        while tasks.join_next().await.is_some() {}
+    }
+
+    /// Reconciles each sale once its end and pay timeout have passed.
+    async fn end_of_sale(self, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(END_OF_SALE_EVERY) => {}
+            }
+            let due = match crate::items::repo::due_for_reconcile(&self.db).await {
+                Ok(due) => due,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot look for ended sales now");
+                    continue;
+                }
+            };
+            for item in due {
+                match reconcile::reconcile(&self.db, &self.redis, &self.keys, item).await {
+                    Ok(report) => {
+                        if let Err(e) = crate::items::repo::mark_reconciled(&self.db, item).await {
+                            tracing::warn!(%item, error = %e, "reconciled, but could not record it; it runs again");
+                        }
+                        tracing::info!(%item, ?report, "end-of-sale reconciliation done");
+                    }
+                    Err(reconcile::ReconcileError::Busy) => {}
+                    Err(e) => {
+                        tracing::warn!(%item, error = %crate::error::cause_chain(&e), "end-of-sale reconciliation failed; retrying");
+                    }
+                }
+            }
+        }
+    }
+}

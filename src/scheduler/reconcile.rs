@@ -1,0 +1,241 @@
+//! End-of-sale reconciliation: units held by orders that can no longer be paid come back,
+//! buyer records that no live order backs are cleared, and Redis is checked against MySQL
+//! (CONTRACT.md invariant 4). It runs by itself once a sale's end plus its pay timeout has
+//! passed, and by hand through `POST /admin/items/{id}/reconcile`. It only ends orders
+//! that are over and returns units through `release.lua`; a disagreement it cannot explain
+//! is reported loudly, never papered over.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::domain::{ItemId, UserId};
+use crate::items::stock;
+use crate::keys::Keys;
+use crate::lua::UNLOCK;
+use crate::orders::ending::{self, EndError, Held};
+use crate::orders::repo::{self, CancelReason, OrderStatus, StatusCounts};
+use crate::store::{Db, DbError, RedisConns, RedisError, redis_timed};
+
+/// Longest a reconciliation may hold its item's lock (it is released when done).
+const LOCK_FOR: Duration = Duration::from_secs(120);
+/// Overdue orders cancelled per round.
+const BATCH: u32 = 1_000;
+/// Orders looked up in MySQL per query.
+const LOOKUP_CHUNK: usize = 1_000;
+/// A first disagreement is checked again after this long: a cancel between its MySQL
+/// update and its release looks like one for an instant.
+const RECHECK_AFTER: Duration = Duration::from_millis(500);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("a reconciliation of this item is already running")]
+    Busy,
+    #[error(transparent)]
+    Database(#[from] DbError),
+    #[error(transparent)]
+    Redis(#[from] RedisError),
+}
+
+impl From<EndError> for ReconcileError {
+    fn from(e: EndError) -> Self {
+        match e {
+            EndError::Database(e) => ReconcileError::Database(e),
+            EndError::Redis(e) => ReconcileError::Redis(e),
+        }
+    }
+}
+
+/// What a reconciliation did and found.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub item_id: ItemId,
+    /// Unpaid orders past their deadline that it cancelled.
+    pub cancelled: u64,
+    /// Units that came back on sale (from those and from earlier cancels not yet returned).
+    pub released: u64,
+    /// Buyer records no live order backed, cleared (their units came back too).
+    pub stale_buyers: u64,
+    pub total: u64,
+    pub remaining: u64,
+    pub sold: u64,
+    pub pending: u64,
+    pub orders: StatusCounts,
+    /// remaining + pending + unpaid + paid = total, and `sold` = pending + unpaid + paid.
+    pub consistent: bool,
+}
+
+pub async fn reconcile(
+    db: &Db,
+    redis: &RedisConns,
+    keys: &Keys,
+    item: ItemId,
+) -> Result<Report, ReconcileError> {
+    let lock = keys.reconcile_lock(item);
+    let token = ulid::Ulid::new().to_string();
+    let taken: Option<String> = {
+        let mut conn = redis.bulk().await?;
+        redis_timed(
+            redis::cmd("SET")
+                .arg(&lock)
+                .arg(&token)
+                .arg("NX")
+                .arg("PX")
+                .arg(LOCK_FOR.as_millis() as u64)
+                .query_async(&mut *conn),
+        )
+        .await?
+    };
+    if taken.is_none() {
+        return Err(ReconcileError::Busy);
+    }
+    let result = run(db, redis, keys, item).await;
+    let mut conn = redis.bulk().await?;
+    let _: Result<i64, _> =
+        redis_timed(UNLOCK.key(&lock).arg(&token).invoke_async(&mut *conn)).await;
+    result
+}
+
+async fn run(
+    db: &Db,
+    redis: &RedisConns,
+    keys: &Keys,
+    item: ItemId,
+) -> Result<Report, ReconcileError> {
+    // 1. Unpaid orders past their deadline: cancelled, units back.
+    let (mut cancelled, mut released) = (0, 0);
+    loop {
+        let overdue = repo::overdue_unpaid(db, Some(item), Duration::ZERO, BATCH).await?;
+        let sns: Vec<&str> = overdue.iter().map(|o| o.order_sn.as_str()).collect();
+        let outcome =
+            ending::cancel_overdue(db, redis, keys, &sns, CancelReason::Reconcile).await?;
+        cancelled += outcome.cancelled;
+        released += outcome.released;
+        // Fewer than asked for, or none of them could be cancelled (paid meanwhile).
+        if overdue.len() < BATCH as usize || outcome.cancelled == 0 {
+            break;
+        }
+    }
+
+    // 2. Buyer records whose order is neither pending nor live in MySQL.
+    let stale = stale_buyers(db, redis, keys, item).await?;
+    let stale_buyers = ending::release(redis, keys, &stale).await?.len() as u64;
+
+    // 3. Redis against MySQL, twice before crying wolf.
+    let total = u64::from(
+        crate::items::repo::get(db, item)
+            .await?
+            .map(|i| i.total)
+            .unwrap_or(0),
+    );
+    let mut report = check(db, redis, keys, item, total).await?;
+    if !report.consistent {
+        tokio::time::sleep(RECHECK_AFTER).await;
+        report = check(db, redis, keys, item, total).await?;
+    }
+    if !report.consistent {
+        tracing::error!(
+            %item,
+            total,
+            remaining = report.remaining,
+            sold = report.sold,
+            pending = report.pending,
+            unpaid = report.orders.unpaid,
+            paid = report.orders.paid,
+            "reconciliation: Redis and MySQL disagree on the item's stock; not overwritten, look into it"
+        );
+    }
+    Ok(Report {
+        cancelled,
+        released,
+        stale_buyers,
+        ..report
+    })
+}
+
+async fn check(
+    db: &Db,
+    redis: &RedisConns,
+    keys: &Keys,
+    item: ItemId,
+    total: u64,
+) -> Result<Report, ReconcileError> {
+    let snapshot = {
+        let mut conn = redis.bulk().await?;
+        stock::snapshot(&mut *conn, &keys.item(item)).await?
+    };
+    let orders = repo::count_by_status(db, item).await?;
+    let held = snapshot.pending + orders.unpaid + orders.paid;
+    Ok(Report {
+        item_id: item,
+        cancelled: 0,
+        released: 0,
+        stale_buyers: 0,
+        total,
+        remaining: snapshot.remaining,
+        sold: snapshot.sold,
+        pending: snapshot.pending,
+        orders,
+        consistent: snapshot.remaining + held == total && snapshot.sold == held,
+    })
+}
+
+/// Buyer records (user → order) whose order is not pending in Redis and not unpaid or paid
+/// in MySQL: cancelled with its unit never returned, or lost altogether.
+async fn stale_buyers(
+    db: &Db,
+    redis: &RedisConns,
+    keys: &Keys,
+    item: ItemId,
+) -> Result<Vec<Held>, ReconcileError> {
+    let item_keys = keys.item(item);
+    let mut conn = redis.bulk().await?;
+    // Buyer records first, then pending, then MySQL: an order moving from pending to MySQL
+    // meanwhile is seen in one of the two (the consumer commits before it clears pending).
+    let mut records: Vec<(u64, String)> = Vec::new();
+    let mut pipe = redis::pipe();
+    for key in item_keys.buyer_order_shards() {
+        pipe.hgetall(key);
+    }
+    let maps: Vec<HashMap<u64, String>> = redis_timed(pipe.query_async(&mut *conn)).await?;
+    for map in maps {
+        records.extend(map);
+    }
+    if records.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sns: Vec<&str> = records.iter().map(|(_, sn)| sn.as_str()).collect();
+    let pending: Vec<bool> = {
+        let mut pipe = redis::pipe();
+        for sn in &sns {
+            pipe.hexists(&item_keys.pending, *sn);
+        }
+        redis_timed(pipe.query_async(&mut *conn)).await?
+    };
+    drop(conn);
+    let not_pending: Vec<&str> = sns
+        .iter()
+        .zip(&pending)
+        .filter(|(_, p)| !**p)
+        .map(|(sn, _)| *sn)
+        .collect();
+    let mut live = HashSet::new();
+    for chunk in not_pending.chunks(LOOKUP_CHUNK) {
+        for row in repo::find_many(db, chunk).await? {
+            if row.status != OrderStatus::Cancelled {
+                live.insert(row.order_sn.to_string());
+            }
+        }
+    }
+    let not_pending: HashSet<&str> = not_pending.into_iter().collect();
+    Ok(records
+        .iter()
+        .filter(|(_, sn)| not_pending.contains(sn.as_str()) && !live.contains(sn))
+        .map(|(user, sn)| Held {
+            item,
+            user: UserId::new(*user),
+            order_sn: sn.clone(),
+        })
+        .collect())
+}

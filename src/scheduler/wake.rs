@@ -1,0 +1,120 @@
+//! Keyspace notifications as a wake-up hint. When an order's deadline or reminder is
+//! scheduled, a key named after that second is set to expire then (`Keys::wake`); Redis
+//! announces the expiry on `__keyevent@DB__:expired` and every listening scheduler looks
+//! at the delay queue at once instead of at its next poll. Only a hint: an event nobody
+//! hears is lost, and the sorted set stays the truth.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::keys::Keys;
+use crate::store::{RedisConns, RedisError, redis_timed};
+
+/// Turns expiry events on in Redis if they are off (adding `Ex` to what is set), then
+/// relays the expiries of wake keys to `wake` until shutdown. Where Redis refuses
+/// `CONFIG` (managed services often do), says so once and leaves waking to the poll.
+pub async fn listen(redis: RedisConns, keys: Keys, wake: Arc<Notify>, shutdown: CancellationToken) {
+    let channel = format!("__keyevent@{}__:expired", redis.db());
+    let prefix = keys.wake_prefix();
+    let mut enabled = false;
+    while !shutdown.is_cancelled() {
+        if !enabled {
+            match enable(&redis).await {
+                Ok(flags) => {
+                    tracing::info!(%channel, flags, "keyspace notifications wake the scheduler");
+                    enabled = true;
+                }
+                Err(Refused::Config(e)) => {
+                    tracing::warn!(error = %e, "Redis refuses to turn keyspace notifications on (CONFIG SET notify-keyspace-events Ex); the scheduler relies on polling (SECKILL_SCHEDULER_POLL_MS). Set it in redis.conf, or SECKILL_KEYSPACE_EVENTS=false to silence this");
+                    return;
+                }
+                Err(Refused::Redis(e)) => {
+                    tracing::debug!(error = %e, "keyspace notifications: Redis not reachable yet");
+                }
+            }
+        }
+        if enabled {
+            let subscribed = async {
+                let mut pubsub = redis.pubsub().await?;
+                redis_timed(pubsub.subscribe(&channel)).await?;
+                Ok::<_, RedisError>(pubsub)
+            }
+            .await;
+            if let Ok(pubsub) = subscribed {
+                // Whatever expired while we were away is found by the next poll; look now.
+                wake.notify_one();
+                let mut messages = pubsub.into_on_message();
+                loop {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        message = messages.next() => match message {
+                            Some(m) if m.get_payload_bytes().starts_with(prefix.as_bytes()) => wake.notify_one(),
+                            Some(_) => {}
+                            None => break,
+                        },
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+enum Refused {
+    /// Redis answered, and said no.
+    Config(redis::RedisError),
+    Redis(RedisError),
+}
+
+/// Makes sure `notify-keyspace-events` includes expiry events; returns the flags now set.
+async fn enable(redis: &RedisConns) -> Result<String, Refused> {
+    let mut conn = redis.bulk().await.map_err(Refused::Redis)?;
+    let current: Vec<String> = redis_timed(
+        redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("notify-keyspace-events")
+            .query_async(&mut *conn),
+    )
+    .await
+    .map_err(refused)?;
+    let mut flags = current.get(1).cloned().unwrap_or_default();
+    let keyevents = flags.contains('E');
+    let expiries = flags.contains('x') || flags.contains('A');
+    if keyevents && expiries {
+        return Ok(flags);
+    }
+    if !keyevents {
+        flags.push('E');
+    }
+    if !expiries {
+        flags.push('x');
+    }
+    redis_timed(
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("notify-keyspace-events")
+            .arg(&flags)
+            .query_async::<()>(&mut *conn),
+    )
+    .await
+    .map_err(refused)?;
+    Ok(flags)
+}
+
+fn refused(e: RedisError) -> Refused {
+    match e {
+        RedisError::Command(e)
+            if !e.is_io_error() && !e.is_connection_dropped() && !e.is_timeout() =>
+        {
+            Refused::Config(e)
+        }
+        other => Refused::Redis(other),
+    }
+}
