@@ -74,6 +74,18 @@ impl Broker {
             .map(|l| l.publish.clone())
     }
 
+    /// The publishing channel, waiting up to `limit` for a connection (one that is being
+    /// made right now, at start or after a loss).
+    pub async fn publish_channel_within(&self, limit: Duration) -> Option<Channel> {
+        if let Some(channel) = self.publish_channel() {
+            return Some(channel);
+        }
+        let mut link = self.inner.link.subscribe();
+        let healthy = |l: &Option<Link>| l.as_ref().is_some_and(Link::is_healthy);
+        let found = tokio::time::timeout(limit, link.wait_for(healthy)).await;
+        found.ok()?.ok()?.as_ref().map(|l| l.publish.clone())
+    }
+
     /// Messages ready in the order queue (not counting those a consumer holds unacked),
     /// or `None` when the broker cannot tell now.
     pub async fn queue_depth(&self) -> Option<u32> {

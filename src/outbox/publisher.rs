@@ -8,7 +8,7 @@
 //! purchase path ran at 7k/s; with one, 9.6k/s). At most [`BUFFER`] orders wait in memory;
 //! a full buffer, or no broker, leaves the order in the Redis outbox for the relay.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -20,6 +20,10 @@ use crate::store::RedisConns;
 const BUFFER: usize = 20_000;
 /// Orders per batch, at most.
 const BATCH: usize = 1_000;
+/// How long a batch waits for a broker connection (being made at start, or after a loss)
+/// before it is left to the relay. Purchases never wait for it: meanwhile new orders
+/// gather in the buffer.
+const CONNECT_WAIT: Duration = Duration::from_secs(1);
 
 /// The purchase handlers' end of the publisher.
 #[derive(Clone)]
@@ -70,7 +74,7 @@ async fn run(
         if received == 0 {
             return;
         }
-        let Some(channel) = broker.publish_channel() else {
+        let Some(channel) = broker.publish_channel_within(CONNECT_WAIT).await else {
             tracing::debug!(
                 orders = batch.len(),
                 "no broker connection; orders wait in the outbox"

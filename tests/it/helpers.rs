@@ -138,6 +138,20 @@ impl TestEnv {
         start_at: DateTime<Utc>,
         end_at: DateTime<Utc>,
     ) -> Value {
+        self.put_item_paying_within(server, id, total, start_at, end_at, 1800)
+            .await
+    }
+
+    /// [`TestEnv::put_item`] with a pay timeout.
+    pub async fn put_item_paying_within(
+        &self,
+        server: &TestServer,
+        id: u64,
+        total: u32,
+        start_at: DateTime<Utc>,
+        end_at: DateTime<Utc>,
+        pay_timeout_s: u32,
+    ) -> Value {
         let response = self
             .admin(reqwest::Method::PUT, server, &format!("/admin/items/{id}"))
             .json(&json!({
@@ -147,6 +161,7 @@ impl TestEnv {
                 "start_at": start_at,
                 "end_at": end_at,
                 "price_cents": 1999,
+                "pay_timeout_s": pay_timeout_s,
             }))
             .send()
             .await
@@ -177,6 +192,58 @@ impl TestEnv {
     pub async fn item_on_sale(&self, server: &TestServer, id: u64, total: u32) {
         self.create_item(server, id, total).await;
         self.warmup(server, id).await;
+    }
+
+    /// An item on sale now for an hour whose orders must be paid within `pay_timeout_s`.
+    pub async fn item_paying_within(
+        &self,
+        server: &TestServer,
+        id: u64,
+        total: u32,
+        pay_timeout_s: u32,
+    ) {
+        let now = Utc::now();
+        self.put_item_paying_within(
+            server,
+            id,
+            total,
+            now - chrono::Duration::seconds(5),
+            now + chrono::Duration::hours(1),
+            pay_timeout_s,
+        )
+        .await;
+        self.warmup(server, id).await;
+    }
+
+    /// `POST path` as `user` (pay, cancel): status and JSON body.
+    pub async fn post_as(&self, server: &TestServer, path: &str, user: u64) -> (u16, Value) {
+        let response = self
+            .http
+            .post(server.url(path))
+            .bearer_auth(self.token(user))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Status of an order in MySQL (`None`: not there).
+    pub async fn order_status(&self, order_sn: &str) -> Option<String> {
+        sqlx::query_scalar("SELECT status FROM orders WHERE order_sn = ?")
+            .bind(order_sn)
+            .fetch_optional(&self.db)
+            .await
+            .unwrap()
+    }
+
+    /// Units on sale in Redis.
+    pub async fn remaining(&self, item: u64) -> u64 {
+        self.redis
+            .clone()
+            .llen(self.key(item, "tokens"))
+            .await
+            .unwrap()
     }
 
     pub fn admin(
@@ -293,12 +360,7 @@ impl TestEnv {
         let missing: Vec<_> = answered.difference(&in_mysql).collect();
         assert!(missing.is_empty(), "202s missing from MySQL: {missing:?}");
         // 4. Stock adds up: remaining tokens + unpaid + paid = total.
-        let remaining: u64 = self
-            .redis
-            .clone()
-            .llen(self.key(item, "tokens"))
-            .await
-            .unwrap();
+        let remaining = self.remaining(item).await;
         assert_eq!(
             remaining as usize + live.len(),
             total as usize,
@@ -462,6 +524,26 @@ fn init_logs() {
                 .try_init();
         }
     });
+}
+
+/// Waits (up to `limit`) until `check` gives `Some`, polling every 100 ms; panics with
+/// `what` and the last value seen otherwise.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(last) => assert!(
+                Instant::now() < deadline,
+                "after {limit:?}, still not {what}: {last}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A free TCP port on loopback (for private server processes).

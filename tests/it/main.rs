@@ -6,6 +6,7 @@ mod burst;
 mod cli;
 mod faults;
 mod helpers;
+mod lifecycle;
 mod purchase;
 mod queue;
 mod setup;

@@ -1,0 +1,711 @@
+//! After the win: paying, cancelling, unpaid orders timing out, units coming back,
+//! reminders, the compensation scan and end-of-sale reconciliation.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::StreamExt;
+use lapin::options::{
+    BasicGetOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Connection, ExchangeKind};
+use redis::AsyncCommands;
+use seckill::Role;
+use seckill::config::RemindStages;
+use seckill::domain::ItemId;
+use seckill::scheduler::delay;
+use serde_json::Value;
+
+use crate::helpers::*;
+
+/// Quick schedulers for short pay timeouts.
+fn quick(s: &mut seckill::Settings) {
+    s.scheduler_poll_ms = 200;
+}
+
+/// Buys one unit each for `users`, concurrently; returns user → order number.
+async fn buy_all(
+    env: &TestEnv,
+    server: &TestServer,
+    item: u64,
+    users: impl Iterator<Item = u64>,
+) -> HashMap<u64, String> {
+    futures::stream::iter(users)
+        .map(|user| async move {
+            let (status, json) = env.buy(server, user, item).await;
+            assert_eq!(status, 202, "user {user}: {json}");
+            (user, json["order_sn"].as_str().unwrap().to_owned())
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await
+}
+
+async fn statuses(env: &TestEnv, item: u64) -> HashMap<String, String> {
+    env.orders(item)
+        .await
+        .into_iter()
+        .map(|(sn, _, status)| (sn, status))
+        .collect()
+}
+
+#[tokio::test]
+async fn unpaid_orders_time_out_and_their_units_sell_again_everywhere() {
+    let env = &TestEnv::new("timeout").await;
+    let a = env.server_with(ALL_ROLES, quick).await;
+    let b_server = env.server(&[Role::Api]).await;
+    let b = &b_server;
+    env.item_paying_within(&a, 1, 3, 2).await;
+    let won = &buy_all(env, &a, 1, 1..=3).await;
+    assert_eq!(env.buy(b, 4, 1).await.0, 410);
+    let (status, paid) = env
+        .post_as(&a, &format!("/api/orders/{}/pay", won[&1]), 1)
+        .await;
+    assert_eq!(
+        (status, paid["status"].as_str()),
+        (200, Some("paid")),
+        "{paid}"
+    );
+
+    // Users 2 and 3 never pay: cancelled shortly after their deadline, by the timeout.
+    eventually(
+        Duration::from_secs(8),
+        "both unpaid orders cancelled",
+        || async move {
+            let s = statuses(env, 1).await;
+            let cancelled = [&won[&2], &won[&3]]
+                .iter()
+                .all(|sn| s.get(*sn).map(String::as_str) == Some("cancelled"));
+            if cancelled {
+                Ok(())
+            } else {
+                Err(format!("{s:?}"))
+            }
+        },
+    )
+    .await;
+    // By the timeout, after the deadline and not long after (generous for a busy machine).
+    let cancelled: Vec<(Option<String>, i64)> = sqlx::query_as(
+        "SELECT cancel_reason, TIMESTAMPDIFF(MICROSECOND, pay_deadline, updated_at) DIV 1000
+         FROM orders WHERE status = 'cancelled'",
+    )
+    .fetch_all(&env.db)
+    .await
+    .unwrap();
+    assert_eq!(cancelled.len(), 2);
+    for (reason, late_ms) in cancelled {
+        assert_eq!(reason.as_deref(), Some("timeout"));
+        assert!(
+            (0..5_000).contains(&late_ms),
+            "cancelled {late_ms} ms after the deadline"
+        );
+    }
+    assert_eq!(env.order_status(&won[&1]).await.as_deref(), Some("paid"));
+    assert_eq!(env.remaining(1).await, 2);
+
+    // The other instance forgets "sold out"; a new user and a cancelled one buy again.
+    let again = eventually(Duration::from_secs(3), "B selling again", || async move {
+        match env.buy(b, 4, 1).await {
+            (202, json) => Ok(json["order_sn"].as_str().unwrap().to_owned()),
+            (status, json) => Err(format!("{status} {json}")),
+        }
+    })
+    .await;
+    let (status, json) = env.buy(b, 2, 1).await;
+    assert_eq!(status, 202, "{json}");
+    let rebought = json["order_sn"].as_str().unwrap().to_owned();
+    let (_, old) = env
+        .get(&a, &format!("/api/orders/{}", won[&2]), Some(2))
+        .await;
+    assert_eq!(old["status"], "cancelled", "{old}");
+
+    // Well past every deadline the paid order is still paid; the new ones time out too.
+    let mut all: Vec<String> = won.values().cloned().collect();
+    all.extend([again, rebought]);
+    env.wait_for_orders(&a, 1, 5, Duration::from_secs(10)).await;
+    eventually(
+        Duration::from_secs(8),
+        "the new orders cancelled",
+        || async move {
+            let s = statuses(env, 1).await;
+            let live = s.values().filter(|st| *st != "cancelled").count();
+            if live == 1 {
+                Ok(())
+            } else {
+                Err(format!("{s:?}"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(env.order_status(&won[&1]).await.as_deref(), Some("paid"));
+    env.assert_invariants(&a, 1, 3, &all).await;
+    b_server.stop().await;
+    a.stop().await;
+}
+
+#[tokio::test]
+async fn pay_and_cancel_answer_as_the_contract_says_even_for_pending_orders() {
+    let env = &TestEnv::new("paycancel").await;
+    // No consumer: every order stays pending (in Redis) until paid or cancelled.
+    let api = env.server(&[Role::Api]).await;
+    env.item_paying_within(&api, 1, 5, 600).await;
+    let won = buy_all(env, &api, 1, 1..=3).await;
+    let path = |user: u64, action: &str| format!("/api/orders/{}/{action}", won[&user]);
+    let (_, view) = env
+        .get(&api, &format!("/api/orders/{}", won[&1]), Some(1))
+        .await;
+    assert_eq!(view["status"], "pending");
+
+    // Paying a pending order writes it to MySQL and pays it; repeating is harmless.
+    for _ in 0..2 {
+        let (status, json) = env.post_as(&api, &path(1, "pay"), 1).await;
+        assert_eq!(
+            (status, json["code"].as_str()),
+            (200, Some("paid")),
+            "{json}"
+        );
+        assert_eq!(json["status"], "paid", "{json}");
+        assert_eq!(json["order_sn"], won[&1].as_str());
+    }
+    let (_, view) = env
+        .get(&api, &format!("/api/orders/{}", won[&1]), Some(1))
+        .await;
+    assert_eq!(view["status"], "paid", "{view}");
+    let (status, json) = env.post_as(&api, &path(1, "cancel"), 1).await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (409, Some("order_paid")),
+        "{json}"
+    );
+
+    // Cancelling gives the unit back at once; repeating is harmless.
+    assert_eq!(env.remaining(1).await, 2);
+    for _ in 0..2 {
+        let (status, json) = env.post_as(&api, &path(2, "cancel"), 2).await;
+        assert_eq!(
+            (status, json["code"].as_str()),
+            (200, Some("cancelled")),
+            "{json}"
+        );
+        assert_eq!(env.remaining(1).await, 3);
+    }
+    let (status, json) = env.post_as(&api, &path(2, "pay"), 2).await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (409, Some("order_cancelled")),
+        "{json}"
+    );
+    // The cancelled user may buy again.
+    let (status, json) = env.buy(&api, 2, 1).await;
+    assert_eq!(status, 202, "{json}");
+
+    // Somebody else's order, an unknown one, garbage, and no token.
+    for p in [
+        path(3, "pay"),
+        format!("/api/orders/1-{}/pay", ulid::Ulid::new()),
+        "/api/orders/nope/cancel".to_owned(),
+    ] {
+        let (status, json) = env.post_as(&api, &p, 1).await;
+        assert_eq!(
+            (status, json["code"].as_str()),
+            (404, Some("order_not_found")),
+            "{p}: {json}"
+        );
+    }
+    let response = env
+        .http
+        .post(api.url(&path(3, "pay")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+    assert_eq!(
+        env.order_status(&won[&3]).await,
+        None,
+        "user 3's order untouched"
+    );
+
+    // The consumer's own (late) write of the paid and cancelled orders changes nothing.
+    let consumer = env.server(&[Role::Consumer, Role::Scheduler]).await;
+    let mut all: Vec<String> = won.values().cloned().collect();
+    all.push(json["order_sn"].as_str().unwrap().to_owned());
+    env.wait_for_orders(&api, 1, 4, Duration::from_secs(10))
+        .await;
+    assert_eq!(env.order_status(&won[&1]).await.as_deref(), Some("paid"));
+    assert_eq!(
+        env.order_status(&won[&2]).await.as_deref(),
+        Some("cancelled")
+    );
+    env.assert_invariants(&api, 1, 5, &all).await;
+    consumer.stop().await;
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn paying_after_the_deadline_is_refused_and_cancels_the_order() {
+    let env = &TestEnv::new("paylate").await;
+    let api = env.server(&[Role::Api, Role::Consumer]).await;
+    env.item_paying_within(&api, 1, 2, 1).await;
+    let won = buy_all(env, &api, 1, 1..=1).await;
+    env.wait_for_orders(&api, 1, 1, Duration::from_secs(10))
+        .await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let (status, json) = env
+        .post_as(&api, &format!("/api/orders/{}/pay", won[&1]), 1)
+        .await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (409, Some("order_cancelled")),
+        "{json}"
+    );
+    assert_eq!(
+        env.order_status(&won[&1]).await.as_deref(),
+        Some("cancelled")
+    );
+    assert_eq!(env.remaining(1).await, 2);
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn pay_and_cancel_raced_on_200_orders_each_end_one_way() {
+    let env = &TestEnv::new("race").await;
+    let server = env.server(&[Role::Api, Role::Consumer]).await;
+    env.item_paying_within(&server, 1, 200, 600).await;
+    let won = buy_all(env, &server, 1, 1..=200).await;
+    env.wait_for_orders(&server, 1, 200, Duration::from_secs(20))
+        .await;
+
+    let outcomes: Vec<(String, u16, u16)> = futures::stream::iter(won.clone())
+        .map(|(user, sn)| {
+            let server = &server;
+            async move {
+                let (pay, cancel) = (
+                    format!("/api/orders/{sn}/pay"),
+                    format!("/api/orders/{sn}/cancel"),
+                );
+                let pay = env.post_as(server, &pay, user);
+                let cancel = env.post_as(server, &cancel, user);
+                let ((paid, _), (cancelled, _)) = tokio::join!(pay, cancel);
+                (sn, paid, cancelled)
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let stored = statuses(env, 1).await;
+    let mut cancelled = 0;
+    for (sn, paid, cancel) in &outcomes {
+        match (paid, cancel) {
+            (200, 409) => assert_eq!(stored[sn], "paid"),
+            (409, 200) => {
+                assert_eq!(stored[sn], "cancelled");
+                cancelled += 1;
+            }
+            other => panic!("order {sn}: pay and cancel answered {other:?}"),
+        }
+    }
+    assert_eq!(env.remaining(1).await, cancelled);
+    let all: Vec<String> = won.into_values().collect();
+    env.assert_invariants(&server, 1, 200, &all).await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn two_schedulers_cancel_each_of_1000_due_orders_once() {
+    let env = &TestEnv::new("twosched").await;
+    let api = env.server(&[Role::Api, Role::Consumer]).await;
+    env.item_paying_within(&api, 1, 1000, 2).await;
+    let won = buy_all(env, &api, 1, 1..=1000).await;
+    env.wait_for_orders(&api, 1, 1000, Duration::from_secs(30))
+        .await;
+    assert_eq!(env.remaining(1).await, 0);
+
+    let one = env.server_with(&[Role::Scheduler], quick).await;
+    let two = env.server_with(&[Role::Scheduler], quick).await;
+    // Units never come back twice: watch the stock the whole time.
+    let most = eventually(Duration::from_secs(20), "every unit back", || async move {
+        let remaining = env.remaining(1).await;
+        assert!(remaining <= 1000, "{remaining} units on sale out of 1000");
+        if remaining == 1000 {
+            Ok(remaining)
+        } else {
+            Err(format!("{remaining} back"))
+        }
+    })
+    .await;
+    assert_eq!(most, 1000);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(env.remaining(1).await, 1000);
+    let stored = statuses(env, 1).await;
+    assert!(stored.values().all(|s| s == "cancelled"), "{stored:?}");
+    let tokens: Vec<String> = env
+        .redis
+        .clone()
+        .lrange(env.key(1, "tokens"), 0, -1)
+        .await
+        .unwrap();
+    let distinct: HashSet<&String> = tokens.iter().collect();
+    assert_eq!(distinct.len(), 1000, "each order's unit came back once");
+    let stats = env.stats(&api, 1).await;
+    assert_eq!(
+        (stats["sold"].as_u64(), stats["consistent"].as_bool()),
+        (Some(0), Some(true)),
+        "{stats}"
+    );
+    let all: Vec<String> = won.into_values().collect();
+    env.assert_invariants(&api, 1, 1000, &all).await;
+    two.stop().await;
+    one.stop().await;
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn entries_of_a_scheduler_killed_after_claiming_are_handled_after_its_lease() {
+    let env = &TestEnv::new("lease").await;
+    let api = env.server(&[Role::Api, Role::Consumer]).await;
+    env.item_paying_within(&api, 1, 10, 1).await;
+    let won = buy_all(env, &api, 1, 1..=10).await;
+    env.wait_for_orders(&api, 1, 10, Duration::from_secs(10))
+        .await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    // A scheduler takes every due entry for 3 s, and dies (does nothing more).
+    let keys = seckill::keys::Keys::new(&env.settings.namespace);
+    let mut conn = env.redis.clone();
+    let taken = delay::claim(&mut conn, &keys, ItemId::new(1).unwrap(), 3000, 100)
+        .await
+        .unwrap();
+    let claimed_at = std::time::Instant::now();
+    assert_eq!(taken.len(), 20, "10 deadlines and 10 reminders: {taken:?}");
+
+    let survivor = env.server_with(&[Role::Scheduler], quick).await;
+    eventually(
+        Duration::from_secs(10),
+        "every order cancelled",
+        || async move {
+            let s = statuses(env, 1).await;
+            let done = s.values().filter(|st| *st == "cancelled").count();
+            if done == 10 {
+                Ok(())
+            } else {
+                Err(format!("{done} of 10 cancelled"))
+            }
+        },
+    )
+    .await;
+    // Not before the lease ran out: the entries were nobody else's to take.
+    assert!(
+        claimed_at.elapsed() >= Duration::from_millis(2900),
+        "{:?}",
+        claimed_at.elapsed()
+    );
+    assert_eq!(env.remaining(1).await, 10);
+    let all: Vec<String> = won.into_values().collect();
+    env.assert_invariants(&api, 1, 10, &all).await;
+    survivor.stop().await;
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn with_the_delay_queue_lost_the_compensation_scan_still_cancels_overdue_orders() {
+    let env = &TestEnv::new("compensate").await;
+    let no_hints = |s: &mut seckill::Settings| {
+        s.keyspace_events = false;
+        s.compensate_every_s = 1;
+    };
+    let api = env
+        .server_with(&[Role::Api, Role::Consumer], no_hints)
+        .await;
+    env.item_paying_within(&api, 1, 20, 1).await;
+    let won = buy_all(env, &api, 1, 1..=20).await;
+    env.wait_for_orders(&api, 1, 20, Duration::from_secs(10))
+        .await;
+    // The delay queue is gone (flushed, deleted by hand, …).
+    let mut redis = env.redis.clone();
+    let _: () = redis.del(env.key(1, "due")).await.unwrap();
+
+    let scheduler = env.server_with(&[Role::Scheduler], no_hints).await;
+    eventually(
+        Duration::from_secs(15),
+        "every overdue order cancelled",
+        || async move {
+            let s = statuses(env, 1).await;
+            let done = s.values().filter(|st| *st == "cancelled").count();
+            if done == 20 {
+                Ok(())
+            } else {
+                Err(format!("{done} of 20 cancelled"))
+            }
+        },
+    )
+    .await;
+    assert_eq!(env.remaining(1).await, 20);
+    let all: Vec<String> = won.into_values().collect();
+    env.assert_invariants(&api, 1, 20, &all).await;
+    scheduler.stop().await;
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn reminders_arrive_once_per_unpaid_order_and_stage() {
+    let env = &TestEnv::new("remind").await;
+    let stages = |s: &mut seckill::Settings| {
+        s.remind_at_percent = RemindStages::new(vec![25, 50]);
+        quick(s);
+    };
+    // Listen on the events exchange before anything happens.
+    let conn = Connection::connect(&amqp_url(), Default::default())
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let topology = env.topology();
+    channel
+        .exchange_declare(
+            topology.events_exchange.as_str().into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let queue = format!("{}.test-reminders", env.settings.namespace);
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions {
+                exclusive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            topology.events_exchange.as_str().into(),
+            "order.*".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+
+    let server = env.server_with(ALL_ROLES, stages).await;
+    let second = env.server_with(&[Role::Scheduler], stages).await;
+    env.item_paying_within(&server, 1, 10, 4).await;
+    let won = buy_all(env, &server, 1, 1..=10).await;
+    // Two pay at once (while pending): they get no reminder.
+    for user in [1, 2] {
+        let (status, _) = env
+            .post_as(&server, &format!("/api/orders/{}/pay", won[&user]), user)
+            .await;
+        assert_eq!(status, 200);
+    }
+    // After the deadline everything unpaid is cancelled; every reminder went out by then.
+    eventually(
+        Duration::from_secs(12),
+        "8 orders cancelled",
+        || async move {
+            let s = statuses(env, 1).await;
+            let done = s.values().filter(|st| *st == "cancelled").count();
+            if done == 8 {
+                Ok(())
+            } else {
+                Err(format!("{done} of 8 cancelled"))
+            }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let mut seen: Vec<(String, u64)> = Vec::new();
+    while let Some(message) = channel
+        .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        assert_eq!(message.routing_key.as_str(), "order.remind");
+        let body: Value = serde_json::from_slice(&message.data).unwrap();
+        let stage = body["stage_percent"].as_u64().unwrap();
+        let sn = body["order_sn"].as_str().unwrap().to_owned();
+        assert_eq!(
+            message
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|m| m.as_str().to_owned()),
+            Some(format!("{sn}:remind:{stage}"))
+        );
+        seen.push((sn, stage));
+    }
+    let unique: HashSet<&(String, u64)> = seen.iter().collect();
+    assert_eq!(
+        unique.len(),
+        seen.len(),
+        "a reminder arrived twice: {seen:?}"
+    );
+    let expected: HashSet<(String, u64)> = (3..=10)
+        .flat_map(|u| [(won[&u].clone(), 25), (won[&u].clone(), 50)])
+        .collect();
+    assert_eq!(seen.into_iter().collect::<HashSet<_>>(), expected);
+    let _ = conn.close(200, "bye".into()).await;
+    second.stop().await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn reconciliation_returns_what_can_no_longer_be_paid_and_reports_disagreement() {
+    let env = &TestEnv::new("reconcile").await;
+    // No scheduler yet: the reconciliation is run by hand first.
+    let api = env.server(&[Role::Api, Role::Consumer]).await;
+    let now = Utc::now();
+    env.put_item_paying_within(
+        &api,
+        1,
+        10,
+        now - chrono::Duration::seconds(5),
+        now + chrono::Duration::seconds(4),
+        3,
+    )
+    .await;
+    env.warmup(&api, 1).await;
+    let bought = std::time::Instant::now();
+    let won = buy_all(env, &api, 1, 1..=8).await;
+    env.wait_for_orders(&api, 1, 8, Duration::from_secs(10))
+        .await;
+    let act = |user: u64, action: &'static str| {
+        let (api, sn) = (&api, won[&user].clone());
+        async move {
+            env.post_as(api, &format!("/api/orders/{sn}/{action}"), user)
+                .await
+                .0
+        }
+    };
+    for user in [1, 2, 3] {
+        assert_eq!(act(user, "pay").await, 200);
+    }
+    for user in [4, 5] {
+        assert_eq!(act(user, "cancel").await, 200);
+    }
+    // Order 6 ended in MySQL by hand, its unit never given back: a stale buyer record.
+    sqlx::query("UPDATE orders SET status = 'cancelled' WHERE order_sn = ?")
+        .bind(&won[&6])
+        .execute(&env.db)
+        .await
+        .unwrap();
+    // Orders 7 and 8 stay unpaid past their deadline.
+    tokio::time::sleep(Duration::from_millis(3300).saturating_sub(bought.elapsed())).await;
+
+    let api_ref = &api;
+    let reconcile = || async move {
+        let response = env
+            .admin(reqwest::Method::POST, api_ref, "/admin/items/1/reconcile")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        response.json::<Value>().await.unwrap()
+    };
+    let report = reconcile().await;
+    assert_eq!(report["code"], "reconciled", "{report}");
+    assert_eq!(report["cancelled"], 2, "orders 7 and 8 timed out: {report}");
+    assert_eq!(report["released"], 2, "{report}");
+    assert_eq!(report["stale_buyers"], 1, "order 6: {report}");
+    assert_eq!(report["remaining"], 7, "{report}");
+    assert_eq!(report["consistent"], true, "{report}");
+    // Nothing left to do the second time.
+    let again = reconcile().await;
+    assert_eq!(
+        (
+            again["cancelled"].as_u64(),
+            again["released"].as_u64(),
+            again["stale_buyers"].as_u64()
+        ),
+        (Some(0), Some(0), Some(0)),
+        "{again}"
+    );
+    let all: Vec<String> = won.values().cloned().collect();
+    env.assert_invariants(&api, 1, 10, &all).await;
+
+    // A unit that appears from nowhere is reported, not overwritten.
+    let mut redis = env.redis.clone();
+    let _: () = redis.rpush(env.key(1, "tokens"), "stray").await.unwrap();
+    let report = reconcile().await;
+    assert_eq!(report["consistent"], false, "{report}");
+    assert_eq!(env.remaining(1).await, 8);
+    let _: () = redis.lrem(env.key(1, "tokens"), 1, "stray").await.unwrap();
+
+    // Unknown item, and the admin token is required.
+    let response = env
+        .admin(reqwest::Method::POST, &api, "/admin/items/99/reconcile")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    let response = env
+        .http
+        .post(api.url("/admin/items/1/reconcile"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+
+    // The scheduler reconciles by itself once the sale's end plus its pay timeout passed.
+    let scheduler = env.server_with(&[Role::Scheduler], quick).await;
+    eventually(
+        Duration::from_secs(15),
+        "the sale reconciled",
+        || async move {
+            let at: Option<chrono::DateTime<Utc>> =
+                sqlx::query_scalar("SELECT reconciled_at FROM items WHERE id = 1")
+                    .fetch_one(&env.db)
+                    .await
+                    .unwrap();
+            at.map(|_| ()).ok_or_else(|| "not yet".to_owned())
+        },
+    )
+    .await;
+    let stats = env.stats(&api, 1).await;
+    assert_eq!(stats["consistent"], true, "{stats}");
+    assert_eq!(stats["orders"]["paid"], 3, "{stats}");
+    assert_eq!(stats["remaining"], 7, "{stats}");
+    scheduler.stop().await;
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn keyspace_notifications_wake_a_scheduler_that_would_not_poll_yet() {
+    let env = &TestEnv::new("wake").await;
+    // Polling once a minute: only the expiry event can make it look in time.
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.scheduler_poll_ms = 60_000;
+            s.remind_at_percent = RemindStages::default();
+        })
+        .await;
+    env.item_paying_within(&server, 1, 3, 1).await;
+    let won = buy_all(env, &server, 1, 1..=3).await;
+    eventually(
+        Duration::from_secs(10),
+        "every order cancelled",
+        || async move {
+            let s = statuses(env, 1).await;
+            let done = s.values().filter(|st| *st == "cancelled").count();
+            if done == 3 {
+                Ok(())
+            } else {
+                Err(format!("{done} of 3 cancelled"))
+            }
+        },
+    )
+    .await;
+    let all: Vec<String> = won.into_values().collect();
+    env.assert_invariants(&server, 1, 3, &all).await;
+    server.stop().await;
+}
