@@ -59,6 +59,8 @@ impl Server {
         if settings.admin_token.is_none() {
             tracing::warn!("SECKILL_ADMIN_TOKEN is not set: the admin API answers 401");
         }
+        // Before anything records a metric.
+        crate::telemetry::metrics();
         let db = connect_mysql(settings.database_url.expose()).await?;
         migrate(&db).await?;
 

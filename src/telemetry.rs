@@ -1,5 +1,11 @@
 //! Logs: JSON lines on stdout, filtered by `RUST_LOG` (default `info`). Each line carries
 //! the request's span (trace id, method, path, user, item) when it has one.
+//!
+//! Metrics: the `metrics` facade, recorded for Prometheus and served at `/metrics`.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use tracing_appender::non_blocking::WorkerGuard;
 use tracing_subscriber::EnvFilter;
@@ -21,4 +27,19 @@ pub fn init() -> WorkerGuard {
         .with_writer(writer)
         .init();
     guard
+}
+
+/// The process's Prometheus recorder, installed on first use. Every server in the process
+/// shares it (tests run several), so metrics that must be told apart carry a `namespace`
+/// label.
+pub fn metrics() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        if metrics::set_global_recorder(recorder).is_err() {
+            tracing::warn!("another metrics recorder was installed first; /metrics stays empty");
+        }
+        handle
+    })
 }

@@ -1,4 +1,4 @@
-//! `/healthz` (the process answers) and `/readyz` (its dependencies answer).
+//! `/healthz` (the process answers), `/readyz` (its dependencies answer) and `/metrics`.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -50,4 +50,15 @@ pub async fn readyz(
             }),
         )
     }
+}
+
+/// `GET /metrics`: Prometheus text format.
+pub async fn metrics() -> impl axum::response::IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::telemetry::metrics().render(),
+    )
 }

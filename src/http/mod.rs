@@ -44,7 +44,7 @@ pub fn health_routes() -> Router<AppState> {
         .route("/readyz", get(health::readyz))
 }
 
-/// The operators' API.
+/// The operators' API, and `/metrics` (which moves with it to `SECKILL_ADMIN_ADDR`).
 pub fn admin_routes() -> Router<AppState> {
     use items::admin::*;
     Router::new()
@@ -54,6 +54,7 @@ pub fn admin_routes() -> Router<AppState> {
         .route("/admin/items/{item_id}/resume", post(resume_item))
         .route("/admin/items/{item_id}/stats", get(item_stats))
         .route("/admin/items/{item_id}/reconcile", post(reconcile_item))
+        .route("/metrics", get(health::metrics))
 }
 
 /// Adds the layers every request passes, outermost first: request id and span, the time

@@ -135,6 +135,12 @@ async fn run(
         report = check(db, redis, keys, item, total).await?;
     }
     if !report.consistent {
+        metrics::counter!(
+            "seckill_reconcile_mismatches_total",
+            "namespace" => keys.namespace().to_owned(),
+            "item" => item.to_string(),
+        )
+        .increment(1);
         tracing::error!(
             %item,
             total,

@@ -13,6 +13,44 @@ use seckill::domain::UserId;
 
 use crate::helpers::*;
 
+/// Starts `seckill serve …`, collecting its stdout lines; returns once it listens.
+fn serve(
+    command: &mut Command,
+) -> (
+    std::process::Child,
+    TestServer,
+    Arc<Mutex<Vec<String>>>,
+    std::thread::JoinHandle<()>,
+) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Collect stdout; hand over the bound address from the `listening` line.
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (addr_tx, addr_rx) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    let reader = {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(json) = serde_json::from_str::<Value>(&line)
+                    && json["message"] == "listening"
+                {
+                    let _ = addr_tx.send(json["addr"].as_str().unwrap_or_default().to_owned());
+                }
+                lines.lock().unwrap().push(line);
+            }
+        })
+    };
+    let addr = addr_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a `listening` line");
+    let server = TestServer::external(addr.parse().unwrap());
+    (child, server, lines, reader)
+}
+
 fn seckill(env: &TestEnv) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_seckill"));
     command.envs(env.vars()).env_remove("RUST_LOG");
@@ -102,33 +140,7 @@ async fn token_migrate_and_warmup_commands() {
 #[tokio::test]
 async fn serve_logs_json_lines_with_the_request_span_and_stops_on_sigterm() {
     let env = TestEnv::new("process").await;
-    let mut child = seckill(&env)
-        .arg("serve")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Collect stdout; hand over the bound address from the `listening` line.
-    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
-    let (addr_tx, addr_rx) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    let reader = {
-        let lines = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Ok(json) = serde_json::from_str::<Value>(&line)
-                    && json["message"] == "listening"
-                {
-                    let _ = addr_tx.send(json["addr"].as_str().unwrap_or_default().to_owned());
-                }
-                lines.lock().unwrap().push(line);
-            }
-        })
-    };
-    let addr = addr_rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("a `listening` line");
-    let server = TestServer::external(addr.parse().unwrap());
+    let (mut child, server, lines, reader) = serve(seckill(&env).arg("serve"));
 
     env.item_on_sale(&server, 1, 5).await;
     let (status, won) = env.buy(&server, 7, 1).await;
@@ -181,4 +193,58 @@ async fn serve_logs_json_lines_with_the_request_span_and_stops_on_sigterm() {
         );
     }
     assert!(event("stopped").is_some(), "a clean stop is logged");
+}
+
+#[tokio::test]
+async fn a_redis_that_refuses_config_is_named_in_the_log_and_deadlines_still_pass() {
+    let env = TestEnv::new("noconfig").await;
+    let redis = PrivateRedis::start_with(&["--rename-command", "CONFIG", ""]).await;
+    let (mut child, server, lines, reader) = serve(
+        seckill(&env)
+            .arg("serve")
+            .env("SECKILL_REDIS_URL", redis.url())
+            .env("SECKILL_SCHEDULER_POLL_MS", "200"),
+    );
+    env.item_paying_within(&server, 1, 2, 1).await;
+    let (status, won) = env.buy(&server, 7, 1).await;
+    assert_eq!(status, 202, "{won}");
+    let sn = won["order_sn"].as_str().unwrap().to_owned();
+    // Polling does the work that expiry events would have woken it for.
+    eventually(Duration::from_secs(10), "the order cancelled", || {
+        let (env, sn) = (&env, sn.clone());
+        async move {
+            match env.order_status(&sn).await.as_deref() {
+                Some("cancelled") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        }
+    })
+    .await;
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(child.wait().unwrap().success());
+    reader.join().unwrap();
+    let lines = lines.lock().unwrap();
+    let warning = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|l| {
+            l["level"] == "WARN"
+                && l["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("keyspace notifications"))
+        });
+    let warning = warning.unwrap_or_else(|| panic!("no keyspace warning in {lines:#?}"));
+    assert!(
+        warning["message"]
+            .as_str()
+            .unwrap()
+            .contains("SECKILL_SCHEDULER_POLL_MS"),
+        "{warning}"
+    );
 }

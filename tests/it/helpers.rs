@@ -563,6 +563,11 @@ pub struct PrivateRedis {
 
 impl PrivateRedis {
     pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// With more `redis-server` options (`--rename-command CONFIG ""`, …).
+    pub async fn start_with(options: &[&str]) -> Self {
         let port = free_port();
         let child = Command::new("redis-server")
             .args([
@@ -575,6 +580,7 @@ impl PrivateRedis {
                 "--appendonly",
                 "no",
             ])
+            .args(options)
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server on PATH");
