@@ -58,12 +58,12 @@ pub async fn settle_in_redis(
 ) -> Result<(), RedisError> {
     let mut by_item: HashMap<ItemId, Vec<&str>> = HashMap::new();
     let mut pipe = redis::pipe();
+    plan.schedule(&mut pipe, keys, orders);
     for order in orders {
         by_item
             .entry(order.item_id)
             .or_default()
             .push(order.order_sn.as_str());
-        plan.schedule(&mut pipe, keys, order);
     }
     for (item, sns) in by_item {
         pipe.hdel(keys.pending(item), sns).ignore();

@@ -4,6 +4,8 @@
 //! Tasks are added when an order reaches MySQL (by the consumer, or by a pay or cancel of
 //! a still-pending order), never before: a due task's order is always in MySQL.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use chrono::Utc;
 use redis::Pipeline;
 
@@ -86,28 +88,37 @@ impl Plan {
         tasks
     }
 
-    /// Adds the order's tasks to a pipeline (idempotent: adding them twice changes nothing).
-    pub fn schedule(&self, pipe: &mut Pipeline, keys: &Keys, order: &OrderPlaced) {
-        let due = keys.due(order.item_id);
+    /// Adds the orders' tasks to a pipeline: one `ZADD` per item, and one wake-up key per
+    /// second in which something falls due. Idempotent: adding them twice changes nothing.
+    pub fn schedule(&self, pipe: &mut Pipeline, keys: &Keys, orders: &[OrderPlaced]) {
         let now_ms = Utc::now().timestamp_millis();
-        for (task, at) in self.tasks(order) {
-            // NX: a task a scheduler already took and put back later keeps its time.
-            pipe.cmd("ZADD")
-                .arg(&due)
-                .arg("NX")
-                .arg(at)
-                .arg(task.member())
-                .ignore();
-            if self.wake_keys && at > now_ms {
-                // Expires as the second after `at` begins: its expiry event is the hint.
-                let second = at.div_euclid(1000) + 1;
-                pipe.cmd("SET")
-                    .arg(keys.wake(second))
-                    .arg(1)
-                    .arg("PXAT")
-                    .arg(second * 1000)
-                    .ignore();
+        let mut by_item: BTreeMap<ItemId, Vec<(i64, String)>> = BTreeMap::new();
+        let mut wake_seconds = BTreeSet::new();
+        for order in orders {
+            let tasks = by_item.entry(order.item_id).or_default();
+            for (task, at) in self.tasks(order) {
+                if self.wake_keys && at > now_ms {
+                    // Expires as the second after `at` begins: its expiry event is the hint.
+                    wake_seconds.insert(at.div_euclid(1000) + 1);
+                }
+                tasks.push((at, task.member()));
             }
+        }
+        for (item, tasks) in by_item {
+            // NX: a task a scheduler put back for later keeps its new time.
+            pipe.cmd("ZADD").arg(keys.due(item)).arg("NX");
+            for (at, member) in tasks {
+                pipe.arg(at).arg(member);
+            }
+            pipe.ignore();
+        }
+        for second in wake_seconds {
+            pipe.cmd("SET")
+                .arg(keys.wake(second))
+                .arg(1)
+                .arg("PXAT")
+                .arg(second * 1000)
+                .ignore();
         }
     }
 }
