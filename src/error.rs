@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::domain::OrderSn;
 use crate::http::reply::envelope;
 use crate::http::request_id;
-use crate::store::{DbError, RedisError};
+use crate::store::{DbError, RedisError, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -55,6 +55,15 @@ pub enum ApiError {
     BrokerDown,
     #[error("internal error")]
     Internal(#[from] anyhow::Error),
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Database(e) => ApiError::Database(e),
+            StoreError::Redis(e) => ApiError::Redis(e),
+        }
+    }
 }
 
 impl ApiError {

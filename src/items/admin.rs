@@ -227,8 +227,7 @@ pub async fn reconcile_item(
                 code: "reconciling",
                 detail: e.to_string(),
             },
-            ReconcileError::Database(e) => ApiError::Database(e),
-            ReconcileError::Redis(e) => ApiError::Redis(e),
+            ReconcileError::Store(e) => e.into(),
         })?;
     Ok(ok("reconciled", report))
 }

@@ -127,8 +127,7 @@ pub async fn pay_order(
                 &[sn.as_str()],
                 CancelReason::Timeout,
             )
-            .await
-            .map_err(ending_error)?;
+            .await?;
             return Err(order_cancelled());
         }
     }
@@ -179,22 +178,18 @@ fn order_cancelled() -> ApiError {
     }
 }
 
-fn ending_error(e: ending::EndError) -> ApiError {
-    match e {
-        ending::EndError::Database(e) => ApiError::Database(e),
-        ending::EndError::Redis(e) => ApiError::Redis(e),
-    }
-}
-
 /// The user's order as MySQL has it, writing it there first if it is still pending in
 /// Redis. Another user's or an unknown order: `order_not_found`.
 async fn stored_order(state: &AppState, sn: &OrderSn, user: UserId) -> Result<OrderRow, ApiError> {
-    if let Some(row) = repo::find(&state.db, sn).await? {
-        return if row.user() == user {
+    let owned = |row: OrderRow| {
+        if row.user() == user {
             Ok(row)
         } else {
             Err(ApiError::OrderNotFound)
-        };
+        }
+    };
+    if let Some(row) = repo::find(&state.db, sn).await? {
+        return owned(row);
     }
     let pending: Option<String> = {
         let mut conn = state.redis.hot.clone();

@@ -12,20 +12,12 @@ use crate::domain::{ItemId, UserId};
 use crate::items::catalog;
 use crate::keys::Keys;
 use crate::lua::RELEASE;
-use crate::store::{Db, DbError, RedisConns, RedisError, redis_timed};
+use crate::store::{Db, RedisConns, RedisError, StoreError, redis_timed};
 
 use super::repo::{self, CancelReason, OrderRow, OrderStatus};
 
 /// Orders per `release.lua` call (each brings two keys and two arguments).
 const RELEASE_CHUNK: usize = 500;
-
-#[derive(Debug, thiserror::Error)]
-pub enum EndError {
-    #[error(transparent)]
-    Database(#[from] DbError),
-    #[error(transparent)]
-    Redis(#[from] RedisError),
-}
 
 /// An order whose unit should go back: who held it and its number.
 #[derive(Clone, Debug)]
@@ -107,7 +99,7 @@ pub async fn cancel_overdue(
     keys: &Keys,
     sns: &[&str],
     reason: CancelReason,
-) -> Result<Cancelled, EndError> {
+) -> Result<Cancelled, StoreError> {
     let cancelled = repo::cancel_overdue(db, sns, reason).await?;
     let rows = repo::find_many(db, sns).await?;
     let mut outcome = Cancelled {

@@ -8,9 +8,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::orders::ending;
 use crate::orders::repo::{self, CancelReason, OrderRow};
+use crate::store::StoreError;
 
 use super::Scheduler;
-use super::deadlines::PassError;
 use super::delay::Task;
 
 /// An order is only looked at once its deadline is this far behind, so the delay queue
@@ -31,7 +31,7 @@ pub async fn run(scheduler: Scheduler, shutdown: CancellationToken) {
     }
 }
 
-async fn scan(scheduler: &Scheduler) -> Result<(), PassError> {
+async fn scan(scheduler: &Scheduler) -> Result<(), StoreError> {
     loop {
         let overdue = repo::overdue_unpaid(&scheduler.db, None, GRACE, BATCH).await?;
         let lost = not_queued(scheduler, &overdue).await?;
@@ -63,7 +63,7 @@ async fn scan(scheduler: &Scheduler) -> Result<(), PassError> {
 async fn not_queued<'a>(
     scheduler: &Scheduler,
     orders: &'a [OrderRow],
-) -> Result<Vec<&'a OrderRow>, PassError> {
+) -> Result<Vec<&'a OrderRow>, StoreError> {
     if orders.is_empty() {
         return Ok(Vec::new());
     }

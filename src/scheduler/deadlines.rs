@@ -14,9 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Event, publish_events};
 use crate::domain::ItemId;
-use crate::orders::ending::{self, EndError};
+use crate::orders::ending;
 use crate::orders::repo::{self, CancelReason, OrderStatus};
-use crate::store::{DbError, RedisError, redis_timed};
+use crate::store::{StoreError, redis_timed};
 
 use super::Scheduler;
 use super::delay::{self, Task};
@@ -28,23 +28,6 @@ const CLAIM_LIMIT: usize = 500;
 const RETRY_AFTER: Duration = Duration::from_millis(500);
 
 pub const REMIND: &str = "order.remind";
-
-#[derive(Debug, thiserror::Error)]
-pub enum PassError {
-    #[error(transparent)]
-    Redis(#[from] RedisError),
-    #[error(transparent)]
-    Database(#[from] DbError),
-}
-
-impl From<EndError> for PassError {
-    fn from(e: EndError) -> Self {
-        match e {
-            EndError::Database(e) => PassError::Database(e),
-            EndError::Redis(e) => PassError::Redis(e),
-        }
-    }
-}
 
 /// Polls every `SECKILL_SCHEDULER_POLL_MS`, and at once when a keyspace notification
 /// says something falls due.
@@ -74,7 +57,7 @@ pub async fn run(scheduler: Scheduler, wake: Arc<Notify>, shutdown: Cancellation
 }
 
 /// Takes and handles every due task of every item.
-pub async fn pass(scheduler: &Scheduler) -> Result<(), PassError> {
+pub async fn pass(scheduler: &Scheduler) -> Result<(), StoreError> {
     let items: Vec<u64> = {
         let mut conn = scheduler.redis.bulk().await?;
         redis_timed(conn.smembers(scheduler.keys.items_index())).await?
@@ -106,7 +89,7 @@ async fn handle(
     scheduler: &Scheduler,
     item: ItemId,
     claimed: Vec<Result<Task, String>>,
-) -> Result<(), PassError> {
+) -> Result<(), StoreError> {
     let (mut done, mut later) = (Vec::new(), Vec::new());
     let (mut cancels, mut reminders) = (Vec::new(), Vec::new());
     for task in claimed {
@@ -167,7 +150,7 @@ async fn handle(
 async fn remind(
     scheduler: &Scheduler,
     reminders: &[(u8, crate::domain::OrderSn)],
-) -> Result<(Vec<String>, Vec<String>), PassError> {
+) -> Result<(Vec<String>, Vec<String>), StoreError> {
     let sns: Vec<&str> = reminders.iter().map(|(_, sn)| sn.as_str()).collect();
     let rows = repo::find_many(&scheduler.db, &sns).await?;
     let unpaid: std::collections::HashMap<&str, &repo::OrderRow> = rows

@@ -14,9 +14,9 @@ use crate::domain::{ItemId, UserId};
 use crate::items::stock;
 use crate::keys::Keys;
 use crate::lua::UNLOCK;
-use crate::orders::ending::{self, EndError, Held};
+use crate::orders::ending::{self, Held};
 use crate::orders::repo::{self, CancelReason, OrderStatus, StatusCounts};
-use crate::store::{Db, DbError, RedisConns, RedisError, redis_timed};
+use crate::store::{Db, DbError, RedisConns, RedisError, StoreError, redis_timed};
 
 /// Longest a reconciliation may hold its item's lock (it is released when done).
 const LOCK_FOR: Duration = Duration::from_secs(120);
@@ -33,17 +33,18 @@ pub enum ReconcileError {
     #[error("a reconciliation of this item is already running")]
     Busy,
     #[error(transparent)]
-    Database(#[from] DbError),
-    #[error(transparent)]
-    Redis(#[from] RedisError),
+    Store(#[from] StoreError),
 }
 
-impl From<EndError> for ReconcileError {
-    fn from(e: EndError) -> Self {
-        match e {
-            EndError::Database(e) => ReconcileError::Database(e),
-            EndError::Redis(e) => ReconcileError::Redis(e),
-        }
+impl From<DbError> for ReconcileError {
+    fn from(e: DbError) -> Self {
+        ReconcileError::Store(e.into())
+    }
+}
+
+impl From<RedisError> for ReconcileError {
+    fn from(e: RedisError) -> Self {
+        ReconcileError::Store(e.into())
     }
 }
 
@@ -62,7 +63,10 @@ pub struct Report {
     pub sold: u64,
     pub pending: u64,
     pub orders: StatusCounts,
-    /// remaining + pending + unpaid + paid = total, and `sold` = pending + unpaid + paid.
+    /// Whether the item's units are in Redis (a sale never warmed up has none).
+    pub loaded: bool,
+    /// remaining + pending + unpaid + paid = total, and `sold` = pending + unpaid + paid;
+    /// for an item never loaded: no order holds a unit.
     pub consistent: bool,
 }
 
@@ -183,7 +187,12 @@ async fn check(
         sold: snapshot.sold,
         pending: snapshot.pending,
         orders,
-        consistent: snapshot.remaining + held == total && snapshot.sold == held,
+        loaded: snapshot.loaded,
+        consistent: if snapshot.loaded {
+            snapshot.remaining + held == total && snapshot.sold == held
+        } else {
+            held == 0
+        },
     })
 }
 

@@ -8,6 +8,15 @@ mod redis_conns;
 pub use self::mysql::{Db, DbError, connect_mysql, migrate, timed as mysql_timed};
 pub use self::redis_conns::{RedisConns, RedisError, timed as redis_timed};
 
+/// A failure of either store, for work that needs both (ending orders, the scheduler).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    Database(#[from] DbError),
+    #[error(transparent)]
+    Redis(#[from] RedisError),
+}
+
 /// How long one store call may take before the request gives up on it, leaving room in the
 /// contract's one-second budget for everything else.
 pub const STORE_TIMEOUT: Duration = Duration::from_millis(800);

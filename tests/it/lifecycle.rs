@@ -51,6 +51,20 @@ async fn statuses(env: &TestEnv, item: u64) -> HashMap<String, String> {
         .collect()
 }
 
+/// Waits until `n` of the item's orders are cancelled in MySQL.
+async fn wait_cancelled(env: &TestEnv, item: u64, n: usize, limit: Duration) {
+    eventually(limit, &format!("{n} orders cancelled"), || async move {
+        let s = statuses(env, item).await;
+        let done = s.values().filter(|st| *st == "cancelled").count();
+        if done == n {
+            Ok(())
+        } else {
+            Err(format!("{done} cancelled: {s:?}"))
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn unpaid_orders_time_out_and_their_units_sell_again_everywhere() {
     let env = &TestEnv::new("timeout").await;
@@ -69,23 +83,9 @@ async fn unpaid_orders_time_out_and_their_units_sell_again_everywhere() {
         "{paid}"
     );
 
-    // Users 2 and 3 never pay: cancelled shortly after their deadline, by the timeout.
-    eventually(
-        Duration::from_secs(8),
-        "both unpaid orders cancelled",
-        || async move {
-            let s = statuses(env, 1).await;
-            let cancelled = [&won[&2], &won[&3]]
-                .iter()
-                .all(|sn| s.get(*sn).map(String::as_str) == Some("cancelled"));
-            if cancelled {
-                Ok(())
-            } else {
-                Err(format!("{s:?}"))
-            }
-        },
-    )
-    .await;
+    // Users 2 and 3 never pay: cancelled shortly after their deadline, by the timeout (user
+    // 1 paid: the two cancelled are theirs, as the checks below confirm).
+    wait_cancelled(env, 1, 2, Duration::from_secs(8)).await;
     // By the timeout, after the deadline and not long after (generous for a busy machine).
     let cancelled: Vec<(Option<String>, i64)> = sqlx::query_as(
         "SELECT cancel_reason, TIMESTAMPDIFF(MICROSECOND, pay_deadline, updated_at) DIV 1000
@@ -125,20 +125,7 @@ async fn unpaid_orders_time_out_and_their_units_sell_again_everywhere() {
     let mut all: Vec<String> = won.values().cloned().collect();
     all.extend([again, rebought]);
     env.wait_for_orders(&a, 1, 5, Duration::from_secs(10)).await;
-    eventually(
-        Duration::from_secs(8),
-        "the new orders cancelled",
-        || async move {
-            let s = statuses(env, 1).await;
-            let live = s.values().filter(|st| *st != "cancelled").count();
-            if live == 1 {
-                Ok(())
-            } else {
-                Err(format!("{s:?}"))
-            }
-        },
-    )
-    .await;
+    wait_cancelled(env, 1, 4, Duration::from_secs(8)).await;
     assert_eq!(env.order_status(&won[&1]).await.as_deref(), Some("paid"));
     env.assert_invariants(&a, 1, 3, &all).await;
     b_server.stop().await;
@@ -381,20 +368,7 @@ async fn entries_of_a_scheduler_killed_after_claiming_are_handled_after_its_leas
     assert_eq!(taken.len(), 20, "10 deadlines and 10 reminders: {taken:?}");
 
     let survivor = env.server_with(&[Role::Scheduler], quick).await;
-    eventually(
-        Duration::from_secs(10),
-        "every order cancelled",
-        || async move {
-            let s = statuses(env, 1).await;
-            let done = s.values().filter(|st| *st == "cancelled").count();
-            if done == 10 {
-                Ok(())
-            } else {
-                Err(format!("{done} of 10 cancelled"))
-            }
-        },
-    )
-    .await;
+    wait_cancelled(env, 1, 10, Duration::from_secs(10)).await;
     // Not before the lease ran out: the entries were nobody else's to take.
     assert!(
         claimed_at.elapsed() >= Duration::from_millis(2900),
@@ -427,20 +401,7 @@ async fn with_the_delay_queue_lost_the_compensation_scan_still_cancels_overdue_o
     let _: () = redis.del(env.key(1, "due")).await.unwrap();
 
     let scheduler = env.server_with(&[Role::Scheduler], no_hints).await;
-    eventually(
-        Duration::from_secs(15),
-        "every overdue order cancelled",
-        || async move {
-            let s = statuses(env, 1).await;
-            let done = s.values().filter(|st| *st == "cancelled").count();
-            if done == 20 {
-                Ok(())
-            } else {
-                Err(format!("{done} of 20 cancelled"))
-            }
-        },
-    )
-    .await;
+    wait_cancelled(env, 1, 20, Duration::from_secs(15)).await;
     assert_eq!(env.remaining(1).await, 20);
     let all: Vec<String> = won.into_values().collect();
     env.assert_invariants(&api, 1, 20, &all).await;
@@ -508,20 +469,7 @@ async fn reminders_arrive_once_per_unpaid_order_and_stage() {
         assert_eq!(status, 200);
     }
     // After the deadline everything unpaid is cancelled; every reminder went out by then.
-    eventually(
-        Duration::from_secs(12),
-        "8 orders cancelled",
-        || async move {
-            let s = statuses(env, 1).await;
-            let done = s.values().filter(|st| *st == "cancelled").count();
-            if done == 8 {
-                Ok(())
-            } else {
-                Err(format!("{done} of 8 cancelled"))
-            }
-        },
-    )
-    .await;
+    wait_cancelled(env, 1, 8, Duration::from_secs(12)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let mut seen: Vec<(String, u64)> = Vec::new();
@@ -708,20 +656,7 @@ async fn keyspace_notifications_wake_a_scheduler_that_would_not_poll_yet() {
         .await;
     env.item_paying_within(&server, 1, 3, 1).await;
     let won = buy_all(env, &server, 1, 1..=3).await;
-    eventually(
-        Duration::from_secs(10),
-        "every order cancelled",
-        || async move {
-            let s = statuses(env, 1).await;
-            let done = s.values().filter(|st| *st == "cancelled").count();
-            if done == 3 {
-                Ok(())
-            } else {
-                Err(format!("{done} of 3 cancelled"))
-            }
-        },
-    )
-    .await;
+    wait_cancelled(env, 1, 3, Duration::from_secs(10)).await;
     let all: Vec<String> = won.into_values().collect();
     env.assert_invariants(&server, 1, 3, &all).await;
     server.stop().await;
