@@ -51,15 +51,22 @@ async fn statuses(env: &TestEnv, item: u64) -> HashMap<String, String> {
         .collect()
 }
 
-/// Waits until `n` of the item's orders are cancelled in MySQL.
+/// Waits until `n` of the item's orders are cancelled in MySQL and their units are back in
+/// Redis (MySQL shows the cancel a moment before `release.lua` has run).
 async fn wait_cancelled(env: &TestEnv, item: u64, n: usize, limit: Duration) {
+    let total: u32 = sqlx::query_scalar("SELECT total FROM items WHERE id = ?")
+        .bind(item)
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
     eventually(limit, &format!("{n} orders cancelled"), || async move {
         let s = statuses(env, item).await;
         let done = s.values().filter(|st| *st == "cancelled").count();
-        if done == n {
+        let remaining = env.remaining(item).await as usize;
+        if done == n && remaining + s.len() - done == total as usize {
             Ok(())
         } else {
-            Err(format!("{done} cancelled: {s:?}"))
+            Err(format!("{done} cancelled, {remaining} on sale: {s:?}"))
         }
     })
     .await;
