@@ -7,10 +7,13 @@ use std::sync::Arc;
 use anyhow::Context;
 use axum::Router;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Jwt;
+use crate::breaker::auto::Signals;
+use crate::breaker::{self, Breakers};
 use crate::broker::{Broker, Topology};
 use crate::config::{DEV_JWT_SECRET, Role, Settings};
 use crate::http::rate_limit::RateLimits;
@@ -36,6 +39,11 @@ pub struct AppState {
     pub publisher: OrderPublisher,
     pub jwt: Arc<Jwt>,
     pub limits: Arc<RateLimits>,
+    pub breakers: Breakers,
+    /// What purchases and publishes measured, for the automatic breaker.
+    pub signals: Arc<Signals>,
+    /// Permits for purchases in flight (`SECKILL_MAX_INFLIGHT`).
+    pub inflight: Arc<Semaphore>,
 }
 
 /// A server that has connected, migrated and bound its listeners, ready to [`Server::run`].
@@ -89,9 +97,18 @@ impl Server {
         };
 
         let workers = CancellationToken::new();
-        let (publisher, publisher_task) =
-            OrderPublisher::spawn(broker.clone(), redis.clone(), keys.clone(), workers.clone());
+        let signals = Arc::new(Signals::from_settings(&settings));
+        let (publisher, publisher_task) = OrderPublisher::spawn(
+            broker.clone(),
+            redis.clone(),
+            keys.clone(),
+            signals.clone(),
+            workers.clone(),
+        );
         let state = AppState {
+            breakers: Breakers::new(settings.breaker_throttle_rps),
+            signals,
+            inflight: Arc::new(Semaphore::new(settings.max_inflight as usize)),
             jwt: Arc::new(Jwt::new(&settings.jwt_secret)),
             limits: Arc::new(RateLimits::new(&settings)),
             settings: Arc::new(settings),
@@ -144,6 +161,22 @@ impl Server {
         let mut background = JoinSet::new();
         if roles.contains(&Role::Api) {
             background.spawn(state.catalog.clone().run(workers.clone()));
+            background.spawn(breaker::store::follow(
+                state.breakers.clone(),
+                state.redis.clone(),
+                state.keys.clone(),
+                workers.clone(),
+            ));
+            if state.settings.breaker_auto {
+                background.spawn(breaker::auto::control(
+                    state.signals.clone(),
+                    state.settings.clone(),
+                    state.redis.clone(),
+                    state.db.clone(),
+                    state.keys.clone(),
+                    workers.clone(),
+                ));
+            }
             let limits = state.limits.clone();
             let stop = workers.clone();
             background.spawn(async move { limits.housekeeping(stop).await });
@@ -204,7 +237,7 @@ impl Server {
 /// The main router and, when the admin API has a listener of its own, the admin router.
 fn routers(state: &AppState, roles: &HashSet<Role>, admin_apart: bool) -> (Router, Option<Router>) {
     let main = if roles.contains(&Role::Api) {
-        http::api_routes()
+        http::api_routes(state.inflight.clone())
     } else {
         http::health_routes()
     };

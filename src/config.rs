@@ -104,6 +104,48 @@ pub struct Settings {
     /// deadline that the delay queue lost, in seconds.
     #[arg(long, env = "SECKILL_COMPENSATE_EVERY_S", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub compensate_every_s: u64,
+
+    /// Purchases handled at once per instance; beyond that a purchase is answered `503
+    /// unavailable` at once instead of queueing.
+    #[arg(long, env = "SECKILL_MAX_INFLIGHT", default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_inflight: u32,
+
+    /// Purchases a second admitted per breaker scope and instance at level 1 (throttle).
+    #[arg(long, env = "SECKILL_BREAKER_THROTTLE_RPS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub breaker_throttle_rps: u32,
+
+    /// Whether the global breaker trips by itself on the signals below.
+    #[arg(long, env = "SECKILL_BREAKER_AUTO", default_value_t = true, action = clap::ArgAction::Set)]
+    pub breaker_auto: bool,
+
+    /// The sliding window the signals are measured over, in seconds.
+    #[arg(long, env = "SECKILL_BREAKER_WINDOW_S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub breaker_window_s: u64,
+
+    /// Purchases the window must hold before their latency or errors can trip it.
+    #[arg(long, env = "SECKILL_BREAKER_MIN_REQUESTS", default_value_t = 20)]
+    pub breaker_min_requests: u64,
+
+    /// A Redis step slower than this, in milliseconds, counts as slow.
+    #[arg(long, env = "SECKILL_BREAKER_SLOW_MS", default_value_t = 250)]
+    pub breaker_slow_ms: u64,
+
+    /// Share of slow or failed purchases in the window that trips the breaker (0 to 1).
+    #[arg(long, env = "SECKILL_BREAKER_TRIP_RATIO", default_value_t = 0.5)]
+    pub breaker_trip_ratio: f64,
+
+    /// Failed publishes to RabbitMQ (batches not confirmed) in the window that trip it.
+    #[arg(long, env = "SECKILL_BREAKER_PUBLISH_FAILURES", default_value_t = 5)]
+    pub breaker_publish_failures: u64,
+
+    /// How long a tripped breaker stays open before it lets probes through (half-open),
+    /// in seconds; doubled after each failed probe, up to a minute.
+    #[arg(long, env = "SECKILL_BREAKER_OPEN_S", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=60))]
+    pub breaker_open_s: u64,
+
+    /// Good probes in a row that close a half-open breaker.
+    #[arg(long, env = "SECKILL_BREAKER_PROBES", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub breaker_probes: u64,
 }
 
 impl Settings {

@@ -42,6 +42,14 @@ pub enum ApiError {
     RateLimited { retry_after: Duration },
     #[error("the sale is paused")]
     Paused,
+    #[error("the {scope} circuit breaker is at level {level}")]
+    CircuitOpen {
+        level: u8,
+        scope: String,
+        retry_after: Duration,
+    },
+    #[error("the server is at its limit of purchases in flight; try again shortly")]
+    Overloaded,
     /// A 409 whose `code` names the conflict (`order_paid`, `already_loaded`, …).
     #[error("{detail}")]
     Conflict { code: &'static str, detail: String },
@@ -87,6 +95,8 @@ impl ApiError {
             SoldOut => (StatusCode::GONE, "sold_out"),
             RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             Paused => (StatusCode::SERVICE_UNAVAILABLE, "paused"),
+            CircuitOpen { .. } => (StatusCode::SERVICE_UNAVAILABLE, "circuit_open"),
+            Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Conflict { code, .. } => (StatusCode::CONFLICT, code),
             Timeout | Redis(_) | BrokerDown => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Database(e) if e.is_unavailable() => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
@@ -114,6 +124,7 @@ impl ApiError {
         match self {
             ApiError::RateLimited { retry_after } => Some(*retry_after),
             ApiError::Paused => Some(Duration::from_secs(5)),
+            ApiError::CircuitOpen { retry_after, .. } => Some(*retry_after),
             _ if self.status_and_code().0 == StatusCode::SERVICE_UNAVAILABLE => {
                 Some(Duration::from_secs(1))
             }
@@ -125,7 +136,13 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
-        if status.is_server_error() {
+        // A refusal by design (paused, a breaker, load shedding) is not a failure: at
+        // `error` it would flood the log exactly when a sale is being held back.
+        let refusal = matches!(
+            self,
+            ApiError::Paused | ApiError::CircuitOpen { .. } | ApiError::Overloaded
+        );
+        if status.is_server_error() && !refusal {
             let (method, path) = request_id::method_and_path();
             tracing::error!(code, method, path, error = %cause_chain(&self), "request failed");
         } else if tracing::enabled!(tracing::Level::DEBUG) {
@@ -133,8 +150,13 @@ impl IntoResponse for ApiError {
             tracing::debug!(code, method, path, error = %self, "request refused");
         }
         let mut extra = json!({ "detail": self.detail() });
-        if let ApiError::Duplicate { order_sn } = &self {
-            extra["order_sn"] = json!(order_sn);
+        match &self {
+            ApiError::Duplicate { order_sn } => extra["order_sn"] = json!(order_sn),
+            ApiError::CircuitOpen { level, scope, .. } => {
+                extra["level"] = json!(level);
+                extra["scope"] = json!(scope);
+            }
+            _ => {}
         }
         let mut response = envelope(status, code, extra);
         if let Some(after) = self.retry_after() {

@@ -81,6 +81,16 @@ impl Keys {
         format!("{}:items:v1", self.namespace)
     }
 
+    /// HASH of the circuit breakers that are not closed: `global` / `item:ID` → setting JSON.
+    pub fn breakers(&self) -> String {
+        format!("{}:circuit:v1", self.namespace)
+    }
+
+    /// Pub/sub channel on which a breaker change is announced to every instance.
+    pub fn breaker_events_channel(&self) -> String {
+        format!("{}:circuit-events:v1", self.namespace)
+    }
+
     /// Pub/sub channel on which "item N changed" is announced to every instance.
     pub fn item_events_channel(&self) -> String {
         format!("{}:item-events:v1", self.namespace)

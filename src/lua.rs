@@ -26,12 +26,16 @@ pub static CLAIM: LazyLock<Script> =
 pub static UNLOCK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/unlock.lua")));
 
+/// Moves an automatic breaker between states: see `lua/breaker_auto.lua`.
+pub static BREAKER_AUTO: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/breaker_auto.lua")));
+
 /// Loads every script into Redis's cache ahead of the first request.
 pub async fn preload<C>(conn: &mut C) -> Result<(), RedisError>
 where
     C: redis::aio::ConnectionLike + Send,
 {
-    for script in [&*GRAB, &*RELEASE, &*CLAIM, &*UNLOCK] {
+    for script in [&*GRAB, &*RELEASE, &*CLAIM, &*UNLOCK, &*BREAKER_AUTO] {
         redis_timed(script.prepare_invoke().load_async(conn)).await?;
     }
     Ok(())

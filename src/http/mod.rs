@@ -6,27 +6,37 @@ pub mod rate_limit;
 pub mod reply;
 pub mod request_id;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post, put};
+use tokio::sync::Semaphore;
 use tower::ServiceBuilder;
+use tower::limit::GlobalConcurrencyLimitLayer;
 
 use crate::app::AppState;
 use crate::error::ApiError;
-use crate::{items, orders, purchase};
+use crate::{breaker, items, orders, purchase};
 
 /// The contract's budget: an answer within one second, whatever a dependency does.
 pub const REQUEST_BUDGET: Duration = Duration::from_secs(1);
 /// Request bodies are a few dozen bytes; anything bigger is a mistake or an attack.
 const BODY_LIMIT: usize = 64 * 1024;
 
-/// The public API (with health checks).
-pub fn api_routes() -> Router<AppState> {
+/// The public API (with health checks). Purchases beyond `inflight` permits at once are
+/// shed with `503 unavailable` at once rather than queued.
+pub fn api_routes(inflight: Arc<Semaphore>) -> Router<AppState> {
+    let shed = ServiceBuilder::new()
+        .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
+            ApiError::Overloaded
+        }))
+        .load_shed()
+        .layer(GlobalConcurrencyLimitLayer::with_semaphore(inflight));
     Router::new()
-        .route("/api/flashbuy", post(purchase::flashbuy))
+        .route("/api/flashbuy", post(purchase::flashbuy).layer(shed))
         .route("/api/orders/{order_sn}", get(orders::api::get_order))
         .route("/api/orders/{order_sn}/pay", post(orders::api::pay_order))
         .route(
@@ -54,6 +64,9 @@ pub fn admin_routes() -> Router<AppState> {
         .route("/admin/items/{item_id}/resume", post(resume_item))
         .route("/admin/items/{item_id}/stats", get(item_stats))
         .route("/admin/items/{item_id}/reconcile", post(reconcile_item))
+        .route("/admin/circuit", get(breaker::admin::list))
+        .route("/admin/circuit/open", post(breaker::admin::open))
+        .route("/admin/circuit/close", post(breaker::admin::close))
         .route("/metrics", get(health::metrics))
 }
 

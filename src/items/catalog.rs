@@ -13,7 +13,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
 use redis::AsyncCommands;
 use serde::Serialize;
 use tokio::sync::Notify;
@@ -211,38 +210,14 @@ impl Catalog {
         let _ = listener.await;
     }
 
-    /// Subscribes to the item-events channel, reconnecting as needed; each message (or a
-    /// fresh subscription, which may have missed some) wakes the refresh.
+    /// Subscribes to the item-events channel; each message (or a fresh subscription, which
+    /// may have missed some) wakes the refresh.
     async fn listen(self, shutdown: CancellationToken) {
         let channel = self.inner.keys.item_events_channel();
-        while !shutdown.is_cancelled() {
-            let subscribed = async {
-                let mut pubsub = self.inner.redis.pubsub().await?;
-                redis_timed(pubsub.subscribe(&channel)).await?;
-                Ok::<_, RedisError>(pubsub)
-            }
+        let redis = self.inner.redis.clone();
+        redis
+            .listen(&channel, &shutdown, |_| self.inner.wake.notify_one())
             .await;
-            match subscribed {
-                Ok(pubsub) => {
-                    self.inner.wake.notify_one();
-                    let mut messages = pubsub.into_on_message();
-                    loop {
-                        tokio::select! {
-                            () = shutdown.cancelled() => return,
-                            message = messages.next() => match message {
-                                Some(_) => self.inner.wake.notify_one(),
-                                None => break,
-                            },
-                        }
-                    }
-                }
-                Err(e) => tracing::debug!(error = %e, "item events: cannot subscribe yet"),
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
-        }
     }
 }
 

@@ -13,6 +13,7 @@ use redis::AsyncCommands;
 use serde::Serialize;
 
 use crate::app::AppState;
+use crate::breaker::Action;
 use crate::domain::{ItemId, OrderPlaced, OrderSn, UserId};
 use crate::error::ApiError;
 use crate::http::extract::{ApiPath, AuthUser};
@@ -106,6 +107,7 @@ pub async fn pay_order(
 ) -> Result<Response, ApiError> {
     request_id::record_user(user, None);
     let sn = OrderSn::parse(&order_sn).ok_or(ApiError::OrderNotFound)?;
+    state.breakers.admit(sn.item(), Action::OrderChange)?;
     let db = &state.db;
     let paid_now = repo::pay(db, &sn, user).await?;
     let mut row = stored_order(&state, &sn, user).await?;
@@ -144,6 +146,7 @@ pub async fn cancel_order(
 ) -> Result<Response, ApiError> {
     request_id::record_user(user, None);
     let sn = OrderSn::parse(&order_sn).ok_or(ApiError::OrderNotFound)?;
+    state.breakers.admit(sn.item(), Action::OrderChange)?;
     let db = &state.db;
     let cancelled_now = repo::cancel_own(db, &sn, user).await?;
     let mut row = stored_order(&state, &sn, user).await?;

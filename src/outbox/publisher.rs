@@ -8,11 +8,13 @@
 //! purchase path ran at 7k/s; with one, 9.6k/s). At most [`BUFFER`] orders wait in memory;
 //! a full buffer, or no broker, leaves the order in the Redis outbox for the relay.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::breaker::auto::Signals;
 use crate::broker::{Broker, Outgoing, publish_confirmed};
 use crate::keys::Keys;
 use crate::store::RedisConns;
@@ -45,10 +47,11 @@ impl OrderPublisher {
         broker: Broker,
         redis: RedisConns,
         keys: Keys,
+        signals: Arc<Signals>,
         shutdown: CancellationToken,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(BUFFER);
-        let task = tokio::spawn(run(rx, broker, redis, keys, shutdown));
+        let task = tokio::spawn(run(rx, broker, redis, keys, signals, shutdown));
         (Self { tx }, task)
     }
 }
@@ -58,6 +61,7 @@ async fn run(
     broker: Broker,
     redis: RedisConns,
     keys: Keys,
+    signals: Arc<Signals>,
     shutdown: CancellationToken,
 ) {
     let mut batch = Vec::with_capacity(BATCH);
@@ -79,11 +83,15 @@ async fn run(
                 orders = batch.len(),
                 "no broker connection; orders wait in the outbox"
             );
+            signals.publish_failed();
             continue;
         };
         let started = Instant::now();
         let confirmed = publish_confirmed(&channel, broker.topology(), &batch).await;
         let ok = confirmed.iter().filter(|c| **c).count();
+        if ok < batch.len() {
+            signals.publish_failed();
+        }
         tracing::info!(
             via = "publisher",
             orders = batch.len(),

@@ -1,8 +1,9 @@
 //! `POST /api/flashbuy`: the hot path.
 //!
 //! Extractors have checked the IP and user rates, the token, the client clock and the
-//! body. What is left: the item's window, pause and sold-out flag from memory (a "no"
-//! costs no network round trip), then one `EVALSHA grab.lua`, then `202` — the outbox
+//! body. What is left: the item's window, pause and sold-out flag and the circuit breakers,
+//! all from memory (a "no" costs no network round trip), then one `EVALSHA grab.lua`, then
+//! `202` — the outbox
 //! already guarantees the order reaches MySQL, so the broker is not waited for.
 
 pub mod grab;
@@ -17,6 +18,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::app::AppState;
+use crate::breaker::Action;
 use crate::broker::Outgoing;
 use crate::domain::{ItemId, OrderPlaced, OrderSn};
 use crate::error::ApiError;
@@ -36,6 +38,8 @@ pub async fn flashbuy(
         catalog,
         redis,
         publisher,
+        breakers,
+        signals,
         ..
     }): State<AppState>,
     Buyer(user): Buyer,
@@ -65,6 +69,8 @@ pub async fn flashbuy(
     if item.sold_out() {
         return Err(ApiError::SoldOut);
     }
+    // After "sold out", so that a throttle's budget goes to purchases that can still win.
+    breakers.admit(item_id, Action::Purchase)?;
 
     // Into the request span only now: every line logged from here on carries them, and a
     // request refused from memory (which logs nothing at info) skips the cost (measured:
@@ -91,7 +97,9 @@ pub async fn flashbuy(
         &order_json,
     )
     .await;
-    let duration_ms = started.elapsed().as_secs_f64() * 1e3;
+    let took = started.elapsed();
+    signals.purchase(took, outcome.is_err());
+    let duration_ms = took.as_secs_f64() * 1e3;
     // Every unit sold leaves an info line (as many as the stock); the crowd of refusals
     // does not flood the log unless asked for (`RUST_LOG=seckill=debug`).
     match &outcome {

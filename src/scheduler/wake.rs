@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -20,44 +19,18 @@ use crate::store::{RedisConns, RedisError, redis_timed};
 pub async fn listen(redis: RedisConns, keys: Keys, wake: Arc<Notify>, shutdown: CancellationToken) {
     let channel = format!("__keyevent@{}__:expired", redis.db());
     let prefix = keys.wake_prefix();
-    let mut enabled = false;
-    while !shutdown.is_cancelled() {
-        if !enabled {
-            match enable(&redis).await {
-                Ok(flags) => {
-                    tracing::info!(%channel, flags, "keyspace notifications wake the scheduler");
-                    enabled = true;
-                }
-                Err(Refused::Config(e)) => {
-                    tracing::warn!(error = %e, "Redis refuses to turn keyspace notifications on (CONFIG SET notify-keyspace-events Ex); the scheduler relies on polling (SECKILL_SCHEDULER_POLL_MS). Set it in redis.conf, or SECKILL_KEYSPACE_EVENTS=false to silence this");
-                    return;
-                }
-                Err(Refused::Redis(e)) => {
-                    tracing::debug!(error = %e, "keyspace notifications: Redis not reachable yet");
-                }
+    loop {
+        match enable(&redis).await {
+            Ok(flags) => {
+                tracing::info!(%channel, flags, "keyspace notifications wake the scheduler");
+                break;
             }
-        }
-        if enabled {
-            let subscribed = async {
-                let mut pubsub = redis.pubsub().await?;
-                redis_timed(pubsub.subscribe(&channel)).await?;
-                Ok::<_, RedisError>(pubsub)
+            Err(Refused::Config(e)) => {
+                tracing::warn!(error = %e, "Redis refuses to turn keyspace notifications on (CONFIG SET notify-keyspace-events Ex); the scheduler relies on polling (SECKILL_SCHEDULER_POLL_MS). Set it in redis.conf, or SECKILL_KEYSPACE_EVENTS=false to silence this");
+                return;
             }
-            .await;
-            if let Ok(pubsub) = subscribed {
-                // Whatever expired while we were away is found by the next poll; look now.
-                wake.notify_one();
-                let mut messages = pubsub.into_on_message();
-                loop {
-                    tokio::select! {
-                        () = shutdown.cancelled() => return,
-                        message = messages.next() => match message {
-                            Some(m) if m.get_payload_bytes().starts_with(prefix.as_bytes()) => wake.notify_one(),
-                            Some(_) => {}
-                            None => break,
-                        },
-                    }
-                }
+            Err(Refused::Redis(e)) => {
+                tracing::debug!(error = %e, "keyspace notifications: Redis not reachable yet");
             }
         }
         tokio::select! {
@@ -65,6 +38,13 @@ pub async fn listen(redis: RedisConns, keys: Keys, wake: Arc<Notify>, shutdown: 
             () = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }
+    // Whatever expired while nobody listened is found by the next poll.
+    redis
+        .listen(&channel, &shutdown, |message| match message {
+            Some(m) if !m.get_payload_bytes().starts_with(prefix.as_bytes()) => {}
+            _ => wake.notify_one(),
+        })
+        .await;
 }
 
 enum Refused {

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::{PoolConfig, Runtime, Timeouts};
+use futures::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio_util::sync::CancellationToken;
 
 use super::STORE_TIMEOUT;
 
@@ -87,6 +89,46 @@ impl RedisConns {
 
     pub async fn pubsub(&self) -> Result<redis::aio::PubSub, RedisError> {
         timed(self.client.get_async_pubsub()).await
+    }
+
+    /// Listens on a pub/sub channel until shutdown, subscribing again whenever the
+    /// connection is lost. `on_message` gets each message, and `None` after every
+    /// (re)subscription: messages sent while nobody listened are lost, so the caller should
+    /// look for itself then.
+    pub async fn listen(
+        &self,
+        channel: &str,
+        shutdown: &CancellationToken,
+        mut on_message: impl FnMut(Option<&redis::Msg>),
+    ) {
+        while !shutdown.is_cancelled() {
+            let subscribed = async {
+                let mut pubsub = self.pubsub().await?;
+                timed(pubsub.subscribe(channel)).await?;
+                Ok::<_, RedisError>(pubsub)
+            }
+            .await;
+            match subscribed {
+                Ok(pubsub) => {
+                    on_message(None);
+                    let mut messages = pubsub.into_on_message();
+                    loop {
+                        tokio::select! {
+                            () = shutdown.cancelled() => return,
+                            message = messages.next() => match message {
+                                Some(m) => on_message(Some(&m)),
+                                None => break,
+                            },
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(channel, error = %e, "cannot subscribe yet"),
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
     }
 
     pub async fn ping(&self) -> Result<(), RedisError> {

@@ -1,0 +1,242 @@
+//! Breaker levels in Redis (the truth every instance follows), their announcement, the
+//! background refresh of each instance's view, and the audit log in MySQL.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redis::AsyncCommands;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::keys::Keys;
+use crate::lua::BREAKER_AUTO;
+use crate::store::{Db, DbError, RedisConns, RedisError, mysql_timed, redis_timed};
+
+use super::{Breakers, Level, Scope};
+
+/// How often each instance re-reads the levels, whatever it heard.
+const REFRESH_EVERY: Duration = Duration::from_millis(500);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    Manual,
+    Auto,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Manual => "manual",
+            Source::Auto => "auto",
+        }
+    }
+}
+
+/// Where an automatic breaker stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AutoState {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl AutoState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AutoState::Closed => "closed",
+            AutoState::Open => "open",
+            AutoState::HalfOpen => "half_open",
+        }
+    }
+}
+
+/// A breaker that is not closed, as stored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Setting {
+    pub level: Level,
+    pub source: Source,
+    /// For automatic settings: open or half-open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<AutoState>,
+    /// For automatic settings: how long it stays open before probing (grows with each
+    /// failed probe).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cool_down_s: Option<u64>,
+    pub by: String,
+    pub reason: String,
+    pub at: DateTime<Utc>,
+}
+
+/// Every breaker that is not closed. An entry that cannot be read is reported and treated
+/// as absent (closed), never as a reason to refuse every purchase.
+pub async fn load_all(
+    redis: &RedisConns,
+    keys: &Keys,
+) -> Result<HashMap<Scope, Setting>, RedisError> {
+    let mut conn = redis.bulk().await?;
+    let raw: HashMap<String, String> = redis_timed(conn.hgetall(keys.breakers())).await?;
+    Ok(raw
+        .into_iter()
+        .filter_map(|(field, json)| {
+            let parsed = Scope::parse(&field).zip(serde_json::from_str(&json).ok());
+            if parsed.is_none() {
+                tracing::error!(field, json, "unreadable breaker entry; ignored");
+            }
+            parsed
+        })
+        .collect())
+}
+
+/// Sets (or, with [`Level::Closed`], clears) a breaker by hand, announces it, and keeps it
+/// in the audit log. Returns the level it had.
+pub async fn set_manual(
+    redis: &RedisConns,
+    db: &Db,
+    keys: &Keys,
+    scope: Scope,
+    level: Level,
+    by: &str,
+    reason: &str,
+) -> Result<(Level, Result<(), DbError>), RedisError> {
+    let field = scope.field();
+    let mut conn = redis.bulk().await?;
+    let previous: Option<String> = redis_timed(conn.hget(keys.breakers(), &field)).await?;
+    let old = previous
+        .and_then(|json| serde_json::from_str::<Setting>(&json).ok())
+        .map_or(Level::Closed, |s| s.level);
+    if level == Level::Closed {
+        redis_timed(conn.hdel::<_, _, ()>(keys.breakers(), &field)).await?;
+    } else {
+        let setting = Setting {
+            level,
+            source: Source::Manual,
+            state: None,
+            cool_down_s: None,
+            by: by.to_owned(),
+            reason: reason.to_owned(),
+            at: Utc::now(),
+        };
+        let json = serde_json::to_string(&setting)
+            .map_err(|e| RedisError::Unexpected(format!("breaker setting: {e}")))?;
+        redis_timed(conn.hset::<_, _, _, ()>(keys.breakers(), &field, json)).await?;
+    }
+    announce(&mut conn, keys).await;
+    let audited = audit(db, scope, old, level, Source::Manual, by, reason).await;
+    Ok((old, audited))
+}
+
+/// Moves the automatic breaker of `scope` from the state `from` to `to` (`None`: closed),
+/// unless an operator holds it or another instance moved it first. Returns whether it
+/// moved.
+pub async fn move_auto(
+    redis: &RedisConns,
+    keys: &Keys,
+    scope: Scope,
+    from: AutoState,
+    to: Option<&Setting>,
+) -> Result<bool, RedisError> {
+    let json = match to {
+        None => String::new(),
+        Some(setting) => serde_json::to_string(setting)
+            .map_err(|e| RedisError::Unexpected(format!("breaker setting: {e}")))?,
+    };
+    let mut conn = redis.bulk().await?;
+    let moved: i64 = redis_timed(
+        BREAKER_AUTO
+            .key(keys.breakers())
+            .arg(scope.field())
+            .arg(from.as_str())
+            .arg(json)
+            .invoke_async(&mut *conn),
+    )
+    .await?;
+    if moved == 1 {
+        announce(&mut conn, keys).await;
+    }
+    Ok(moved == 1)
+}
+
+/// Tells every instance to re-read the levels now (a lost message costs one refresh period).
+async fn announce(conn: &mut deadpool_redis::Connection, keys: &Keys) {
+    let sent: Result<(), RedisError> =
+        redis_timed(conn.publish(keys.breaker_events_channel(), 1)).await;
+    if let Err(e) = sent {
+        tracing::warn!(error = %e, "could not announce a breaker change; instances see it within a second anyway");
+    }
+}
+
+/// One row of the audit log.
+pub async fn audit(
+    db: &Db,
+    scope: Scope,
+    old: Level,
+    new: Level,
+    source: Source,
+    by: &str,
+    reason: &str,
+) -> Result<(), DbError> {
+    let written = mysql_timed(
+        sqlx::query(
+            "INSERT INTO circuit_changes (scope, old_level, new_level, source, actor, reason)
+             VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(scope.field())
+        .bind(old as u8)
+        .bind(new as u8)
+        .bind(source.as_str())
+        .bind(by)
+        .bind(reason)
+        .execute(db),
+    )
+    .await;
+    if let Err(e) = &written {
+        tracing::error!(scope = scope.field(), old = old as u8, new = new as u8, error = %crate::error::cause_chain(e), "breaker change not written to the audit log");
+    }
+    written.map(|_| ())
+}
+
+/// Keeps `breakers` in step with Redis: every half second, and at once on an announcement.
+pub async fn follow(
+    breakers: Breakers,
+    redis: RedisConns,
+    keys: Keys,
+    shutdown: CancellationToken,
+) {
+    let wake = std::sync::Arc::new(tokio::sync::Notify::new());
+    let listener = {
+        let (redis, wake, shutdown) = (redis.clone(), wake.clone(), shutdown.clone());
+        let channel = keys.breaker_events_channel();
+        tokio::spawn(async move {
+            redis
+                .listen(&channel, &shutdown, |_| wake.notify_one())
+                .await
+        })
+    };
+    let mut failing = false;
+    loop {
+        match load_all(&redis, &keys).await {
+            Ok(settings) => {
+                let levels = settings
+                    .iter()
+                    .map(|(scope, s)| (*scope, s.level))
+                    .collect();
+                breakers.set_all(&levels);
+                failing = false;
+            }
+            Err(e) if !failing => {
+                tracing::warn!(error = %e, "cannot read breaker levels; keeping the last known");
+                failing = true;
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(REFRESH_EVERY) => {}
+            () = wake.notified() => {}
+        }
+    }
+    let _ = listener.await;
+}
