@@ -105,8 +105,18 @@ impl Server {
             signals.clone(),
             workers.clone(),
         );
+        let breakers = Breakers::new(settings.breaker_throttle_rps);
+        if roles.contains(&Role::Api) {
+            // A restarted instance obeys the levels from its first request.
+            match breaker::store::load_all(&redis, &keys).await {
+                Ok(settings) => breakers.set_all(&breaker::store::levels(&settings)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read breaker levels yet; following them in the background")
+                }
+            }
+        }
         let state = AppState {
-            breakers: Breakers::new(settings.breaker_throttle_rps),
+            breakers,
             signals,
             inflight: Arc::new(Semaphore::new(settings.max_inflight as usize)),
             jwt: Arc::new(Jwt::new(&settings.jwt_secret)),

@@ -125,8 +125,7 @@ async fn change(
     .await?;
     // This instance obeys before it answers; the others within a second.
     let settings = store::load_all(&state.redis, &state.keys).await?;
-    let levels = settings.iter().map(|(s, v)| (*s, v.level)).collect();
-    state.breakers.set_all(&levels);
+    state.breakers.set_all(&store::levels(&settings));
     tracing::warn!(
         scope = scope.field(),
         previous = previous as u8,

@@ -90,6 +90,14 @@ pub async fn load_all(
         .collect())
 }
 
+/// The levels of these settings.
+pub fn levels(settings: &HashMap<Scope, Setting>) -> HashMap<Scope, Level> {
+    settings
+        .iter()
+        .map(|(scope, s)| (*scope, s.level))
+        .collect()
+}
+
 /// Sets (or, with [`Level::Closed`], clears) a breaker by hand, announces it, and keeps it
 /// in the audit log. Returns the level it had.
 pub async fn set_manual(

@@ -257,6 +257,17 @@ impl TestEnv {
             .bearer_auth(ADMIN_TOKEN)
     }
 
+    /// `GET path` with the admin token: status and JSON body.
+    pub async fn admin_get(&self, server: &TestServer, path: &str) -> (u16, Value) {
+        let response = self
+            .admin(reqwest::Method::GET, server, path)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
     pub async fn stats(&self, server: &TestServer, id: u64) -> Value {
         self.admin(
             reqwest::Method::GET,
@@ -658,6 +669,9 @@ pub struct TcpProxy {
 struct ProxyState {
     cut: std::sync::atomic::AtomicBool,
     attempts: std::sync::atomic::AtomicU64,
+    /// Added to every answer from the target, in ms (a slow server, not a slow link: answers
+    /// are delayed, not queued behind each other).
+    delay_ms: std::sync::atomic::AtomicU64,
     open: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
@@ -669,14 +683,15 @@ impl TcpProxy {
         let state = std::sync::Arc::new(ProxyState::default());
         let shared = state.clone();
         let accept_loop = tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
+            while let Ok((client, _)) = listener.accept().await {
                 shared.attempts.fetch_add(1, Ordering::SeqCst);
                 if shared.cut.load(Ordering::SeqCst) {
                     continue; // dropped: the client sees the connection closed
                 }
+                let state = shared.clone();
                 let forward = tokio::spawn(async move {
-                    if let Ok(mut upstream) = tokio::net::TcpStream::connect(target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                    if let Ok(upstream) = tokio::net::TcpStream::connect(target).await {
+                        forward(client, upstream, state).await;
                     }
                 });
                 shared.open.lock().unwrap().push(forward.abort_handle());
@@ -698,6 +713,14 @@ impl TcpProxy {
         }
     }
 
+    /// Delays every answer of the target by `delay` from now on.
+    pub fn set_delay(&self, delay: Duration) {
+        self.state.delay_ms.store(
+            delay.as_millis() as u64,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
+
     pub fn restore(&self) {
         self.state
             .cut
@@ -709,6 +732,44 @@ impl TcpProxy {
         self.state
             .attempts
             .load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Copies both ways; what comes back from the target goes through a delay line.
+async fn forward(
+    mut client: tokio::net::TcpStream,
+    upstream: tokio::net::TcpStream,
+    state: std::sync::Arc<ProxyState>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut from_client, mut to_client) = client.split();
+    let (mut from_upstream, mut to_upstream) = upstream.into_split();
+    let (line_in, mut line_out) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let answers = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = from_upstream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            let delay = state.delay_ms.load(std::sync::atomic::Ordering::SeqCst);
+            let due = Instant::now() + Duration::from_millis(delay);
+            if line_in.send((due, buf[..n].to_vec())).is_err() {
+                break;
+            }
+        }
+    };
+    let deliver = async move {
+        while let Some((due, bytes)) = line_out.recv().await {
+            tokio::time::sleep_until(due.into()).await;
+            if to_client.write_all(&bytes).await.is_err() {
+                break;
+            }
+        }
+    };
+    let requests = tokio::io::copy(&mut from_client, &mut to_upstream);
+    tokio::select! {
+        _ = requests => {}
+        _ = async { tokio::join!(answers, deliver) } => {}
     }
 }
 

@@ -7,6 +7,7 @@ mod cli;
 mod faults;
 mod helpers;
 mod lifecycle;
+mod protection;
 mod purchase;
 mod queue;
 mod setup;

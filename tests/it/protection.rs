@@ -1,0 +1,374 @@
+//! Protection: circuit breakers by hand and by themselves, load shedding.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::Value;
+
+use seckill::Role;
+use seckill::config::Secret;
+
+use crate::helpers::*;
+
+async fn circuit(env: &TestEnv, server: &TestServer, action: &str, query: &str) -> (u16, Value) {
+    let response = env
+        .admin(
+            reqwest::Method::POST,
+            server,
+            &format!("/admin/circuit/{action}?{query}"),
+        )
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn global_breaker(env: &TestEnv, server: &TestServer) -> Value {
+    let (status, json) = env.admin_get(server, "/admin/circuit").await;
+    assert_eq!(status, 200, "{json}");
+    json["global"].clone()
+}
+
+/// `(old_level, new_level, source)` of the audit log, oldest first.
+async fn audit_log(env: &TestEnv) -> Vec<(String, u8, u8, String, String, String)> {
+    sqlx::query_as(
+        "SELECT scope, old_level, new_level, source, actor, reason FROM circuit_changes ORDER BY id",
+    )
+    .fetch_all(&env.db)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn breaker_levels_hold_purchases_back_globally_and_per_item() {
+    let env = &TestEnv::new("breakers").await;
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.breaker_throttle_rps = 2;
+            s.breaker_auto = false;
+        })
+        .await;
+    env.item_on_sale(&server, 1, 100).await;
+    env.item_on_sale(&server, 2, 100).await;
+    let (status, early) = env.buy(&server, 1, 1).await;
+    assert_eq!(status, 202, "{early}");
+    let early = early["order_sn"].as_str().unwrap().to_owned();
+
+    // Operators only, sensible levels, known items.
+    let response = env
+        .http
+        .post(server.url("/admin/circuit/open?level=2"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+    for (query, status) in [
+        ("level=0", 400),
+        ("level=4", 400),
+        ("item=99&level=2", 404),
+        ("item=1&level=2&colour=red", 400),
+    ] {
+        let (got, json) = circuit(env, &server, "open", query).await;
+        assert_eq!(got, status, "{query}: {json}");
+    }
+
+    // Level 1 on item 1: a trickle gets through, the rest hear 503 circuit_open at once.
+    let (status, json) = circuit(
+        env,
+        &server,
+        "open",
+        "item=1&level=1&by=alice&reason=warming+up",
+    )
+    .await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (200, Some("opened")),
+        "{json}"
+    );
+    assert_eq!(
+        (json["level"].as_u64(), json["previous_level"].as_u64()),
+        (Some(1), Some(0))
+    );
+    let mut answers = Vec::new();
+    for user in 10..20 {
+        answers.push(env.buy(&server, user, 1).await);
+    }
+    let admitted = answers.iter().filter(|(s, _)| *s == 202).count();
+    assert!(
+        (1..=4).contains(&admitted),
+        "{admitted} admitted at 2/s: {answers:?}"
+    );
+    let (_, refused) = answers
+        .iter()
+        .find(|(s, _)| *s == 503)
+        .expect("some refused");
+    assert_eq!(
+        (refused["code"].as_str(), refused["level"].as_u64()),
+        (Some("circuit_open"), Some(1))
+    );
+    assert_eq!(refused["scope"], "item:1");
+    // Item 2 is not held back.
+    assert_eq!(env.buy(&server, 30, 2).await.0, 202);
+
+    // Level 2: no purchases of item 1; its orders can still be read and paid.
+    circuit(env, &server, "open", "item=1&level=2").await;
+    let response = env.purchase(&server, 31, 1).send().await.unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "5");
+    let (status, _) = env.get(&server, "/api/items/1", None).await;
+    assert_eq!(status, 200);
+    let (status, json) = env
+        .post_as(&server, &format!("/api/orders/{early}/pay"), 1)
+        .await;
+    assert_eq!(status, 200, "{json}");
+
+    // Level 3: no order changes either.
+    circuit(env, &server, "open", "item=1&level=3").await;
+    let (status, json) = env
+        .post_as(&server, &format!("/api/orders/{early}/cancel"), 1)
+        .await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (503, Some("circuit_open")),
+        "{json}"
+    );
+
+    // The global breaker covers every item; closing restores sales.
+    circuit(env, &server, "open", "level=2&reason=incident").await;
+    let (status, json) = env.buy(&server, 32, 2).await;
+    assert_eq!(
+        (status, json["scope"].as_str()),
+        (503, Some("global")),
+        "{json}"
+    );
+    let (_, listed) = env.admin_get(&server, "/admin/circuit").await;
+    assert_eq!(listed["global"]["level"], 2, "{listed}");
+    assert_eq!(listed["global"]["source"], "manual", "{listed}");
+    assert_eq!(listed["items"][0]["item_id"], 1, "{listed}");
+    assert_eq!(listed["items"][0]["level"], 3, "{listed}");
+    circuit(env, &server, "close", "").await;
+    circuit(env, &server, "close", "item=1").await;
+    assert_eq!(env.buy(&server, 33, 1).await.0, 202);
+    assert_eq!(env.buy(&server, 34, 2).await.0, 202);
+
+    // Every change is in the audit log, with who and why.
+    let log = audit_log(env).await;
+    let changes: Vec<(&str, u8, u8)> = log
+        .iter()
+        .map(|(s, o, n, ..)| (s.as_str(), *o, *n))
+        .collect();
+    assert_eq!(
+        changes,
+        vec![
+            ("item:1", 0, 1),
+            ("item:1", 1, 2),
+            ("item:1", 2, 3),
+            ("global", 0, 2),
+            ("global", 2, 0),
+            ("item:1", 3, 0)
+        ]
+    );
+    assert_eq!(
+        (log[0].3.as_str(), log[0].4.as_str(), log[0].5.as_str()),
+        ("manual", "alice", "warming up")
+    );
+    assert_eq!(log[3].5, "incident");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_level_set_through_one_instance_is_obeyed_by_another_and_survives_a_restart() {
+    let env = &TestEnv::new("breakershare").await;
+    let no_auto = |s: &mut seckill::Settings| s.breaker_auto = false;
+    let a = env.server_with(ALL_ROLES, no_auto).await;
+    let b = env.server_with(&[Role::Api], no_auto).await;
+    env.item_on_sale(&a, 1, 100).await;
+    assert_eq!(env.buy(&b, 1, 1).await.0, 202);
+
+    circuit(env, &a, "open", "item=1&level=2").await;
+    let set_at = Instant::now();
+    let b_ref = &b;
+    eventually(Duration::from_secs(3), "B refusing", || async move {
+        match env.buy(b_ref, 2, 1).await {
+            (503, json) if json["code"] == "circuit_open" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    // Announced on pub/sub, re-read every half second: well within a second here.
+    assert!(
+        set_at.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        set_at.elapsed()
+    );
+
+    // A restarted instance obeys from its very first request.
+    b.stop().await;
+    let b = env.server_with(&[Role::Api], no_auto).await;
+    let (status, json) = env.buy(&b, 3, 1).await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (503, Some("circuit_open")),
+        "{json}"
+    );
+    circuit(env, &a, "close", "item=1").await;
+    let b_ref = &b;
+    eventually(Duration::from_secs(3), "B selling again", || async move {
+        match env.buy(b_ref, 4, 1).await {
+            (202, _) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    b.stop().await;
+    a.stop().await;
+}
+
+fn redis_addr() -> SocketAddr {
+    let url = url::Url::parse(&redis_url()).unwrap();
+    format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(6379))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_global_breaker_trips_on_a_slow_redis_and_closes_through_half_open() {
+    let env = &TestEnv::new("autotrip").await;
+    let proxy = TcpProxy::start(redis_addr()).await;
+    let redis = format!("redis://{}", proxy.addr);
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.redis_url = Secret::new(redis);
+            s.breaker_slow_ms = 100;
+            s.breaker_min_requests = 5;
+            s.breaker_window_s = 5;
+            s.breaker_open_s = 1;
+            s.breaker_probes = 3;
+            s.breaker_throttle_rps = 50;
+            s.rate_per_user = 0;
+        })
+        .await;
+    env.item_on_sale(&server, 1, 100_000).await;
+    let mut user = 0u64;
+    let mut won = Vec::new();
+    // Buys with new users until `done` says so; returns what it saw last.
+    let mut buy_until = async |what: &str, done: &dyn Fn(u16, &Value) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            user += 1;
+            let (status, json) = env.buy(&server, user, 1).await;
+            if status == 202 {
+                won.push(json["order_sn"].as_str().unwrap().to_owned());
+            }
+            if done(status, &json) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "never {what}: last {status} {json}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+
+    buy_until("a win", &|status, _| status == 202).await;
+    proxy.set_delay(Duration::from_millis(200));
+    buy_until("refused by the breaker", &|status, json| {
+        status == 503 && json["code"] == "circuit_open"
+    })
+    .await;
+    let global = global_breaker(env, &server).await;
+    assert_eq!(
+        (global["source"].as_str(), global["level"].as_u64()),
+        (Some("auto"), Some(2)),
+        "{global}"
+    );
+
+    proxy.set_delay(Duration::ZERO);
+    // Half-open lets probes through; good ones close it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        buy_until("a probe", &|_, _| true).await;
+        if global_breaker(env, &server).await["level"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the breaker never closed");
+    }
+    // The audit row follows the move in Redis by a moment.
+    let auto = |old, new| (old, new, "auto".to_owned());
+    let changes = eventually(Duration::from_secs(3), "the close audited", || async move {
+        let changes: Vec<(u8, u8, String)> = audit_log(env)
+            .await
+            .into_iter()
+            .map(|(_, old, new, source, ..)| (old, new, source))
+            .collect();
+        if changes.last() == Some(&auto(1, 0)) {
+            Ok(changes)
+        } else {
+            Err(format!("{changes:?}"))
+        }
+    })
+    .await;
+    assert_eq!(changes.first(), Some(&auto(0, 2)), "{changes:?}");
+    assert!(
+        changes.contains(&auto(2, 1)),
+        "through half-open: {changes:?}"
+    );
+    assert_eq!(changes.last(), Some(&auto(1, 0)), "{changes:?}");
+    assert_eq!(env.buy(&server, 1_000_000, 1).await.0, 202);
+
+    env.wait_for_orders(&server, 1, won.len() + 1, Duration::from_secs(20))
+        .await;
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn purchases_beyond_the_limit_are_shed_at_once_and_nothing_is_lost() {
+    let env = &TestEnv::new("shed").await;
+    let proxy = TcpProxy::start(redis_addr()).await;
+    let redis = format!("redis://{}", proxy.addr);
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.redis_url = Secret::new(redis);
+            s.max_inflight = 4;
+            s.breaker_auto = false;
+        })
+        .await;
+    env.item_on_sale(&server, 1, 1_000).await;
+    proxy.set_delay(Duration::from_millis(300));
+
+    let answers: Vec<(u16, Value, Duration)> = futures::stream::iter(1..=40u64)
+        .map(|user| {
+            let server = &server;
+            async move {
+                let started = Instant::now();
+                let (status, json) = env.buy(server, user, 1).await;
+                (status, json, started.elapsed())
+            }
+        })
+        .buffer_unordered(40)
+        .collect()
+        .await;
+    let won: Vec<String> = answers
+        .iter()
+        .filter(|(s, ..)| *s == 202)
+        .map(|(_, json, _)| json["order_sn"].as_str().unwrap().to_owned())
+        .collect();
+    let shed: Vec<&(u16, Value, Duration)> = answers.iter().filter(|(s, ..)| *s == 503).collect();
+    assert_eq!(won.len() + shed.len(), 40, "{answers:?}");
+    assert!(won.len() >= 4, "the limit's worth succeed: {answers:?}");
+    assert!(!shed.is_empty(), "the excess is shed: {answers:?}");
+    for (_, json, took) in &shed {
+        assert_eq!(json["code"], "unavailable", "{json}");
+        // Shed before reaching Redis: faster than one Redis answer.
+        assert!(*took < Duration::from_millis(300), "shed after {took:?}");
+    }
+
+    proxy.set_delay(Duration::ZERO);
+    env.wait_for_orders(&server, 1, won.len(), Duration::from_secs(20))
+        .await;
+    env.assert_invariants(&server, 1, 1_000, &won).await;
+    server.stop().await;
+}
