@@ -25,6 +25,7 @@ use crate::outbox::relay::Relay;
 use crate::scheduler::Scheduler;
 use crate::scheduler::delay::Plan;
 use crate::store::{Db, RedisConns, connect_mysql, migrate};
+use crate::telemetry::Meters;
 use crate::{http, lua};
 
 /// Everything a handler may need; each field is cheap to clone.
@@ -44,6 +45,7 @@ pub struct AppState {
     pub signals: Arc<Signals>,
     /// Permits for purchases in flight (`SECKILL_MAX_INFLIGHT`).
     pub inflight: Arc<Semaphore>,
+    pub meters: Arc<Meters>,
 }
 
 /// A server that has connected, migrated and bound its listeners, ready to [`Server::run`].
@@ -68,7 +70,7 @@ impl Server {
             tracing::warn!("SECKILL_ADMIN_TOKEN is not set: the admin API answers 401");
         }
         // Before anything records a metric.
-        crate::telemetry::metrics();
+        let meters = Arc::new(Meters::new(&settings.namespace));
         let db = connect_mysql(settings.database_url.expose()).await?;
         migrate(&db).await?;
 
@@ -82,7 +84,7 @@ impl Server {
             settings.amqp_url.expose(),
             Topology::new(&settings.namespace),
         );
-        let catalog = Catalog::new(db.clone(), redis.clone(), keys.clone());
+        let catalog = Catalog::new(db.clone(), redis.clone(), keys.clone(), meters.clone());
         let roles: HashSet<Role> = roles.iter().copied().collect();
         if roles.contains(&Role::Api)
             && let Err(e) = catalog.refresh().await
@@ -103,6 +105,7 @@ impl Server {
             redis.clone(),
             keys.clone(),
             signals.clone(),
+            meters.clone(),
             workers.clone(),
         );
         let breakers = Breakers::new(settings.breaker_throttle_rps);
@@ -119,6 +122,7 @@ impl Server {
             breakers,
             signals,
             inflight: Arc::new(Semaphore::new(settings.max_inflight as usize)),
+            meters,
             jwt: Arc::new(Jwt::new(&settings.jwt_secret)),
             limits: Arc::new(RateLimits::new(&settings)),
             settings: Arc::new(settings),
@@ -175,6 +179,7 @@ impl Server {
                 state.breakers.clone(),
                 state.redis.clone(),
                 state.keys.clone(),
+                state.meters.clone(),
                 workers.clone(),
             ));
             if state.settings.breaker_auto {
@@ -198,6 +203,7 @@ impl Server {
                 redis: state.redis.clone(),
                 keys: state.keys.clone(),
                 plan: Plan::from_settings(&state.settings),
+                meters: state.meters.clone(),
             };
             background.spawn(consumer.run(workers.clone()));
         }
@@ -207,6 +213,7 @@ impl Server {
                 redis: state.redis.clone(),
                 db: state.db.clone(),
                 keys: state.keys.clone(),
+                meters: state.meters.clone(),
             };
             background.spawn(relay.run(workers.clone()));
             let scheduler = Scheduler {
@@ -215,6 +222,7 @@ impl Server {
                 keys: state.keys.clone(),
                 broker: state.broker.clone(),
                 settings: state.settings.clone(),
+                meters: state.meters.clone(),
             };
             background.spawn(scheduler.run(workers.clone()));
         }
@@ -247,7 +255,7 @@ impl Server {
 /// The main router and, when the admin API has a listener of its own, the admin router.
 fn routers(state: &AppState, roles: &HashSet<Role>, admin_apart: bool) -> (Router, Option<Router>) {
     let main = if roles.contains(&Role::Api) {
-        http::api_routes(state.inflight.clone())
+        http::api_routes(state)
     } else {
         http::health_routes()
     };

@@ -3,9 +3,12 @@
 //!
 //! Metrics: the `metrics` facade, recorded for Prometheus and served at `/metrics`.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::sync::{OnceLock, RwLock};
+use std::time::Duration;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics::{Counter, Histogram, SharedString, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use tracing_appender::non_blocking::WorkerGuard;
 use tracing_subscriber::EnvFilter;
@@ -29,17 +32,172 @@ pub fn init() -> WorkerGuard {
     guard
 }
 
+/// Latency buckets, in seconds: from well under a millisecond to the one-second budget.
+const BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
 /// The process's Prometheus recorder, installed on first use. Every server in the process
-/// shares it (tests run several), so metrics that must be told apart carry a `namespace`
-/// label.
+/// shares it (tests run several), so every series carries a `namespace` label; that also
+/// keeps deployments apart in one Prometheus.
 pub fn metrics() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
-        let recorder = PrometheusBuilder::new().build_recorder();
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)
+            .map(PrometheusBuilder::build_recorder);
+        let recorder = match recorder {
+            Ok(recorder) => recorder,
+            Err(e) => {
+                tracing::warn!(error = %e, "latency buckets refused; latencies become summaries");
+                PrometheusBuilder::new().build_recorder()
+            }
+        };
         let handle = recorder.handle();
         if metrics::set_global_recorder(recorder).is_err() {
             tracing::warn!("another metrics recorder was installed first; /metrics stays empty");
         }
+        describe();
         handle
     })
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!("seckill_purchases_total", "Purchase answers, by code");
+    describe_counter!(
+        "seckill_funnel_total",
+        "Orders through each stage: started (purchase requests), won, published (confirmed by RabbitMQ), written (in MySQL)"
+    );
+    describe_histogram!(
+        "seckill_purchase_duration_seconds",
+        Unit::Seconds,
+        "Time to answer a purchase"
+    );
+    describe_histogram!(
+        "seckill_stage_duration_seconds",
+        Unit::Seconds,
+        "Time of each stage: redis_grab (per purchase), mq_publish and mysql_insert (per batch)"
+    );
+    describe_gauge!(
+        "seckill_stock_remaining",
+        "Units on sale in Redis, per item"
+    );
+    describe_gauge!(
+        "seckill_outbox_orders",
+        "Won orders not yet confirmed by RabbitMQ, per item"
+    );
+    describe_gauge!(
+        "seckill_pending_orders",
+        "Won orders not yet in MySQL, per item"
+    );
+    describe_gauge!(
+        "seckill_delay_queue_tasks",
+        "Deadlines and reminders waiting, per item"
+    );
+    describe_gauge!(
+        "seckill_breaker_level",
+        "Circuit breaker level (0 closed … 3 stop), per scope"
+    );
+    describe_counter!(
+        "seckill_orders_cancelled_total",
+        "Orders cancelled, by reason"
+    );
+    describe_counter!(
+        "seckill_reconcile_mismatches_total",
+        "Reconciliations that found Redis and MySQL disagreeing, per item"
+    );
+}
+
+/// One server's meters, all labelled with its namespace; cheap to share.
+pub struct Meters {
+    namespace: SharedString,
+    /// Purchase answers by code, registered on first use.
+    purchases: RwLock<HashMap<&'static str, Counter>>,
+    pub started: Counter,
+    pub won: Counter,
+    pub published: Counter,
+    pub written: Counter,
+    pub purchase_seconds: Histogram,
+    pub redis_grab_seconds: Histogram,
+    pub mq_publish_seconds: Histogram,
+    pub mysql_insert_seconds: Histogram,
+}
+
+impl Meters {
+    pub fn new(namespace: &str) -> Self {
+        metrics();
+        let ns = SharedString::from(namespace.to_owned());
+        let funnel = |stage: &'static str| metrics::counter!("seckill_funnel_total", "namespace" => ns.clone(), "stage" => stage);
+        let stage = |stage: &'static str| metrics::histogram!("seckill_stage_duration_seconds", "namespace" => ns.clone(), "stage" => stage);
+        Self {
+            purchases: RwLock::new(HashMap::new()),
+            started: funnel("started"),
+            won: funnel("won"),
+            published: funnel("published"),
+            written: funnel("written"),
+            purchase_seconds: metrics::histogram!("seckill_purchase_duration_seconds", "namespace" => ns.clone()),
+            redis_grab_seconds: stage("redis_grab"),
+            mq_publish_seconds: stage("mq_publish"),
+            mysql_insert_seconds: stage("mysql_insert"),
+            namespace: ns,
+        }
+    }
+
+    /// A purchase was answered with `code` after `took`.
+    pub fn purchase_answered(&self, code: &'static str, took: Duration) {
+        self.purchase_seconds.record(took);
+        let known = self
+            .purchases
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(code)
+            .cloned();
+        let counter = known.unwrap_or_else(|| {
+            let counter = metrics::counter!("seckill_purchases_total", "namespace" => self.namespace.clone(), "code" => code);
+            self.purchases
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(code, counter.clone());
+            counter
+        });
+        counter.increment(1);
+    }
+
+    /// An item's queues and stock as last read from Redis.
+    pub fn item_levels(&self, item: crate::domain::ItemId, levels: ItemLevels) {
+        let item = SharedString::from(item.to_string());
+        let gauge = |name: &'static str, value: u64| {
+            metrics::gauge!(name, "namespace" => self.namespace.clone(), "item" => item.clone())
+                .set(value as f64);
+        };
+        gauge("seckill_stock_remaining", levels.remaining);
+        gauge("seckill_outbox_orders", levels.outbox);
+        gauge("seckill_pending_orders", levels.pending);
+        gauge("seckill_delay_queue_tasks", levels.delayed);
+    }
+
+    pub fn breaker_level(&self, scope: String, level: u8) {
+        metrics::gauge!("seckill_breaker_level", "namespace" => self.namespace.clone(), "scope" => scope)
+            .set(f64::from(level));
+    }
+
+    pub fn cancelled(&self, reason: &'static str, orders: u64) {
+        metrics::counter!("seckill_orders_cancelled_total", "namespace" => self.namespace.clone(), "reason" => reason)
+            .increment(orders);
+    }
+
+    pub fn reconcile_mismatch(&self, item: crate::domain::ItemId) {
+        metrics::counter!("seckill_reconcile_mismatches_total", "namespace" => self.namespace.clone(), "item" => item.to_string())
+            .increment(1);
+    }
+}
+
+/// What [`Meters::item_levels`] shows of an item.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ItemLevels {
+    pub remaining: u64,
+    pub outbox: u64,
+    pub pending: u64,
+    pub delayed: u64,
 }

@@ -102,7 +102,7 @@ async fn change(
     level: Level,
     by: Option<String>,
     reason: Option<String>,
-    code: &str,
+    code: &'static str,
 ) -> Result<Response, ApiError> {
     let by = text("by", by, "admin")?;
     let reason = text("reason", reason, "set by hand")?;

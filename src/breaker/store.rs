@@ -1,7 +1,8 @@
 //! Breaker levels in Redis (the truth every instance follows), their announcement, the
 //! background refresh of each instance's view, and the audit log in MySQL.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -12,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::keys::Keys;
 use crate::lua::BREAKER_AUTO;
 use crate::store::{Db, DbError, RedisConns, RedisError, mysql_timed, redis_timed};
+use crate::telemetry::Meters;
 
 use super::{Breakers, Level, Scope};
 
@@ -211,9 +213,10 @@ pub async fn follow(
     breakers: Breakers,
     redis: RedisConns,
     keys: Keys,
+    meters: Arc<Meters>,
     shutdown: CancellationToken,
 ) {
-    let wake = std::sync::Arc::new(tokio::sync::Notify::new());
+    let wake = Arc::new(tokio::sync::Notify::new());
     let listener = {
         let (redis, wake, shutdown) = (redis.clone(), wake.clone(), shutdown.clone());
         let channel = keys.breaker_events_channel();
@@ -224,14 +227,18 @@ pub async fn follow(
         })
     };
     let mut failing = false;
+    let mut shown: HashSet<Scope> = HashSet::from([Scope::Global]);
     loop {
         match load_all(&redis, &keys).await {
             Ok(settings) => {
-                let levels = settings
-                    .iter()
-                    .map(|(scope, s)| (*scope, s.level))
-                    .collect();
+                let levels = levels(&settings);
                 breakers.set_all(&levels);
+                // The gauge of a breaker that closed goes back to 0, not away.
+                shown.extend(levels.keys().copied());
+                for scope in &shown {
+                    let level = levels.get(scope).copied().unwrap_or(Level::Closed);
+                    meters.breaker_level(scope.field(), level as u8);
+                }
                 failing = false;
             }
             Err(e) if !failing => {

@@ -6,14 +6,12 @@ pub mod rate_limit;
 pub mod reply;
 pub mod request_id;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::error_handling::HandleErrorLayer;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post, put};
-use tokio::sync::Semaphore;
 use tower::ServiceBuilder;
 use tower::limit::GlobalConcurrencyLimitLayer;
 
@@ -26,15 +24,22 @@ pub const REQUEST_BUDGET: Duration = Duration::from_secs(1);
 /// Request bodies are a few dozen bytes; anything bigger is a mistake or an attack.
 const BODY_LIMIT: usize = 64 * 1024;
 
-/// The public API (with health checks). Purchases beyond `inflight` permits at once are
-/// shed with `503 unavailable` at once rather than queued.
-pub fn api_routes(inflight: Arc<Semaphore>) -> Router<AppState> {
+/// The public API (with health checks). Purchases are counted and timed (shed ones too);
+/// beyond `SECKILL_MAX_INFLIGHT` at once they are shed with `503 unavailable` at once
+/// rather than queued.
+pub fn api_routes(state: &AppState) -> Router<AppState> {
     let shed = ServiceBuilder::new()
+        .layer(axum::middleware::from_fn_with_state(
+            state.meters.clone(),
+            purchase::count,
+        ))
         .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
             ApiError::Overloaded
         }))
         .load_shed()
-        .layer(GlobalConcurrencyLimitLayer::with_semaphore(inflight));
+        .layer(GlobalConcurrencyLimitLayer::with_semaphore(
+            state.inflight.clone(),
+        ));
     Router::new()
         .route("/api/flashbuy", post(purchase::flashbuy).layer(shed))
         .route("/api/orders/{order_sn}", get(orders::api::get_order))

@@ -10,7 +10,7 @@ use super::request_id;
 /// `body` must serialize as a JSON object (a struct, a map or `json!({..})`); its fields
 /// follow `code` and `trace_id`. (Spliced rather than `#[serde(flatten)]`, which buffers
 /// every field through serde's generic content type: this runs on every answer.)
-pub fn envelope<T: Serialize>(status: StatusCode, code: &str, body: T) -> Response {
+pub fn envelope<T: Serialize>(status: StatusCode, code: &'static str, body: T) -> Response {
     match spliced(code, &request_id::current(), &body) {
         Ok(bytes) => {
             let mut response = (status, bytes).into_response();
@@ -18,6 +18,8 @@ pub fn envelope<T: Serialize>(status: StatusCode, code: &str, body: T) -> Respon
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             );
+            // For the layers that count answers by code.
+            response.extensions_mut().insert(Code(code));
             response
         }
         Err(e) => {
@@ -46,8 +48,12 @@ fn spliced<T: Serialize>(code: &str, trace_id: &str, body: &T) -> serde_json::Re
     Ok(out)
 }
 
+/// The `code` an answer carries, kept beside it for metrics.
+#[derive(Clone, Copy, Debug)]
+pub struct Code(pub &'static str);
+
 /// `200` with `code` and the body.
-pub fn ok<T: Serialize>(code: &str, body: T) -> Response {
+pub fn ok<T: Serialize>(code: &'static str, body: T) -> Response {
     envelope(StatusCode::OK, code, body)
 }
 

@@ -213,14 +213,18 @@ pub async fn item_stats(
 pub async fn reconcile_item(
     _: Admin,
     State(AppState {
-        db, redis, keys, ..
+        db,
+        redis,
+        keys,
+        meters,
+        ..
     }): State<AppState>,
     ApiPath(id): ApiPath<ItemId>,
 ) -> Result<Response, ApiError> {
     if repo::get(&db, id).await?.is_none() {
         return Err(ApiError::ItemNotFound);
     }
-    let report = reconcile(&db, &redis, &keys, id)
+    let report = reconcile(&db, &redis, &keys, &meters, id)
         .await
         .map_err(|e| match e {
             ReconcileError::Busy => ApiError::Conflict {

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::domain::ItemId;
 use crate::keys::{ItemKeys, Keys};
 use crate::store::{Db, DbError, RedisConns, RedisError, redis_timed};
+use crate::telemetry::Meters;
 
 use super::repo::{self, Item};
 use super::stock;
@@ -38,6 +39,7 @@ struct Inner {
     db: Db,
     redis: RedisConns,
     keys: Keys,
+    meters: Arc<Meters>,
     items: RwLock<HashMap<ItemId, Arc<CatalogItem>>>,
     /// Coalesced MySQL look-ups of items not (yet) in `items`, remembered briefly.
     lookups: moka::future::Cache<ItemId, Option<Item>>,
@@ -99,12 +101,13 @@ impl CatalogItem {
 }
 
 impl Catalog {
-    pub fn new(db: Db, redis: RedisConns, keys: Keys) -> Self {
+    pub fn new(db: Db, redis: RedisConns, keys: Keys, meters: Arc<Meters>) -> Self {
         Self {
             inner: Arc::new(Inner {
                 db,
                 redis,
                 keys,
+                meters,
                 items: RwLock::new(HashMap::new()),
                 lookups: moka::future::Cache::builder()
                     .max_capacity(100_000)
@@ -171,9 +174,13 @@ impl Catalog {
         };
         let mut conn = self.inner.redis.bulk().await?;
         let states = stock::live_states(&mut *conn, entries.iter().map(|e| &*e.keys)).await?;
-        for (entry, (loaded, remaining)) in entries.iter().zip(states) {
-            entry.live.loaded.store(loaded, Ordering::Relaxed);
-            entry.live.remaining.store(remaining, Ordering::Relaxed);
+        for (entry, state) in entries.iter().zip(states) {
+            entry.live.loaded.store(state.loaded, Ordering::Relaxed);
+            entry
+                .live
+                .remaining
+                .store(state.levels.remaining, Ordering::Relaxed);
+            self.inner.meters.item_levels(entry.item.id, state.levels);
         }
         definitions.map(|_| ()).map_err(RefreshError::from)
     }

@@ -4,6 +4,7 @@ use redis::AsyncCommands;
 
 use crate::keys::ItemKeys;
 use crate::store::{RedisError, redis_timed};
+use crate::telemetry::ItemLevels;
 
 use super::repo::Item;
 
@@ -43,25 +44,48 @@ where
     })
 }
 
-/// `(loaded, remaining)` of many items in one round trip, for the catalogue refresh.
+/// What the catalogue refresh reads of each item.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LiveState {
+    pub loaded: bool,
+    pub levels: ItemLevels,
+}
+
+/// The live state of many items in one round trip, for the catalogue refresh.
 pub async fn live_states<'a, C>(
     conn: &mut C,
     items: impl Iterator<Item = &'a ItemKeys>,
-) -> Result<Vec<(bool, u64)>, RedisError>
+) -> Result<Vec<LiveState>, RedisError>
 where
     C: redis::aio::ConnectionLike + Send,
 {
+    const PER_ITEM: usize = 5;
     let mut pipe = redis::pipe();
     let mut count = 0;
     for keys in items {
-        pipe.hexists(&keys.meta, "loaded").llen(&keys.tokens);
+        pipe.hexists(&keys.meta, "loaded")
+            .llen(&keys.tokens)
+            .zcard(&keys.outbox)
+            .hlen(&keys.pending)
+            .zcard(&keys.due);
         count += 1;
     }
     if count == 0 {
         return Ok(Vec::new());
     }
     let flat: Vec<u64> = redis_timed(pipe.query_async(conn)).await?;
-    Ok(flat.chunks(2).map(|p| (p[0] == 1, p[1])).collect())
+    Ok(flat
+        .chunks(PER_ITEM)
+        .map(|p| LiveState {
+            loaded: p[0] == 1,
+            levels: ItemLevels {
+                remaining: p[1],
+                outbox: p[2],
+                pending: p[3],
+                delayed: p[4],
+            },
+        })
+        .collect())
 }
 
 /// Copies what `grab.lua` checks from the MySQL record into the item's meta hash: the sale

@@ -148,11 +148,14 @@ pub async fn cancel_order(
     let sn = OrderSn::parse(&order_sn).ok_or(ApiError::OrderNotFound)?;
     state.breakers.admit(sn.item(), Action::OrderChange)?;
     let db = &state.db;
-    let cancelled_now = repo::cancel_own(db, &sn, user).await?;
+    let mut cancelled_now = repo::cancel_own(db, &sn, user).await?;
     let mut row = stored_order(&state, &sn, user).await?;
     if !cancelled_now && row.status == OrderStatus::Unpaid {
-        repo::cancel_own(db, &sn, user).await?;
+        cancelled_now = repo::cancel_own(db, &sn, user).await?;
         row = stored_order(&state, &sn, user).await?;
+    }
+    if cancelled_now {
+        state.meters.cancelled("user", 1);
     }
     match row.status {
         OrderStatus::Cancelled => {}

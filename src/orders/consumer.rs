@@ -10,6 +10,7 @@
 //! read goes to the dead-letter queue (after any readable orders in it are written).
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -23,6 +24,7 @@ use crate::domain::OrderPlaced;
 use crate::keys::Keys;
 use crate::scheduler::delay::Plan;
 use crate::store::{Db, RedisConns, RedisError};
+use crate::telemetry::Meters;
 
 use super::placed;
 
@@ -45,6 +47,7 @@ pub struct Consumer {
     pub keys: Keys,
     /// What to schedule for each order once it is written.
     pub plan: Plan,
+    pub meters: Arc<Meters>,
 }
 
 /// Why a consuming session ended.
@@ -167,6 +170,8 @@ impl Consumer {
             {
                 return Ok(false);
             }
+            self.meters.mysql_insert_seconds.record(started.elapsed());
+            self.meters.written.increment(orders.len() as u64);
             tracing::info!(
                 orders = orders.len(),
                 messages = readable.len() + unreadable.len(),

@@ -18,6 +18,7 @@ use crate::breaker::auto::Signals;
 use crate::broker::{Broker, Outgoing, publish_confirmed};
 use crate::keys::Keys;
 use crate::store::RedisConns;
+use crate::telemetry::Meters;
 
 const BUFFER: usize = 20_000;
 /// Orders per batch, at most.
@@ -48,10 +49,11 @@ impl OrderPublisher {
         redis: RedisConns,
         keys: Keys,
         signals: Arc<Signals>,
+        meters: Arc<Meters>,
         shutdown: CancellationToken,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(BUFFER);
-        let task = tokio::spawn(run(rx, broker, redis, keys, signals, shutdown));
+        let task = tokio::spawn(run(rx, broker, redis, keys, signals, meters, shutdown));
         (Self { tx }, task)
     }
 }
@@ -62,6 +64,7 @@ async fn run(
     redis: RedisConns,
     keys: Keys,
     signals: Arc<Signals>,
+    meters: Arc<Meters>,
     shutdown: CancellationToken,
 ) {
     let mut batch = Vec::with_capacity(BATCH);
@@ -89,6 +92,8 @@ async fn run(
         let started = Instant::now();
         let confirmed = publish_confirmed(&channel, broker.topology(), &batch).await;
         let ok = confirmed.iter().filter(|c| **c).count();
+        meters.mq_publish_seconds.record(started.elapsed());
+        meters.published.increment(ok as u64);
         if ok < batch.len() {
             signals.publish_failed();
         }

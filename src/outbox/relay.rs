@@ -4,6 +4,7 @@
 //! journey (a message lost after its confirm, say by a purged queue).
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -15,6 +16,7 @@ use crate::domain::{ItemId, OrderPlaced, OrderSn};
 use crate::keys::Keys;
 use crate::orders::repo as orders;
 use crate::store::{Db, RedisConns, RedisError, redis_timed};
+use crate::telemetry::Meters;
 
 /// An outbox entry younger than this is left to the in-process publisher.
 pub const RELAY_AFTER: Duration = Duration::from_secs(3);
@@ -33,6 +35,7 @@ pub struct Relay {
     pub redis: RedisConns,
     pub db: Db,
     pub keys: Keys,
+    pub meters: Arc<Meters>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -131,6 +134,8 @@ impl Relay {
             let started = Instant::now();
             let confirmed = publish_confirmed(&channel, self.broker.topology(), &outgoing).await;
             let sent = confirmed.iter().filter(|c| **c).count();
+            self.meters.mq_publish_seconds.record(started.elapsed());
+            self.meters.published.increment(sent as u64);
             tracing::info!(
                 via = "relay",
                 %item,

@@ -8,6 +8,7 @@
 
 pub mod grab;
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::State;
@@ -23,14 +24,32 @@ use crate::broker::Outgoing;
 use crate::domain::{ItemId, OrderPlaced, OrderSn};
 use crate::error::ApiError;
 use crate::http::extract::{ApiJson, Buyer, ClientTime};
-use crate::http::reply::envelope;
+use crate::http::reply::{Code, envelope};
 use crate::http::request_id;
+use crate::telemetry::Meters;
 
 use self::grab::{GrabOutcome, grab};
 
 #[derive(Debug, Deserialize)]
 pub struct FlashbuyRequest {
     item_id: ItemId,
+}
+
+/// Counts and times every purchase answer (the funnel's `started`, and answers by code).
+pub async fn count(
+    State(meters): State<Arc<Meters>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let started = Instant::now();
+    meters.started.increment(1);
+    let response = next.run(request).await;
+    let code = response
+        .extensions()
+        .get::<Code>()
+        .map_or("unknown", |c| c.0);
+    meters.purchase_answered(code, started.elapsed());
+    response
 }
 
 pub async fn flashbuy(
@@ -40,6 +59,7 @@ pub async fn flashbuy(
         publisher,
         breakers,
         signals,
+        meters,
         ..
     }): State<AppState>,
     Buyer(user): Buyer,
@@ -99,6 +119,7 @@ pub async fn flashbuy(
     .await;
     let took = started.elapsed();
     signals.purchase(took, outcome.is_err());
+    meters.redis_grab_seconds.record(took);
     let duration_ms = took.as_secs_f64() * 1e3;
     // Every unit sold leaves an info line (as many as the stock); the crowd of refusals
     // does not flood the log unless asked for (`RUST_LOG=seckill=debug`).
@@ -111,6 +132,7 @@ pub async fn flashbuy(
 
     match outcome? {
         GrabOutcome::Won => {
+            meters.won.increment(1);
             let order_sn = order.order_sn;
             publisher.offer(Outgoing {
                 order_sn: order_sn.clone(),

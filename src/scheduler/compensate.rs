@@ -47,6 +47,7 @@ async fn scan(scheduler: &Scheduler) -> Result<(), StoreError> {
             CancelReason::Timeout,
         )
         .await?;
+        scheduler.meters.cancelled("timeout", outcome.cancelled);
         tracing::warn!(
             found = lost.len(),
             cancelled = outcome.cancelled,

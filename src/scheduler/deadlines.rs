@@ -113,6 +113,7 @@ async fn handle(
             CancelReason::Timeout,
         )
         .await?;
+        scheduler.meters.cancelled("timeout", outcome.cancelled);
         if outcome.cancelled > 0 || outcome.released > 0 {
             tracing::info!(%item, cancelled = outcome.cancelled, released = outcome.released, "unpaid orders timed out");
         }

@@ -23,6 +23,7 @@ use crate::broker::Broker;
 use crate::config::Settings;
 use crate::keys::Keys;
 use crate::store::{Db, RedisConns};
+use crate::telemetry::Meters;
 
 /// How often ended sales are looked for (to reconcile them).
 const END_OF_SALE_EVERY: Duration = Duration::from_secs(2);
@@ -34,6 +35,7 @@ pub struct Scheduler {
     pub keys: Keys,
     pub broker: Broker,
     pub settings: Arc<Settings>,
+    pub meters: Arc<Meters>,
 }
 
 impl Scheduler {
@@ -74,7 +76,9 @@ impl Scheduler {
                 }
             };
             for item in due {
-                match reconcile::reconcile(&self.db, &self.redis, &self.keys, item).await {
+                match reconcile::reconcile(&self.db, &self.redis, &self.keys, &self.meters, item)
+                    .await
+                {
                     Ok(report) => {
                         if let Err(e) = crate::items::repo::mark_reconciled(&self.db, item).await {
                             tracing::warn!(%item, error = %e, "reconciled, but could not record it; it runs again");

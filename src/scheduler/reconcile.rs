@@ -17,6 +17,7 @@ use crate::lua::UNLOCK;
 use crate::orders::ending::{self, Held};
 use crate::orders::repo::{self, CancelReason, OrderStatus, StatusCounts};
 use crate::store::{Db, DbError, RedisConns, RedisError, StoreError, redis_timed};
+use crate::telemetry::Meters;
 
 /// Longest a reconciliation may hold its item's lock (it is released when done).
 const LOCK_FOR: Duration = Duration::from_secs(120);
@@ -74,6 +75,7 @@ pub async fn reconcile(
     db: &Db,
     redis: &RedisConns,
     keys: &Keys,
+    meters: &Meters,
     item: ItemId,
 ) -> Result<Report, ReconcileError> {
     let lock = keys.reconcile_lock(item);
@@ -94,7 +96,7 @@ pub async fn reconcile(
     if taken.is_none() {
         return Err(ReconcileError::Busy);
     }
-    let result = run(db, redis, keys, item).await;
+    let result = run(db, redis, keys, meters, item).await;
     let mut conn = redis.bulk().await?;
     let _: Result<i64, _> =
         redis_timed(UNLOCK.key(&lock).arg(&token).invoke_async(&mut *conn)).await;
@@ -105,6 +107,7 @@ async fn run(
     db: &Db,
     redis: &RedisConns,
     keys: &Keys,
+    meters: &Meters,
     item: ItemId,
 ) -> Result<Report, ReconcileError> {
     // 1. Unpaid orders past their deadline: cancelled, units back.
@@ -115,6 +118,7 @@ async fn run(
         let outcome =
             ending::cancel_overdue(db, redis, keys, &sns, CancelReason::Reconcile).await?;
         cancelled += outcome.cancelled;
+        meters.cancelled("reconcile", outcome.cancelled);
         released += outcome.released;
         // Fewer than asked for, or none of them could be cancelled (paid meanwhile).
         if overdue.len() < BATCH as usize || outcome.cancelled == 0 {
@@ -139,12 +143,7 @@ async fn run(
         report = check(db, redis, keys, item, total).await?;
     }
     if !report.consistent {
-        metrics::counter!(
-            "seckill_reconcile_mismatches_total",
-            "namespace" => keys.namespace().to_owned(),
-            "item" => item.to_string(),
-        )
-        .increment(1);
+        meters.reconcile_mismatch(item);
         tracing::error!(
             %item,
             total,

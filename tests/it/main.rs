@@ -7,6 +7,7 @@ mod cli;
 mod faults;
 mod helpers;
 mod lifecycle;
+mod operations;
 mod protection;
 mod purchase;
 mod queue;
