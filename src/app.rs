@@ -173,6 +173,7 @@ impl Server {
         let broker_task = tokio::spawn(state.broker.clone().run(broker_stop.clone()));
 
         let mut background = JoinSet::new();
+        background.spawn(crate::telemetry::upkeep(workers.clone()));
         if roles.contains(&Role::Api) {
             background.spawn(state.catalog.clone().run(workers.clone()));
             background.spawn(breaker::store::follow(

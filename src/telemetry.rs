@@ -4,7 +4,7 @@
 //! Metrics: the `metrics` facade, recorded for Prometheus and served at `/metrics`.
 
 use std::collections::HashMap;
-use std::sync::{OnceLock, RwLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use metrics::{Counter, Histogram, SharedString, Unit};
@@ -109,11 +109,44 @@ fn describe() {
     );
 }
 
+/// Every `code` a purchase can be answered with, registered up front so that counting an
+/// answer is a map lookup and an atomic add, with no lock.
+const PURCHASE_CODES: &[&str] = &[
+    "queued",
+    "bad_request",
+    "clock_skew",
+    "unauthorized",
+    "item_not_found",
+    "not_started",
+    "ended",
+    "duplicate",
+    "sold_out",
+    "rate_limited",
+    "paused",
+    "circuit_open",
+    "unavailable",
+    "internal",
+    "not_found",
+    "method_not_allowed",
+];
+
+/// Keeps histograms small: the recorder keeps raw samples until they are folded into
+/// buckets, which happens at a scrape or here — whichever comes first.
+pub async fn upkeep(shutdown: tokio_util::sync::CancellationToken) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+        }
+        metrics().run_upkeep();
+    }
+}
+
 /// One server's meters, all labelled with its namespace; cheap to share.
 pub struct Meters {
     namespace: SharedString,
-    /// Purchase answers by code, registered on first use.
-    purchases: RwLock<HashMap<&'static str, Counter>>,
+    /// Purchase answers by code.
+    purchases: HashMap<&'static str, Counter>,
     pub started: Counter,
     pub won: Counter,
     pub published: Counter,
@@ -130,8 +163,15 @@ impl Meters {
         let ns = SharedString::from(namespace.to_owned());
         let funnel = |stage: &'static str| metrics::counter!("seckill_funnel_total", "namespace" => ns.clone(), "stage" => stage);
         let stage = |stage: &'static str| metrics::histogram!("seckill_stage_duration_seconds", "namespace" => ns.clone(), "stage" => stage);
+        let purchases = PURCHASE_CODES
+            .iter()
+            .map(|&code| {
+                let counter = metrics::counter!("seckill_purchases_total", "namespace" => ns.clone(), "code" => code);
+                (code, counter)
+            })
+            .collect();
         Self {
-            purchases: RwLock::new(HashMap::new()),
+            purchases,
             started: funnel("started"),
             won: funnel("won"),
             published: funnel("published"),
@@ -147,21 +187,11 @@ impl Meters {
     /// A purchase was answered with `code` after `took`.
     pub fn purchase_answered(&self, code: &'static str, took: Duration) {
         self.purchase_seconds.record(took);
-        let known = self
-            .purchases
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(code)
-            .cloned();
-        let counter = known.unwrap_or_else(|| {
-            let counter = metrics::counter!("seckill_purchases_total", "namespace" => self.namespace.clone(), "code" => code);
-            self.purchases
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(code, counter.clone());
-            counter
-        });
-        counter.increment(1);
+        match self.purchases.get(code) {
+            Some(counter) => counter.increment(1),
+            None => metrics::counter!("seckill_purchases_total", "namespace" => self.namespace.clone(), "code" => code)
+                .increment(1),
+        }
     }
 
     /// An item's queues and stock as last read from Redis.

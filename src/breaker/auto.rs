@@ -9,8 +9,6 @@
 //! (`lua/breaker_auto.lua`): a level set by hand is never touched, and two instances never
 //! make the same move twice.
 
-use std::collections::VecDeque;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -33,17 +31,19 @@ const MAX_COOL_DOWN: Duration = Duration::from_secs(60);
 pub struct Signals {
     window: Duration,
     slow: Duration,
-    buckets: Mutex<VecDeque<Bucket>>,
+    /// A ring of one-second buckets, one per second of the window (plus the current one);
+    /// atomics, so the purchase path never waits on a lock to report.
+    buckets: Vec<Bucket>,
     probes_good: AtomicU64,
     probes_bad: AtomicU64,
 }
 
-#[derive(Clone, Copy, Default)]
+#[derive(Default)]
 struct Bucket {
-    second: u64,
-    requests: u64,
-    bad: u64,
-    publish_failures: u64,
+    second: AtomicU64,
+    requests: AtomicU64,
+    bad: AtomicU64,
+    publish_failures: AtomicU64,
 }
 
 /// The window's totals.
@@ -57,10 +57,11 @@ pub struct Totals {
 
 impl Signals {
     pub fn new(window: Duration, slow: Duration) -> Self {
+        let slots = usize::try_from(window.as_secs()).unwrap_or(600) + 1;
         Self {
             window,
             slow,
-            buckets: Mutex::new(VecDeque::new()),
+            buckets: (0..slots).map(|_| Bucket::default()).collect(),
             probes_good: AtomicU64::new(0),
             probes_bad: AtomicU64::new(0),
         }
@@ -76,10 +77,11 @@ impl Signals {
     /// A purchase that reached Redis: how long its Redis step took, and whether it failed.
     pub fn purchase(&self, took: Duration, failed: bool) {
         let bad = failed || took > self.slow;
-        self.add(|b| {
-            b.requests += 1;
-            b.bad += u64::from(bad);
-        });
+        let bucket = self.bucket();
+        bucket.requests.fetch_add(1, Ordering::Relaxed);
+        if bad {
+            bucket.bad.fetch_add(1, Ordering::Relaxed);
+        }
         let probes = if bad {
             &self.probes_bad
         } else {
@@ -90,47 +92,49 @@ impl Signals {
 
     /// A batch of orders RabbitMQ did not confirm (or no connection to send it on).
     pub fn publish_failed(&self) {
-        self.add(|b| b.publish_failures += 1);
+        self.bucket()
+            .publish_failures
+            .fetch_add(1, Ordering::Relaxed);
         self.probes_bad.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn add(&self, change: impl FnOnce(&mut Bucket)) {
+    /// This second's bucket, emptied first if it last held an older second. (Two threads
+    /// crossing into a new second together may lose a count or two: fine for a signal.)
+    fn bucket(&self) -> &Bucket {
         let second = now_s();
-        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        if buckets.back().is_none_or(|b| b.second != second) {
-            buckets.push_back(Bucket {
-                second,
-                ..Bucket::default()
-            });
-            let oldest = second.saturating_sub(self.window.as_secs());
-            while buckets.front().is_some_and(|b| b.second <= oldest) {
-                buckets.pop_front();
-            }
+        let slot = usize::try_from(second).unwrap_or(0) % self.buckets.len();
+        let bucket = &self.buckets[slot];
+        let held = bucket.second.load(Ordering::Relaxed);
+        if held != second
+            && bucket
+                .second
+                .compare_exchange(held, second, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            bucket.requests.store(0, Ordering::Relaxed);
+            bucket.bad.store(0, Ordering::Relaxed);
+            bucket.publish_failures.store(0, Ordering::Relaxed);
         }
-        if let Some(bucket) = buckets.back_mut() {
-            change(bucket);
-        }
+        bucket
     }
 
     pub fn totals(&self) -> Totals {
         let oldest = now_s().saturating_sub(self.window.as_secs());
-        let buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        buckets
+        self.buckets
             .iter()
-            .filter(|b| b.second > oldest)
+            .filter(|b| b.second.load(Ordering::Relaxed) > oldest)
             .fold(Totals::default(), |t, b| Totals {
-                requests: t.requests + b.requests,
-                bad: t.bad + b.bad,
-                publish_failures: t.publish_failures + b.publish_failures,
+                requests: t.requests + b.requests.load(Ordering::Relaxed),
+                bad: t.bad + b.bad.load(Ordering::Relaxed),
+                publish_failures: t.publish_failures + b.publish_failures.load(Ordering::Relaxed),
             })
     }
 
     /// Forgets the window and the probes (on every move of the breaker).
     fn reset(&self) {
-        self.buckets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        for bucket in &self.buckets {
+            bucket.second.store(0, Ordering::Relaxed);
+        }
         self.probes_good.store(0, Ordering::Relaxed);
         self.probes_bad.store(0, Ordering::Relaxed);
     }
@@ -187,19 +191,19 @@ pub async fn control(
             seen = state_of(current);
             signals.reset();
         }
-        let Some((state, to, reason)) = next_step(current, &signals, &settings, base) else {
+        let Some(Move { from, to, reason }) = next_move(current, &signals, &settings, base) else {
             continue;
         };
-        let setting = to.map(|(state, level, cool_down)| Setting {
-            level,
+        let setting = to.map(|to| Setting {
+            level: to.level,
             source: Source::Auto,
-            state: Some(state),
-            cool_down_s: Some(cool_down.as_secs()),
+            state: Some(to.state),
+            cool_down_s: Some(to.cool_down.as_secs()),
             by: me.clone(),
             reason: reason.clone(),
             at: Utc::now(),
         });
-        match store::move_auto(&redis, &keys, Scope::Global, state, setting.as_ref()).await {
+        match store::move_auto(&redis, &keys, Scope::Global, from, setting.as_ref()).await {
             Ok(true) => {
                 signals.reset();
                 seen = setting
@@ -211,7 +215,7 @@ pub async fn control(
                     setting.as_ref().map_or(Level::Closed, |s| s.level),
                 );
                 tracing::warn!(
-                    from = state.as_str(),
+                    from = from.as_str(),
                     level = new as u8,
                     reason,
                     "circuit breaker moved by itself"
@@ -229,34 +233,53 @@ fn state_of(current: Option<&Setting>) -> AutoState {
     current.map_or(AutoState::Closed, |s| s.state.unwrap_or(AutoState::Open))
 }
 
-/// The state the breaker is in, where it should go (`None`: closed; else state, level and
-/// cool-down) and why; `None` when it should stay.
-#[allow(clippy::type_complexity)]
-fn next_step(
+/// A move of the automatic breaker.
+struct Move {
+    /// The state it is in now.
+    from: AutoState,
+    /// Where it goes; `None`: closed.
+    to: Option<Target>,
+    reason: String,
+}
+
+struct Target {
+    state: AutoState,
+    level: Level,
+    cool_down: Duration,
+}
+
+/// Where the breaker should go from where it is, given the signals; `None`: stay.
+fn next_move(
     current: Option<&Setting>,
     signals: &Signals,
     settings: &Settings,
     base: Duration,
-) -> Option<(AutoState, Option<(AutoState, Level, Duration)>, String)> {
-    let state = state_of(current);
+) -> Option<Move> {
+    let from = state_of(current);
     let cool_down = current
         .and_then(|s| s.cool_down_s)
         .map_or(base, Duration::from_secs);
-    match state {
-        AutoState::Closed => trip_reason(signals.totals(), settings)
-            .map(|why| (state, Some((AutoState::Open, Level::Degrade, base)), why)),
+    let target = |state, level, cool_down| {
+        Some(Target {
+            state,
+            level,
+            cool_down,
+        })
+    };
+    let (to, reason) = match from {
+        AutoState::Closed => {
+            let why = trip_reason(signals.totals(), settings)?;
+            (target(AutoState::Open, Level::Degrade, base), why)
+        }
         AutoState::Open => {
             let since = current
                 .map(|s| (Utc::now() - s.at).to_std().unwrap_or(Duration::ZERO))
                 .unwrap_or(Duration::ZERO);
-            (since >= cool_down).then(|| {
-                let why = format!("open for {} s: letting probes through", since.as_secs());
-                (
-                    state,
-                    Some((AutoState::HalfOpen, Level::Throttle, cool_down)),
-                    why,
-                )
-            })
+            if since < cool_down {
+                return None;
+            }
+            let why = format!("open for {} s: letting probes through", since.as_secs());
+            (target(AutoState::HalfOpen, Level::Throttle, cool_down), why)
         }
         AutoState::HalfOpen => {
             let bad = signals.probes_bad.load(Ordering::Relaxed);
@@ -267,14 +290,15 @@ fn next_step(
                     "a probe was slow or failed; open again for {} s",
                     longer.as_secs()
                 );
-                Some((state, Some((AutoState::Open, Level::Degrade, longer)), why))
+                (target(AutoState::Open, Level::Degrade, longer), why)
             } else if good >= settings.breaker_probes {
-                Some((state, None, format!("{good} probes in a row went well")))
+                (None, format!("{good} probes in a row went well"))
             } else {
-                None
+                return None;
             }
         }
-    }
+    };
+    Some(Move { from, to, reason })
 }
 
 #[cfg(test)]

@@ -20,8 +20,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
-use governor::state::keyed::DefaultKeyedStateStore;
-use governor::{Quota, RateLimiter};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::ItemId;
@@ -106,7 +105,7 @@ pub struct Breakers {
 struct Inner {
     global: AtomicU8,
     items: RwLock<HashMap<ItemId, Level>>,
-    throttle: RateLimiter<Scope, DefaultKeyedStateStore<Scope>, DefaultClock>,
+    throttle: DefaultKeyedRateLimiter<Scope>,
     clock: DefaultClock,
 }
 

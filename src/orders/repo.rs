@@ -150,25 +150,28 @@ pub async fn cancel_overdue(db: &Db, sns: &[&str], reason: CancelReason) -> Resu
     Ok(done.rows_affected())
 }
 
-/// Unpaid orders whose deadline passed at least `grace` ago, oldest first (all items, or one).
+/// An item's unpaid orders whose deadline passed at least `grace` ago, oldest first (by
+/// `idx_orders_item_status`).
 pub async fn overdue_unpaid(
     db: &Db,
-    item: Option<ItemId>,
+    item: ItemId,
     grace: std::time::Duration,
     limit: u32,
 ) -> Result<Vec<OrderRow>, DbError> {
-    let mut query = QueryBuilder::new(
-        "SELECT order_sn, item_id, user_id, status, created_at, pay_deadline
-         FROM orders WHERE status = 'unpaid' AND pay_deadline <= UTC_TIMESTAMP(3) - INTERVAL ",
-    );
-    query
-        .push_bind(grace.as_millis() as u64)
-        .push(" * 1000 MICROSECOND");
-    if let Some(item) = item {
-        query.push(" AND item_id = ").push_bind(item.get());
-    }
-    query.push(" ORDER BY pay_deadline LIMIT ").push_bind(limit);
-    mysql_timed(query.build_query_as().fetch_all(db)).await
+    mysql_timed(
+        sqlx::query_as(
+            "SELECT order_sn, item_id, user_id, status, created_at, pay_deadline
+             FROM orders
+             WHERE item_id = ? AND status = 'unpaid'
+               AND pay_deadline <= UTC_TIMESTAMP(3) - INTERVAL ? MICROSECOND
+             ORDER BY pay_deadline LIMIT ?",
+        )
+        .bind(item.get())
+        .bind(grace.as_micros() as u64)
+        .bind(limit)
+        .fetch_all(db),
+    )
+    .await
 }
 
 /// Orders of an item by status.

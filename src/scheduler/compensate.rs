@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::domain::ItemId;
+use crate::items;
 use crate::orders::ending;
 use crate::orders::repo::{self, CancelReason, OrderRow};
 use crate::store::StoreError;
@@ -32,8 +34,15 @@ pub async fn run(scheduler: Scheduler, shutdown: CancellationToken) {
 }
 
 async fn scan(scheduler: &Scheduler) -> Result<(), StoreError> {
+    for item in items::repo::all_ids(&scheduler.db).await? {
+        scan_item(scheduler, item).await?;
+    }
+    Ok(())
+}
+
+async fn scan_item(scheduler: &Scheduler, item: ItemId) -> Result<(), StoreError> {
     loop {
-        let overdue = repo::overdue_unpaid(&scheduler.db, None, GRACE, BATCH).await?;
+        let overdue = repo::overdue_unpaid(&scheduler.db, item, GRACE, BATCH).await?;
         let lost = not_queued(scheduler, &overdue).await?;
         if lost.is_empty() {
             return Ok(());
@@ -49,6 +58,7 @@ async fn scan(scheduler: &Scheduler) -> Result<(), StoreError> {
         .await?;
         scheduler.meters.cancelled("timeout", outcome.cancelled);
         tracing::warn!(
+            %item,
             found = lost.len(),
             cancelled = outcome.cancelled,
             released = outcome.released,

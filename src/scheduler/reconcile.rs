@@ -113,7 +113,7 @@ async fn run(
     // 1. Unpaid orders past their deadline: cancelled, units back.
     let (mut cancelled, mut released) = (0, 0);
     loop {
-        let overdue = repo::overdue_unpaid(db, Some(item), Duration::ZERO, BATCH).await?;
+        let overdue = repo::overdue_unpaid(db, item, Duration::ZERO, BATCH).await?;
         let sns: Vec<&str> = overdue.iter().map(|o| o.order_sn.as_str()).collect();
         let outcome =
             ending::cancel_overdue(db, redis, keys, &sns, CancelReason::Reconcile).await?;
