@@ -105,9 +105,7 @@ pub async fn pay_order(
     AuthUser(user): AuthUser,
     ApiPath(order_sn): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    request_id::record_user(user, None);
-    let sn = OrderSn::parse(&order_sn).ok_or(ApiError::OrderNotFound)?;
-    state.breakers.admit(sn.item(), Action::OrderChange)?;
+    let sn = order_change(&state, user, &order_sn)?;
     let db = &state.db;
     let paid_now = repo::pay(db, &sn, user).await?;
     let mut row = stored_order(&state, &sn, user).await?;
@@ -144,9 +142,7 @@ pub async fn cancel_order(
     AuthUser(user): AuthUser,
     ApiPath(order_sn): ApiPath<String>,
 ) -> Result<Response, ApiError> {
-    request_id::record_user(user, None);
-    let sn = OrderSn::parse(&order_sn).ok_or(ApiError::OrderNotFound)?;
-    state.breakers.admit(sn.item(), Action::OrderChange)?;
+    let sn = order_change(&state, user, &order_sn)?;
     let db = &state.db;
     let mut cancelled_now = repo::cancel_own(db, &sn, user).await?;
     let mut row = stored_order(&state, &sn, user).await?;
@@ -175,6 +171,14 @@ pub async fn cancel_order(
     ending::release(&state.redis, &state.keys, &[Held::from(&row)]).await?;
     tracing::info!(order_sn = %sn, "order_cancelled");
     Ok(ok("cancelled", OrderView::from(row)))
+}
+
+/// The order number of a pay or cancel, if the breakers let order changes through.
+fn order_change(state: &AppState, user: UserId, order_sn: &str) -> Result<OrderSn, ApiError> {
+    request_id::record_user(user, None);
+    let sn = OrderSn::parse(order_sn).ok_or(ApiError::OrderNotFound)?;
+    state.breakers.admit(sn.item(), Action::OrderChange)?;
+    Ok(sn)
 }
 
 fn order_cancelled() -> ApiError {

@@ -8,8 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::ItemId;
 use crate::items;
-use crate::orders::ending;
-use crate::orders::repo::{self, CancelReason, OrderRow};
+use crate::orders::repo::{self, OrderRow};
 use crate::store::StoreError;
 
 use super::Scheduler;
@@ -48,15 +47,7 @@ async fn scan_item(scheduler: &Scheduler, item: ItemId) -> Result<(), StoreError
             return Ok(());
         }
         let sns: Vec<&str> = lost.iter().map(|o| o.order_sn.as_str()).collect();
-        let outcome = ending::cancel_overdue(
-            &scheduler.db,
-            &scheduler.redis,
-            &scheduler.keys,
-            &sns,
-            CancelReason::Timeout,
-        )
-        .await?;
-        scheduler.meters.cancelled("timeout", outcome.cancelled);
+        let outcome = scheduler.time_out(&sns).await?;
         tracing::warn!(
             %item,
             found = lost.len(),

@@ -14,8 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Event, publish_events};
 use crate::domain::ItemId;
-use crate::orders::ending;
-use crate::orders::repo::{self, CancelReason, OrderStatus};
+use crate::orders::repo::{self, OrderStatus};
 use crate::store::{StoreError, redis_timed};
 
 use super::Scheduler;
@@ -105,15 +104,7 @@ async fn handle(
 
     if !cancels.is_empty() {
         let sns: Vec<&str> = cancels.iter().map(|sn| sn.as_str()).collect();
-        let outcome = ending::cancel_overdue(
-            &scheduler.db,
-            &scheduler.redis,
-            &scheduler.keys,
-            &sns,
-            CancelReason::Timeout,
-        )
-        .await?;
-        scheduler.meters.cancelled("timeout", outcome.cancelled);
+        let outcome = scheduler.time_out(&sns).await?;
         if outcome.cancelled > 0 || outcome.released > 0 {
             tracing::info!(%item, cancelled = outcome.cancelled, released = outcome.released, "unpaid orders timed out");
         }

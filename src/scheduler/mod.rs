@@ -61,6 +61,23 @@ impl Scheduler {
         while tasks.join_next().await.is_some() {}
     }
 
+    /// Cancels those of these orders that are unpaid past their deadline, units back.
+    async fn time_out(
+        &self,
+        sns: &[&str],
+    ) -> Result<crate::orders::ending::Cancelled, crate::store::StoreError> {
+        let outcome = crate::orders::ending::cancel_overdue(
+            &self.db,
+            &self.redis,
+            &self.keys,
+            sns,
+            crate::orders::repo::CancelReason::Timeout,
+        )
+        .await?;
+        self.meters.cancelled("timeout", outcome.cancelled);
+        Ok(outcome)
+    }
+
     /// Reconciles each sale once its end and pay timeout have passed.
     async fn end_of_sale(self, shutdown: CancellationToken) {
         loop {
