@@ -224,12 +224,7 @@ async fn stored_order(state: &AppState, sn: &OrderSn, user: UserId) -> Result<Or
         return Err(ApiError::OrderNotFound);
     }
     let orders = [order];
-    placed::write(&state.db, &orders)
-        .await
-        .map_err(|e| match e {
-            placed::WriteError::Read(e) => ApiError::Database(e),
-            placed::WriteError::Insert(e) => ApiError::Database(e.into()),
-        })?;
+    placed::write(&state.db, &orders).await?;
     let plan = Plan::from_settings(&state.settings);
     placed::settle_in_redis(&state.redis, &state.keys, &plan, &orders).await?;
     repo::find(&state.db, sn)

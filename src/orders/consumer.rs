@@ -23,7 +23,7 @@ use crate::broker::Broker;
 use crate::domain::OrderPlaced;
 use crate::keys::Keys;
 use crate::scheduler::delay::Plan;
-use crate::store::{Db, RedisConns, RedisError};
+use crate::store::{Db, DbError, RedisConns, RedisError};
 use crate::telemetry::Meters;
 
 use super::placed;
@@ -252,8 +252,8 @@ fn parse(data: &[u8]) -> Parsed {
 
 #[derive(Debug, thiserror::Error)]
 enum ConsumeError {
-    #[error(transparent)]
-    Write(#[from] placed::WriteError),
+    #[error("writing orders")]
+    Write(#[from] DbError),
     #[error("clearing pending orders and scheduling their deadlines")]
     Redis(#[from] RedisError),
 }

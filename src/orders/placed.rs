@@ -7,34 +7,28 @@ use std::collections::{HashMap, HashSet};
 use crate::domain::{ItemId, OrderPlaced};
 use crate::keys::Keys;
 use crate::scheduler::delay::Plan;
-use crate::store::{Db, DbError, RedisConns, RedisError, redis_timed};
+use crate::store::{Db, DbError, RedisConns, RedisError, mysql_timed, redis_timed};
 
 use super::repo::{self, OrderStatus};
 
 /// Rows per INSERT statement.
 const ROWS_PER_INSERT: usize = 1_000;
 
-#[derive(Debug, thiserror::Error)]
-pub enum WriteError {
-    #[error("inserting orders")]
-    Insert(#[from] sqlx::Error),
-    #[error("reading orders")]
-    Read(#[from] DbError),
-}
-
-/// Writes the orders with multi-row idempotent INSERTs: an order already there (a message
-/// delivered twice) is left as it is.
-pub async fn write(db: &Db, orders: &[OrderPlaced]) -> Result<(), WriteError> {
+/// Writes the orders with multi-row idempotent INSERTs in one transaction (one commit,
+/// so one log flush, per batch rather than per statement): an order already there (a
+/// message delivered twice) is left as it is.
+pub async fn write(db: &Db, orders: &[OrderPlaced]) -> Result<(), DbError> {
+    let mut tx = mysql_timed(db.begin()).await?;
     for rows in orders.chunks(ROWS_PER_INSERT) {
-        repo::insert_batch(db, rows, OrderStatus::Unpaid).await?;
+        mysql_timed(repo::insert_batch(&mut *tx, rows, OrderStatus::Unpaid)).await?;
         // The affected-rows count cannot tell a redelivered order (already there) from
         // one MySQL refused as a second live order of a user for an item: the driver
         // counts an untouched duplicate as affected. So ask, with one count first.
         let sns: Vec<&str> = rows.iter().map(|o| o.order_sn.as_str()).collect();
-        if repo::count_existing(db, &sns).await? == sns.len() as u64 {
+        if repo::count_existing(&mut *tx, &sns).await? == sns.len() as u64 {
             continue;
         }
-        let present: HashSet<String> = repo::existing(db, &sns).await?.into_iter().collect();
+        let present: HashSet<String> = repo::existing(&mut *tx, &sns).await?.into_iter().collect();
         let refused: Vec<&OrderPlaced> = rows
             .iter()
             .filter(|o| !present.contains(o.order_sn.as_str()))
@@ -43,8 +37,14 @@ pub async fn write(db: &Db, orders: &[OrderPlaced]) -> Result<(), WriteError> {
             orders = ?refused.iter().map(|o| o.order_sn.as_str()).collect::<Vec<_>>(),
             "MySQL refused a second live order of a user for an item; recorded as cancelled"
         );
-        repo::insert_batch(db, refused, OrderStatus::Cancelled).await?;
+        mysql_timed(repo::insert_batch(
+            &mut *tx,
+            refused,
+            OrderStatus::Cancelled,
+        ))
+        .await?;
     }
+    mysql_timed(tx.commit()).await?;
     Ok(())
 }
 

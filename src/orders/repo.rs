@@ -216,7 +216,10 @@ pub async fn live_holders(db: &Db, item: ItemId) -> Result<Vec<(u64, String)>, D
 }
 
 /// Which of these order numbers MySQL has.
-pub async fn existing(db: &Db, sns: &[&str]) -> Result<Vec<String>, DbError> {
+pub async fn existing(
+    db: impl sqlx::MySqlExecutor<'_>,
+    sns: &[&str],
+) -> Result<Vec<String>, DbError> {
     if sns.is_empty() {
         return Ok(Vec::new());
     }
@@ -225,7 +228,10 @@ pub async fn existing(db: &Db, sns: &[&str]) -> Result<Vec<String>, DbError> {
 }
 
 /// How many of these order numbers MySQL has (one number back instead of the list).
-pub async fn count_existing(db: &Db, sns: &[&str]) -> Result<u64, DbError> {
+pub async fn count_existing(
+    db: impl sqlx::MySqlExecutor<'_>,
+    sns: &[&str],
+) -> Result<u64, DbError> {
     if sns.is_empty() {
         return Ok(0);
     }
@@ -253,7 +259,7 @@ fn in_list(head: &str, sns: &[&str]) -> QueryBuilder<sqlx::MySql> {
 /// with [`OrderStatus::Cancelled`] (possible only if Redis lost its buyer records), so that
 /// every `202` still has its row and nobody holds two units.
 pub async fn insert_batch<'a>(
-    db: &Db,
+    db: impl sqlx::MySqlExecutor<'_>,
     orders: impl IntoIterator<Item = &'a OrderPlaced>,
     status: OrderStatus,
 ) -> Result<(), sqlx::Error> {
