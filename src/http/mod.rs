@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::error_handling::HandleErrorLayer;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use tower::ServiceBuilder;
 use tower::limit::GlobalConcurrencyLimitLayer;
@@ -21,6 +23,8 @@ use crate::{breaker, items, orders, purchase};
 
 /// The contract's budget: an answer within one second, whatever a dependency does.
 pub const REQUEST_BUDGET: Duration = Duration::from_secs(1);
+/// For operators' bulk work (a warm-up of millions of units, a reconciliation).
+const BULK_BUDGET: Duration = Duration::from_secs(120);
 /// Request bodies are a few dozen bytes; anything bigger is a mistake or an attack.
 const BODY_LIMIT: usize = 64 * 1024;
 
@@ -85,11 +89,21 @@ pub fn finish(routes: Router<AppState>, state: AppState) -> Router {
         .layer(
             ServiceBuilder::new()
                 .layer(axum::middleware::from_fn(request_id::layer))
-                .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
-                    ApiError::Timeout
-                }))
-                .timeout(REQUEST_BUDGET)
+                .layer(axum::middleware::from_fn(budget))
                 .layer(DefaultBodyLimit::max(BODY_LIMIT)),
         )
         .with_state(state)
+}
+
+/// The contract's one second for every request, except an operator's bulk work — loading
+/// millions of units, reconciling a whole sale — which gets [`BULK_BUDGET`].
+async fn budget(request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    let bulk = path.starts_with("/admin/items/")
+        && (path.ends_with("/warmup") || path.ends_with("/reconcile"));
+    let limit = if bulk { BULK_BUDGET } else { REQUEST_BUDGET };
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::Timeout.into_response(),
+    }
 }

@@ -233,3 +233,14 @@ async fn the_admin_api_can_listen_apart() {
     );
     server.stop().await;
 }
+
+#[tokio::test]
+async fn a_warmup_of_millions_of_units_is_not_cut_off_by_the_purchase_budget() {
+    let env = TestEnv::new("bigwarmup").await;
+    let server = env.server(&[seckill::Role::Api]).await;
+    env.create_item(&server, 1, 2_000_000).await;
+    // About 2.3 s on the 2-core CI machine: more than a purchase's one-second budget.
+    let report = env.warmup(&server, 1).await;
+    assert_eq!(report["remaining"], 2_000_000, "{report}");
+    server.stop().await;
+}
