@@ -134,7 +134,9 @@ pub struct Settings {
     #[arg(long, env = "SECKILL_BREAKER_TRIP_RATIO", default_value_t = 0.5)]
     pub breaker_trip_ratio: f64,
 
-    /// Failed publishes to RabbitMQ (batches not confirmed) in the window that trip it.
+    /// Batches RabbitMQ did not confirm, or confirmed slower than the slow threshold, on a
+    /// live connection, in the window that trip it (no connection at all does not count:
+    /// orders then wait in the outbox and sales go on).
     #[arg(long, env = "SECKILL_BREAKER_PUBLISH_FAILURES", default_value_t = 5)]
     pub breaker_publish_failures: u64,
 

@@ -2,7 +2,8 @@
 //! window, and a controller that trips the breaker when they go bad and recovers it through
 //! a half-open probe.
 //!
-//! closed ──(slow or failed purchases ≥ the trip ratio, or publish failures ≥ their limit)──▶
+//! closed ──(slow or failed purchases ≥ the trip ratio, or failed or slow publishes ≥
+//! their limit)──▶
 //! open (level 2) ──(after the cool-down)──▶ half-open (level 1: throttled probes) ──(enough
 //! good probes)──▶ closed; a bad probe re-opens it and doubles the cool-down (up to a
 //! minute), so it never flaps. Each move is one compare-and-set in Redis
@@ -90,12 +91,15 @@ impl Signals {
         probes.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A batch of orders RabbitMQ did not confirm (or no connection to send it on).
-    pub fn publish_failed(&self) {
-        self.bucket()
-            .publish_failures
-            .fetch_add(1, Ordering::Relaxed);
-        self.probes_bad.fetch_add(1, Ordering::Relaxed);
+    /// A batch sent to RabbitMQ on a live connection: how long its confirms took and
+    /// whether any was missing. A broker that confirms slowly or not at all is drowning.
+    pub fn published(&self, took: Duration, failed: bool) {
+        if failed || took > self.slow {
+            self.bucket()
+                .publish_failures
+                .fetch_add(1, Ordering::Relaxed);
+            self.probes_bad.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// This second's bucket, emptied first if it last held an older second. (Two threads
@@ -148,7 +152,7 @@ fn now_s() -> u64 {
 pub fn trip_reason(totals: Totals, settings: &Settings) -> Option<String> {
     if totals.publish_failures >= settings.breaker_publish_failures {
         return Some(format!(
-            "{} publishes to RabbitMQ failed in {} s",
+            "{} batches to RabbitMQ were refused or slow to confirm in {} s",
             totals.publish_failures, settings.breaker_window_s
         ));
     }
@@ -332,9 +336,17 @@ mod tests {
         );
         assert!(trip_reason(signals.totals(), &s).is_some());
         signals.reset();
+        signals.published(Duration::from_millis(5), false);
         for _ in 0..3 {
-            signals.publish_failed();
+            signals.published(Duration::from_millis(5), true);
         }
+        assert_eq!(signals.totals().publish_failures, 3);
+        signals.published(Duration::from_millis(500), false);
+        assert_eq!(
+            signals.totals().publish_failures,
+            4,
+            "a slow confirm counts too"
+        );
         assert!(
             trip_reason(signals.totals(), &s)
                 .unwrap()

@@ -86,17 +86,17 @@ async fn run(
                 orders = batch.len(),
                 "no broker connection; orders wait in the outbox"
             );
-            signals.publish_failed();
+            // Not a breaker signal: with no broker, orders wait safely in the outbox and
+            // sales go on (the relay delivers them later).
             continue;
         };
         let started = Instant::now();
         let confirmed = publish_confirmed(&channel, broker.topology(), &batch).await;
         let ok = confirmed.iter().filter(|c| **c).count();
-        meters.mq_publish_seconds.record(started.elapsed());
+        let took = started.elapsed();
+        meters.mq_publish_seconds.record(took);
         meters.published.increment(ok as u64);
-        if ok < batch.len() {
-            signals.publish_failed();
-        }
+        signals.published(took, ok < batch.len());
         tracing::info!(
             via = "publisher",
             orders = batch.len(),

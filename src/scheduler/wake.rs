@@ -38,6 +38,8 @@ pub async fn listen(redis: RedisConns, keys: Keys, wake: Arc<Notify>, shutdown: 
             () = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }
+    // A restarted Redis forgets a `CONFIG SET`: look again now and then.
+    let recheck = tokio::spawn(keep_enabled(redis.clone(), shutdown.clone()));
     // Whatever expired while nobody listened is found by the next poll.
     redis
         .listen(&channel, &shutdown, |message| match message {
@@ -45,7 +47,24 @@ pub async fn listen(redis: RedisConns, keys: Keys, wake: Arc<Notify>, shutdown: 
             _ => wake.notify_one(),
         })
         .await;
+    let _ = recheck.await;
 }
+
+async fn keep_enabled(redis: RedisConns, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(RECHECK_EVERY) => {}
+        }
+        if let Err(Refused::Config(e)) = enable(&redis).await {
+            tracing::warn!(error = %e, "Redis no longer lets keyspace notifications be turned on; the scheduler relies on polling");
+            return;
+        }
+    }
+}
+
+/// How often the setting is checked again.
+const RECHECK_EVERY: Duration = Duration::from_secs(30);
 
 enum Refused {
     /// Redis answered, and said no.
