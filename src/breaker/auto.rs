@@ -350,7 +350,7 @@ mod tests {
         assert!(
             trip_reason(signals.totals(), &s)
                 .unwrap()
-                .contains("publishes")
+                .contains("RabbitMQ")
         );
     }
 }
