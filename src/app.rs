@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
@@ -24,6 +25,7 @@ use crate::outbox::publisher::OrderPublisher;
 use crate::outbox::relay::Relay;
 use crate::scheduler::Scheduler;
 use crate::scheduler::delay::Plan;
+use crate::shops::cache::Shops;
 use crate::store::{Db, RedisConns, connect_mysql, migrate};
 use crate::telemetry::Meters;
 use crate::{http, lua};
@@ -46,6 +48,7 @@ pub struct AppState {
     /// Permits for purchases in flight (`SECKILL_MAX_INFLIGHT`).
     pub inflight: Arc<Semaphore>,
     pub meters: Arc<Meters>,
+    pub shops: Shops,
 }
 
 /// A server that has connected, migrated and bound its listeners, ready to [`Server::run`].
@@ -84,7 +87,14 @@ impl Server {
             settings.amqp_url.expose(),
             Topology::new(&settings.namespace),
         );
-        let catalog = Catalog::new(db.clone(), redis.clone(), keys.clone(), meters.clone());
+        let shops = Shops::new(db.clone(), redis.clone(), keys.clone(), meters.clone());
+        let catalog = Catalog::new(
+            db.clone(),
+            redis.clone(),
+            keys.clone(),
+            meters.clone(),
+            shops.clone(),
+        );
         let roles: HashSet<Role> = roles.iter().copied().collect();
         if roles.contains(&Role::Api)
             && let Err(e) = catalog.refresh().await
@@ -122,6 +132,7 @@ impl Server {
             breakers,
             signals,
             inflight: Arc::new(Semaphore::new(settings.max_inflight as usize)),
+            shops,
             meters,
             jwt: Arc::new(Jwt::new(&settings.jwt_secret)),
             limits: Arc::new(RateLimits::new(&settings)),
@@ -176,6 +187,12 @@ impl Server {
         background.spawn(crate::telemetry::upkeep(workers.clone()));
         if roles.contains(&Role::Api) {
             background.spawn(state.catalog.clone().run(workers.clone()));
+            background.spawn(state.shops.clone().flush_stale(workers.clone()));
+            background.spawn(crate::shops::changes::follow(
+                state.broker.clone(),
+                state.shops.clone(),
+                workers.clone(),
+            ));
             background.spawn(breaker::store::follow(
                 state.breakers.clone(),
                 state.redis.clone(),
@@ -226,6 +243,13 @@ impl Server {
                 meters: state.meters.clone(),
             };
             background.spawn(scheduler.run(workers.clone()));
+            background.spawn(crate::shops::repair::run(
+                state.shops.clone(),
+                state.db.clone(),
+                state.broker.clone(),
+                Duration::from_secs(state.settings.shop_repair_every_s),
+                workers.clone(),
+            ));
         }
 
         let (main, admin) = routers(&state, &roles, admin_listener.is_some());

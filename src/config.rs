@@ -148,6 +148,11 @@ pub struct Settings {
     /// Good probes in a row that close a half-open breaker.
     #[arg(long, env = "SECKILL_BREAKER_PROBES", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub breaker_probes: u64,
+
+    /// How often the scheduler compares every shop's status in Redis (and its own cache)
+    /// with MySQL and repairs what differs, in seconds.
+    #[arg(long, env = "SECKILL_SHOP_REPAIR_EVERY_S", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub shop_repair_every_s: u64,
 }
 
 impl Settings {

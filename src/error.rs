@@ -61,6 +61,13 @@ pub enum ApiError {
     Database(#[from] DbError),
     #[error("RabbitMQ is not connected")]
     BrokerDown,
+    /// No store could answer and nothing is known locally.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("the shop is closed")]
+    ShopClosed,
+    #[error("no such shop")]
+    ShopNotFound,
     #[error("internal error")]
     Internal(#[from] anyhow::Error),
 }
@@ -98,7 +105,11 @@ impl ApiError {
             CircuitOpen { .. } => (StatusCode::SERVICE_UNAVAILABLE, "circuit_open"),
             Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Conflict { code, .. } => (StatusCode::CONFLICT, code),
-            Timeout | Redis(_) | BrokerDown => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            Timeout | Redis(_) | BrokerDown | Unavailable(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
+            ShopClosed => (StatusCode::SERVICE_UNAVAILABLE, "shop_closed"),
+            ShopNotFound => (StatusCode::NOT_FOUND, "shop_not_found"),
             Database(e) if e.is_unavailable() => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Database(_) | Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
@@ -123,7 +134,7 @@ impl ApiError {
     fn retry_after(&self) -> Option<Duration> {
         match self {
             ApiError::RateLimited { retry_after } => Some(*retry_after),
-            ApiError::Paused => Some(Duration::from_secs(5)),
+            ApiError::Paused | ApiError::ShopClosed => Some(Duration::from_secs(5)),
             ApiError::CircuitOpen { retry_after, .. } => Some(*retry_after),
             _ if self.status_and_code().0 == StatusCode::SERVICE_UNAVAILABLE => {
                 Some(Duration::from_secs(1))
@@ -140,7 +151,10 @@ impl IntoResponse for ApiError {
         // `error` it would flood the log exactly when a sale is being held back.
         let refusal = matches!(
             self,
-            ApiError::Paused | ApiError::CircuitOpen { .. } | ApiError::Overloaded
+            ApiError::Paused
+                | ApiError::CircuitOpen { .. }
+                | ApiError::Overloaded
+                | ApiError::ShopClosed
         );
         if status.is_server_error() && !refusal {
             let (method, path) = request_id::method_and_path();

@@ -81,6 +81,16 @@ impl Keys {
         format!("{}:items:v1", self.namespace)
     }
 
+    /// STRING: a shop as JSON (the Redis layer of the shop status).
+    pub fn shop(&self, id: u64) -> String {
+        format!("{}:shop:v1:{id}", self.namespace)
+    }
+
+    /// STRING held by whoever changes the shop right now (`SET NX PX`, random token).
+    pub fn shop_lock(&self, id: u64) -> String {
+        format!("{}:shop:v1:{id}:lock", self.namespace)
+    }
+
     /// HASH of the circuit breakers that are not closed: `global` / `item:ID` → setting JSON.
     pub fn breakers(&self) -> String {
         format!("{}:circuit:v1", self.namespace)

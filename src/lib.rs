@@ -20,6 +20,7 @@ pub mod orders;
 pub mod outbox;
 pub mod purchase;
 pub mod scheduler;
+pub mod shops;
 pub mod store;
 pub mod telemetry;
 

@@ -126,6 +126,7 @@ const PURCHASE_CODES: &[&str] = &[
     "circuit_open",
     "unavailable",
     "internal",
+    "shop_closed",
     "not_found",
     "method_not_allowed",
 ];
@@ -215,6 +216,19 @@ impl Meters {
     pub fn cancelled(&self, reason: &'static str, orders: u64) {
         metrics::counter!("seckill_orders_cancelled_total", "namespace" => self.namespace.clone(), "reason" => reason)
             .increment(orders);
+    }
+
+    /// A shop was read into this instance's cache from `from` (`redis`, `mysql`,
+    /// `last_known`).
+    pub fn shop_fill(&self, from: &'static str) {
+        metrics::counter!("seckill_shop_cache_fills_total", "namespace" => self.namespace.clone(), "from" => from)
+            .increment(1);
+    }
+
+    /// A layer of the shop status disagreed with MySQL and was repaired.
+    pub fn shop_repair(&self, layer: &'static str) {
+        metrics::counter!("seckill_shop_repairs_total", "namespace" => self.namespace.clone(), "layer" => layer)
+            .increment(1);
     }
 
     pub fn reconcile_mismatch(&self, item: crate::domain::ItemId) {

@@ -18,6 +18,9 @@ pub struct Topology {
     /// Topic exchange of events for other services (`order.remind`); they bind their own
     /// queues to it.
     pub events_exchange: String,
+    /// Fanout exchange on which a shop change is announced; every API instance binds a
+    /// queue of its own.
+    pub shops_exchange: String,
 }
 
 pub const ORDER_PLACED: &str = "order.placed";
@@ -30,6 +33,7 @@ impl Topology {
             dead_exchange: format!("{namespace}.orders.dead"),
             dead_queue: format!("{namespace}.orders.dead"),
             events_exchange: format!("{namespace}.events"),
+            shops_exchange: format!("{namespace}.shops"),
         }
     }
 
@@ -59,6 +63,14 @@ impl Topology {
             .exchange_declare(
                 self.events_exchange.as_str().into(),
                 ExchangeKind::Topic,
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .exchange_declare(
+                self.shops_exchange.as_str().into(),
+                ExchangeKind::Fanout,
                 durable,
                 FieldTable::default(),
             )

@@ -19,7 +19,7 @@ use tower::limit::GlobalConcurrencyLimitLayer;
 
 use crate::app::AppState;
 use crate::error::ApiError;
-use crate::{breaker, items, orders, purchase};
+use crate::{breaker, items, orders, purchase, shops};
 
 /// The contract's budget: an answer within one second, whatever a dependency does.
 pub const REQUEST_BUDGET: Duration = Duration::from_secs(1);
@@ -53,6 +53,7 @@ pub fn api_routes(state: &AppState) -> Router<AppState> {
             post(orders::api::cancel_order),
         )
         .route("/api/items/{item_id}", get(items::api::get_item))
+        .route("/api/shops/{shop_id}/status", get(shops::api::status))
         .merge(health_routes())
 }
 
@@ -73,6 +74,9 @@ pub fn admin_routes() -> Router<AppState> {
         .route("/admin/items/{item_id}/resume", post(resume_item))
         .route("/admin/items/{item_id}/stats", get(item_stats))
         .route("/admin/items/{item_id}/reconcile", post(reconcile_item))
+        .route("/admin/shops/{shop_id}/hours", put(shops::api::put_hours))
+        .route("/admin/shops/{shop_id}/status", put(shops::api::put_status))
+        .route("/admin/shops/{shop_id}/refresh", post(shops::api::refresh))
         .route("/admin/circuit", get(breaker::admin::list))
         .route("/admin/circuit/open", post(breaker::admin::open))
         .route("/admin/circuit/close", post(breaker::admin::close))

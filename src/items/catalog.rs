@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::ItemId;
 use crate::keys::{ItemKeys, Keys};
+use crate::shops::cache::Shops;
 use crate::store::{Db, DbError, RedisConns, RedisError, redis_timed};
 use crate::telemetry::Meters;
 
@@ -40,6 +41,8 @@ struct Inner {
     redis: RedisConns,
     keys: Keys,
     meters: Arc<Meters>,
+    /// The shops of the items, kept loaded for the purchase path.
+    shops: Shops,
     items: RwLock<HashMap<ItemId, Arc<CatalogItem>>>,
     /// Coalesced MySQL look-ups of items not (yet) in `items`, remembered briefly.
     lookups: moka::future::Cache<ItemId, Option<Item>>,
@@ -101,13 +104,14 @@ impl CatalogItem {
 }
 
 impl Catalog {
-    pub fn new(db: Db, redis: RedisConns, keys: Keys, meters: Arc<Meters>) -> Self {
+    pub fn new(db: Db, redis: RedisConns, keys: Keys, meters: Arc<Meters>, shops: Shops) -> Self {
         Self {
             inner: Arc::new(Inner {
                 db,
                 redis,
                 keys,
                 meters,
+                shops,
                 items: RwLock::new(HashMap::new()),
                 lookups: moka::future::Cache::builder()
                     .max_capacity(100_000)
@@ -181,6 +185,12 @@ impl Catalog {
                 .remaining
                 .store(state.levels.remaining, Ordering::Relaxed);
             self.inner.meters.item_levels(entry.item.id, state.levels);
+        }
+        let shops: std::collections::BTreeSet<u64> =
+            entries.iter().map(|e| e.item.shop_id).collect();
+        for shop in shops {
+            // From the local cache while it is fresh; any failure keeps the last known.
+            let _ = self.inner.shops.get(shop).await;
         }
         definitions.map(|_| ()).map_err(RefreshError::from)
     }

@@ -60,6 +60,7 @@ pub async fn flashbuy(
         breakers,
         signals,
         meters,
+        shops,
         ..
     }): State<AppState>,
     Buyer(user): Buyer,
@@ -88,6 +89,10 @@ pub async fn flashbuy(
     }
     if item.sold_out() {
         return Err(ApiError::SoldOut);
+    }
+    // From this instance's cache (filled from Redis on a miss).
+    if !shops.open_now(item.item.shop_id).await {
+        return Err(ApiError::ShopClosed);
     }
     // After "sold out", so that a throttle's budget goes to purchases that can still win.
     breakers.admit(item_id, Action::Purchase)?;

@@ -1,0 +1,180 @@
+//! `GET /api/shops/{id}/status`, and the operators' `PUT /admin/shops/{id}/hours`,
+//! `PUT /admin/shops/{id}/status` and `POST /admin/shops/{id}/refresh`.
+
+use axum::extract::State;
+use axum::response::Response;
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::app::AppState;
+use crate::error::ApiError;
+use crate::http::extract::{Admin, ApiJson, ApiPath};
+use crate::http::reply::ok;
+
+use super::changes::{ShopLock, announce};
+use super::hours::{Hours, Override};
+use super::repo::{self, Shop};
+
+const MAX_REASON: usize = 500;
+
+/// `GET /api/shops/{id}/status`: `{"shop_id","open","updated_at"}` from the nearest layer.
+pub async fn status(
+    State(AppState { shops, .. }): State<AppState>,
+    ApiPath(id): ApiPath<u64>,
+) -> Result<Response, ApiError> {
+    let shop = shops
+        .get(id)
+        .await
+        .map_err(|e| ApiError::Unavailable(e.to_string()))?
+        .ok_or(ApiError::ShopNotFound)?;
+    Ok(ok("ok", view(&shop)))
+}
+
+fn view(shop: &Shop) -> serde_json::Value {
+    json!({
+        "shop_id": shop.id,
+        "open": shop.open_at(Utc::now()),
+        "updated_at": shop.updated_at,
+    })
+}
+
+/// `PUT /admin/shops/{id}/hours`
+pub async fn put_hours(
+    _: Admin,
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<u64>,
+    ApiJson(hours): ApiJson<Hours>,
+) -> Result<Response, ApiError> {
+    if let Some(problem) = hours.problem() {
+        return Err(ApiError::bad_request(problem));
+    }
+    change(&state, id, "hours", "admin", "hours set", |db| async move {
+        repo::set_hours(&db, id, &hours).await
+    })
+    .await
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusBody {
+    /// `null` clears the override.
+    open: Option<bool>,
+    #[serde(default)]
+    until: Option<DateTime<Utc>>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    by: Option<String>,
+}
+
+/// `PUT /admin/shops/{id}/status`: an operator's override, or `{"open":null}` to clear it.
+pub async fn put_status(
+    _: Admin,
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<u64>,
+    ApiJson(body): ApiJson<StatusBody>,
+) -> Result<Response, ApiError> {
+    let reason = body.reason.unwrap_or_default().trim().to_owned();
+    let by = body.by.unwrap_or_default().trim().to_owned();
+    if reason.chars().count() > MAX_REASON || by.chars().count() > 100 {
+        return Err(ApiError::bad_request(
+            "`reason`: at most 500 characters; `by`: at most 100",
+        ));
+    }
+    if body.until.is_some_and(|until| until <= Utc::now()) {
+        return Err(ApiError::bad_request("`until` is in the past"));
+    }
+    let value = body.open.map(|open| Override {
+        open,
+        until: body.until,
+        reason: reason.clone(),
+    });
+    let by = if by.is_empty() {
+        "admin".to_owned()
+    } else {
+        by
+    };
+    let why = if reason.is_empty() {
+        "status set by hand".to_owned()
+    } else {
+        reason
+    };
+    change(&state, id, "status", &by, &why, |db| async move {
+        repo::set_override(&db, id, value.as_ref()).await
+    })
+    .await
+}
+
+/// `POST /admin/shops/{id}/refresh`: recompute from MySQL and push it everywhere.
+pub async fn refresh(
+    _: Admin,
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<u64>,
+) -> Result<Response, ApiError> {
+    if repo::load(&state.db, id).await?.is_none() {
+        return Err(ApiError::ShopNotFound);
+    }
+    change(
+        &state,
+        id,
+        "refresh",
+        "admin",
+        "refreshed by hand",
+        |_| async { Ok(()) },
+    )
+    .await
+}
+
+/// One change under the shop's lock: `write` to MySQL, then Redis, the log, the
+/// announcement. Answers the shop's status after it.
+async fn change<F, Fut>(
+    state: &AppState,
+    id: u64,
+    what: &str,
+    by: &str,
+    reason: &str,
+    write: F,
+) -> Result<Response, ApiError>
+where
+    F: FnOnce(crate::store::Db) -> Fut,
+    Fut: std::future::Future<Output = Result<(), crate::store::DbError>>,
+{
+    let Some(lock) = ShopLock::take(&state.redis, &state.keys, id).await? else {
+        return Err(ApiError::Conflict {
+            code: "shop_busy",
+            detail: "another change of this shop is in progress; try again".into(),
+        });
+    };
+    let result = async {
+        let now = Utc::now();
+        let before = repo::load(&state.db, id).await?;
+        write(state.db.clone()).await?;
+        let after = repo::load(&state.db, id)
+            .await?
+            .ok_or(ApiError::ShopNotFound)?;
+        state.shops.store_in_redis(&after).await?;
+        let (old, new) = (
+            before.as_ref().is_none_or(|s| s.open_at(now)),
+            after.open_at(now),
+        );
+        repo::log_change(&state.db, id, what, old, new, by, reason).await?;
+        Ok::<_, ApiError>(after)
+    }
+    .await;
+    if let Err(e) = lock.release(&state.redis).await {
+        tracing::warn!(shop = id, error = %e, "could not release the shop lock; it expires by itself");
+    }
+    let after = result?;
+    state.shops.forget(id).await;
+    announce(&state.broker, id).await;
+    tracing::info!(
+        shop = id,
+        what,
+        by,
+        reason,
+        open = after.open_at(Utc::now()),
+        "shop changed"
+    );
+    Ok(ok("updated", view(&after)))
+}

@@ -1,0 +1,216 @@
+//! Whether a shop is open, read locally: this instance's cache (moka, one second), then
+//! Redis, then MySQL, each layer filling the one above. What is cached is the shop's
+//! definition (hours, exceptions, override), and "open" is computed from it at read time,
+//! so the status follows the hours by itself as time passes.
+//!
+//! A change is announced on the `{ns}.shops` fanout exchange; every instance marks the
+//! shop stale and drops it from its cache at the next flush (every 100 ms), so a burst of
+//! changes to one shop costs each instance one reload. The one-second lifetime bounds the
+//! delay when an announcement is lost. With Redis down, reads go to MySQL; with MySQL down
+//! too, the last value this instance knew is served (and a warning logged).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use tokio_util::sync::CancellationToken;
+
+use crate::keys::Keys;
+use crate::store::{Db, RedisConns, RedisError, redis_timed};
+use crate::telemetry::Meters;
+
+use super::repo::{self, Shop};
+
+const LOCAL_FOR: Duration = Duration::from_secs(1);
+/// How long announcements gather before the stale shops are dropped.
+const COALESCE: Duration = Duration::from_millis(100);
+
+#[derive(Clone)]
+pub struct Shops {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Db,
+    redis: RedisConns,
+    keys: Keys,
+    meters: Arc<Meters>,
+    local: moka::future::Cache<u64, Arc<Shop>>,
+    /// Every shop this instance has seen, for when both stores are down.
+    last_known: RwLock<HashMap<u64, Arc<Shop>>>,
+    stale: Mutex<HashSet<u64>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("no store answers and this instance has never seen shop {0}")]
+pub struct Unknowable(pub u64);
+
+impl Shops {
+    pub fn new(db: Db, redis: RedisConns, keys: Keys, meters: Arc<Meters>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                db,
+                redis,
+                keys,
+                meters,
+                local: moka::future::Cache::builder()
+                    .max_capacity(100_000)
+                    .time_to_live(LOCAL_FOR)
+                    .build(),
+                last_known: RwLock::new(HashMap::new()),
+                stale: Mutex::new(HashSet::new()),
+            }),
+        }
+    }
+
+    /// The shop (`None`: no such shop), from the nearest layer that answers.
+    pub async fn get(&self, id: u64) -> Result<Option<Arc<Shop>>, Unknowable> {
+        if let Some(shop) = self.inner.local.get(&id).await {
+            return Ok(Some(shop));
+        }
+        let from_redis = self.read_redis(id).await;
+        let shop = match from_redis {
+            Ok(Some(shop)) => Some(shop),
+            redis_said => match repo::load(&self.inner.db, id).await {
+                Ok(Some(shop)) => {
+                    // Redis lacked it (or is down): fill it for the other instances.
+                    if redis_said.is_ok()
+                        && let Err(e) = self.store_in_redis(&shop).await
+                    {
+                        tracing::warn!(shop = id, error = %e, "cannot fill the shop into Redis");
+                    }
+                    self.inner.meters.shop_fill("mysql");
+                    Some(shop)
+                }
+                Ok(None) => return Ok(None),
+                Err(e) => {
+                    let last = self.last_known(id).ok_or(Unknowable(id))?;
+                    tracing::warn!(shop = id, error = %e, "Redis and MySQL both failed; serving the last known shop status");
+                    self.inner.meters.shop_fill("last_known");
+                    return Ok(Some(last));
+                }
+            },
+        };
+        Ok(match shop {
+            Some(shop) => Some(self.keep(shop).await),
+            None => None,
+        })
+    }
+
+    /// Whether the shop is open now, for the purchase path: from memory, as last loaded
+    /// (the item catalogue reloads its items' shops every half second, and an announced
+    /// change reloads at once), so a purchase never waits for a store here. A shop this
+    /// instance has not loaded yet is loaded now; one nobody can tell about (both stores
+    /// down, never seen) counts as open: the stock is safe either way.
+    pub async fn open_now(&self, id: u64) -> bool {
+        let now = chrono::Utc::now();
+        if let Some(shop) = self.last_known(id) {
+            return shop.open_at(now);
+        }
+        match self.get(id).await {
+            Ok(Some(shop)) => shop.open_at(now),
+            Ok(None) | Err(_) => true,
+        }
+    }
+
+    async fn keep(&self, shop: Shop) -> Arc<Shop> {
+        let shop = Arc::new(shop);
+        self.inner
+            .last_known
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(shop.id, shop.clone());
+        self.inner.local.insert(shop.id, shop.clone()).await;
+        shop
+    }
+
+    fn last_known(&self, id: u64) -> Option<Arc<Shop>> {
+        let known = self
+            .inner
+            .last_known
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        known.get(&id).cloned()
+    }
+
+    async fn read_redis(&self, id: u64) -> Result<Option<Shop>, RedisError> {
+        let mut conn = self.inner.redis.bulk().await?;
+        let json: Option<String> = redis_timed(conn.get(self.inner.keys.shop(id))).await?;
+        let Some(json) = json else {
+            return Ok(None);
+        };
+        match serde_json::from_str(&json) {
+            Ok(shop) => {
+                self.inner.meters.shop_fill("redis");
+                Ok(Some(shop))
+            }
+            Err(e) => {
+                // Treated as missing: MySQL fills it again.
+                tracing::error!(shop = id, error = %e, "unreadable shop in Redis; reloading from MySQL");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Writes the shop into Redis (the layer every instance fills from).
+    pub async fn store_in_redis(&self, shop: &Shop) -> Result<(), RedisError> {
+        let json = serde_json::to_string(shop)
+            .map_err(|e| RedisError::Unexpected(format!("shop JSON: {e}")))?;
+        let mut conn = self.inner.redis.bulk().await?;
+        redis_timed(conn.set(self.inner.keys.shop(shop.id), json)).await
+    }
+
+    /// What Redis holds for the shop, as text (for the consistency check).
+    pub async fn redis_text(&self, id: u64) -> Result<Option<String>, RedisError> {
+        let mut conn = self.inner.redis.bulk().await?;
+        redis_timed(conn.get(self.inner.keys.shop(id))).await
+    }
+
+    /// The shop as this instance's cache holds it right now, if it does.
+    pub async fn cached(&self, id: u64) -> Option<Arc<Shop>> {
+        self.inner.local.get(&id).await
+    }
+
+    /// The shop changed somewhere: drop it from this instance's cache at the next flush.
+    pub fn mark_stale(&self, id: u64) {
+        self.inner
+            .stale
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id);
+    }
+
+    /// Drops it now (this instance made the change).
+    pub async fn forget(&self, id: u64) {
+        self.inner.local.invalidate(&id).await;
+    }
+
+    pub fn meters(&self) -> &Meters {
+        &self.inner.meters
+    }
+
+    /// Drops the stale shops every [`COALESCE`], until shutdown.
+    pub async fn flush_stale(self, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(COALESCE) => {}
+            }
+            let stale: Vec<u64> = self
+                .inner
+                .stale
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .drain()
+                .collect();
+            for id in stale {
+                self.inner.local.invalidate(&id).await;
+                // Reload now, so the purchase path's view follows at once.
+                if let Err(e) = self.get(id).await {
+                    tracing::debug!(shop = id, error = %e, "cannot reload a changed shop yet");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Changing a shop: one change at a time per shop under a Redis lock (a random token,
+//! released only by its owner), MySQL first, then Redis, then an announcement on the
+//! `{ns}.shops` fanout exchange that every instance follows; and every change in the log.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use lapin::BasicProperties;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::Broker;
+use crate::keys::Keys;
+use crate::lua::UNLOCK;
+use crate::store::{RedisConns, RedisError, redis_timed};
+
+use super::cache::Shops;
+
+/// A crashed holder's lock goes away after this long.
+const LOCK_FOR: Duration = Duration::from_secs(5);
+/// How long a change waits for another one to finish.
+const WAIT_FOR_LOCK: Duration = Duration::from_millis(800);
+
+/// A shop's change lock, held by one token.
+pub struct ShopLock {
+    key: String,
+    token: String,
+}
+
+impl ShopLock {
+    /// Takes the shop's lock, waiting a little for a change in progress; `None` if it
+    /// stayed taken.
+    pub async fn take(
+        redis: &RedisConns,
+        keys: &Keys,
+        shop: u64,
+    ) -> Result<Option<Self>, RedisError> {
+        let lock = Self {
+            key: keys.shop_lock(shop),
+            token: ulid::Ulid::new().to_string(),
+        };
+        let deadline = Instant::now() + WAIT_FOR_LOCK;
+        loop {
+            let mut conn = redis.bulk().await?;
+            let taken: Option<String> = redis_timed(
+                redis::cmd("SET")
+                    .arg(&lock.key)
+                    .arg(&lock.token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(LOCK_FOR.as_millis() as u64)
+                    .query_async(&mut *conn),
+            )
+            .await?;
+            if taken.is_some() {
+                return Ok(Some(lock));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Releases the lock if it is still ours (it may have expired and been taken by
+    /// another). Returns whether it was ours.
+    pub async fn release(self, redis: &RedisConns) -> Result<bool, RedisError> {
+        let mut conn = redis.bulk().await?;
+        let released: i64 = redis_timed(
+            UNLOCK
+                .key(&self.key)
+                .arg(&self.token)
+                .invoke_async(&mut *conn),
+        )
+        .await?;
+        Ok(released == 1)
+    }
+}
+
+/// Tells every instance that the shop changed. A lost announcement costs at most the
+/// local cache's one second.
+pub async fn announce(broker: &Broker, shop: u64) {
+    let Some(channel) = broker.publish_channel() else {
+        tracing::warn!(
+            shop,
+            "no broker connection: instances see the shop change within a second anyway"
+        );
+        return;
+    };
+    let sent = channel
+        .basic_publish(
+            broker.topology().shops_exchange.as_str().into(),
+            "".into(),
+            BasicPublishOptions::default(),
+            shop.to_string().as_bytes(),
+            BasicProperties::default(),
+        )
+        .await;
+    if let Err(e) = sent {
+        tracing::warn!(shop, error = %e, "could not announce a shop change");
+    }
+}
+
+/// Follows the announcements with a queue of this instance's own, until shutdown.
+pub async fn follow(broker: Broker, shops: Shops, shutdown: CancellationToken) {
+    loop {
+        let Some(channel) = broker.open_channel(&shutdown).await else {
+            return;
+        };
+        let followed = async {
+            let channel = channel?;
+            let queue = channel
+                .queue_declare(
+                    "".into(),
+                    QueueDeclareOptions {
+                        exclusive: true,
+                        auto_delete: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            channel
+                .queue_bind(
+                    queue.name().as_str().into(),
+                    broker.topology().shops_exchange.as_str().into(),
+                    "".into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            let mut deliveries = channel
+                .basic_consume(
+                    queue.name().as_str().into(),
+                    "shops".into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(()),
+                    delivery = deliveries.next() => match delivery {
+                        Some(Ok(delivery)) => {
+                            if let Some(id) = std::str::from_utf8(&delivery.data).ok().and_then(|s| s.parse().ok()) {
+                                shops.mark_stale(id);
+                            }
+                            delivery.ack(BasicAckOptions::default()).await?;
+                        }
+                        Some(Err(e)) => return Err(e),
+                        None => return Ok(()),
+                    },
+                }
+            }
+        }
+        .await;
+        if let Err(e) = followed {
+            tracing::warn!(error = %e, "lost the shop announcements; following again");
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
