@@ -166,7 +166,7 @@ where
         tracing::warn!(shop = id, error = %e, "could not release the shop lock; it expires by itself");
     }
     let after = result?;
-    state.shops.forget(id).await;
+    state.shops.reload(id).await;
     announce(&state.broker, id).await;
     tracing::info!(
         shop = id,

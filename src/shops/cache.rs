@@ -4,14 +4,15 @@
 //! so the status follows the hours by itself as time passes.
 //!
 //! A change is announced on the `{ns}.shops` fanout exchange; every instance marks the
-//! shop stale and drops it from its cache at the next flush (every 100 ms), so a burst of
-//! changes to one shop costs each instance one reload. The one-second lifetime bounds the
+//! shop stale and reloads it once the announcements have been quiet for [`QUIET`] (or
+//! [`AT_MOST`] after the first), so a burst of changes to one shop costs each instance one
+//! reload. The one-second lifetime bounds the
 //! delay when an announcement is lost. With Redis down, reads go to MySQL; with MySQL down
 //! too, the last value this instance knew is served (and a warning logged).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
@@ -23,8 +24,11 @@ use crate::telemetry::Meters;
 use super::repo::{self, Shop};
 
 const LOCAL_FOR: Duration = Duration::from_secs(1);
-/// How long announcements gather before the stale shops are dropped.
-const COALESCE: Duration = Duration::from_millis(100);
+/// A stale shop is reloaded once no announcement about it came for this long …
+const QUIET: Duration = Duration::from_millis(200);
+/// … or this long after the first, whichever comes first.
+const AT_MOST: Duration = Duration::from_millis(700);
+const FLUSH_EVERY: Duration = Duration::from_millis(50);
 
 #[derive(Clone)]
 pub struct Shops {
@@ -39,7 +43,8 @@ struct Inner {
     local: moka::future::Cache<u64, Arc<Shop>>,
     /// Every shop this instance has seen, for when both stores are down.
     last_known: RwLock<HashMap<u64, Arc<Shop>>>,
-    stale: Mutex<HashSet<u64>>,
+    /// Shops announced as changed: when the first and the last announcement came.
+    stale: Mutex<HashMap<u64, (Instant, Instant)>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +64,7 @@ impl Shops {
                     .time_to_live(LOCAL_FOR)
                     .build(),
                 last_known: RwLock::new(HashMap::new()),
-                stale: Mutex::new(HashSet::new()),
+                stale: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -172,44 +177,53 @@ impl Shops {
         self.inner.local.get(&id).await
     }
 
-    /// The shop changed somewhere: drop it from this instance's cache at the next flush.
+    /// The shop changed somewhere: reload it once the announcements calm down.
     pub fn mark_stale(&self, id: u64) {
+        let now = Instant::now();
         self.inner
             .stale
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(id);
+            .entry(id)
+            .and_modify(|(_, last)| *last = now)
+            .or_insert((now, now));
     }
 
-    /// Drops it now (this instance made the change).
-    pub async fn forget(&self, id: u64) {
+    /// Reloads it now through the layers (this instance made or found the change).
+    pub async fn reload(&self, id: u64) {
         self.inner.local.invalidate(&id).await;
+        if let Err(e) = self.get(id).await {
+            tracing::debug!(shop = id, error = %e, "cannot reload the shop yet");
+        }
     }
 
     pub fn meters(&self) -> &Meters {
         &self.inner.meters
     }
 
-    /// Drops the stale shops every [`COALESCE`], until shutdown.
+    /// Reloads the stale shops whose announcements have calmed down, until shutdown.
     pub async fn flush_stale(self, shutdown: CancellationToken) {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(COALESCE) => {}
+                () = tokio::time::sleep(FLUSH_EVERY) => {}
             }
-            let stale: Vec<u64> = self
-                .inner
-                .stale
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .drain()
-                .collect();
-            for id in stale {
-                self.inner.local.invalidate(&id).await;
-                // Reload now, so the purchase path's view follows at once.
-                if let Err(e) = self.get(id).await {
-                    tracing::debug!(shop = id, error = %e, "cannot reload a changed shop yet");
+            let now = Instant::now();
+            let stale: Vec<u64> = {
+                let mut stale = self.inner.stale.lock().unwrap_or_else(|e| e.into_inner());
+                let due: Vec<u64> = stale
+                    .iter()
+                    .filter(|(_, (first, last))| now - *last >= QUIET || now - *first >= AT_MOST)
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in &due {
+                    stale.remove(id);
                 }
+                due
+            };
+            for id in stale {
+                // Now, so the purchase path's view follows at once.
+                self.reload(id).await;
             }
         }
     }

@@ -54,7 +54,7 @@ pub async fn repair_all(shops: &Shops, db: &Db, broker: &Broker) -> Result<u64, 
                 shop = id,
                 "shop in this instance's cache differs from MySQL; dropped"
             );
-            shops.forget(id).await;
+            shops.reload(id).await;
             shops.meters().shop_repair("local");
             repaired += 1;
         }

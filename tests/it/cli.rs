@@ -1,9 +1,7 @@
 //! The `seckill` binary as users run it: its commands, and `serve` as a process — JSON logs
 //! with the request's span, and a clean stop on SIGTERM.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -12,50 +10,6 @@ use seckill::auth::Jwt;
 use seckill::domain::UserId;
 
 use crate::helpers::*;
-
-/// Starts `seckill serve …`, collecting its stdout lines; returns once it listens.
-fn serve(
-    command: &mut Command,
-) -> (
-    std::process::Child,
-    TestServer,
-    Arc<Mutex<Vec<String>>>,
-    std::thread::JoinHandle<()>,
-) {
-    let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Collect stdout; hand over the bound address from the `listening` line.
-    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
-    let (addr_tx, addr_rx) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    let reader = {
-        let lines = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Ok(json) = serde_json::from_str::<Value>(&line)
-                    && json["message"] == "listening"
-                {
-                    let _ = addr_tx.send(json["addr"].as_str().unwrap_or_default().to_owned());
-                }
-                lines.lock().unwrap().push(line);
-            }
-        })
-    };
-    let addr = addr_rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("a `listening` line");
-    let server = TestServer::external(addr.parse().unwrap());
-    (child, server, lines, reader)
-}
-
-fn seckill(env: &TestEnv) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_seckill"));
-    command.envs(env.vars()).env_remove("RUST_LOG");
-    command
-}
 
 #[tokio::test]
 async fn token_migrate_and_warmup_commands() {

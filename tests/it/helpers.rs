@@ -3,8 +3,10 @@
 //! Redis, MariaDB and RabbitMQ, and cleans everything up afterwards (also when it fails).
 
 use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -786,4 +788,49 @@ pub fn mysql_addr() -> SocketAddr {
     format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(3306))
         .parse()
         .unwrap()
+}
+
+/// The `seckill` binary with this environment's settings.
+pub fn seckill(env: &TestEnv) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_seckill"));
+    command.envs(env.vars()).env_remove("RUST_LOG");
+    command
+}
+
+/// Starts `seckill serve …`, collecting its stdout lines; returns once it listens.
+pub fn serve(
+    command: &mut Command,
+) -> (
+    Child,
+    TestServer,
+    Arc<Mutex<Vec<String>>>,
+    std::thread::JoinHandle<()>,
+) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Collect stdout; hand over the bound address from the `listening` line.
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (addr_tx, addr_rx) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    let reader = {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(json) = serde_json::from_str::<Value>(&line)
+                    && json["message"] == "listening"
+                {
+                    let _ = addr_tx.send(json["addr"].as_str().unwrap_or_default().to_owned());
+                }
+                lines.lock().unwrap().push(line);
+            }
+        })
+    };
+    let addr = addr_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("a `listening` line");
+    let server = TestServer::external(addr.parse().unwrap());
+    (child, server, lines, reader)
 }

@@ -12,3 +12,4 @@ mod protection;
 mod purchase;
 mod queue;
 mod setup;
+mod shops;
