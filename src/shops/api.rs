@@ -49,10 +49,11 @@ pub async fn put_hours(
     if let Some(problem) = hours.problem() {
         return Err(ApiError::bad_request(problem));
     }
-    change(&state, id, "hours", "admin", "hours set", |db| async move {
+    let after = change(&state, id, "hours", "admin", "hours set", |db| async move {
         repo::set_hours(&db, id, &hours).await
     })
-    .await
+    .await?;
+    Ok(ok("updated", view(&after)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -100,10 +101,11 @@ pub async fn put_status(
     } else {
         reason
     };
-    change(&state, id, "status", &by, &why, |db| async move {
+    let after = change(&state, id, "status", &by, &why, |db| async move {
         repo::set_override(&db, id, value.as_ref()).await
     })
-    .await
+    .await?;
+    Ok(ok("updated", view(&after)))
 }
 
 /// `POST /admin/shops/{id}/refresh`: recompute from MySQL and push it everywhere.
@@ -115,7 +117,7 @@ pub async fn refresh(
     if repo::load(&state.db, id).await?.is_none() {
         return Err(ApiError::ShopNotFound);
     }
-    change(
+    let after = change(
         &state,
         id,
         "refresh",
@@ -123,11 +125,12 @@ pub async fn refresh(
         "refreshed by hand",
         |_| async { Ok(()) },
     )
-    .await
+    .await?;
+    Ok(ok("refreshed", view(&after)))
 }
 
 /// One change under the shop's lock: `write` to MySQL, then Redis, the log, the
-/// announcement. Answers the shop's status after it.
+/// announcement. Returns the shop after it.
 async fn change<F, Fut>(
     state: &AppState,
     id: u64,
@@ -135,7 +138,7 @@ async fn change<F, Fut>(
     by: &str,
     reason: &str,
     write: F,
-) -> Result<Response, ApiError>
+) -> Result<Shop, ApiError>
 where
     F: FnOnce(crate::store::Db) -> Fut,
     Fut: std::future::Future<Output = Result<(), crate::store::DbError>>,
@@ -176,5 +179,5 @@ where
         open = after.open_at(Utc::now()),
         "shop changed"
     );
-    Ok(ok("updated", view(&after)))
+    Ok(after)
 }

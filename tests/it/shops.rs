@@ -156,6 +156,21 @@ async fn closed_shops_sell_nothing_and_hours_exceptions_and_overrides_decide() {
             "late sale".into()
         )
     );
+    // Support staff can push the MySQL truth everywhere again.
+    for (shop, status, code) in [(1, 200, "refreshed"), (99, 404, "shop_not_found")] {
+        let response = env
+            .admin(
+                reqwest::Method::POST,
+                &server,
+                &format!("/admin/shops/{shop}/refresh"),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), status);
+        let json: Value = response.json().await.unwrap();
+        assert_eq!(json["code"], code, "{json}");
+    }
     server.stop().await;
 }
 
