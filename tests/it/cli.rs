@@ -1,7 +1,6 @@
 //! The `seckill` binary as users run it: its commands, and `serve` as a process — JSON logs
 //! with the request's span, and a clean stop on SIGTERM.
 
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -94,7 +93,7 @@ async fn token_migrate_and_warmup_commands() {
 #[tokio::test]
 async fn serve_logs_json_lines_with_the_request_span_and_stops_on_sigterm() {
     let env = TestEnv::new("process").await;
-    let (mut child, server, lines, reader) = serve(seckill(&env).arg("serve"));
+    let (child, server, lines, reader) = serve(seckill(&env).arg("serve"));
 
     env.item_on_sale(&server, 1, 5).await;
     let (status, won) = env.buy(&server, 7, 1).await;
@@ -102,17 +101,7 @@ async fn serve_logs_json_lines_with_the_request_span_and_stops_on_sigterm() {
     env.wait_for_orders(&server, 1, 1, Duration::from_secs(20))
         .await;
 
-    let pid = child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let exit = child.wait().unwrap();
-    reader.join().unwrap();
-    assert!(exit.success(), "exit after SIGTERM: {exit}");
+    stop_process(child, reader);
 
     let lines = lines.lock().unwrap();
     let logged: Vec<Value> = lines
@@ -153,7 +142,7 @@ async fn serve_logs_json_lines_with_the_request_span_and_stops_on_sigterm() {
 async fn a_redis_that_refuses_config_is_named_in_the_log_and_deadlines_still_pass() {
     let env = TestEnv::new("noconfig").await;
     let redis = PrivateRedis::start_with(&["--rename-command", "CONFIG", ""]).await;
-    let (mut child, server, lines, reader) = serve(
+    let (child, server, lines, reader) = serve(
         seckill(&env)
             .arg("serve")
             .env("SECKILL_REDIS_URL", redis.url())
@@ -174,15 +163,7 @@ async fn a_redis_that_refuses_config_is_named_in_the_log_and_deadlines_still_pas
         }
     })
     .await;
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
-    assert!(child.wait().unwrap().success());
-    reader.join().unwrap();
+    stop_process(child, reader);
     let lines = lines.lock().unwrap();
     let warning = lines
         .iter()

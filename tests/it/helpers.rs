@@ -259,6 +259,13 @@ impl TestEnv {
             .bearer_auth(ADMIN_TOKEN)
     }
 
+    /// The server's `/metrics` text.
+    pub async fn metrics_text(&self, server: &TestServer) -> String {
+        let response = self.http.get(server.url("/metrics")).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        response.text().await.unwrap()
+    }
+
     /// `GET path` with the admin token: status and JSON body.
     pub async fn admin_get(&self, server: &TestServer, path: &str) -> (u16, Value) {
         let response = self
@@ -833,4 +840,17 @@ pub fn serve(
         .expect("a `listening` line");
     let server = TestServer::external(addr.parse().unwrap());
     (child, server, lines, reader)
+}
+
+/// Stops a `seckill serve` process as an operator would (SIGTERM) and checks it exits
+/// cleanly; then waits for its log reader.
+pub fn stop_process(mut child: Child, reader: std::thread::JoinHandle<()>) {
+    let term = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let exit = child.wait().unwrap();
+    assert!(exit.success(), "exit after SIGTERM: {exit}");
+    reader.join().unwrap();
 }

@@ -594,15 +594,7 @@ async fn reconciliation_returns_what_can_no_longer_be_paid_and_reports_disagreem
     let report = reconcile().await;
     assert_eq!(report["consistent"], false, "{report}");
     assert_eq!(env.remaining(1).await, 8);
-    let metrics = env
-        .http
-        .get(api.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = env.metrics_text(&api).await;
     let mismatch = format!(
         "seckill_reconcile_mismatches_total{{namespace=\"{}\",item=\"1\"}} 1",
         env.settings.namespace

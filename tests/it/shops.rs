@@ -1,7 +1,6 @@
 //! Shop status: seen everywhere within a second, bursts coalesced, one change at a time,
 //! repaired from MySQL, still answered with stores down, and obeyed by purchases.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
@@ -39,16 +38,9 @@ async fn shop_open(env: &TestEnv, server: &TestServer, shop: u64) -> Value {
 
 /// A shop-cache fill counter of one process's `/metrics`.
 async fn fills(env: &TestEnv, server: &TestServer) -> f64 {
-    let text = env
-        .http
-        .get(server.url("/metrics"))
-        .send()
+    env.metrics_text(server)
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
+        .lines()
         .filter(|l| l.starts_with("seckill_shop_cache_fills_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
@@ -180,8 +172,7 @@ async fn a_change_through_one_instance_reaches_another_within_a_second_and_burst
     let a = env.server(ALL_ROLES).await;
     env.item_on_sale(&a, 1, 10).await;
     // B is a process of its own, so its /metrics counts only its own cache fills.
-    let (mut child, b_server, _lines, reader) =
-        serve(seckill(env).args(["serve", "--roles", "api"]));
+    let (child, b_server, _lines, reader) = serve(seckill(env).args(["serve", "--roles", "api"]));
     let b = &b_server;
     assert_eq!(shop_open(env, b, 1).await, true);
 
@@ -223,15 +214,7 @@ async fn a_change_through_one_instance_reaches_another_within_a_second_and_burst
         "B ends on the last change"
     );
 
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
-    assert!(child.wait().unwrap().success());
-    reader.join().unwrap();
+    stop_process(child, reader);
     a.stop().await;
 }
 
