@@ -50,7 +50,15 @@ async fn token_migrate_and_warmup_commands() {
         .fetch_all(&pool)
         .await
         .unwrap();
-    for table in ["items", "orders", "shops"] {
+    for table in [
+        "items",
+        "orders",
+        "shops",
+        "shop_hours",
+        "shop_exceptions",
+        "shop_changes",
+        "circuit_changes",
+    ] {
         assert!(tables.iter().any(|t| t == table), "{tables:?}");
     }
     pool.close().await;
