@@ -41,7 +41,6 @@ impl Keys {
             pending: self.pending(item),
             outbox: self.outbox(item),
             due: self.due(item),
-            leased: self.leased(item),
             buyers: shards("buyers"),
             buyer_orders: shards("buyer_orders"),
         }
@@ -62,7 +61,7 @@ impl Keys {
         self.item_key(item, "due")
     }
 
-    /// [`ItemKeys::leased`] alone.
+    /// ZSET of tasks a scheduler has taken: task → when its lease runs out (ms).
     pub fn leased(&self, item: ItemId) -> String {
         self.item_key(item, "leased")
     }
@@ -137,10 +136,9 @@ pub struct ItemKeys {
     pub pending: String,
     /// ZSET `order_sn` → won-at ms: not yet confirmed by RabbitMQ (the relay's work list).
     pub outbox: String,
-    /// ZSET delay queue: task (`cancel|SN`, `remind:50|SN`) → when it is due (ms).
+    /// ZSET delay queue: task (`cancel|SN`, `remind:50|SN`) → when it is due (ms). Tasks a
+    /// scheduler has taken wait in [`Keys::leased`] until done or their lease runs out.
     pub due: String,
-    /// ZSET of tasks a scheduler has taken: task → when its lease runs out (ms).
-    pub leased: String,
     /// ZSET per shard: `user_id` → won-at ms, for every user holding a unit.
     buyers: Vec<String>,
     /// HASH per shard: `user_id` → the `order_sn` they hold (for `409 duplicate`).

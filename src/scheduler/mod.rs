@@ -22,7 +22,9 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::Broker;
 use crate::config::Settings;
 use crate::keys::Keys;
-use crate::store::{Db, RedisConns};
+use crate::orders::ending::{Cancelled, cancel_overdue};
+use crate::orders::repo::CancelReason;
+use crate::store::{Db, RedisConns, StoreError};
 use crate::telemetry::Meters;
 
 /// How often ended sales are looked for (to reconcile them).
@@ -62,16 +64,13 @@ impl Scheduler {
     }
 
     /// Cancels those of these orders that are unpaid past their deadline, units back.
-    async fn time_out(
-        &self,
-        sns: &[&str],
-    ) -> Result<crate::orders::ending::Cancelled, crate::store::StoreError> {
-        let outcome = crate::orders::ending::cancel_overdue(
+    async fn time_out(&self, sns: &[&str]) -> Result<Cancelled, StoreError> {
+        let outcome = cancel_overdue(
             &self.db,
             &self.redis,
             &self.keys,
             sns,
-            crate::orders::repo::CancelReason::Timeout,
+            CancelReason::Timeout,
         )
         .await?;
         self.meters.cancelled("timeout", outcome.cancelled);

@@ -121,13 +121,26 @@ impl TestEnv {
 
     /// `PUT /admin/items/{id}` with a sale window open now for an hour.
     pub async fn create_item(&self, server: &TestServer, id: u64, total: u32) -> Value {
+        self.create_item_paying_within(server, id, total, 1800)
+            .await
+    }
+
+    /// [`TestEnv::create_item`] with a pay timeout.
+    pub async fn create_item_paying_within(
+        &self,
+        server: &TestServer,
+        id: u64,
+        total: u32,
+        pay_timeout_s: u32,
+    ) -> Value {
         let now = Utc::now();
-        self.put_item(
+        self.put_item_paying_within(
             server,
             id,
             total,
             now - chrono::Duration::seconds(5),
             now + chrono::Duration::hours(1),
+            pay_timeout_s,
         )
         .await
     }
@@ -204,16 +217,8 @@ impl TestEnv {
         total: u32,
         pay_timeout_s: u32,
     ) {
-        let now = Utc::now();
-        self.put_item_paying_within(
-            server,
-            id,
-            total,
-            now - chrono::Duration::seconds(5),
-            now + chrono::Duration::hours(1),
-            pay_timeout_s,
-        )
-        .await;
+        self.create_item_paying_within(server, id, total, pay_timeout_s)
+            .await;
         self.warmup(server, id).await;
     }
 
