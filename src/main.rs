@@ -10,6 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokio_util::sync::CancellationToken;
 
 use seckill::auth::Jwt;
+use seckill::bench::BenchArgs;
 use seckill::domain::{ItemId, UserId};
 use seckill::items::warmup::warmup;
 use seckill::keys::Keys;
@@ -74,6 +75,14 @@ enum Command {
         #[command(flatten)]
         settings: Settings,
     },
+    /// Rehearse a sale against a running server: fire a crowd, report answers and latency,
+    /// then check the invariants against Redis and MySQL (exit 1 when one is broken).
+    Bench {
+        #[command(flatten)]
+        bench: Box<BenchArgs>,
+        #[command(flatten)]
+        settings: Settings,
+    },
 }
 
 fn parse_item(s: &str) -> Result<ItemId, String> {
@@ -92,7 +101,7 @@ async fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     match run(cli.command).await {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
@@ -100,7 +109,7 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(command: Command) -> anyhow::Result<()> {
+async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Serve { roles, settings } => {
             let _logs = telemetry::init();
@@ -160,7 +169,17 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
             Ok(())
         }
-    }
+        Command::Bench { bench, settings } => {
+            // A broken invariant is the answer, not an error: exit 1 after the report.
+            let passed = seckill::bench::run(*bench, settings).await?;
+            return Ok(if passed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
+        }
+    }?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Cancels `shutdown` on SIGINT or SIGTERM.

@@ -14,10 +14,30 @@ use super::repo::{self, OrderStatus};
 /// Rows per INSERT statement.
 const ROWS_PER_INSERT: usize = 1_000;
 
+/// How often a write that lost a deadlock is tried again.
+const DEADLOCK_RETRIES: u32 = 3;
+
 /// Writes the orders with multi-row idempotent INSERTs in one transaction (one commit,
 /// so one log flush, per batch rather than per statement): an order already there (a
 /// message delivered twice) is left as it is.
+///
+/// A pay or cancel writing its pending order while the consumer writes a batch holding
+/// the same order can deadlock on the unique keys; MySQL then rolls one transaction back
+/// whole, and that one is simply tried again.
 pub async fn write(db: &Db, orders: &[OrderPlaced]) -> Result<(), DbError> {
+    let mut attempt = 0;
+    loop {
+        match write_once(db, orders).await {
+            Err(e) if e.is_deadlock() && attempt < DEADLOCK_RETRIES => {
+                attempt += 1;
+                tracing::debug!(attempt, "order write lost a deadlock; trying again");
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+async fn write_once(db: &Db, orders: &[OrderPlaced]) -> Result<(), DbError> {
     let mut tx = mysql_timed(db.begin()).await?;
     for rows in orders.chunks(ROWS_PER_INSERT) {
         mysql_timed(repo::insert_batch(&mut *tx, rows, OrderStatus::Unpaid)).await?;

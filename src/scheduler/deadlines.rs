@@ -128,6 +128,10 @@ async fn handle(
         later.extend(unsent);
     }
 
+    if done.is_empty() && later.is_empty() {
+        // Nothing was claimed (an empty pipeline is an error to the Redis client).
+        return Ok(());
+    }
     let mut pipe = redis::pipe();
     delay::finish(&mut pipe, &scheduler.keys, item, &done);
     let retry_at = Utc::now().timestamp_millis() + RETRY_AFTER.as_millis() as i64;

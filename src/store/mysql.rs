@@ -25,6 +25,16 @@ pub enum DbError {
 }
 
 impl DbError {
+    /// Whether MySQL chose this transaction as a deadlock's victim and rolled it back
+    /// (SQLSTATE 40001, error 1213): running it again is safe.
+    pub fn is_deadlock(&self) -> bool {
+        match self {
+            DbError::Sql(sqlx::Error::Database(e)) => e.code().as_deref() == Some("40001"),
+            DbError::Shared(e) => e.is_deadlock(),
+            _ => false,
+        }
+    }
+
     /// Whether the database could not be reached (retry later), as opposed to a query that
     /// MySQL refused (a bug or bad data).
     pub fn is_unavailable(&self) -> bool {

@@ -1,0 +1,256 @@
+//! CONTRACT.md section 7, checked by the bench itself against Redis and MySQL once the
+//! order queue has drained — not taken from the server's own word.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use indicatif::ProgressBar;
+use serde::Serialize;
+
+use crate::config::Settings;
+use crate::domain::ItemId;
+use crate::items::stock::{StockSnapshot, snapshot};
+use crate::keys::Keys;
+use crate::store::connect_mysql;
+
+use super::fire::Run;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Held,
+    Broken,
+    /// Nothing in this run could test it.
+    NotExercised,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Check {
+    pub number: u8,
+    pub name: &'static str,
+    pub outcome: Outcome,
+    pub detail: String,
+}
+
+fn check(number: u8, name: &'static str, held: bool, detail: String) -> Check {
+    let outcome = if held { Outcome::Held } else { Outcome::Broken };
+    Check {
+        number,
+        name,
+        outcome,
+        detail,
+    }
+}
+
+/// The orders of one item as MySQL holds them.
+struct Orders {
+    total: u64,
+    unpaid: u64,
+    paid: u64,
+    cancelled: HashSet<String>,
+    sns: HashSet<String>,
+    /// Users holding more than one live order (at most a few, for the report).
+    doubled: Vec<u64>,
+}
+
+/// Waits for the queue to drain (`pending` = 0 in Redis), then checks the invariants.
+pub async fn check_all(
+    settings: &Settings,
+    item: ItemId,
+    run: &Run,
+    drain_timeout: Duration,
+) -> anyhow::Result<Vec<Check>> {
+    let redis = redis::Client::open(settings.redis_url.expose())
+        .context("SECKILL_REDIS_URL")?
+        .get_multiplexed_async_connection()
+        .await
+        .context("connecting to Redis to check the invariants")?;
+    let db = connect_mysql(settings.database_url.expose()).await?;
+    let keys = Keys::new(&settings.namespace).item(item);
+
+    let stock = drain(redis, &keys, drain_timeout).await?;
+    let orders = orders(&db, item).await?;
+    db.close().await;
+    Ok(judge(&stock, &orders, run, drain_timeout))
+}
+
+/// Polls Redis until no won unit waits for its order row, or the time is up.
+async fn drain(
+    mut redis: redis::aio::MultiplexedConnection,
+    keys: &crate::keys::ItemKeys,
+    limit: Duration,
+) -> anyhow::Result<StockSnapshot> {
+    let bar = ProgressBar::new_spinner();
+    bar.enable_steady_tick(Duration::from_millis(100));
+    let deadline = Instant::now() + limit;
+    let stock = loop {
+        let stock = snapshot(&mut redis, keys)
+            .await
+            .context("reading the item's stock in Redis")?;
+        if stock.pending == 0 || Instant::now() >= deadline {
+            break stock;
+        }
+        bar.set_message(format!(
+            "waiting for the order queue to drain: {} orders not yet in MySQL",
+            stock.pending
+        ));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    bar.finish_and_clear();
+    Ok(stock)
+}
+
+async fn orders(db: &sqlx::MySqlPool, item: ItemId) -> anyhow::Result<Orders> {
+    let total: u32 = sqlx::query_scalar("SELECT total FROM items WHERE id = ?")
+        .bind(item.get())
+        .fetch_optional(db)
+        .await
+        .context("reading the item from MySQL")?
+        .with_context(|| format!("item {item} is not in MySQL"))?;
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT order_sn, status FROM orders WHERE item_id = ?")
+            .bind(item.get())
+            .fetch_all(db)
+            .await
+            .context("reading the item's orders from MySQL")?;
+    let doubled: Vec<u64> = sqlx::query_scalar(
+        "SELECT user_id FROM orders WHERE item_id = ? AND status IN ('unpaid', 'paid') \
+         GROUP BY user_id HAVING COUNT(*) > 1 LIMIT 5",
+    )
+    .bind(item.get())
+    .fetch_all(db)
+    .await
+    .context("looking for double purchases in MySQL")?;
+    let mut orders = Orders {
+        total: total.into(),
+        unpaid: 0,
+        paid: 0,
+        cancelled: HashSet::new(),
+        sns: HashSet::with_capacity(rows.len()),
+        doubled,
+    };
+    for (sn, status) in rows {
+        match status.as_str() {
+            "unpaid" => orders.unpaid += 1,
+            "paid" => orders.paid += 1,
+            _ => {
+                orders.cancelled.insert(sn.clone());
+            }
+        }
+        orders.sns.insert(sn);
+    }
+    Ok(orders)
+}
+
+fn judge(stock: &StockSnapshot, orders: &Orders, run: &Run, drain_timeout: Duration) -> Vec<Check> {
+    let live = orders.unpaid + orders.paid;
+    let mut checks = Vec::with_capacity(5);
+
+    checks.push(check(
+        1,
+        "no oversell",
+        live + stock.pending <= orders.total,
+        format!(
+            "{live} unpaid or paid + {} pending ≤ {} units",
+            stock.pending, orders.total
+        ),
+    ));
+
+    checks.push(check(
+        2,
+        "no double purchase",
+        orders.doubled.is_empty(),
+        if orders.doubled.is_empty() {
+            "no user holds two live orders".to_owned()
+        } else {
+            format!("users holding two live orders: {:?}", orders.doubled)
+        },
+    ));
+
+    let answered: HashSet<&str> = run.won.iter().map(String::as_str).collect();
+    let twice = run.won.len() - answered.len();
+    let missing: Vec<&str> = answered
+        .iter()
+        .filter(|sn| !orders.sns.contains(**sn))
+        .copied()
+        .collect();
+    let unseen = orders
+        .sns
+        .iter()
+        .filter(|sn| !answered.contains(sn.as_str()))
+        .count();
+    let mut detail = format!(
+        "{} answers 202, {} of them in MySQL",
+        run.won.len(),
+        answered.len() - missing.len()
+    );
+    if twice > 0 {
+        detail += &format!("; {twice} order numbers answered twice");
+    }
+    if !missing.is_empty() {
+        let shown: Vec<_> = missing.iter().take(5).collect();
+        detail += &format!("; missing: {shown:?}");
+        if stock.pending > 0 {
+            detail += &format!(
+                " ({} orders still pending after {} s: is a consumer running?)",
+                stock.pending,
+                drain_timeout.as_secs()
+            );
+        }
+    }
+    if unseen > 0 {
+        detail += &format!(
+            "; {unseen} rows whose 202 never reached the bench (an answer lost on the way)"
+        );
+    }
+    checks.push(check(
+        3,
+        "nothing lost",
+        twice == 0 && missing.is_empty(),
+        detail,
+    ));
+
+    checks.push(check(
+        4,
+        "stock adds up",
+        stock.pending == 0 && stock.remaining + live == orders.total,
+        format!(
+            "{} remaining in Redis + {} unpaid + {} paid = {} (total {}), {} pending",
+            stock.remaining,
+            orders.unpaid,
+            orders.paid,
+            stock.remaining + live,
+            orders.total,
+            stock.pending
+        ),
+    ));
+
+    checks.push(if run.cancelled.is_empty() {
+        Check {
+            number: 5,
+            name: "cancelled units come back",
+            outcome: Outcome::NotExercised,
+            detail: "this run cancelled nothing (--cancel-percent does)".to_owned(),
+        }
+    } else {
+        let not_cancelled = run
+            .cancelled
+            .iter()
+            .filter(|sn| !orders.cancelled.contains(*sn))
+            .count();
+        // With invariant 4, a cancelled order's unit is counted in `remaining` (or sold again).
+        check(
+            5,
+            "cancelled units come back",
+            not_cancelled == 0 && stock.remaining + live == orders.total,
+            format!(
+                "{} orders cancelled by the crowd, {} of them cancelled in MySQL; their units \
+                 are back in the count of invariant 4",
+                run.cancelled.len(),
+                run.cancelled.len() - not_cancelled
+            ),
+        )
+    });
+    checks
+}

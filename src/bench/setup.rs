@@ -1,0 +1,138 @@
+//! The item a rehearsal sells: set up through the admin API, or an existing one.
+
+use anyhow::{Context, bail};
+use chrono::{DateTime, Utc};
+use reqwest::Method;
+use serde_json::{Value, json};
+use url::Url;
+
+use crate::config::Secret;
+use crate::domain::ItemId;
+
+use super::BenchArgs;
+
+/// Units of a new item when `--units` is not given.
+const DEFAULT_UNITS: u32 = 1000;
+
+/// The admin API of the server under test.
+pub struct Admin {
+    http: reqwest::Client,
+    base: Url,
+    token: String,
+}
+
+impl Admin {
+    pub fn new(base: Url, token: Option<&Secret>) -> anyhow::Result<Self> {
+        let token = token
+            .context(
+                "SECKILL_ADMIN_TOKEN is not set: the bench sets up the item and reads its \
+                 stats through the admin API",
+            )?
+            .expose()
+            .to_owned();
+        Ok(Self {
+            http: reqwest::Client::new(),
+            base,
+            token,
+        })
+    }
+
+    /// Calls the admin API; a non-2xx answer is an error naming the call and the answer.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<Value> {
+        let url = self
+            .base
+            .join(path)
+            .with_context(|| format!("URL for {path}"))?;
+        let mut request = self
+            .http
+            .request(method.clone(), url.clone())
+            .bearer_auth(&self.token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("{method} {url}: is the server running there?"))?;
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!("{method} {url} answered {status}: {body}");
+        }
+        Ok(body)
+    }
+}
+
+/// The item as the rehearsal sees it before the first press.
+#[derive(Debug, Clone)]
+pub struct ItemInfo {
+    pub id: ItemId,
+    pub name: String,
+    pub total: u64,
+    pub remaining: u64,
+}
+
+/// Sets the item up (or checks the existing one) and answers what it holds.
+pub async fn prepare(
+    admin: &Admin,
+    args: &BenchArgs,
+    start_at: DateTime<Utc>,
+) -> anyhow::Result<ItemInfo> {
+    let id = match args.item {
+        Some(id) => id,
+        None => new_item_id()?,
+    };
+    if args.item.is_none() || args.units.is_some() {
+        let units = args.units.unwrap_or(DEFAULT_UNITS);
+        admin
+            .call(
+                Method::PUT,
+                &format!("/admin/items/{id}"),
+                Some(json!({
+                    "name": format!("bench item {id}"),
+                    "shop_id": args.shop,
+                    "total": units,
+                    // Started a moment before the presses, so the first one is on time.
+                    "start_at": start_at - chrono::Duration::milliseconds(500),
+                    "end_at": start_at + chrono::Duration::hours(1),
+                    "price_cents": 100,
+                })),
+            )
+            .await?;
+        admin
+            .call(
+                Method::POST,
+                &format!("/admin/items/{id}/warmup?force=true"),
+                None,
+            )
+            .await?;
+    }
+    let stats = admin
+        .call(Method::GET, &format!("/admin/items/{id}/stats"), None)
+        .await
+        .with_context(|| format!("item {id}: does it exist? (--units sets it up)"))?;
+    let item = admin
+        .call(Method::GET, &format!("/api/items/{id}"), None)
+        .await?;
+    let number = |v: &Value, what: &str| {
+        v.as_u64()
+            .with_context(|| format!("item {id}: {what} is not a number: {v}"))
+    };
+    Ok(ItemInfo {
+        id,
+        name: item["name"].as_str().unwrap_or_default().to_owned(),
+        total: number(&stats["total"], "total")?,
+        remaining: number(&stats["remaining"], "remaining")?,
+    })
+}
+
+/// A fresh item id per run: milliseconds since 2026 plus a trillion, far from hand-made ids.
+fn new_item_id() -> anyhow::Result<ItemId> {
+    let ms = u64::try_from(Utc::now().timestamp_millis() - 1_767_225_600_000).unwrap_or_default();
+    ItemId::new(1_000_000_000_000 + ms).context("item id from the clock")
+}
