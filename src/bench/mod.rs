@@ -51,8 +51,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1)]
     pub first_user: u64,
     /// How many presses in all; press i is user i mod users, so each user presses
-    /// requests / users times, spread over the run.
-    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(1..))]
+    /// requests / users times, spread over the run. 0 only checks the invariants of an
+    /// existing item (after a k6 or JMeter run, say).
+    #[arg(long, default_value_t = 20_000)]
     pub requests: u64,
     /// Connections (requests in flight at once).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]

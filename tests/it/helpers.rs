@@ -859,3 +859,60 @@ pub fn stop_process(mut child: Child, reader: std::thread::JoinHandle<()>) {
     assert!(exit.success(), "exit after SIGTERM: {exit}");
     reader.join().unwrap();
 }
+
+/// A private nginx with `nginx/seckill.conf` (installed by `dev/nginx.sh`, as a developer
+/// runs it) in front of two servers, on a spare port. Stopped on drop.
+pub struct Nginx {
+    pub addr: SocketAddr,
+    child: Child,
+    state: std::path::PathBuf,
+}
+
+impl Nginx {
+    pub async fn start(api_1: SocketAddr, api_2: SocketAddr) -> Self {
+        let port = free_port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let state = std::env::temp_dir().join(format!(
+            "seckill-nginx-{}",
+            ulid::Ulid::new().to_string().to_lowercase()
+        ));
+        let child = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/dev/nginx.sh"))
+            .args([
+                addr.to_string(),
+                api_1.to_string(),
+                api_2.to_string(),
+                state.display().to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("dev/nginx.sh");
+        let nginx = Self { addr, child, state };
+        eventually(Duration::from_secs(20), "nginx listening", || async {
+            tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        nginx
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        // SIGTERM: the master stops its workers and exits.
+        signal(self.child.id(), "TERM");
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
+/// Sends SIGKILL to a process (an instance dying mid-sale).
+pub fn kill_hard(child: &mut Child) {
+    signal(child.id(), "KILL");
+    let _ = child.wait();
+}

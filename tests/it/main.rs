@@ -2,14 +2,18 @@
 //! compiles once; every test isolates itself (see `helpers`).
 
 mod admin;
+mod bench;
 mod burst;
 mod cli;
+mod edge;
 mod faults;
 mod helpers;
 mod lifecycle;
 mod operations;
+mod plans;
 mod protection;
 mod purchase;
 mod queue;
 mod setup;
 mod shops;
+mod storefront;

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Runs nginx in the foreground with nginx/seckill.conf, in front of two seckill servers:
+#   dev/nginx.sh LISTEN API_1 API_2 [STATE_DIR]
+#   dev/nginx.sh 127.0.0.1:8000 127.0.0.1:8081 127.0.0.1:8082
+# The storefront under web/ is served from this checkout. Everything nginx writes (its
+# rendered config, pid, logs, temp files) goes to STATE_DIR (default target/nginx).
+# Debian's nginx (or nginx-light) must be installed; dev/services.sh installs it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if (($# < 3)); then
+  echo "usage: $0 LISTEN API_1 API_2 [STATE_DIR]" >&2
+  exit 2
+fi
+listen=$1 api1=$2 api2=$3 state=${4:-target/nginx}
+nginx=$(command -v nginx || echo /usr/sbin/nginx)
+[ -x "$nginx" ] || { echo "nginx is not installed: sudo apt-get install nginx-light" >&2; exit 1; }
+mime=/etc/nginx/mime.types
+[ -r "$mime" ] || { echo "$mime is missing (it comes with Debian's nginx-common)" >&2; exit 1; }
+
+mkdir -p "$state/tmp"
+state=$(cd "$state" && pwd)
+web=$(pwd)/web
+
+# Fill in the four addresses of the template (nothing else in it is touched).
+sed -e "s|\${SECKILL_LISTEN}|$listen|g" -e "s|\${SECKILL_API_1}|$api1|g" \
+  -e "s|\${SECKILL_API_2}|$api2|g" -e "s|\${SECKILL_WEB_ROOT}|$web|g" \
+  nginx/seckill.conf >"$state/seckill.conf"
+cp nginx/seckill_proxy.conf "$state/seckill_proxy.conf"
+
+cat >"$state/nginx.conf" <<CONF
+# Written by dev/nginx.sh: a private nginx for one checkout.
+daemon off;
+worker_processes auto;
+pid $state/nginx.pid;
+error_log $state/error.log warn;
+events { worker_connections 4096; }
+http {
+    include $mime;
+    default_type application/octet-stream;
+    sendfile on;
+    tcp_nodelay on;
+    keepalive_timeout 65s;
+    keepalive_requests 100000;
+    access_log off;
+    client_body_temp_path $state/tmp/body;
+    proxy_temp_path $state/tmp/proxy;
+    fastcgi_temp_path $state/tmp/fastcgi;
+    uwsgi_temp_path $state/tmp/uwsgi;
+    scgi_temp_path $state/tmp/scgi;
+    include $state/seckill.conf;
+}
+CONF
+
+"$nginx" -t -q -p "$state" -c "$state/nginx.conf"
+echo "nginx on $listen → $api1, $api2 (storefront from $web)" >&2
+exec "$nginx" -p "$state" -c "$state/nginx.conf"

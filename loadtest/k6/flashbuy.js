@@ -1,0 +1,97 @@
+// A k6 plan for seckill: a ramp of buyers, then everyone pressing at one instant.
+//
+//   seckill token --user 1 --count 5000 > tokens.txt
+//   k6 run -e BASE_URL=http://127.0.0.1:8080 -e ITEM=1001 -e TOKENS=tokens.txt \
+//          -e START_AT=2026-12-12T10:00:00+08:00 flashbuy.js
+//
+// Thresholds fail the run (k6 exits non-zero) when p99 is too slow or when the server
+// answers anything a flash sale should not (5xx other than a deliberate 503, 400s, 401s).
+// k6 measures the answers; `seckill bench` also proves the outcome (no oversell, nothing
+// lost) against Redis and MySQL — run it too before the day.
+import http from "k6/http";
+import { check } from "k6";
+import { Counter, Rate } from "k6/metrics";
+import { SharedArray } from "k6/data";
+import exec from "k6/execution";
+
+const BASE_URL = __ENV.BASE_URL || "http://127.0.0.1:8080";
+const ITEM = Number(__ENV.ITEM || 1001);
+// The spike's instant (RFC 3339); without it the spike follows the ramp.
+const START_AT = __ENV.START_AT ? Date.parse(__ENV.START_AT) : null;
+const SPIKE_PRESSES = Number(__ENV.SPIKE_PRESSES || 20000);
+
+// One token per line, as `seckill token --count N` prints them; shared by every VU.
+const tokens = new SharedArray("tokens", () =>
+  open(__ENV.TOKENS || "tokens.txt")
+    .split("\n")
+    .map((line) => line.trim())
+    .filter((line) => line.length > 0),
+);
+
+// Answers a sale expects: a win, a loss, a repeat, a slow-down. Anything else is an error.
+const EXPECTED = new Set(["queued", "sold_out", "duplicate", "rate_limited", "not_started", "ended"]);
+const answers = new Counter("seckill_answers");
+const unexpected = new Rate("seckill_unexpected_answers");
+
+function spikeStart() {
+  if (START_AT === null) return "40s";
+  const seconds = Math.max(0, Math.ceil((START_AT - Date.now()) / 1000));
+  return `${seconds}s`;
+}
+
+export const options = {
+  scenarios: {
+    // Browsing crowd warming up: arrivals grow to 300/s, then hold.
+    ramp: {
+      executor: "ramping-arrival-rate",
+      exec: "buy",
+      startRate: 20,
+      timeUnit: "1s",
+      preAllocatedVUs: 100,
+      maxVUs: 500,
+      stages: [
+        { target: 300, duration: "20s" },
+        { target: 300, duration: "15s" },
+      ],
+    },
+    // 10:00:00 — everyone presses at once, as fast as 500 connections allow.
+    spike: {
+      executor: "shared-iterations",
+      exec: "buy",
+      vus: 500,
+      iterations: SPIKE_PRESSES,
+      startTime: spikeStart(),
+      maxDuration: "60s",
+    },
+  },
+  thresholds: {
+    "http_req_duration{scenario:spike}": ["p(99)<100"],
+    "http_req_duration{scenario:ramp}": ["p(99)<50"],
+    seckill_unexpected_answers: ["rate<0.001"],
+    checks: ["rate>0.999"],
+  },
+};
+
+export function buy() {
+  const token = tokens[exec.scenario.iterationInTest % tokens.length];
+  const response = http.post(`${BASE_URL}/api/flashbuy`, JSON.stringify({ item_id: ITEM }), {
+    headers: {
+      Authorization: `Bearer ${token}`,
+      "Content-Type": "application/json",
+      "X-Client-Time": String(Date.now()),
+    },
+    tags: { name: "POST /api/flashbuy" },
+  });
+  let code = "(not json)";
+  try {
+    code = response.json("code") || "(no code)";
+  } catch (_) {
+    // An answer that is not JSON is itself unexpected.
+  }
+  answers.add(1, { code, status: String(response.status) });
+  unexpected.add(!EXPECTED.has(code));
+  check(response, {
+    "answered in the API's shape": (r) => r.headers["X-Request-Id"] !== undefined,
+    "a win names its order": (r) => r.status !== 202 || typeof r.json("order_sn") === "string",
+  });
+}

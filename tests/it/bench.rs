@@ -1,0 +1,151 @@
+//! `seckill bench`: a rehearsal against a real server proves its outcome, and says NO GO
+//! (exit 1) when an invariant is broken.
+
+use std::process::Output;
+use std::time::Instant;
+
+use serde_json::Value;
+
+use crate::helpers::*;
+
+fn out_dir(env_name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!(
+        "seckill-bench-{env_name}-{}",
+        ulid::Ulid::new().to_string().to_lowercase()
+    ))
+}
+
+async fn bench(env: &TestEnv, server: &TestServer, args: &[&str], out: &std::path::Path) -> Output {
+    let mut command = seckill(env);
+    command
+        .arg("bench")
+        .args(["--target", &server.url("")])
+        .args(["--out", out.to_str().unwrap()])
+        .args(args);
+    tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bench_rehearses_a_sale_and_proves_the_invariants() {
+    let env = TestEnv::new("bench_ok").await;
+    let server = env.server(ALL_ROLES).await;
+    let out = out_dir("ok");
+    let before = Instant::now();
+    let output = bench(
+        &env,
+        &server,
+        &[
+            "--item",
+            "701",
+            "--units",
+            "50",
+            "--users",
+            "200",
+            "--requests",
+            "600",
+            "--concurrency",
+            "20",
+            "--cancel-percent",
+            "20",
+            "--start-at",
+            "+1",
+        ],
+        &out,
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        before.elapsed().as_millis() >= 1000,
+        "pressed before --start-at"
+    );
+    for line in [
+        "✔ 1.",
+        "✔ 2.",
+        "✔ 3.",
+        "✔ 4.",
+        "✔ 5.",
+        "GO: every invariant held",
+        "p99.9",
+    ] {
+        assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
+    }
+
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["passed"], true);
+    assert_eq!(report["presses"], 600);
+    let count = |status: u64, code: &str| {
+        report["answers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["status"] == status && a["code"] == code)
+            .map_or(0, |a| a["count"].as_u64().unwrap())
+    };
+    // 50 units; the cancelled ones went back on sale, so more 202s than live orders.
+    let won = report["won"].as_u64().unwrap();
+    let cancelled = report["cancelled"].as_u64().unwrap();
+    assert!(cancelled > 0, "{report}");
+    assert_eq!(count(202, "queued"), won);
+    assert!(count(410, "sold_out") > 0, "{report}");
+    assert!(report["latency_ms"]["p99"].as_f64().unwrap() > 0.0);
+    assert!(!report["timeline"].as_array().unwrap().is_empty());
+    let svg = std::fs::read_to_string(out.join("report.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("Latency distribution"));
+
+    // What MySQL says, independently of the bench.
+    let orders = env.orders(701).await;
+    let live = orders.iter().filter(|(_, _, s)| s != "cancelled").count() as u64;
+    assert_eq!(orders.len() as u64, won);
+    assert_eq!(live, won - cancelled);
+    assert_eq!(live + env.remaining(701).await, 50);
+    let _ = std::fs::remove_dir_all(out);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bench_says_no_go_when_the_stock_does_not_add_up() {
+    let env = TestEnv::new("bench_broken").await;
+    let server = env.server(ALL_ROLES).await;
+    env.item_on_sale(&server, 702, 20).await;
+    // An order MySQL holds that Redis never sold: one unit too many.
+    sqlx::query(
+        "INSERT INTO orders (order_sn, item_id, user_id, status, created_at, pay_deadline) \
+         VALUES ('702-FORGED', 702, 5000, 'paid', NOW(3), NOW(3))",
+    )
+    .execute(&env.db)
+    .await
+    .unwrap();
+
+    let out = out_dir("broken");
+    let output = bench(
+        &env,
+        &server,
+        &[
+            "--item",
+            "702",
+            "--users",
+            "10",
+            "--requests",
+            "10",
+            "--concurrency",
+            "5",
+        ],
+        &out,
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("✘ 4. stock adds up"), "{stdout}");
+    assert!(stdout.contains("NO GO"), "{stdout}");
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["passed"], false);
+    let _ = std::fs::remove_dir_all(out);
+}

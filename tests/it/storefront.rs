@@ -1,0 +1,80 @@
+//! The storefront page (web/) in a real headless Chromium, served by nginx in front of a
+//! real server: web/test/storefront.test.mjs drives the browser; this sets the sale up and
+//! checks what reached MySQL. Screenshots land in target/storefront/.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use chrono::Utc;
+
+use crate::helpers::*;
+
+const WEB: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/web");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_page_buys_with_one_click_debounces_a_double_click_and_shows_sold_out() {
+    assert!(
+        Path::new(WEB).join("node_modules/playwright-core").is_dir(),
+        "playwright-core is not installed: run `npm ci` in web/ (dev/test.sh does)"
+    );
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        Path::new(&chromium).exists(),
+        "{chromium} is missing: apt-get install chromium (dev/test.sh does), or set CHROMIUM"
+    );
+
+    let env = TestEnv::new("storefront").await;
+    let server = env.server(ALL_ROLES).await;
+    let now = Utc::now();
+    env.item_on_sale(&server, 901, 10).await;
+    env.item_on_sale(&server, 902, 1).await;
+    assert_eq!(env.buy(&server, 99, 902).await.0, 202);
+    env.put_item(
+        &server,
+        903,
+        5,
+        now + chrono::Duration::hours(1),
+        now + chrono::Duration::hours(2),
+    )
+    .await;
+    env.warmup(&server, 903).await;
+    let nginx = Nginx::start(server.addr, server.addr).await;
+
+    let tokens = [1, 2, 3].map(|user| env.token(user)).join(",");
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new("node")
+            .args(["--test", "--test-concurrency=1", "test/"])
+            .current_dir(WEB)
+            .env("STOREFRONT_URL", nginx.url(""))
+            .env("STOREFRONT_ITEMS", "901,902,903")
+            .env("STOREFRONT_TOKENS", tokens)
+            .env("CHROMIUM", chromium)
+            .env(
+                "STOREFRONT_SHOTS",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/target/storefront"),
+            )
+            .output()
+            .expect("node (Node.js 20 or newer)")
+    })
+    .await
+    .unwrap();
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "browser test failed:\n{report}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(report.contains("# pass 4"), "{report}");
+
+    // What the clicks did: user 1 bought and paid, user 2's double click bought once, user
+    // 3 (sold out, not started) bought nothing.
+    env.wait_for_orders(&server, 901, 2, Duration::from_secs(20))
+        .await;
+    let mut orders = env.orders(901).await;
+    orders.sort_by_key(|(_, user, _)| *user);
+    let seen: Vec<(u64, &str)> = orders.iter().map(|(_, u, s)| (*u, s.as_str())).collect();
+    assert_eq!(seen, [(1, "paid"), (2, "unpaid")]);
+    assert_eq!(env.orders(902).await.len(), 1);
+    assert!(env.orders(903).await.is_empty());
+}

@@ -1,0 +1,204 @@
+// The storefront: one item, one buyer, one button. No framework: the page is small, and a
+// sale day is no day to download one. The API it talks to is CONTRACT.md sections 3 and 5.
+"use strict";
+
+/** A click waits this long for a second one: a double click sends one request. */
+const DEBOUNCE_MS = 300;
+const ITEM_EVERY_MS = 1000;
+const ORDER_EVERY_MS = 500;
+
+const params = new URLSearchParams(location.search);
+const itemId = Number(params.get("item") || 1001);
+if (params.get("token")) localStorage.setItem("seckill.token", params.get("token"));
+let token = localStorage.getItem("seckill.token");
+
+const $ = (id) => document.getElementById(id);
+
+/** What the server's codes mean, in the buyer's words. */
+const WORDS = {
+  sold_out: "Sold out — every unit has been taken.",
+  not_started: "The sale has not started yet.",
+  ended: "The sale has ended.",
+  rate_limited: "Too many tries. Wait a second, then press again.",
+  paused: "The sale is paused for a moment. Please try again shortly.",
+  circuit_open: "We are very busy right now. Please try again in a moment.",
+  unavailable: "We are very busy right now. Please try again in a moment.",
+  shop_closed: "The shop is closed right now.",
+  unauthorized: "Please sign in again: your session has expired.",
+  clock_skew: "Your device's clock is off. Please correct it and try again.",
+  item_not_found: "This item does not exist.",
+  network: "No connection to the shop. Check your network and try again.",
+};
+
+let item = null; // the last answer of GET /api/items/{id}
+let pressed = false; // a purchase is in flight, or won: the button stays off
+let debounce = null;
+let orderSn = null;
+
+async function api(method, path, body) {
+  const headers = {};
+  if (token) headers.Authorization = `Bearer ${token}`;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (path === "/api/flashbuy") headers["X-Client-Time"] = String(Date.now());
+  try {
+    const response = await fetch(path, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    let json;
+    try {
+      json = await response.json();
+    } catch {
+      json = { code: "bad_answer" };
+    }
+    return { ...json, http: response.status };
+  } catch {
+    return { http: 0, code: "network" };
+  }
+}
+
+function say(text) {
+  $("outcome").textContent = text;
+}
+
+function clock(ms) {
+  const s = Math.max(0, Math.ceil(ms / 1000));
+  const pad = (n) => String(n).padStart(2, "0");
+  return `${pad(Math.floor(s / 3600))}:${pad(Math.floor(s / 60) % 60)}:${pad(s % 60)}`;
+}
+
+/** Redraws the countdown and the button from the last item answer and the clock. */
+function render() {
+  if (!item) return;
+  const now = Date.now();
+  const start = Date.parse(item.start_at);
+  const end = Date.parse(item.end_at);
+  let line;
+  let open = false;
+  const soldOut = item.status === "sold_out" || (item.status === "active" && item.remaining === 0);
+  if (soldOut) line = "Sold out";
+  else if (item.status === "ended" || now >= end) line = "The sale has ended";
+  else if (item.status === "paused") line = "Paused";
+  else if (now < start) line = `Starts in ${clock(start - now)}`;
+  else {
+    line = "On sale now";
+    open = true;
+  }
+  $("countdown").textContent = line;
+  $("buy").disabled = !open || pressed || !token;
+}
+
+async function refreshItem() {
+  const answer = await api("GET", `/api/items/${itemId}`);
+  if (answer.http === 200) {
+    item = answer;
+    $("name").textContent = item.name;
+    $("remaining").textContent = item.remaining;
+    $("total").textContent = item.total;
+  } else if (!item) {
+    $("name").textContent = WORDS[answer.code] || "This item cannot be shown right now.";
+  }
+  render();
+}
+
+function onBuyClick() {
+  if (pressed) return;
+  clearTimeout(debounce);
+  debounce = setTimeout(buy, DEBOUNCE_MS);
+}
+
+async function buy() {
+  pressed = true;
+  render();
+  say("Sending…");
+  const answer = await api("POST", "/api/flashbuy", { item_id: itemId });
+  if (answer.http === 202) {
+    say("You got one! Your order is being written…");
+    follow(answer.order_sn);
+  } else if (answer.code === "duplicate") {
+    say("You already hold one of these.");
+    follow(answer.order_sn);
+  } else {
+    say(WORDS[answer.code] || `Something went wrong (${answer.code}). Please try again.`);
+    if (answer.code === "sold_out" && item) item.remaining = 0;
+    // Let the buyer press again, after the server's Retry-After when it gave one.
+    const wait = answer.code === "rate_limited" ? 1000 : 0;
+    setTimeout(() => {
+      pressed = false;
+      render();
+    }, wait);
+  }
+  render();
+}
+
+/** Polls the order until it is in the database (unpaid), then offers to pay. */
+async function follow(sn) {
+  orderSn = sn;
+  $("order").hidden = false;
+  $("order-sn").textContent = sn;
+  for (;;) {
+    const order = await api("GET", `/api/orders/${encodeURIComponent(sn)}`);
+    if (order.http === 200 && showStatus(order.status, order.pay_deadline)) return;
+    await new Promise((resolve) => setTimeout(resolve, ORDER_EVERY_MS));
+  }
+}
+
+/** Shows an order's status; answers whether it has settled (no more polling needed). */
+function showStatus(state, deadline) {
+  const status = $("order-status");
+  const pay = $("pay");
+  switch (state) {
+    case "pending":
+      status.textContent = "being written…";
+      return false;
+    case "unpaid":
+      status.textContent = `awaiting payment (pay by ${new Date(deadline).toLocaleTimeString()})`;
+      say("You got one! Pay to keep it.");
+      pay.hidden = false;
+      return true;
+    case "paid":
+      status.textContent = "paid";
+      pay.hidden = true;
+      return true;
+    case "cancelled":
+      status.textContent = "cancelled";
+      pay.hidden = true;
+      pressed = false;
+      render();
+      return true;
+    default:
+      return false;
+  }
+}
+
+async function onPay() {
+  $("pay").disabled = true;
+  const answer = await api("POST", `/api/orders/${encodeURIComponent(orderSn)}/pay`);
+  if (answer.http === 200) {
+    showStatus("paid");
+    say("Paid — thank you!");
+  } else if (answer.code === "order_cancelled") {
+    showStatus("cancelled");
+    say("This order was cancelled: the time to pay ran out.");
+  } else {
+    say(WORDS[answer.code] || `Paying failed (${answer.code}). Please try again.`);
+    $("pay").disabled = false;
+  }
+}
+
+function signIn(event) {
+  event.preventDefault();
+  token = $("token-input").value.trim();
+  localStorage.setItem("seckill.token", token);
+  $("signin").hidden = true;
+  render();
+}
+
+$("buy").addEventListener("click", onBuyClick);
+$("pay").addEventListener("click", onPay);
+$("signin").addEventListener("submit", signIn);
+$("signin").hidden = Boolean(token);
+refreshItem();
+setInterval(refreshItem, ITEM_EVERY_MS);
+setInterval(render, 250);

@@ -1,0 +1,101 @@
+// The storefront in a real headless Chromium, against nginx in front of a real server.
+// tests/it/storefront.rs sets the sale up and runs this with:
+//   STOREFRONT_URL      nginx's address (http://127.0.0.1:PORT)
+//   STOREFRONT_ITEMS    on-sale,sold-out,later item ids
+//   STOREFRONT_TOKENS   three user tokens, comma-separated
+//   CHROMIUM            the browser (default /usr/bin/chromium, Debian's package)
+//   STOREFRONT_SHOTS    optional folder for screenshots
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { mkdirSync } from "node:fs";
+import { chromium } from "playwright-core";
+
+const need = (name) => {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set (tests/it/storefront.rs sets it)`);
+  return value;
+};
+const base = need("STOREFRONT_URL");
+const [onSale, soldOut, later] = need("STOREFRONT_ITEMS").split(",");
+const tokens = need("STOREFRONT_TOKENS").split(",");
+const shots = process.env.STOREFRONT_SHOTS;
+
+let browser;
+before(async () => {
+  browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    args: ["--no-sandbox"],
+  });
+  if (shots) mkdirSync(shots, { recursive: true });
+});
+after(async () => browser?.close());
+
+async function open(item, token) {
+  const page = await browser.newPage({ viewport: { width: 640, height: 560 } });
+  const purchases = [];
+  page.on("request", (request) => {
+    if (request.method() === "POST" && request.url().endsWith("/api/flashbuy")) {
+      purchases.push(request.headers());
+    }
+  });
+  await page.goto(`${base}/?item=${item}&token=${encodeURIComponent(token)}`);
+  return { page, purchases };
+}
+
+async function text(page, selector, pattern, timeout = 10_000) {
+  await page.waitForFunction(
+    ([selector, source]) =>
+      new RegExp(source).test(document.querySelector(selector)?.textContent ?? ""),
+    [selector, pattern.source],
+    { timeout },
+  );
+}
+
+async function shot(page, name) {
+  if (shots) await page.screenshot({ path: `${shots}/${name}.png` });
+}
+
+test("a click buys, and the order can be paid", async () => {
+  const { page, purchases } = await open(onSale, tokens[0]);
+  await text(page, "#countdown", /On sale now/);
+  await page.click("#buy");
+  await text(page, "#outcome", /You got one/);
+  await text(page, "#order-status", /awaiting payment/);
+  await shot(page, "won");
+  await page.click("#pay");
+  await text(page, "#outcome", /Paid/);
+  await text(page, "#order-status", /^paid$/);
+  await shot(page, "paid");
+  assert.equal(purchases.length, 1);
+  const sent = Number(purchases[0]["x-client-time"]);
+  assert.ok(Math.abs(sent - Date.now()) < 60_000, `X-Client-Time ${sent} is a time in ms`);
+  await page.close();
+});
+
+test("a double click sends one request", async () => {
+  const { page, purchases } = await open(onSale, tokens[1]);
+  await text(page, "#countdown", /On sale now/);
+  await page.dblclick("#buy");
+  await text(page, "#outcome", /You got one/);
+  // Long enough for a second, undebounced request to have gone out.
+  await page.waitForTimeout(1000);
+  assert.equal(purchases.length, 1, "one purchase request for a double click");
+  await page.close();
+});
+
+test("a sold-out item shows sold out", async () => {
+  const { page, purchases } = await open(soldOut, tokens[2]);
+  await text(page, "#countdown", /Sold out/);
+  assert.equal(await page.isDisabled("#buy"), true);
+  await shot(page, "sold-out");
+  assert.equal(purchases.length, 0);
+  await page.close();
+});
+
+test("a sale yet to start counts down and cannot be bought", async () => {
+  const { page } = await open(later, tokens[2]);
+  await text(page, "#countdown", /Starts in \d\d:\d\d:\d\d/);
+  assert.equal(await page.isDisabled("#buy"), true);
+  await shot(page, "countdown");
+  await page.close();
+});
