@@ -1,4 +1,4 @@
-//! The files a newcomer relies on: the compose file is valid.
+//! The files a newcomer relies on: the compose file is valid and has every part.
 
 use std::process::Command;
 
@@ -27,6 +27,28 @@ fn docker_compose_config_is_valid() {
             "{} config: {}",
             tool.join(" "),
             String::from_utf8_lossy(&output.stderr)
+        );
+        // The full picture: stores, broker, two servers, nginx, monitoring.
+        let services = Command::new(tool[0])
+            .args(&tool[1..])
+            .args(["-f", &file, "config", "--services"])
+            .output()
+            .expect("compose runs");
+        let services = String::from_utf8_lossy(&services.stdout);
+        let mut services: Vec<&str> = services.lines().collect();
+        services.sort_unstable();
+        assert_eq!(
+            services,
+            [
+                "grafana",
+                "mariadb",
+                "nginx",
+                "prometheus",
+                "rabbitmq",
+                "redis",
+                "seckill-1",
+                "seckill-2"
+            ]
         );
         return;
     }
