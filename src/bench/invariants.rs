@@ -254,3 +254,115 @@ fn judge(stock: &StockSnapshot, orders: &Orders, run: &Run, drain_timeout: Durat
     });
     checks
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::bench::fire::histogram;
+
+    fn run(won: &[&str], cancelled: &[&str]) -> Run {
+        Run {
+            started: chrono::Utc::now(),
+            elapsed: Duration::from_secs(1),
+            presses: won.len() as u64,
+            attempts: won.len() as u64,
+            retries: 0,
+            answers: BTreeMap::new(),
+            latency: histogram(),
+            timeline: Vec::new(),
+            won: won.iter().map(|s| s.to_string()).collect(),
+            cancelled: cancelled.iter().map(|s| s.to_string()).collect(),
+            cancel_failures: BTreeMap::new(),
+        }
+    }
+
+    fn stock(remaining: u64, pending: u64) -> StockSnapshot {
+        StockSnapshot {
+            loaded: true,
+            remaining,
+            sold: 0,
+            pending,
+        }
+    }
+
+    /// Three units: a and b unpaid, c cancelled (its unit back), one remaining.
+    fn orders() -> Orders {
+        Orders {
+            total: 3,
+            unpaid: 2,
+            paid: 0,
+            cancelled: ["c".to_owned()].into(),
+            sns: ["a", "b", "c"].map(str::to_owned).into(),
+            doubled: Vec::new(),
+        }
+    }
+
+    fn outcomes(checks: &[Check]) -> Vec<Outcome> {
+        checks.iter().map(|c| c.outcome).collect()
+    }
+
+    const HELD: Outcome = Outcome::Held;
+    const BROKEN: Outcome = Outcome::Broken;
+    const WAIT: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_clean_sale_holds_everything() {
+        let checks = judge(
+            &stock(1, 0),
+            &orders(),
+            &run(&["a", "b", "c"], &["c"]),
+            WAIT,
+        );
+        assert_eq!(outcomes(&checks), [HELD; 5]);
+        let checks = judge(&stock(1, 0), &orders(), &run(&["a", "b", "c"], &[]), WAIT);
+        assert_eq!(checks[4].outcome, Outcome::NotExercised);
+    }
+
+    #[test]
+    fn each_broken_invariant_is_named() {
+        let sale = run(&["a", "b", "c"], &["c"]);
+        // More live orders than units.
+        let mut over = orders();
+        over.unpaid = 4;
+        assert_eq!(
+            outcomes(&judge(&stock(0, 0), &over, &sale, WAIT))[0],
+            BROKEN
+        );
+        // A user with two live orders.
+        let mut doubled = orders();
+        doubled.doubled = vec![42];
+        let checks = judge(&stock(1, 0), &doubled, &sale, WAIT);
+        assert_eq!(checks[1].outcome, BROKEN);
+        assert!(checks[1].detail.contains("42"));
+        // A 202 that never became a row, and one order number answered twice.
+        let checks = judge(
+            &stock(1, 0),
+            &orders(),
+            &run(&["a", "b", "c", "d"], &["c"]),
+            WAIT,
+        );
+        assert_eq!(checks[2].outcome, BROKEN);
+        assert!(checks[2].detail.contains("\"d\""), "{}", checks[2].detail);
+        let checks = judge(&stock(1, 0), &orders(), &run(&["a", "a"], &[]), WAIT);
+        assert_eq!(checks[2].outcome, BROKEN);
+        // A unit missing from the count, or orders still pending.
+        assert_eq!(
+            judge(&stock(0, 0), &orders(), &sale, WAIT)[3].outcome,
+            BROKEN
+        );
+        assert_eq!(
+            judge(&stock(1, 1), &orders(), &sale, WAIT)[3].outcome,
+            BROKEN
+        );
+        // An order the crowd cancelled that MySQL still holds.
+        let checks = judge(
+            &stock(1, 0),
+            &orders(),
+            &run(&["a", "b", "c"], &["b"]),
+            WAIT,
+        );
+        assert_eq!(checks[4].outcome, BROKEN);
+    }
+}

@@ -158,3 +158,23 @@ pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<bool> {
     eprintln!("report: {} and {}", json.display(), svg.display());
     Ok(report.passed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_at_is_relative_or_rfc3339() {
+        for relative in ["+5", "+5s"] {
+            let delta = (parse_start_at(relative).unwrap() - Utc::now()).num_milliseconds();
+            assert!((4_000..=5_000).contains(&delta), "{relative}: {delta}");
+        }
+        assert_eq!(
+            parse_start_at("2026-12-12T10:00:00+08:00").unwrap(),
+            "2026-12-12T02:00:00Z".parse::<DateTime<Utc>>().unwrap()
+        );
+        for bad in ["+", "+x", "10:00", "tomorrow"] {
+            assert!(parse_start_at(bad).is_err(), "{bad}");
+        }
+    }
+}
