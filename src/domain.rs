@@ -31,6 +31,16 @@ impl TryFrom<u64> for ItemId {
     }
 }
 
+/// An item id on the command line (`--item 1001`).
+impl std::str::FromStr for ItemId {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let id: u64 = s.parse().map_err(|_| format!("{s:?} is not an item id"))?;
+        Self::try_from(id)
+    }
+}
+
 impl From<ItemId> for u64 {
     fn from(id: ItemId) -> Self {
         id.0

@@ -53,7 +53,7 @@ enum Command {
     /// Load an item's units into Redis (as POST /admin/items/{id}/warmup does).
     Warmup {
         /// The item to load.
-        #[arg(long, value_parser = parse_item)]
+        #[arg(long)]
         item: ItemId,
         /// Reload an item that is already loaded (it must not be on sale right now).
         #[arg(long)]
@@ -83,11 +83,6 @@ enum Command {
         #[command(flatten)]
         settings: Settings,
     },
-}
-
-fn parse_item(s: &str) -> Result<ItemId, String> {
-    let id: u64 = s.parse().map_err(|_| format!("{s:?} is not an item id"))?;
-    ItemId::try_from(id)
 }
 
 #[tokio::main]

@@ -35,7 +35,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub admin_url: Option<Url>,
     /// The item to sell. Without it each run sets up a new item (its id taken from the clock).
-    #[arg(long, value_parser = parse_item)]
+    #[arg(long)]
     pub item: Option<ItemId>,
     /// Set the item up with this many units (PUT, then a forced warm-up). Given --item
     /// without --units, the item must already exist and be loaded. [default for a new item: 1000]
@@ -80,11 +80,6 @@ pub struct BenchArgs {
     /// How long to wait for the order queue to drain before checking the invariants.
     #[arg(long, default_value_t = 120)]
     pub drain_timeout_s: u64,
-}
-
-fn parse_item(s: &str) -> Result<ItemId, String> {
-    let id: u64 = s.parse().map_err(|_| format!("{s:?} is not an item id"))?;
-    ItemId::try_from(id)
 }
 
 fn parse_start_at(s: &str) -> Result<DateTime<Utc>, String> {

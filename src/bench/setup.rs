@@ -1,5 +1,7 @@
 //! The item a rehearsal sells: set up through the admin API, or an existing one.
 
+use std::time::Duration;
+
 use anyhow::{Context, bail};
 use chrono::{DateTime, Utc};
 use reqwest::Method;
@@ -30,11 +32,12 @@ impl Admin {
             )?
             .expose()
             .to_owned();
-        Ok(Self {
-            http: reqwest::Client::new(),
-            base,
-            token,
-        })
+        // A warm-up may take up to the server's two-minute operator budget.
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(130))
+            .build()
+            .context("building the admin HTTP client")?;
+        Ok(Self { http, base, token })
     }
 
     /// Calls the admin API; a non-2xx answer is an error naming the call and the answer.

@@ -2,7 +2,7 @@
 //! API passed on with its request id and the client's address, the edge's limits, and a
 //! burst that loses an instance halfway and loses nothing.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -15,21 +15,14 @@ use crate::helpers::*;
 
 const NGINX_DETAIL: &str = "too many requests from this user or address";
 
-/// `POST /api/flashbuy` through `base`: status, body and the `Retry-After` header.
+/// A purchase through nginx: status, body and the `Retry-After` header.
 async fn press(
     http: &reqwest::Client,
-    base: &str,
+    nginx: SocketAddr,
     token: &str,
     item: u64,
 ) -> (u16, Value, Option<String>) {
-    let response = http
-        .post(format!("{base}/api/flashbuy"))
-        .bearer_auth(token)
-        .header("x-client-time", Utc::now().timestamp_millis().to_string())
-        .json(&json!({ "item_id": item }))
-        .send()
-        .await
-        .unwrap();
+    let response = buy_response(http, nginx, token, item).await;
     let status = response.status().as_u16();
     let retry_after = response
         .headers()
@@ -126,9 +119,8 @@ async fn nginx_serves_the_storefront_itself_and_passes_the_api_on() {
     // One user pressing 40 times at once: nginx lets the burst of 10 (and the rate) through
     // and answers the rest itself, in the API's shape.
     let token = env.token(2);
-    let base = nginx.url("");
     let answers =
-        futures::future::join_all((0..40).map(|_| press(&env.http, &base, &token, 801))).await;
+        futures::future::join_all((0..40).map(|_| press(&env.http, nginx.addr, &token, 801))).await;
     let limited: Vec<_> = answers.iter().filter(|(s, _, _)| *s == 429).collect();
     assert!(
         limited.len() >= 25,
@@ -169,13 +161,12 @@ async fn the_client_address_reaches_the_server_and_the_edge_limits_each_address(
         .await;
     env.item_on_sale(&server, 802, 50).await;
     let nginx = Nginx::start(server.addr, server.addr).await;
-    let base = nginx.url("");
 
     // Six presses from 127.0.0.2 (six users): the server limits that address...
     let from_2 = client_from("127.0.0.2");
     let mut statuses = Vec::new();
     for user in 10..16 {
-        let (status, body, _) = press(&from_2, &base, &env.token(user), 802).await;
+        let (status, body, _) = press(&from_2, nginx.addr, &env.token(user), 802).await;
         if status == 429 {
             assert_eq!(body["detail"], "rate limited", "the server's limit: {body}");
         }
@@ -183,7 +174,7 @@ async fn the_client_address_reaches_the_server_and_the_edge_limits_each_address(
     }
     assert!(statuses.contains(&429), "{statuses:?}");
     // ...and not another one: it saw the clients' addresses, not nginx's.
-    let (status, body, _) = press(&client_from("127.0.0.3"), &base, &env.token(20), 802).await;
+    let (status, body, _) = press(&client_from("127.0.0.3"), nginx.addr, &env.token(20), 802).await;
     assert_eq!(status, 202, "{body}");
 
     // The edge's own per-address limit (loopback's 127.0.0.1 is exempt for load tests):
@@ -231,19 +222,18 @@ async fn a_burst_through_nginx_loses_nothing_when_an_instance_dies() {
     // 1,500 buyers through nginx, 64 at a time; a buyer whose answer is a 503 presses again
     // (as the page says to), up to five times. Instance B dies after 300 answers.
     let answered = Arc::new(AtomicU64::new(0));
-    let base = nginx.url("");
     let burst = futures::stream::iter(1..=USERS)
         .map(|user| {
-            let (http, base, token, answered) = (
+            let (http, nginx, token, answered) = (
                 env.http.clone(),
-                base.clone(),
+                nginx.addr,
                 env.token(user),
                 answered.clone(),
             );
             async move {
                 let mut last = (0, Value::Null);
                 for _ in 0..5 {
-                    let (status, body, _) = press(&http, &base, &token, 803).await;
+                    let (status, body, _) = press(&http, nginx, &token, 803).await;
                     answered.fetch_add(1, Ordering::Relaxed);
                     last = (status, body);
                     if status != 503 {

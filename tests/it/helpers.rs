@@ -526,16 +526,25 @@ impl Drop for TestServer {
 }
 
 pub async fn buy(http: &reqwest::Client, addr: SocketAddr, token: &str, item: u64) -> (u16, Value) {
-    let response = http
-        .post(format!("http://{addr}/api/flashbuy"))
+    let response = buy_response(http, addr, token, item).await;
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// A purchase's whole answer (for its headers).
+pub async fn buy_response(
+    http: &reqwest::Client,
+    addr: SocketAddr,
+    token: &str,
+    item: u64,
+) -> reqwest::Response {
+    http.post(format!("http://{addr}/api/flashbuy"))
         .bearer_auth(token)
         .header("x-client-time", Utc::now().timestamp_millis().to_string())
         .json(&json!({ "item_id": item }))
         .send()
         .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
+        .unwrap()
 }
 
 fn init_logs() {
