@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 ./dev/services.sh
+./dev/tools.sh nginx
 cargo build --release --locked --bin seckill
 bin=target/release/seckill
 export SECKILL_ADMIN_TOKEN=${SECKILL_ADMIN_TOKEN:-dev-admin-token}

@@ -4,7 +4,7 @@
 #   dev/nginx.sh 127.0.0.1:8000 127.0.0.1:8081 127.0.0.1:8082
 # The storefront under web/ is served from this checkout. Everything nginx writes (its
 # rendered config, pid, logs, temp files) goes to STATE_DIR (default target/nginx).
-# Debian's nginx (or nginx-light) must be installed; dev/services.sh installs it.
+# nginx must be installed (dev/tools.sh nginx installs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +14,7 @@ if (($# < 3)); then
 fi
 listen=$1 api1=$2 api2=$3 state=${4:-target/nginx}
 nginx=$(command -v nginx || echo /usr/sbin/nginx)
-[ -x "$nginx" ] || { echo "nginx is not installed: sudo apt-get install nginx-light" >&2; exit 1; }
+[ -x "$nginx" ] || { echo "nginx is not installed: sudo apt-get install nginx (or dev/tools.sh nginx as root)" >&2; exit 1; }
 mime=/etc/nginx/mime.types
 [ -r "$mime" ] || { echo "$mime is missing (it comes with Debian's nginx-common)" >&2; exit 1; }
 

@@ -13,20 +13,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && command -v docker >/de
 fi
 # The edge and storefront tests run a real nginx and a headless Chromium (Debian's
 # packages) driven by Node's playwright-core.
-missing=()
-for tool in nginx:nginx-light chromium:chromium node:nodejs npm:npm; do
-  command -v "${tool%%:*}" >/dev/null || [ -x "/usr/sbin/${tool%%:*}" ] || missing+=("${tool#*:}")
-done
-if ((${#missing[@]})); then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "[test] installing ${missing[*]}" >&2
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-  else
-    echo "[test] missing: ${missing[*]} (sudo apt-get install ${missing[*]})" >&2
-    exit 1
-  fi
-fi
+./dev/tools.sh nginx chromium node npm
 if [ ! -d web/node_modules/playwright-core ]; then
   echo "[test] npm ci in web/ (playwright-core)" >&2
   (cd web && npm ci --silent --no-audit --no-fund)
