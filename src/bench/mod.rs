@@ -62,7 +62,7 @@ pub struct BenchArgs {
     /// latency then counts from when a press was due, so a slow server cannot hide its queue.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub rate: Option<u32>,
-    /// How many times a press is retried after 429, 503 or a failed connection (after
+    /// How many times a press is retried after 429, 502–504 or a failed connection (after
     /// Retry-After, at most 1 s).
     #[arg(long, default_value_t = 0)]
     pub retries: u32,
