@@ -149,3 +149,50 @@ async fn bench_says_no_go_when_the_stock_does_not_add_up() {
     assert_eq!(report["passed"], false);
     let _ = std::fs::remove_dir_all(out);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bench_at_a_fixed_rate_retries_what_the_server_turns_away() {
+    let env = TestEnv::new("bench_rate").await;
+    // One purchase a second per user (bursts of two): five users pressing 40 times in
+    // about 0.2 s are mostly told to wait.
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 1).await;
+    let out = out_dir("rate");
+    let output = bench(
+        &env,
+        &server,
+        &[
+            "--item",
+            "703",
+            "--units",
+            "3",
+            "--users",
+            "5",
+            "--requests",
+            "40",
+            "--rate",
+            "200",
+            "--retries",
+            "2",
+        ],
+        &out,
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
+    assert_eq!(report["rate"], 200);
+    let retries = report["retries"].as_u64().unwrap();
+    assert!(retries > 0, "{report}");
+    assert_eq!(report["requests"].as_u64().unwrap(), 40 + retries);
+    let limited = report["answers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["code"] == "rate_limited")
+        .map_or(0, |a| a["count"].as_u64().unwrap());
+    assert!(limited > 0, "{report}");
+    assert_eq!(report["won"], 3, "{report}");
+    assert_eq!(report["passed"], true);
+    let _ = std::fs::remove_dir_all(out);
+}
