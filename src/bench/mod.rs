@@ -121,7 +121,7 @@ pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<bool> {
         .context("minting user tokens")?;
 
     let crowd = fire::Crowd {
-        target,
+        target: target.clone(),
         item: item.id,
         tokens,
         requests: args.requests,
@@ -141,7 +141,7 @@ pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<bool> {
     )
     .await?;
 
-    let report = Report::new(&args, &item, &run, checks);
+    let report = Report::new(&args, &target, &item, &run, checks);
     report.print();
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;

@@ -11,12 +11,17 @@ use super::setup::ItemInfo;
 
 #[derive(Debug, Serialize)]
 pub struct Report {
+    /// Where the purchases went (the server, or nginx).
+    pub target: String,
     pub item_id: u64,
     pub units: u64,
     pub users: u64,
     pub presses: u64,
     pub concurrency: u64,
     pub rate: Option<u32>,
+    /// Retries allowed per press (`--retries`) and the share of winners who cancelled.
+    pub max_retries: u32,
+    pub cancel_percent: u8,
     pub started_at: DateTime<Utc>,
     pub duration_s: f64,
     /// Requests sent, retries included.
@@ -90,7 +95,13 @@ fn counts(map: &std::collections::BTreeMap<(u16, String), u64>) -> Vec<Count> {
 }
 
 impl Report {
-    pub fn new(args: &BenchArgs, item: &ItemInfo, run: &Run, invariants: Vec<Check>) -> Self {
+    pub fn new(
+        args: &BenchArgs,
+        target: &url::Url,
+        item: &ItemInfo,
+        run: &Run,
+        invariants: Vec<Check>,
+    ) -> Self {
         let seconds = run.elapsed.as_secs_f64().max(f64::EPSILON);
         let timeline = run
             .timeline
@@ -105,12 +116,15 @@ impl Report {
             })
             .collect();
         Self {
+            target: target.to_string(),
             item_id: item.id.get(),
             units: item.total,
             users: args.users,
             presses: run.presses,
             concurrency: args.concurrency,
             rate: args.rate,
+            max_retries: args.retries,
+            cancel_percent: args.cancel_percent,
             started_at: run.started,
             duration_s: seconds,
             requests: run.attempts,
@@ -130,7 +144,8 @@ impl Report {
     /// The report on stdout, for a person.
     pub fn print(&self) {
         println!(
-            "item {} · {} units · {} users · {} presses at {}",
+            "{} · item {} · {} units · {} users · {} presses at {}",
+            self.target,
             self.item_id,
             self.units,
             self.users,
