@@ -104,6 +104,13 @@ pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<bool> {
             .context("SECKILL_HTTP_ADDR as a URL")?,
     };
     let admin_url = args.admin_url.clone().unwrap_or_else(|| target.clone());
+    for url in [&target, &admin_url] {
+        // Built without TLS: a rehearsal runs next to the servers or their nginx.
+        anyhow::ensure!(
+            url.scheme() == "http",
+            "{url}: the bench speaks plain http; aim it at the servers or nginx from inside"
+        );
+    }
     let admin = setup::Admin::new(admin_url, settings.admin_token.as_ref())?;
 
     let start_at = args.start_at.unwrap_or_else(Utc::now);
@@ -116,7 +123,7 @@ pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<bool> {
     let jwt = Jwt::new(&settings.jwt_secret);
     let ttl = Duration::from_secs(3600) + (start_at - Utc::now()).to_std().unwrap_or_default();
     let tokens = (0..args.users)
-        .map(|i| jwt.mint(UserId::new(args.first_user + i), ttl))
+        .map(|i| jwt.mint(UserId::new(args.first_user.saturating_add(i)), ttl))
         .collect::<Result<Vec<_>, _>>()
         .context("minting user tokens")?;
 
