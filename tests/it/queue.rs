@@ -323,3 +323,53 @@ async fn with_mysql_down_sales_go_on_the_consumer_waits_without_spinning_and_cat
     env.assert_invariants(&server, 1, 20, &won).await;
     server.stop().await;
 }
+
+/// The order write retries the loser of a deadlock (a pay or cancel writing its pending
+/// order while the consumer writes a batch holding it); that rests on recognising one.
+/// Two transactions lock two rows in opposite orders: MySQL rolls one back, and its error
+/// must read as a deadlock — and a plain failure must not.
+#[tokio::test]
+async fn a_deadlock_victim_is_recognised_for_a_retry() {
+    let env = TestEnv::new("deadlock").await;
+    sqlx::query("CREATE TABLE locks (id INT PRIMARY KEY, n INT NOT NULL)")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO locks VALUES (1, 0), (2, 0)")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    let bump = "UPDATE locks SET n = n + 1 WHERE id = ?";
+    let mut first = env.db.begin().await.unwrap();
+    let mut second = env.db.begin().await.unwrap();
+    sqlx::query(bump)
+        .bind(1)
+        .execute(&mut *first)
+        .await
+        .unwrap();
+    sqlx::query(bump)
+        .bind(2)
+        .execute(&mut *second)
+        .await
+        .unwrap();
+    // Each now waits for the other's row; MySQL picks a victim at once.
+    let (a, b) = tokio::join!(
+        sqlx::query(bump).bind(2).execute(&mut *first),
+        sqlx::query(bump).bind(1).execute(&mut *second),
+    );
+    let victim = match (a, b) {
+        (Err(e), Ok(_)) | (Ok(_), Err(e)) => seckill::store::DbError::Sql(e),
+        other => panic!("expected exactly one deadlock victim: {other:?}"),
+    };
+    // End both now: a transaction left open would hold its locks until the pool reuses
+    // its connection (and block the test's own clean-up).
+    first.rollback().await.unwrap();
+    second.rollback().await.unwrap();
+    assert!(victim.is_deadlock(), "{victim:?}");
+
+    let refused = sqlx::query("INSERT INTO locks VALUES (1, 0)")
+        .execute(&env.db)
+        .await
+        .unwrap_err();
+    assert!(!seckill::store::DbError::Sql(refused).is_deadlock());
+}
