@@ -1,7 +1,7 @@
 //! CONTRACT.md section 7, checked by the bench itself against Redis and MySQL once the
 //! order queue has drained — not taken from the server's own word.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -10,9 +10,11 @@ use serde::Serialize;
 
 use crate::config::Settings;
 use crate::domain::ItemId;
+use crate::items::repo as items;
 use crate::items::stock::{StockSnapshot, snapshot};
 use crate::keys::Keys;
-use crate::store::connect_mysql;
+use crate::orders::repo::{self, OrderStatus};
+use crate::store::{Db, connect_mysql};
 
 use super::fire::Run;
 
@@ -43,13 +45,17 @@ fn check(number: u8, name: &'static str, held: bool, detail: String) -> Check {
     }
 }
 
-/// The orders of one item as MySQL holds them.
+/// The orders of one item as MySQL holds them, as far as the checks need them.
 struct Orders {
     total: u64,
     unpaid: u64,
     paid: u64,
-    cancelled: HashSet<String>,
-    sns: HashSet<String>,
+    /// Rows of the item in any status.
+    rows: u64,
+    /// Of the order numbers the crowd was answered, those MySQL has.
+    answered_found: HashSet<String>,
+    /// Of the orders the crowd cancelled, those MySQL has as cancelled.
+    cancelled_found: HashSet<String>,
     /// Users holding more than one live order (at most a few, for the report).
     doubled: Vec<u64>,
 }
@@ -70,7 +76,7 @@ pub async fn check_all(
     let keys = Keys::new(&settings.namespace).item(item);
 
     let stock = drain(redis, &keys, drain_timeout).await?;
-    let orders = orders(&db, item).await?;
+    let orders = orders(&db, item, run).await?;
     db.close().await;
     Ok(judge(&stock, &orders, run, drain_timeout))
 }
@@ -101,46 +107,64 @@ async fn drain(
     Ok(stock)
 }
 
-async fn orders(db: &sqlx::MySqlPool, item: ItemId) -> anyhow::Result<Orders> {
-    let total: u32 = sqlx::query_scalar("SELECT total FROM items WHERE id = ?")
-        .bind(item.get())
-        .fetch_optional(db)
+/// Order numbers per `IN (…)` query.
+const SNS_PER_QUERY: usize = 1_000;
+
+async fn orders(db: &Db, item: ItemId, run: &Run) -> anyhow::Result<Orders> {
+    let total = items::get(db, item)
         .await
         .context("reading the item from MySQL")?
-        .with_context(|| format!("item {item} is not in MySQL"))?;
-    let rows: Vec<(String, String)> =
-        sqlx::query_as("SELECT order_sn, status FROM orders WHERE item_id = ?")
-            .bind(item.get())
-            .fetch_all(db)
-            .await
-            .context("reading the item's orders from MySQL")?;
-    let doubled: Vec<u64> = sqlx::query_scalar(
-        "SELECT user_id FROM orders WHERE item_id = ? AND status IN ('unpaid', 'paid') \
-         GROUP BY user_id HAVING COUNT(*) > 1 LIMIT 5",
-    )
-    .bind(item.get())
-    .fetch_all(db)
-    .await
-    .context("looking for double purchases in MySQL")?;
-    let mut orders = Orders {
-        total: total.into(),
-        unpaid: 0,
-        paid: 0,
-        cancelled: HashSet::new(),
-        sns: HashSet::with_capacity(rows.len()),
-        doubled,
-    };
-    for (sn, status) in rows {
-        match status.as_str() {
-            "unpaid" => orders.unpaid += 1,
-            "paid" => orders.paid += 1,
-            _ => {
-                orders.cancelled.insert(sn.clone());
-            }
-        }
-        orders.sns.insert(sn);
+        .with_context(|| format!("item {item} is not in MySQL"))?
+        .total;
+    let counts = repo::count_by_status(db, item)
+        .await
+        .context("counting the item's orders in MySQL")?;
+
+    let mut held: HashMap<u64, u32> = HashMap::new();
+    for (user, _) in repo::live_holders(db, item)
+        .await
+        .context("reading the item's live orders from MySQL")?
+    {
+        *held.entry(user).or_default() += 1;
     }
-    Ok(orders)
+    let mut doubled: Vec<u64> = held
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(u, _)| u)
+        .collect();
+    doubled.sort_unstable();
+    doubled.truncate(5);
+
+    let mut answered_found = HashSet::with_capacity(run.won.len());
+    for sns in run.won.chunks(SNS_PER_QUERY) {
+        let sns: Vec<&str> = sns.iter().map(String::as_str).collect();
+        answered_found.extend(
+            repo::existing(db, &sns)
+                .await
+                .context("looking the answered orders up in MySQL")?,
+        );
+    }
+    let mut cancelled_found = HashSet::new();
+    for sns in run.cancelled.chunks(SNS_PER_QUERY) {
+        let sns: Vec<&str> = sns.iter().map(String::as_str).collect();
+        let rows = repo::find_many(db, &sns)
+            .await
+            .context("looking the cancelled orders up in MySQL")?;
+        cancelled_found.extend(
+            rows.into_iter()
+                .filter(|row| row.status == OrderStatus::Cancelled)
+                .map(|row| row.order_sn.as_str().to_owned()),
+        );
+    }
+    Ok(Orders {
+        total: total.into(),
+        unpaid: counts.unpaid,
+        paid: counts.paid,
+        rows: counts.unpaid + counts.paid + counts.cancelled,
+        answered_found,
+        cancelled_found,
+        doubled,
+    })
 }
 
 fn judge(stock: &StockSnapshot, orders: &Orders, run: &Run, drain_timeout: Duration) -> Vec<Check> {
@@ -172,19 +196,12 @@ fn judge(stock: &StockSnapshot, orders: &Orders, run: &Run, drain_timeout: Durat
     let twice = run.won.len() - answered.len();
     let missing: Vec<&str> = answered
         .iter()
-        .filter(|sn| !orders.sns.contains(**sn))
+        .filter(|sn| !orders.answered_found.contains(**sn))
         .copied()
         .collect();
-    let unseen = orders
-        .sns
-        .iter()
-        .filter(|sn| !answered.contains(sn.as_str()))
-        .count();
-    let mut detail = format!(
-        "{} answers 202, {} of them in MySQL",
-        run.won.len(),
-        answered.len() - missing.len()
-    );
+    let found = (answered.len() - missing.len()) as u64;
+    let unseen = orders.rows.saturating_sub(found);
+    let mut detail = format!("{} answers 202, {} of them in MySQL", run.won.len(), found);
     if twice > 0 {
         detail += &format!("; {twice} order numbers answered twice");
     }
@@ -237,7 +254,7 @@ fn judge(stock: &StockSnapshot, orders: &Orders, run: &Run, drain_timeout: Durat
         let not_cancelled = run
             .cancelled
             .iter()
-            .filter(|sn| !orders.cancelled.contains(*sn))
+            .filter(|sn| !orders.cancelled_found.contains(*sn))
             .count();
         // With invariant 4, a cancelled order's unit is counted in `remaining` (or sold again).
         check(
@@ -293,8 +310,9 @@ mod tests {
             total: 3,
             unpaid: 2,
             paid: 0,
-            cancelled: ["c".to_owned()].into(),
-            sns: ["a", "b", "c"].map(str::to_owned).into(),
+            rows: 3,
+            answered_found: ["a", "b", "c"].map(str::to_owned).into(),
+            cancelled_found: ["c".to_owned()].into(),
             doubled: Vec::new(),
         }
     }
