@@ -21,6 +21,13 @@ mime=/etc/nginx/mime.types
 mkdir -p "$state/tmp"
 state=$(cd "$state" && pwd)
 web=$(pwd)/web
+# Started as root, nginx drops its workers to an unprivileged user (nobody), who cannot
+# read a checkout in a private directory (a clone under /root, or in `mktemp -d`): the
+# workers then run as the owner of web/, who can.
+user_line=""
+if [ "$(id -u)" = 0 ]; then
+  user_line="user $(stat -c '%U %G' "$web");"
+fi
 
 # Fill in the four addresses of the template (nothing else in it is touched).
 sed -e "s|\${SECKILL_LISTEN}|$listen|g" -e "s|\${SECKILL_API_1}|$api1|g" \
@@ -31,6 +38,7 @@ cp nginx/seckill_proxy.conf "$state/seckill_proxy.conf"
 cat >"$state/nginx.conf" <<CONF
 # Written by dev/nginx.sh: a private nginx for one checkout.
 daemon off;
+$user_line
 worker_processes auto;
 pid $state/nginx.pid;
 error_log $state/error.log warn;

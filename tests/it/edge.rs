@@ -46,6 +46,40 @@ fn repo_file(path: &str) -> String {
     std::fs::read_to_string(format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))).unwrap()
 }
 
+/// A clone in a directory only its owner may enter (as under `/root`, or `mktemp -d`):
+/// nginx's workers must still read the storefront.
+#[tokio::test]
+async fn nginx_serves_a_checkout_in_a_private_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let private = std::env::temp_dir().join(format!(
+        "seckill-private-{}",
+        ulid::Ulid::new().to_string().to_lowercase()
+    ));
+    let checkout = private.join("seckill");
+    for file in [
+        "dev/nginx.sh",
+        "nginx/seckill.conf",
+        "nginx/seckill_proxy.conf",
+        "web/index.html",
+        "web/assets/app.js",
+        "web/assets/style.css",
+    ] {
+        let to = checkout.join(file);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(format!("{}/{file}", env!("CARGO_MANIFEST_DIR")), &to).unwrap();
+    }
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let upstream: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let nginx = Nginx::start_from(&checkout, upstream, upstream).await;
+    let http = reqwest::Client::new();
+    for path in ["/", "/assets/app.js?v=1", "/assets/style.css?v=1"] {
+        let answer = http.get(nginx.url(path)).send().await.unwrap();
+        assert_eq!(answer.status(), 200, "{path} from {}", checkout.display());
+    }
+    drop(nginx);
+    std::fs::remove_dir_all(&private).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nginx_serves_the_storefront_itself_and_passes_the_api_on() {
     let env = TestEnv::new("edge_static").await;

@@ -879,13 +879,27 @@ pub struct Nginx {
 
 impl Nginx {
     pub async fn start(api_1: SocketAddr, api_2: SocketAddr) -> Self {
+        Self::start_from(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")),
+            api_1,
+            api_2,
+        )
+        .await
+    }
+
+    /// [`Nginx::start`] with the `dev/nginx.sh`, `nginx/` and `web/` of another checkout.
+    pub async fn start_from(
+        checkout: &std::path::Path,
+        api_1: SocketAddr,
+        api_2: SocketAddr,
+    ) -> Self {
         let port = free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let state = std::env::temp_dir().join(format!(
             "seckill-nginx-{}",
             ulid::Ulid::new().to_string().to_lowercase()
         ));
-        let child = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/dev/nginx.sh"))
+        let child = Command::new(checkout.join("dev/nginx.sh"))
             .args([
                 addr.to_string(),
                 api_1.to_string(),
