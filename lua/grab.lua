@@ -13,11 +13,12 @@
 --
 -- Returns a two-element array {outcome, detail}:
 --   {"won", order_sn} | {"duplicate", existing order_sn} | {"sold_out", ""} |
---   {"paused", ""} | {"not_loaded", ""} | {"not_started", ""} | {"ended", ""}
+--   {"paused", ""} | {"not_loaded", ""} | {"not_started", ""} | {"ended", ""};
+--   an error, with nothing written, when the meta's `sold` is not an integer
 --
 -- A script never rolls back: every check happens before the first write (the LPOP).
 
-local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'start_ms', 'end_ms')
+local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'start_ms', 'end_ms', 'sold')
 if not meta[1] then
   return {'not_loaded', ''}
 end
@@ -35,6 +36,11 @@ end
 local held = redis.call('HGET', KEYS[4], ARGV[1])
 if held then
   return {'duplicate', held}
+end
+
+-- HINCRBY below would fail on a `sold` that is not an integer, after the LPOP.
+if meta[5] and not string.match(meta[5], '^%-?%d+$') then
+  return redis.error_reply('item meta: sold is not an integer')
 end
 
 local token = redis.call('LPOP', KEYS[2])

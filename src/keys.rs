@@ -37,7 +37,6 @@ impl Keys {
         ItemKeys {
             meta: self.item_key(item, "meta"),
             tokens: self.item_key(item, "tokens"),
-            tokens_loading: self.item_key(item, "tokens:loading"),
             pending: self.pending(item),
             outbox: self.outbox(item),
             due: self.due(item),
@@ -64,6 +63,17 @@ impl Keys {
     /// ZSET of tasks a scheduler has taken: task → when its lease runs out (ms).
     pub fn leased(&self, item: ItemId) -> String {
         self.item_key(item, "leased")
+    }
+
+    /// LIST being filled by one warm-up run before it atomically replaces `tokens` (a list
+    /// per run, so that two runs can never touch each other's units).
+    pub fn loading_tokens(&self, item: ItemId, run: &str) -> String {
+        self.item_key(item, &format!("tokens:loading:{run}"))
+    }
+
+    /// STRING held by the warm-up of the item running right now (`SET NX PX`).
+    pub fn warmup_lock(&self, item: ItemId) -> String {
+        self.item_key(item, "warming")
     }
 
     /// STRING held by whoever reconciles the item right now (`SET NX PX`).
@@ -130,8 +140,6 @@ pub struct ItemKeys {
     pub meta: String,
     /// LIST of unsold units; `LPOP` sells one.
     pub tokens: String,
-    /// LIST being filled by a warm-up before it atomically replaces `tokens`.
-    pub tokens_loading: String,
     /// HASH `order_sn` → order JSON: won, not yet written to MySQL.
     pub pending: String,
     /// ZSET `order_sn` → won-at ms: not yet confirmed by RabbitMQ (the relay's work list).

@@ -11,9 +11,11 @@ use tokio_util::sync::CancellationToken;
 
 use seckill::auth::Jwt;
 use seckill::bench::BenchArgs;
+use seckill::broker::{Broker, Topology};
 use seckill::domain::{ItemId, UserId};
-use seckill::items::warmup::warmup;
+use seckill::items::warmup::{Progress, Warmup};
 use seckill::keys::Keys;
+use seckill::scheduler::delay::Plan;
 use seckill::store::{RedisConns, connect_mysql, migrate};
 use seckill::{Role, Server, Settings, telemetry};
 
@@ -128,25 +130,40 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             let db = connect_mysql(settings.database_url.expose()).await?;
             migrate(&db).await?;
             let redis = RedisConns::new(settings.redis_url.expose())?;
+            // A rebuild asks RabbitMQ whether orders still wait in its queue.
+            let broker = Broker::new(
+                settings.amqp_url.expose(),
+                Topology::new(&settings.namespace),
+            );
+            let broker_stop = CancellationToken::new();
+            let broker_task = tokio::spawn(broker.clone().run(broker_stop.clone()));
             let bar = ProgressBar::new(0).with_style(
                 ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} units ({eta})")
                     .context("progress bar template")?
                     .progress_chars("=> "),
             );
             bar.set_message(format!("item {item}"));
-            let report = warmup(
-                &db,
-                &redis,
-                &Keys::new(&settings.namespace),
-                item,
-                force,
-                &|done, total| {
-                    bar.set_length(total);
-                    bar.set_position(done);
-                },
-            )
-            .await;
+            bar.enable_steady_tick(Duration::from_millis(200));
+            let warmup = Warmup {
+                db: &db,
+                redis: &redis,
+                broker: &broker,
+                keys: &Keys::new(&settings.namespace),
+                plan: &Plan::from_settings(&settings),
+            };
+            let report = warmup
+                .run(item, force, &|progress| match progress {
+                    Progress::Waiting(why) => bar.set_message(format!("item {item}: {why}")),
+                    Progress::Loading { done, of } => {
+                        bar.set_message(format!("item {item}"));
+                        bar.set_length(of);
+                        bar.set_position(done);
+                    }
+                })
+                .await;
             bar.finish_and_clear();
+            broker_stop.cancel();
+            let _ = broker_task.await;
             let report = report?;
             println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())

@@ -121,11 +121,11 @@ async fn orders(db: &Db, item: ItemId, run: &Run) -> anyhow::Result<Orders> {
         .context("counting the item's orders in MySQL")?;
 
     let mut held: HashMap<u64, u32> = HashMap::new();
-    for (user, _) in repo::live_holders(db, item)
+    for order in repo::live_orders(db, item)
         .await
         .context("reading the item's live orders from MySQL")?
     {
-        *held.entry(user).or_default() += 1;
+        *held.entry(order.user_id).or_default() += 1;
     }
     let mut doubled: Vec<u64> = held
         .into_iter()
@@ -298,6 +298,7 @@ mod tests {
     fn stock(remaining: u64, pending: u64) -> StockSnapshot {
         StockSnapshot {
             loaded: true,
+            loaded_at_ms: Some(1),
             remaining,
             sold: 0,
             pending,

@@ -9,5 +9,5 @@ mod publish;
 mod topology;
 
 pub use self::link::Broker;
-pub use self::publish::{Event, Outgoing, publish_confirmed, publish_events};
+pub use self::publish::{CONFIRM_TIMEOUT, Event, Outgoing, publish_confirmed, publish_events};
 pub use self::topology::Topology;

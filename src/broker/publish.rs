@@ -12,7 +12,7 @@ use crate::domain::OrderSn;
 
 /// How long to wait for the broker's confirms of one batch before treating the batch as
 /// not delivered (the outbox still holds it; the relay tries again).
-const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
+pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One order on its way to the broker: its number and its JSON as `grab.lua` stored it.
 #[derive(Clone, Debug)]

@@ -14,13 +14,14 @@ use crate::http::extract::{Admin, ApiJson, ApiPath, ApiQuery};
 use crate::http::reply::{envelope, ok};
 use crate::keys::Keys;
 use crate::orders::repo as orders;
+use crate::scheduler::delay::Plan;
 use crate::scheduler::reconcile::{ReconcileError, reconcile};
 use crate::store::{Db, RedisConns};
 
 use super::catalog::Catalog;
 use super::repo::{self, Item, ItemDraft};
 use super::stock;
-use super::warmup::{WarmupError, warmup};
+use super::warmup::{Warmup, WarmupError};
 
 /// The most units one item may have (a million units is about 60 MB of Redis).
 const MAX_TOTAL: u32 = 10_000_000;
@@ -112,19 +113,32 @@ pub async fn warmup_item(
     State(AppState {
         db,
         redis,
+        broker,
         keys,
         catalog,
+        settings,
         ..
     }): State<AppState>,
     ApiPath(id): ApiPath<ItemId>,
     ApiQuery(query): ApiQuery<WarmupQuery>,
 ) -> Result<Response, ApiError> {
-    let report = warmup(&db, &redis, &keys, id, query.force, &|_, _| {})
+    let plan = Plan::from_settings(&settings);
+    let warmup = Warmup {
+        db: &db,
+        redis: &redis,
+        broker: &broker,
+        keys: &keys,
+        plan: &plan,
+    };
+    let report = warmup
+        .run(id, query.force, &|_| {})
         .await
         .map_err(|e| match e {
             WarmupError::NotFound => ApiError::ItemNotFound,
+            WarmupError::Busy => conflict("warmup_running", &e),
             WarmupError::AlreadyLoaded { .. } => conflict("already_loaded", &e),
             WarmupError::LiveSale => conflict("sale_live", &e),
+            WarmupError::InFlight(_) => conflict("orders_in_flight", &e),
             WarmupError::OverHeld { .. } => conflict("over_held", &e),
             WarmupError::Raced => conflict("raced", &e),
             WarmupError::Verify { .. } => ApiError::Internal(e.into()),

@@ -18,6 +18,15 @@ pub struct Item {
     pub end_at: DateTime<Utc>,
     pub pay_timeout_s: u32,
     pub paused: bool,
+    /// When a warm-up last loaded the units into Redis (`None`: never).
+    pub loaded_at: Option<DateTime<Utc>>,
+}
+
+impl Item {
+    /// Whether buyers can buy now by the record (window open, not paused).
+    pub fn on_sale_at(&self, now: DateTime<Utc>) -> bool {
+        !self.paused && self.start_at <= now && now < self.end_at
+    }
 }
 
 /// What an operator sends to create or update an item (already validated).
@@ -33,7 +42,7 @@ pub struct ItemDraft {
 }
 
 const COLUMNS: &str =
-    "id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, paused";
+    "id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, paused, loaded_at";
 
 pub async fn get(db: &Db, id: ItemId) -> Result<Option<Item>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM items WHERE id = ?");
@@ -101,7 +110,8 @@ pub async fn upsert(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<bool, DbEr
     Ok(!existed)
 }
 
-/// Returns false when there is no such item.
+/// Returns false when there is no such item. A pause keeps the moment it began (a
+/// repeated pause does not move it); a resume clears it.
 pub async fn set_paused(db: &Db, id: ItemId, paused: bool) -> Result<bool, DbError> {
     let found = mysql_timed(
         sqlx::query("SELECT 1 FROM items WHERE id = ?")
@@ -113,13 +123,62 @@ pub async fn set_paused(db: &Db, id: ItemId, paused: bool) -> Result<bool, DbErr
         return Ok(false);
     }
     mysql_timed(
-        sqlx::query("UPDATE items SET paused = ? WHERE id = ?")
-            .bind(paused)
-            .bind(id.get())
-            .execute(db),
+        sqlx::query(
+            "UPDATE items SET
+               paused_at = IF(?, IF(paused, COALESCE(paused_at, UTC_TIMESTAMP(3)), UTC_TIMESTAMP(3)), NULL),
+               paused = ?
+             WHERE id = ?",
+        )
+        .bind(paused)
+        .bind(paused)
+        .bind(id.get())
+        .execute(db),
     )
     .await?;
     Ok(true)
+}
+
+/// What a warm-up needs to know beyond the definition: since when no purchase can have
+/// won, and whether any order of the item ever reached MySQL.
+#[derive(Clone, Copy, Debug)]
+pub struct SaleHistory {
+    /// When the current pause began (`None`: not paused, or paused before this was kept).
+    pub paused_at: Option<DateTime<Utc>>,
+    /// The record's last change (a moved window, a pause).
+    pub updated_at: DateTime<Utc>,
+    pub has_orders: bool,
+}
+
+pub async fn history(db: &Db, id: ItemId) -> Result<SaleHistory, DbError> {
+    let (paused_at, updated_at, has_orders): (Option<DateTime<Utc>>, DateTime<Utc>, bool) =
+        mysql_timed(
+            sqlx::query_as(
+                "SELECT paused_at, updated_at,
+                        EXISTS (SELECT 1 FROM orders WHERE orders.item_id = items.id)
+                 FROM items WHERE id = ?",
+            )
+            .bind(id.get())
+            .fetch_one(db),
+        )
+        .await?;
+    Ok(SaleHistory {
+        paused_at,
+        updated_at,
+        has_orders,
+    })
+}
+
+/// Records that a warm-up loaded the item (without counting as a change of its record).
+pub async fn mark_loaded(db: &Db, id: ItemId) -> Result<(), DbError> {
+    mysql_timed(
+        sqlx::query(
+            "UPDATE items SET loaded_at = UTC_TIMESTAMP(3), updated_at = updated_at WHERE id = ?",
+        )
+        .bind(id.get())
+        .execute(db),
+    )
+    .await?;
+    Ok(())
 }
 
 /// Every item id (the compensation scan looks at each item's orders in turn).

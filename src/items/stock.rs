@@ -12,6 +12,8 @@ use super::repo::Item;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StockSnapshot {
     pub loaded: bool,
+    /// When the units were loaded (ms since the epoch), by the warm-up's own clock.
+    pub loaded_at_ms: Option<i64>,
     /// Units still in the token list.
     pub remaining: u64,
     /// Units sold and not given back.
@@ -24,7 +26,7 @@ pub async fn snapshot<C>(conn: &mut C, keys: &ItemKeys) -> Result<StockSnapshot,
 where
     C: redis::aio::ConnectionLike + Send,
 {
-    let ((loaded, sold), remaining, pending): ((Option<u64>, Option<u64>), u64, u64) = redis_timed(
+    let ((loaded, sold), remaining, pending): ((Option<i64>, Option<u64>), u64, u64) = redis_timed(
         redis::pipe()
             .atomic()
             .cmd("HMGET")
@@ -38,6 +40,7 @@ where
     .await?;
     Ok(StockSnapshot {
         loaded: loaded.is_some(),
+        loaded_at_ms: loaded,
         remaining,
         sold: sold.unwrap_or(0),
         pending,

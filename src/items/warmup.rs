@@ -1,31 +1,81 @@
 //! Loading an item's units into Redis before its sale (the admin endpoint and
-//! `seckill warmup` both come here).
+//! `seckill warmup` both come here), and rebuilding them after Redis lost them.
 //!
-//! The units go into a side list in pipelined batches, are counted, and then replace the
-//! live list in one MULTI together with the item's meta and its buyer records, so a sale
-//! never sees a half-loaded list. The number loaded is `total - held`, where `held` counts
-//! the orders that already hold a unit (live in MySQL, or won and still pending in Redis):
-//! a reload after a Redis loss, or after `total` changed, can never sell a unit twice.
-//! The meta hash is WATCHed from the first read to the swap: a sale, a pause or another
-//! warm-up in between changes it and aborts this one instead of overwriting its work.
+//! One warm-up per item at a time (a Redis lock; another answers `warmup_running`). The
+//! units go into a side list of this run's own in pipelined batches, are counted, and
+//! then replace the live list in one MULTI together with the item's meta and its buyer
+//! records, so a sale never sees a half-loaded list. The meta hash is WATCHed from the
+//! decisive read to the swap: a sale, a pause or a resume in between aborts the load
+//! instead of being overwritten.
+//!
+//! The number loaded is `total - held`, where `held` counts the orders that hold a unit:
+//! live in MySQL, or won and still pending in Redis. That is exact while Redis keeps its
+//! `pending` hash — but a Redis that lost data (a flush, a crash without persistence, a
+//! restart that lost its last writes) forgot orders still on their way to MySQL: in a
+//! publisher's buffer, in RabbitMQ, in a consumer's hands. Loading `total` minus what
+//! MySQL has then would sell their units twice. So such a load is a **rebuild**: it
+//! refuses a live sale (`sale_live`), waits out the publishers and the consumers (each
+//! holds an order for a bounded time), and refuses while RabbitMQ's order queue cannot be
+//! seen empty (`orders_in_flight`) — only then is MySQL the whole truth.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use redis::AsyncCommands;
 use serde::Serialize;
 
-use crate::domain::{ItemId, OrderPlaced};
+use crate::broker::Broker;
+use crate::domain::{ItemId, OrderPlaced, OrderSn, UserId};
 use crate::keys::{ItemKeys, Keys};
 use crate::orders::repo as orders;
-use crate::store::{Db, DbError, RedisConns, RedisError, redis_timed};
+use crate::scheduler::delay::Plan;
+use crate::store::{Db, DbError, RedisConns, RedisError, RedisLock, redis_timed};
 
 use super::repo::{self, Item};
-use super::stock;
+use super::stock::{self, StockSnapshot};
 
 /// Units per RPUSH, and RPUSHes per round trip.
 const BATCH: u64 = 1_000;
 const BATCHES_PER_TRIP: u64 = 20;
+/// Longest a warm-up may hold its item's lock: the operators' budget for bulk work.
+const LOCK_FOR: Duration = Duration::from_secs(130);
+/// A run's side list is garbage after this long (its run died before the swap).
+const SIDE_LIST_TTL: Duration = Duration::from_secs(600);
+/// A won order can still be in an API instance's publisher this long after the sale
+/// stopped (its batch waits for a connection, then for its confirms), plus the time every
+/// instance takes to see the pause.
+const PUBLISHERS_DONE_AFTER: Duration =
+    Duration::from_secs(crate::outbox::publisher::HOLDS_AT_MOST.as_secs() + 2);
+/// Once RabbitMQ's queue was seen empty, every order published before is in a consumer's
+/// hands, which commit it or give it back within this long.
+const CONSUMERS_DONE_AFTER: Duration =
+    Duration::from_secs(crate::orders::consumer::HOLDS_AT_MOST.as_secs() + 1);
+/// How long a rebuild looks for an empty order queue before refusing.
+const QUEUE_EMPTY_WITHIN: Duration = Duration::from_secs(5);
+/// A Redis that started this close before a load (its uptime is in whole seconds) counts
+/// as having restarted after it.
+const RESTART_SLACK_MS: i64 = 2_000;
+
+/// What a warm-up works with.
+pub struct Warmup<'a> {
+    pub db: &'a Db,
+    pub redis: &'a RedisConns,
+    /// Tells whether orders still wait in RabbitMQ (for a rebuild).
+    pub broker: &'a Broker,
+    pub keys: &'a Keys,
+    /// The deadlines and reminders a rebuild schedules again for unpaid orders.
+    pub plan: &'a Plan,
+}
+
+/// Where a warm-up is, for a progress display.
+#[derive(Clone, Debug)]
+pub enum Progress {
+    /// Waiting, before loading anything: why.
+    Waiting(String),
+    /// Units pushed so far, of how many.
+    Loading { done: u64, of: u64 },
+}
 
 #[derive(Clone, Debug, Serialize)]
 pub struct WarmupReport {
@@ -37,21 +87,28 @@ pub struct WarmupReport {
     pub remaining: u64,
     /// Units counted as sold in Redis, read back after the load (equal to `held`).
     pub sold: u64,
+    /// Whether Redis had lost the item's state (or may have) and it was rebuilt from
+    /// MySQL after the orders in flight had landed.
+    pub rebuilt: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum WarmupError {
     #[error("no such item")]
     NotFound,
+    #[error("another warm-up of this item is running; try again when it is done")]
+    Busy,
     #[error(
         "item already loaded ({remaining} units remaining); force a reload with ?force=true (HTTP) or --force (command line)"
     )]
     AlreadyLoaded { remaining: u64 },
     #[error("the sale is live: pause the item before reloading it")]
     LiveSale,
+    #[error("orders may still be on their way to MySQL: {0}")]
+    InFlight(String),
     #[error("{held} units are held by orders but the item's total is {total}: raise the total")]
     OverHeld { held: u64, total: u32 },
-    #[error("the item changed during the warm-up (a sale, a pause or another warm-up); try again")]
+    #[error("the item changed during the warm-up (a sale, a pause or a resume); try again")]
     Raced,
     #[error("read back {found} units instead of {expected}")]
     Verify { expected: u64, found: u64 },
@@ -61,119 +118,290 @@ pub enum WarmupError {
     Database(#[from] DbError),
 }
 
-/// Loads the item's units. `progress(done, to_load)` is called after each round trip.
-pub async fn warmup(
-    db: &Db,
-    redis: &RedisConns,
-    keys: &Keys,
-    id: ItemId,
-    force: bool,
-    progress: &(dyn Fn(u64, u64) + Sync),
-) -> Result<WarmupReport, WarmupError> {
-    let item = repo::get(db, id).await?.ok_or(WarmupError::NotFound)?;
-    // A connection of our own from the pool, so WATCH guards only this warm-up.
-    let mut conn = redis.bulk().await?;
-    let result = load(db, &mut conn, keys, &item, force, progress).await;
-    if result.is_err() {
-        // EXEC ends a WATCH; an early return must end it by hand before the connection
-        // goes back to the pool.
-        let _ = redis_timed(redis::cmd("UNWATCH").query_async::<()>(&mut *conn)).await;
+impl Warmup<'_> {
+    /// Loads (or rebuilds) the item's units. `progress` hears where it is.
+    pub async fn run(
+        &self,
+        id: ItemId,
+        force: bool,
+        progress: &(dyn Fn(Progress) + Sync),
+    ) -> Result<WarmupReport, WarmupError> {
+        if repo::get(self.db, id).await?.is_none() {
+            return Err(WarmupError::NotFound);
+        }
+        let lock = RedisLock::try_take(self.redis, self.keys.warmup_lock(id), LOCK_FOR)
+            .await?
+            .ok_or(WarmupError::Busy)?;
+        let result = self.load(id, force, progress).await;
+        if let Err(e) = lock.release(self.redis).await {
+            tracing::warn!(item = %id, error = %e, "could not release the warm-up lock; it expires by itself");
+        }
+        result
     }
-    result
-}
 
-async fn load(
-    db: &Db,
-    conn: &mut deadpool_redis::Connection,
-    keys: &Keys,
-    item: &Item,
-    force: bool,
-    progress: &(dyn Fn(u64, u64) + Sync),
-) -> Result<WarmupReport, WarmupError> {
-    let id = item.id;
-    let item_keys = keys.item(id);
-    redis_timed(
-        redis::cmd("WATCH")
-            .arg(&item_keys.meta)
-            .query_async::<()>(&mut **conn),
-    )
-    .await?;
-
-    let before = stock::snapshot(&mut **conn, &item_keys).await?;
-    if before.loaded {
-        if !force {
+    async fn load(
+        &self,
+        id: ItemId,
+        force: bool,
+        progress: &(dyn Fn(Progress) + Sync),
+    ) -> Result<WarmupReport, WarmupError> {
+        let item_keys = self.keys.item(id);
+        let first_look = {
+            let mut conn = self.redis.bulk().await?;
+            stock::snapshot(&mut *conn, &item_keys).await?
+        };
+        if first_look.loaded && !force {
             return Err(WarmupError::AlreadyLoaded {
-                remaining: before.remaining,
+                remaining: first_look.remaining,
             });
         }
-        let now = Utc::now();
-        if !item.paused && item.start_at <= now && now < item.end_at {
+        let item = repo::get(self.db, id).await?.ok_or(WarmupError::NotFound)?;
+        let rebuild = self.must_rebuild(&item, &first_look).await?;
+        if (first_look.loaded || rebuild) && item.on_sale_at(Utc::now()) {
             return Err(WarmupError::LiveSale);
         }
+        if rebuild {
+            self.wait_for_orders_in_flight(&item, progress).await?;
+        }
+
+        // A connection of our own from the pool, so WATCH guards only this warm-up.
+        let mut conn = self.redis.bulk().await?;
+        let result = self
+            .load_watched(&mut conn, &item_keys, id, &first_look, rebuild, progress)
+            .await;
+        if result.is_err() {
+            // EXEC ends a WATCH; an early return must end it by hand before the
+            // connection goes back to the pool.
+            let _ = redis_timed(redis::cmd("UNWATCH").query_async::<()>(&mut *conn)).await;
+        }
+        let report = result?;
+        repo::mark_loaded(self.db, id).await?;
+        super::catalog::announce_change(&mut *conn, self.keys, id).await?;
+        Ok(report)
     }
 
-    let holders = holders(db, conn, &item_keys, id).await?;
-    let held = holders.len() as u64;
-    let to_load = u64::from(item.total)
-        .checked_sub(held)
-        .ok_or(WarmupError::OverHeld {
-            held,
-            total: item.total,
-        })?;
-
-    fill_side_list(conn, &item_keys, held, to_load, progress).await?;
-    swap_in(conn, keys, &item_keys, item, &holders, to_load).await?;
-
-    let after = stock::snapshot(&mut **conn, &item_keys).await?;
-    if after.remaining != to_load || after.sold != held {
-        return Err(WarmupError::Verify {
-            expected: to_load,
-            found: after.remaining,
-        });
-    }
-    super::catalog::announce_change(&mut **conn, keys, id).await?;
-    Ok(WarmupReport {
-        item_id: id,
-        total: item.total,
-        held,
-        remaining: after.remaining,
-        sold: after.sold,
-    })
-}
-
-/// `(user_id, order_sn)` of every order holding a unit: live in MySQL or pending in Redis.
-async fn holders(
-    db: &Db,
-    conn: &mut deadpool_redis::Connection,
-    keys: &ItemKeys,
-    id: ItemId,
-) -> Result<Vec<(u64, String)>, WarmupError> {
-    // Pending first, MySQL second: an order moving from one to the other in between is
-    // then seen twice (and counted once), never missed.
-    let pending: Vec<String> = redis_timed(conn.hvals(&keys.pending)).await?;
-    let mut holders = orders::live_holders(db, id).await?;
-    let in_mysql: HashSet<String> = holders.iter().map(|(_, sn)| sn.clone()).collect();
-    for json in pending {
-        // An unreadable entry cannot be a holder that matters more than the others; the
-        // relay reports it.
-        if let Ok(order) = serde_json::from_str::<OrderPlaced>(&json)
-            && !in_mysql.contains(order.order_sn.as_str())
-        {
-            holders.push((order.user_id.get(), order.order_sn.to_string()));
+    /// Whether Redis lost (or may have lost) orders it held: the item was loaded before
+    /// but Redis has no trace of it, or Redis restarted since it was loaded (a restart
+    /// may lose its last writes, depending on its persistence).
+    async fn must_rebuild(&self, item: &Item, now: &StockSnapshot) -> Result<bool, WarmupError> {
+        match now.loaded_at_ms {
+            Some(loaded_ms) => {
+                let started_ms = self.redis_started_ms().await?;
+                Ok(started_ms + RESTART_SLACK_MS > loaded_ms)
+            }
+            None => {
+                Ok(item.loaded_at.is_some() || repo::history(self.db, item.id).await?.has_orders)
+            }
         }
     }
-    Ok(holders)
+
+    /// When the Redis server started (ms since the epoch, to a second).
+    async fn redis_started_ms(&self) -> Result<i64, WarmupError> {
+        let mut conn = self.redis.bulk().await?;
+        let info: redis::InfoDict =
+            redis_timed(redis::cmd("INFO").arg("server").query_async(&mut *conn)).await?;
+        let uptime_s: i64 = info
+            .get("uptime_in_seconds")
+            .ok_or_else(|| RedisError::Unexpected("INFO server has no uptime_in_seconds".into()))?;
+        Ok(Utc::now().timestamp_millis() - uptime_s * 1000)
+    }
+
+    /// Returns once no order won before the sale stopped can still be outside both MySQL
+    /// and Redis's `pending` hash.
+    async fn wait_for_orders_in_flight(
+        &self,
+        item: &Item,
+        progress: &(dyn Fn(Progress) + Sync),
+    ) -> Result<(), WarmupError> {
+        let stopped = self.stopped_at(item).await?;
+        let publishers_done = stopped + PUBLISHERS_DONE_AFTER;
+        if let Ok(wait) = (publishers_done - Utc::now()).to_std() {
+            progress(Progress::Waiting(format!(
+                "waiting {:.0} s for orders in the servers' publishers",
+                wait.as_secs_f64().ceil()
+            )));
+            tokio::time::sleep(wait).await;
+        }
+        progress(Progress::Waiting(
+            "waiting for RabbitMQ's order queue to be empty".into(),
+        ));
+        let give_up = tokio::time::Instant::now() + QUEUE_EMPTY_WITHIN;
+        loop {
+            let depth = self.broker.queue_depth().await;
+            if depth == Some(0) {
+                break;
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return Err(WarmupError::InFlight(match depth {
+                    Some(n) => format!(
+                        "{n} messages wait in RabbitMQ's order queue (is a consumer running?); try again once it is empty"
+                    ),
+                    None => "RabbitMQ cannot tell how many orders wait in its queue; try again once it answers".into(),
+                }));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        progress(Progress::Waiting(format!(
+            "waiting {} s for the consumers to commit what they took",
+            CONSUMERS_DONE_AFTER.as_secs()
+        )));
+        tokio::time::sleep(CONSUMERS_DONE_AFTER).await;
+        Ok(())
+    }
+
+    /// Since when no purchase of the item can have won: its pause, its end, or (for a
+    /// sale not open yet) the last change of its record.
+    async fn stopped_at(&self, item: &Item) -> Result<DateTime<Utc>, WarmupError> {
+        let history = repo::history(self.db, item.id).await?;
+        Ok(if item.paused {
+            history.paused_at.unwrap_or(history.updated_at)
+        } else if Utc::now() >= item.end_at {
+            item.end_at
+        } else {
+            history.updated_at
+        })
+    }
+
+    async fn load_watched(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+        item_keys: &ItemKeys,
+        id: ItemId,
+        first_look: &StockSnapshot,
+        rebuild: bool,
+        progress: &(dyn Fn(Progress) + Sync),
+    ) -> Result<WarmupReport, WarmupError> {
+        redis_timed(
+            redis::cmd("WATCH")
+                .arg(&item_keys.meta)
+                .query_async::<()>(&mut **conn),
+        )
+        .await?;
+        // Not a MULTI: its EXEC would end the WATCH.
+        let loaded: Option<i64> = redis_timed(conn.hget(&item_keys.meta, "loaded")).await?;
+        if loaded != first_look.loaded_at_ms {
+            return Err(WarmupError::Raced);
+        }
+        // Read again under the record's current rules: a resume while a rebuild waited
+        // is a live sale again.
+        let item = repo::get(self.db, id).await?.ok_or(WarmupError::NotFound)?;
+        if (loaded.is_some() || rebuild) && item.on_sale_at(Utc::now()) {
+            return Err(WarmupError::LiveSale);
+        }
+
+        let holders = self.holders(conn, item_keys, id).await?;
+        let held = holders.len() as u64;
+        let to_load = u64::from(item.total)
+            .checked_sub(held)
+            .ok_or(WarmupError::OverHeld {
+                held,
+                total: item.total,
+            })?;
+
+        let side = self
+            .keys
+            .loading_tokens(id, &ulid::Ulid::new().to_string().to_lowercase());
+        fill_side_list(conn, &side, held, to_load, progress).await?;
+        swap_in(conn, self.keys, item_keys, &side, &item, &holders, to_load).await?;
+
+        let after = stock::snapshot(&mut **conn, item_keys).await?;
+        if after.remaining != to_load || after.sold != held {
+            return Err(WarmupError::Verify {
+                expected: to_load,
+                found: after.remaining,
+            });
+        }
+        if rebuild {
+            // Deadlines and reminders went with Redis: due again as they were.
+            let unpaid: Vec<OrderPlaced> = holders.iter().filter_map(Holder::unpaid).collect();
+            for chunk in unpaid.chunks(1_000) {
+                let mut pipe = redis::pipe();
+                self.plan.schedule(&mut pipe, self.keys, chunk);
+                redis_timed(pipe.query_async::<()>(&mut **conn)).await?;
+            }
+        }
+        Ok(WarmupReport {
+            item_id: id,
+            total: item.total,
+            held,
+            remaining: after.remaining,
+            sold: after.sold,
+            rebuilt: rebuild,
+        })
+    }
+
+    /// Every order holding a unit: live in MySQL or pending in Redis.
+    async fn holders(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+        keys: &ItemKeys,
+        id: ItemId,
+    ) -> Result<Vec<Holder>, WarmupError> {
+        // Pending first, MySQL second: an order moving from one to the other in between
+        // is then seen twice (and counted once), never missed.
+        let pending: Vec<String> = redis_timed(conn.hvals(&keys.pending)).await?;
+        let mut holders: Vec<Holder> = orders::live_orders(self.db, id)
+            .await?
+            .into_iter()
+            .map(|row| Holder {
+                user: UserId::new(row.user_id),
+                unpaid: row
+                    .unpaid
+                    .then(|| OrderSn::parse(&row.order_sn))
+                    .flatten()
+                    .map(|order_sn| OrderPlaced {
+                        order_sn,
+                        item_id: id,
+                        user_id: UserId::new(row.user_id),
+                        created_at_ms: row.created_at.timestamp_millis(),
+                        pay_deadline_ms: row.pay_deadline.timestamp_millis(),
+                    }),
+                order_sn: row.order_sn,
+            })
+            .collect();
+        let in_mysql: HashSet<String> = holders.iter().map(|h| h.order_sn.clone()).collect();
+        for json in pending {
+            // An unreadable entry cannot be a holder that matters more than the others;
+            // the relay reports it.
+            if let Ok(order) = serde_json::from_str::<OrderPlaced>(&json)
+                && !in_mysql.contains(order.order_sn.as_str())
+            {
+                holders.push(Holder {
+                    user: order.user_id,
+                    order_sn: order.order_sn.to_string(),
+                    unpaid: None,
+                });
+            }
+        }
+        Ok(holders)
+    }
+}
+
+/// An order holding a unit.
+struct Holder {
+    user: UserId,
+    order_sn: String,
+    /// The order, when it is unpaid in MySQL (its deadline and reminders are due).
+    unpaid: Option<OrderPlaced>,
+}
+
+impl Holder {
+    fn unpaid(&self) -> Option<OrderPlaced> {
+        self.unpaid.clone()
+    }
 }
 
 async fn fill_side_list(
     conn: &mut deadpool_redis::Connection,
-    keys: &ItemKeys,
+    side: &str,
     first_unit: u64,
     to_load: u64,
-    progress: &(dyn Fn(u64, u64) + Sync),
+    progress: &(dyn Fn(Progress) + Sync),
 ) -> Result<(), WarmupError> {
-    redis_timed(conn.del::<_, ()>(&keys.tokens_loading)).await?;
-    progress(0, to_load);
+    progress(Progress::Loading {
+        done: 0,
+        of: to_load,
+    });
     let mut done = 0;
     while done < to_load {
         let mut pipe = redis::pipe();
@@ -184,13 +412,16 @@ async fn fill_side_list(
             let end = (done + BATCH).min(to_load);
             // Unit numbers continue after the held ones, so every unit has its own number.
             let units: Vec<u64> = (first_unit + done + 1..=first_unit + end).collect();
-            pipe.rpush(&keys.tokens_loading, units).ignore();
+            pipe.rpush(side, units).ignore();
             done = end;
         }
+        // A run that dies before its swap leaves nothing behind for long.
+        pipe.pexpire(side, SIDE_LIST_TTL.as_millis() as i64)
+            .ignore();
         redis_timed(pipe.query_async::<()>(conn)).await?;
-        progress(done, to_load);
+        progress(Progress::Loading { done, of: to_load });
     }
-    let found: u64 = redis_timed(conn.llen(&keys.tokens_loading)).await?;
+    let found: u64 = redis_timed(conn.llen(side)).await?;
     if found != to_load {
         return Err(WarmupError::Verify {
             expected: to_load,
@@ -205,25 +436,32 @@ async fn swap_in(
     conn: &mut deadpool_redis::Connection,
     keys: &Keys,
     item_keys: &ItemKeys,
+    side: &str,
     item: &Item,
-    holders: &[(u64, String)],
+    holders: &[Holder],
     to_load: u64,
 ) -> Result<(), WarmupError> {
     let now = Utc::now().timestamp_millis();
     let mut pipe = redis::pipe();
     pipe.atomic().del(&item_keys.tokens).ignore();
     if to_load > 0 {
-        pipe.rename(&item_keys.tokens_loading, &item_keys.tokens)
+        // RENAME keeps the side list's expiry: the live list must have none.
+        pipe.rename(side, &item_keys.tokens)
+            .ignore()
+            .persist(&item_keys.tokens)
             .ignore();
     }
     for key in item_keys.all_buyer_keys() {
         pipe.del(key).ignore();
     }
-    for (user, sn) in holders {
-        let user_id = crate::domain::UserId::new(*user);
-        pipe.zadd(item_keys.buyers(user_id), user, now)
+    for holder in holders {
+        pipe.zadd(item_keys.buyers(holder.user), holder.user.get(), now)
             .ignore()
-            .hset(item_keys.buyer_orders(user_id), user, sn)
+            .hset(
+                item_keys.buyer_orders(holder.user),
+                holder.user.get(),
+                &holder.order_sn,
+            )
             .ignore();
     }
     pipe.hset_multiple(

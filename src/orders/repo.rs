@@ -202,12 +202,23 @@ pub async fn count_by_status(db: &Db, item: ItemId) -> Result<StatusCounts, DbEr
     })
 }
 
-/// Users holding a unit of the item (unpaid or paid) and their order numbers.
-pub async fn live_holders(db: &Db, item: ItemId) -> Result<Vec<(u64, String)>, DbError> {
+/// An order holding a unit, as read for a warm-up or a check: its number as stored (not
+/// parsed, so one malformed row cannot hide the others).
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct LiveOrder {
+    pub order_sn: String,
+    pub user_id: u64,
+    pub unpaid: bool,
+    pub created_at: DateTime<Utc>,
+    pub pay_deadline: DateTime<Utc>,
+}
+
+/// The item's orders that hold a unit (unpaid or paid).
+pub async fn live_orders(db: &Db, item: ItemId) -> Result<Vec<LiveOrder>, DbError> {
     mysql_timed(
         sqlx::query_as(
-            "SELECT user_id, order_sn FROM orders
-             WHERE item_id = ? AND status IN ('unpaid', 'paid')",
+            "SELECT order_sn, user_id, status = 'unpaid' AS unpaid, created_at, pay_deadline
+             FROM orders WHERE item_id = ? AND status IN ('unpaid', 'paid')",
         )
         .bind(item.get())
         .fetch_all(db),

@@ -27,6 +27,10 @@ const BATCH: usize = 1_000;
 /// before it is left to the relay. Purchases never wait for it: meanwhile new orders
 /// gather in the buffer.
 const CONNECT_WAIT: Duration = Duration::from_secs(1);
+/// The longest a won order stays in this publisher: its batch's wait for a connection,
+/// then for its confirms. (A rebuild of a Redis that lost its outbox waits this out.)
+pub const HOLDS_AT_MOST: Duration =
+    Duration::from_secs(CONNECT_WAIT.as_secs() + crate::broker::CONFIRM_TIMEOUT.as_secs());
 
 /// The purchase handlers' end of the publisher.
 #[derive(Clone)]

@@ -155,6 +155,11 @@ pub async fn flashbuy(
             Err(ApiError::SoldOut)
         }
         GrabOutcome::Paused => Err(ApiError::Paused),
+        // Loaded once and gone: Redis lost it, and an operator has to rebuild it. The buyer
+        // did nothing wrong, and pressing again later may well work.
+        GrabOutcome::NotLoaded if item.item.loaded_at.is_some() => Err(ApiError::Unavailable(
+            "the item's units are being restored; try again shortly".into(),
+        )),
         GrabOutcome::NotLoaded => Err(ApiError::NotStarted("the item's units are not loaded yet")),
         GrabOutcome::NotStarted => Err(ApiError::NotStarted("the sale has not opened yet")),
         GrabOutcome::Ended => Err(ApiError::Ended),

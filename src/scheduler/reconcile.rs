@@ -13,10 +13,9 @@ use serde::Serialize;
 use crate::domain::{ItemId, UserId};
 use crate::items::stock;
 use crate::keys::Keys;
-use crate::lua::UNLOCK;
 use crate::orders::ending::{self, Held};
 use crate::orders::repo::{self, CancelReason, OrderStatus, StatusCounts};
-use crate::store::{Db, DbError, RedisConns, RedisError, StoreError, redis_timed};
+use crate::store::{Db, DbError, RedisConns, RedisError, RedisLock, StoreError, redis_timed};
 use crate::telemetry::Meters;
 
 /// Longest a reconciliation may hold its item's lock (it is released when done).
@@ -78,28 +77,13 @@ pub async fn reconcile(
     meters: &Meters,
     item: ItemId,
 ) -> Result<Report, ReconcileError> {
-    let lock = keys.reconcile_lock(item);
-    let token = ulid::Ulid::new().to_string();
-    let taken: Option<String> = {
-        let mut conn = redis.bulk().await?;
-        redis_timed(
-            redis::cmd("SET")
-                .arg(&lock)
-                .arg(&token)
-                .arg("NX")
-                .arg("PX")
-                .arg(LOCK_FOR.as_millis() as u64)
-                .query_async(&mut *conn),
-        )
-        .await?
-    };
-    if taken.is_none() {
+    let Some(lock) = RedisLock::try_take(redis, keys.reconcile_lock(item), LOCK_FOR).await? else {
         return Err(ReconcileError::Busy);
-    }
+    };
     let result = run(db, redis, keys, meters, item).await;
-    let mut conn = redis.bulk().await?;
-    let _: Result<i64, _> =
-        redis_timed(UNLOCK.key(&lock).arg(&token).invoke_async(&mut *conn)).await;
+    if let Err(e) = lock.release(redis).await {
+        tracing::warn!(%item, error = %e, "could not release the reconciliation lock; it expires by itself");
+    }
     result
 }
 

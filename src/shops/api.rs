@@ -12,7 +12,7 @@ use crate::error::ApiError;
 use crate::http::extract::{Admin, ApiJson, ApiPath};
 use crate::http::reply::ok;
 
-use super::changes::{ShopLock, announce};
+use super::changes::{self, announce};
 use super::hours::{Hours, Override};
 use super::repo::{self, Shop};
 
@@ -143,7 +143,7 @@ where
     F: FnOnce(crate::store::Db) -> Fut,
     Fut: std::future::Future<Output = Result<(), crate::store::DbError>>,
 {
-    let Some(lock) = ShopLock::take(&state.redis, &state.keys, id).await? else {
+    let Some(lock) = changes::lock(&state.redis, &state.keys, id).await? else {
         return Err(ApiError::Conflict {
             code: "shop_busy",
             detail: "another change of this shop is in progress; try again".into(),

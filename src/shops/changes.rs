@@ -2,7 +2,7 @@
 //! released only by its owner), MySQL first, then Redis, then an announcement on the
 //! `{ns}.shops` fanout exchange that every instance follows; and every change in the log.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use lapin::BasicProperties;
@@ -15,8 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
 use crate::keys::Keys;
-use crate::lua::UNLOCK;
-use crate::store::{RedisConns, RedisError, redis_timed};
+use crate::store::{RedisConns, RedisError, RedisLock};
 
 use super::cache::Shops;
 
@@ -25,60 +24,14 @@ const LOCK_FOR: Duration = Duration::from_secs(5);
 /// How long a change waits for another one to finish.
 const WAIT_FOR_LOCK: Duration = Duration::from_millis(800);
 
-/// A shop's change lock, held by one token.
-pub struct ShopLock {
-    key: String,
-    token: String,
-}
-
-impl ShopLock {
-    /// Takes the shop's lock, waiting a little for a change in progress; `None` if it
-    /// stayed taken.
-    pub async fn take(
-        redis: &RedisConns,
-        keys: &Keys,
-        shop: u64,
-    ) -> Result<Option<Self>, RedisError> {
-        let lock = Self {
-            key: keys.shop_lock(shop),
-            token: ulid::Ulid::new().to_string(),
-        };
-        let deadline = Instant::now() + WAIT_FOR_LOCK;
-        loop {
-            let mut conn = redis.bulk().await?;
-            let taken: Option<String> = redis_timed(
-                redis::cmd("SET")
-                    .arg(&lock.key)
-                    .arg(&lock.token)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(LOCK_FOR.as_millis() as u64)
-                    .query_async(&mut *conn),
-            )
-            .await?;
-            if taken.is_some() {
-                return Ok(Some(lock));
-            }
-            if Instant::now() >= deadline {
-                return Ok(None);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// Releases the lock if it is still ours (it may have expired and been taken by
-    /// another). Returns whether it was ours.
-    pub async fn release(self, redis: &RedisConns) -> Result<bool, RedisError> {
-        let mut conn = redis.bulk().await?;
-        let released: i64 = redis_timed(
-            UNLOCK
-                .key(&self.key)
-                .arg(&self.token)
-                .invoke_async(&mut *conn),
-        )
-        .await?;
-        Ok(released == 1)
-    }
+/// Takes the shop's change lock, waiting a little for a change in progress; `None` if it
+/// stayed taken.
+pub async fn lock(
+    redis: &RedisConns,
+    keys: &Keys,
+    shop: u64,
+) -> Result<Option<RedisLock>, RedisError> {
+    RedisLock::take_within(redis, keys.shop_lock(shop), LOCK_FOR, WAIT_FOR_LOCK).await
 }
 
 /// Tells every instance that the shop changed. A lost announcement costs at most the

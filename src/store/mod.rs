@@ -2,9 +2,11 @@
 
 use std::time::Duration;
 
+mod lock;
 mod mysql;
 mod redis_conns;
 
+pub use self::lock::RedisLock;
 pub use self::mysql::{Db, DbError, connect_mysql, migrate, timed as mysql_timed};
 pub use self::redis_conns::{RedisConns, RedisError, timed as redis_timed};
 

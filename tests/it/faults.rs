@@ -131,3 +131,33 @@ async fn sold_out_is_answered_from_memory_everywhere_and_forgotten_when_units_re
     b.stop().await;
     a.stop().await;
 }
+
+/// `grab.lua` checks everything before its first write: a `sold` count that is not a
+/// number refuses the purchase and takes no unit (a script never rolls back).
+#[tokio::test]
+async fn a_corrupt_sold_count_refuses_the_purchase_without_taking_a_unit() {
+    use redis::AsyncCommands;
+    let env = TestEnv::new("badsold").await;
+    let server = env.server(ALL_ROLES).await;
+    env.item_on_sale(&server, 1, 5).await;
+    let mut redis = env.redis.clone();
+    redis
+        .hset::<_, _, _, ()>(env.key(1, "meta"), "sold", "garbage")
+        .await
+        .unwrap();
+    let (status, json) = env.buy(&server, 1, 1).await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (503, Some("unavailable")),
+        "{json}"
+    );
+    assert_eq!(env.remaining(1).await, 5, "a unit was taken");
+    let pending: u64 = redis.hlen(env.key(1, "pending")).await.unwrap();
+    assert_eq!(pending, 0);
+    redis
+        .hset::<_, _, _, ()>(env.key(1, "meta"), "sold", 0)
+        .await
+        .unwrap();
+    assert_eq!(env.buy(&server, 1, 1).await.0, 202);
+    server.stop().await;
+}

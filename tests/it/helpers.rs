@@ -282,6 +282,27 @@ impl TestEnv {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// `POST path` with the admin token: status and JSON body.
+    pub async fn admin_post(&self, server: &TestServer, path: &str) -> (u16, Value) {
+        let response = self
+            .admin(reqwest::Method::POST, server, path)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Deletes every Redis key of this test's namespace: what this deployment sees of a
+    /// Redis that lost its data (the shared Redis itself is never flushed).
+    pub async fn lose_redis_state(&self) {
+        let mut redis = self.redis.clone();
+        let keys: Vec<String> = redis.keys(format!("{}:*", self.namespace)).await.unwrap();
+        if !keys.is_empty() {
+            redis.del::<_, ()>(keys).await.unwrap();
+        }
+    }
+
     pub async fn stats(&self, server: &TestServer, id: u64) -> Value {
         self.admin(
             reqwest::Method::GET,
@@ -480,6 +501,26 @@ async fn cleanup(namespace: &str, database: &str) {
         }
         let _ = conn.close(200, "bye".into()).await;
     }
+}
+
+/// Messages ready in a queue (declared passively; `None` while it does not exist).
+pub async fn queue_depth(queue: &str) -> Option<u32> {
+    let conn = lapin::Connection::connect(&amqp_url(), Default::default())
+        .await
+        .ok()?;
+    let channel = conn.create_channel().await.ok()?;
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await;
+    let _ = conn.close(200, "bye".into()).await;
+    declared.ok().map(|q| q.message_count())
 }
 
 /// A running server.

@@ -14,6 +14,7 @@ mod plans;
 mod protection;
 mod purchase;
 mod queue;
+mod recovery;
 mod setup;
 mod shops;
 mod storefront;

@@ -2,8 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use lapin::options::{BasicPublishOptions, QueueDeclareOptions};
-use lapin::types::FieldTable;
+use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Connection};
 use seckill::Role;
 use seckill::domain::{ItemId, OrderPlaced, OrderSn, UserId};
@@ -23,26 +22,6 @@ async fn buy_many(
         won.push(json["order_sn"].as_str().unwrap().to_owned());
     }
     won
-}
-
-/// Messages ready in a queue (declared passively; `None` while it does not exist).
-async fn queue_depth(queue: &str) -> Option<u32> {
-    let conn = Connection::connect(&amqp_url(), Default::default())
-        .await
-        .ok()?;
-    let channel = conn.create_channel().await.ok()?;
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await;
-    let _ = conn.close(200, "bye".into()).await;
-    declared.ok().map(|q| q.message_count())
 }
 
 async fn wait_for_depth(queue: &str, expected: u32) {

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use seckill::Role;
 use seckill::config::Secret;
 use seckill::keys::Keys;
-use seckill::shops::changes::ShopLock;
+use seckill::shops::changes;
 
 use crate::helpers::*;
 
@@ -223,32 +223,32 @@ async fn one_change_at_a_time_a_crashed_holder_expires_and_no_other_lock_is_rele
     let env = &TestEnv::new("shoplock").await;
     let redis = seckill::store::RedisConns::new(&redis_url()).unwrap();
     let keys = Keys::new(&env.settings.namespace);
-    let first = ShopLock::take(&redis, &keys, 1)
+    let first = changes::lock(&redis, &keys, 1)
         .await
         .unwrap()
         .expect("free");
     assert!(
-        ShopLock::take(&redis, &keys, 1).await.unwrap().is_none(),
+        changes::lock(&redis, &keys, 1).await.unwrap().is_none(),
         "held"
     );
     assert!(
-        ShopLock::take(&redis, &keys, 2).await.unwrap().is_some(),
+        changes::lock(&redis, &keys, 2).await.unwrap().is_some(),
         "per shop"
     );
     assert!(first.release(&redis).await.unwrap());
     // A holder that crashes never releases: its lock runs out by itself.
-    let crashed = ShopLock::take(&redis, &keys, 1)
+    let crashed = changes::lock(&redis, &keys, 1)
         .await
         .unwrap()
         .expect("free again");
     tokio::time::sleep(Duration::from_millis(5200)).await;
-    let next = ShopLock::take(&redis, &keys, 1)
+    let next = changes::lock(&redis, &keys, 1)
         .await
         .unwrap()
         .expect("expired");
     // The late holder's release does not take the new holder's lock.
     assert!(!crashed.release(&redis).await.unwrap());
-    assert!(ShopLock::take(&redis, &keys, 1).await.unwrap().is_none());
+    assert!(changes::lock(&redis, &keys, 1).await.unwrap().is_none());
     assert!(next.release(&redis).await.unwrap());
 
     // Through the API, two changes at once both land, one after the other.

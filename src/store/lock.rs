@@ -1,0 +1,78 @@
+//! A lock in Redis: `SET key token NX PX ms` with a random token, released only by its
+//! holder (`lua/unlock.lua`), so a holder that outlived its lock never frees another's.
+//! A holder that dies leaves the lock to expire.
+
+use std::time::{Duration, Instant};
+
+use crate::lua::UNLOCK;
+
+use super::{RedisConns, RedisError, redis_timed};
+
+/// How often a waiting taker tries again.
+const RETRY_EVERY: Duration = Duration::from_millis(20);
+
+pub struct RedisLock {
+    key: String,
+    token: String,
+}
+
+impl RedisLock {
+    /// Takes the lock for `hold_for` if nobody holds it; `None` if somebody does.
+    pub async fn try_take(
+        redis: &RedisConns,
+        key: String,
+        hold_for: Duration,
+    ) -> Result<Option<Self>, RedisError> {
+        Self::take_within(redis, key, hold_for, Duration::ZERO).await
+    }
+
+    /// Takes the lock, waiting up to `wait` for its holder to let go.
+    pub async fn take_within(
+        redis: &RedisConns,
+        key: String,
+        hold_for: Duration,
+        wait: Duration,
+    ) -> Result<Option<Self>, RedisError> {
+        let lock = Self {
+            key,
+            token: ulid::Ulid::new().to_string(),
+        };
+        let deadline = Instant::now() + wait;
+        loop {
+            let taken: Option<String> = {
+                let mut conn = redis.bulk().await?;
+                redis_timed(
+                    redis::cmd("SET")
+                        .arg(&lock.key)
+                        .arg(&lock.token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(hold_for.as_millis() as u64)
+                        .query_async(&mut *conn),
+                )
+                .await?
+            };
+            if taken.is_some() {
+                return Ok(Some(lock));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(RETRY_EVERY).await;
+        }
+    }
+
+    /// Releases the lock if it is still ours (it may have expired and been taken by
+    /// another). Returns whether it was ours.
+    pub async fn release(self, redis: &RedisConns) -> Result<bool, RedisError> {
+        let mut conn = redis.bulk().await?;
+        let released: i64 = redis_timed(
+            UNLOCK
+                .key(&self.key)
+                .arg(&self.token)
+                .invoke_async(&mut *conn),
+        )
+        .await?;
+        Ok(released == 1)
+    }
+}
