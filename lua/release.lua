@@ -2,20 +2,22 @@
 --
 -- KEYS[1] meta          HASH  sold
 -- KEYS[2] tokens        LIST  unsold units
--- then, per order i (1-based): KEYS[2 + 2i - 1] buyers (ZSET of the user's shard),
---                              KEYS[2 + 2i]     buyer_orders (HASH of the same shard)
+-- KEYS[3] ending        ZSET  order_sn -> ms: cancels begun, their units not yet back
+-- then, per order i (1-based): KEYS[3 + 2i - 1] buyers (ZSET of the user's shard),
+--                              KEYS[3 + 2i]     buyer_orders (HASH of the same shard)
 -- ARGV[2i - 1] user_id, ARGV[2i] order_sn   of order i
 --
 -- An order's unit comes back only while the user's buyer record still names that very
 -- order: a second call, or a call after the user bought again, changes nothing. The unit
--- goes back as a token named after the order that returned it.
+-- goes back as a token named after the order that returned it. Either way the order's
+-- cancel is finished, so it leaves `ending`.
 --
 -- Returns the order numbers whose unit came back.
 
 local released = {}
 for i = 1, #ARGV / 2 do
   local user, sn = ARGV[2 * i - 1], ARGV[2 * i]
-  local buyers, buyer_orders = KEYS[2 + 2 * i - 1], KEYS[2 + 2 * i]
+  local buyers, buyer_orders = KEYS[3 + 2 * i - 1], KEYS[3 + 2 * i]
   if redis.call('HGET', buyer_orders, user) == sn then
     redis.call('HDEL', buyer_orders, user)
     redis.call('ZREM', buyers, user)
@@ -23,5 +25,6 @@ for i = 1, #ARGV / 2 do
     redis.call('HINCRBY', KEYS[1], 'sold', -1)
     released[#released + 1] = sn
   end
+  redis.call('ZREM', KEYS[3], sn)
 end
 return released

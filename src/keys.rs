@@ -60,6 +60,13 @@ impl Keys {
         self.item_key(item, "due")
     }
 
+    /// ZSET of cancels begun: `order_sn` → when (ms). Written before the `UPDATE` that
+    /// cancels, removed once the unit is back (or the order turned out not cancelled), so
+    /// a cancel cut off between MySQL and Redis is finished by a sweep.
+    pub fn ending(&self, item: ItemId) -> String {
+        self.item_key(item, "ending")
+    }
+
     /// ZSET of tasks a scheduler has taken: task → when its lease runs out (ms).
     pub fn leased(&self, item: ItemId) -> String {
         self.item_key(item, "leased")

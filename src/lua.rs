@@ -18,6 +18,14 @@ pub static GRAB: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!(".
 pub static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
 
+/// Drops cancels begun that a sweep found finished or moot: see `lua/forget.lua`.
+pub static FORGET: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/forget.lua")));
+
+/// Ends or puts back delay-queue tasks still held under a lease: see `lua/finish.lua`.
+pub static FINISH: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/finish.lua")));
+
 /// Takes due delay-queue entries under a lease: see `lua/claim.lua`.
 pub static CLAIM: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/claim.lua")));
@@ -35,7 +43,15 @@ pub async fn preload<C>(conn: &mut C) -> Result<(), RedisError>
 where
     C: redis::aio::ConnectionLike + Send,
 {
-    for script in [&*GRAB, &*RELEASE, &*CLAIM, &*UNLOCK, &*BREAKER_AUTO] {
+    for script in [
+        &*GRAB,
+        &*RELEASE,
+        &*FORGET,
+        &*CLAIM,
+        &*FINISH,
+        &*UNLOCK,
+        &*BREAKER_AUTO,
+    ] {
         redis_timed(script.prepare_invoke().load_async(conn)).await?;
     }
     Ok(())

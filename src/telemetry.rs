@@ -104,6 +104,10 @@ fn describe() {
         "Orders cancelled, by reason"
     );
     describe_counter!(
+        "seckill_cut_off_cancels_total",
+        "Cancels cut off between MySQL and Redis whose unit a scheduler's sweep returned"
+    );
+    describe_counter!(
         "seckill_reconcile_mismatches_total",
         "Reconciliations that found Redis and MySQL disagreeing, per item"
     );
@@ -216,6 +220,14 @@ impl Meters {
     pub fn cancelled(&self, reason: &'static str, orders: u64) {
         metrics::counter!("seckill_orders_cancelled_total", "namespace" => self.namespace.clone(), "reason" => reason)
             .increment(orders);
+    }
+
+    /// A sweep returned the units of cancels that were cut off between MySQL and Redis.
+    pub fn cancelled_units_recovered(&self, units: u64) {
+        if units > 0 {
+            metrics::counter!("seckill_cut_off_cancels_total", "namespace" => self.namespace.clone())
+                .increment(units);
+        }
     }
 
     /// A shop was read into this instance's cache from `from` (`redis`, `mysql`,

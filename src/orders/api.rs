@@ -144,9 +144,12 @@ pub async fn cancel_order(
 ) -> Result<Response, ApiError> {
     let sn = order_change(&state, user, &order_sn)?;
     let db = &state.db;
-    let mut cancelled_now = repo::cancel_own(db, &sn, user).await?;
+    // Unknown and other users' orders end here, before anything is recorded.
     let mut row = stored_order(&state, &sn, user).await?;
-    if !cancelled_now && row.status == OrderStatus::Unpaid {
+    let mut cancelled_now = false;
+    let began = row.status == OrderStatus::Unpaid;
+    if began {
+        ending::begin(&state.redis, &state.keys, &[&sn]).await?;
         cancelled_now = repo::cancel_own(db, &sn, user).await?;
         row = stored_order(&state, &sn, user).await?;
     }
@@ -156,6 +159,10 @@ pub async fn cancel_order(
     match row.status {
         OrderStatus::Cancelled => {}
         OrderStatus::Paid => {
+            if began {
+                // Paid in the meantime: nothing to return.
+                ending::abandon(&state.redis, &state.keys, &[sn.as_str()]).await?;
+            }
             return Err(ApiError::Conflict {
                 code: "order_paid",
                 detail: "the order is paid; it cannot be cancelled".into(),
@@ -163,7 +170,7 @@ pub async fn cancel_order(
         }
         OrderStatus::Unpaid => {
             return Err(ApiError::Internal(anyhow::anyhow!(
-                "order {sn} stayed unpaid through two cancels"
+                "order {sn} stayed unpaid through a cancel"
             )));
         }
     }

@@ -1,17 +1,24 @@
 //! Ending orders — by their owner, at their pay deadline, at the end of a sale — and giving
 //! their units back to the sale.
 //!
-//! MySQL decides (a conditional `UPDATE … WHERE status = 'unpaid'`), then `release.lua`
-//! returns the unit. The release is idempotent and keyed on the buyer record, so it is
-//! safe to run again for any cancelled order: whoever finds an order cancelled finishes
-//! its release, and a process that died between the two steps loses nothing.
+//! First the cancel is recorded as begun (the item's `ending` set in Redis), then MySQL
+//! decides (a conditional `UPDATE … WHERE status = 'unpaid'`), then `release.lua` returns
+//! the unit and clears the record. The release is idempotent and keyed on the buyer
+//! record, so it is safe to run again for any cancelled order: a request cut off between
+//! MySQL and Redis, or a process that died there, leaves its record behind, and the
+//! scheduler's [`finish_cut_off`] sweep returns the unit within seconds — rather than at
+//! the order's deadline or the end of the sale.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
 
-use crate::domain::{ItemId, UserId};
+use chrono::Utc;
+use redis::AsyncCommands;
+
+use crate::domain::{ItemId, OrderSn, UserId};
 use crate::items::catalog;
 use crate::keys::Keys;
-use crate::lua::RELEASE;
+use crate::lua::{FORGET, RELEASE};
 use crate::store::{Db, RedisConns, RedisError, StoreError, redis_timed};
 
 use super::repo::{self, CancelReason, OrderRow, OrderStatus};
@@ -56,7 +63,7 @@ pub async fn release(
         let before = released.len();
         for chunk in orders.chunks(RELEASE_CHUNK) {
             let mut call = RELEASE.key(&item_keys.meta);
-            call.key(&item_keys.tokens);
+            call.key(&item_keys.tokens).key(keys.ending(item));
             for order in chunk {
                 call.key(item_keys.buyers(order.user))
                     .key(item_keys.buyer_orders(order.user))
@@ -91,6 +98,47 @@ pub struct Cancelled {
     pub missing: Vec<String>,
 }
 
+/// Records that these orders are about to be cancelled, before MySQL is asked: if the
+/// caller is cut off after MySQL said yes, [`finish_cut_off`] returns their units.
+pub async fn begin(redis: &RedisConns, keys: &Keys, sns: &[&OrderSn]) -> Result<(), RedisError> {
+    if sns.is_empty() {
+        return Ok(());
+    }
+    let now = Utc::now().timestamp_millis();
+    let mut by_item: BTreeMap<ItemId, Vec<(i64, &str)>> = BTreeMap::new();
+    for sn in sns {
+        by_item
+            .entry(sn.item())
+            .or_default()
+            .push((now, sn.as_str()));
+    }
+    let mut pipe = redis::pipe();
+    for (item, members) in by_item {
+        pipe.zadd_multiple(keys.ending(item), &members).ignore();
+    }
+    let mut conn = redis.bulk().await?;
+    redis_timed(pipe.query_async::<()>(&mut *conn)).await
+}
+
+/// These cancels ended without a unit to return (the order was paid, still unpaid, or
+/// unknown): their records go.
+pub async fn abandon(redis: &RedisConns, keys: &Keys, sns: &[&str]) -> Result<(), RedisError> {
+    let mut pipe = redis::pipe();
+    let mut any = false;
+    for sn in sns {
+        if let Some(parsed) = OrderSn::parse(sn) {
+            pipe.zrem(keys.ending(parsed.item()), *sn).ignore();
+            any = true;
+        }
+    }
+    if !any {
+        // An empty pipeline is an error to the Redis client.
+        return Ok(());
+    }
+    let mut conn = redis.bulk().await?;
+    redis_timed(pipe.query_async::<()>(&mut *conn)).await
+}
+
 /// Cancels those of these orders that are unpaid past their deadline, then gives back the
 /// unit of every one of them that is cancelled now.
 pub async fn cancel_overdue(
@@ -100,26 +148,100 @@ pub async fn cancel_overdue(
     sns: &[&str],
     reason: CancelReason,
 ) -> Result<Cancelled, StoreError> {
+    let parsed: Vec<OrderSn> = sns.iter().filter_map(|sn| OrderSn::parse(sn)).collect();
+    begin(redis, keys, &parsed.iter().collect::<Vec<_>>()).await?;
     let cancelled = repo::cancel_overdue(db, sns, reason).await?;
     let rows = repo::find_many(db, sns).await?;
     let mut outcome = Cancelled {
         cancelled,
         ..Default::default()
     };
-    let found: std::collections::HashSet<&str> = rows.iter().map(|r| r.order_sn.as_str()).collect();
+    let found: HashSet<&str> = rows.iter().map(|r| r.order_sn.as_str()).collect();
     outcome.missing = sns
         .iter()
         .filter(|sn| !found.contains(**sn))
         .map(|sn| (*sn).to_owned())
         .collect();
     let mut ended = Vec::new();
+    let mut moot: Vec<&str> = outcome.missing.iter().map(String::as_str).collect();
     for row in &rows {
         match row.status {
             OrderStatus::Cancelled => ended.push(Held::from(row)),
-            OrderStatus::Unpaid => outcome.still_unpaid.push(row.order_sn.to_string()),
-            OrderStatus::Paid => {}
+            OrderStatus::Unpaid => {
+                outcome.still_unpaid.push(row.order_sn.to_string());
+                moot.push(row.order_sn.as_str());
+            }
+            OrderStatus::Paid => moot.push(row.order_sn.as_str()),
         }
     }
     outcome.released = release(redis, keys, &ended).await?.len() as u64;
+    abandon(redis, keys, &moot).await?;
     Ok(outcome)
+}
+
+/// A cancel begun this long ago has finished or was cut off: its request's budget and a
+/// scheduler's store calls are long over.
+const CUT_OFF_AFTER: Duration = Duration::from_secs(5);
+/// Records looked at per item and sweep.
+const SWEEP_BATCH: isize = 500;
+
+/// Finishes cancels that were cut off between MySQL and Redis: for every record older
+/// than [`CUT_OFF_AFTER`], an order MySQL has cancelled gets its unit back; any other
+/// record is dropped. Returns how many units came back.
+pub async fn finish_cut_off(db: &Db, redis: &RedisConns, keys: &Keys) -> Result<u64, StoreError> {
+    let cutoff = Utc::now().timestamp_millis() - CUT_OFF_AFTER.as_millis() as i64;
+    let items: Vec<ItemId> = {
+        let mut conn = redis.bulk().await?;
+        let ids: Vec<u64> = redis_timed(conn.smembers(keys.items_index())).await?;
+        ids.into_iter().filter_map(ItemId::new).collect()
+    };
+    let mut released = 0;
+    for chunk in items.chunks(1_000) {
+        let mut pipe = redis::pipe();
+        for item in chunk {
+            pipe.zrangebyscore_limit(keys.ending(*item), "-inf", cutoff, 0, SWEEP_BATCH);
+        }
+        let found: Vec<Vec<String>> = {
+            let mut conn = redis.bulk().await?;
+            redis_timed(pipe.query_async(&mut *conn)).await?
+        };
+        for (item, sns) in chunk.iter().zip(found) {
+            if sns.is_empty() {
+                continue;
+            }
+            let refs: Vec<&str> = sns.iter().map(String::as_str).collect();
+            let rows = repo::find_many(db, &refs).await?;
+            let cancelled: Vec<Held> = rows
+                .iter()
+                .filter(|r| r.status == OrderStatus::Cancelled)
+                .map(Held::from)
+                .collect();
+            let back = release(redis, keys, &cancelled).await?.len() as u64;
+            if back > 0 {
+                tracing::warn!(%item, units = back, "finished cancels that were cut off between MySQL and Redis");
+            }
+            released += back;
+            // Not cancelled (paid, still unpaid, unknown): nothing to return. Dropped only
+            // if not written again since (a newer cancel of the same order).
+            let cancelled_sns: HashSet<&str> =
+                cancelled.iter().map(|h| h.order_sn.as_str()).collect();
+            let moot: Vec<&str> = refs
+                .iter()
+                .copied()
+                .filter(|sn| !cancelled_sns.contains(sn))
+                .collect();
+            if !moot.is_empty() {
+                let mut conn = redis.bulk().await?;
+                redis_timed(
+                    FORGET
+                        .key(keys.ending(*item))
+                        .arg(cutoff)
+                        .arg(&moot)
+                        .invoke_async::<i64>(&mut *conn),
+                )
+                .await?;
+            }
+        }
+    }
+    Ok(released)
 }

@@ -18,7 +18,7 @@ use crate::orders::repo::{self, OrderStatus};
 use crate::store::{StoreError, redis_timed};
 
 use super::Scheduler;
-use super::delay::{self, Task};
+use super::delay::{self, Claimed, Task};
 
 /// Tasks taken per claim.
 const CLAIM_LIMIT: usize = 500;
@@ -74,7 +74,7 @@ pub async fn pass(scheduler: &Scheduler) -> Result<(), StoreError> {
                 )
                 .await?
             };
-            let full = claimed.len() == CLAIM_LIMIT;
+            let full = claimed.tasks.len() == CLAIM_LIMIT;
             handle(scheduler, item, claimed).await?;
             if !full {
                 break;
@@ -84,14 +84,10 @@ pub async fn pass(scheduler: &Scheduler) -> Result<(), StoreError> {
     Ok(())
 }
 
-async fn handle(
-    scheduler: &Scheduler,
-    item: ItemId,
-    claimed: Vec<Result<Task, String>>,
-) -> Result<(), StoreError> {
+async fn handle(scheduler: &Scheduler, item: ItemId, claimed: Claimed) -> Result<(), StoreError> {
     let (mut done, mut later) = (Vec::new(), Vec::new());
     let (mut cancels, mut reminders) = (Vec::new(), Vec::new());
-    for task in claimed {
+    for task in claimed.tasks {
         match task {
             Ok(Task::Cancel(sn)) => cancels.push(sn),
             Ok(Task::Remind { percent, order_sn }) => reminders.push((percent, order_sn)),
@@ -128,16 +124,25 @@ async fn handle(
         later.extend(unsent);
     }
 
-    if done.is_empty() && later.is_empty() {
-        // Nothing was claimed (an empty pipeline is an error to the Redis client).
-        return Ok(());
-    }
-    let mut pipe = redis::pipe();
-    delay::finish(&mut pipe, &scheduler.keys, item, &done);
     let retry_at = Utc::now().timestamp_millis() + RETRY_AFTER.as_millis() as i64;
-    delay::put_back(&mut pipe, &scheduler.keys, item, &later, retry_at);
     let mut conn = scheduler.redis.bulk().await?;
-    redis_timed(pipe.query_async::<()>(&mut *conn)).await?;
+    let lease = claimed.lease_end_ms;
+    let mine = delay::finish(&mut *conn, &scheduler.keys, item, lease, &done, None).await?
+        + delay::finish(
+            &mut *conn,
+            &scheduler.keys,
+            item,
+            lease,
+            &later,
+            Some(retry_at),
+        )
+        .await?;
+    let handled = (done.len() + later.len()) as u64;
+    if mine < handled {
+        // Our lease ran out while we worked: another scheduler took those tasks over and
+        // keeps them (it does them again; every step is idempotent).
+        tracing::warn!(%item, overran = handled - mine, "delay queue: tasks taken over by another scheduler after this one's lease ran out");
+    }
     Ok(())
 }
 

@@ -12,7 +12,7 @@ use redis::Pipeline;
 use crate::config::{RemindStages, Settings};
 use crate::domain::{ItemId, OrderPlaced, OrderSn};
 use crate::keys::Keys;
-use crate::lua::CLAIM;
+use crate::lua::{CLAIM, FINISH};
 use crate::store::{RedisError, redis_timed};
 
 /// One thing to do for one order at one time.
@@ -123,52 +123,76 @@ impl Plan {
     }
 }
 
-/// Takes up to `limit` due tasks (and tasks whose lease ran out) for `lease_ms`. Entries
-/// that are not tasks come back as `Err(member)` so the caller can drop them.
+/// Tasks a scheduler took, under one lease.
+#[derive(Debug)]
+pub struct Claimed {
+    /// When the lease runs out (ms): also what tells this scheduler's hold from a later
+    /// one's (see [`finish`]).
+    pub lease_end_ms: i64,
+    /// The tasks; entries that are not tasks come back as `Err(member)`, to be dropped.
+    pub tasks: Vec<Result<Task, String>>,
+}
+
+/// Takes up to `limit` due tasks (and tasks whose lease ran out) for `lease_ms`.
 pub async fn claim<C>(
     conn: &mut C,
     keys: &Keys,
     item: ItemId,
     lease_ms: u64,
     limit: usize,
-) -> Result<Vec<Result<Task, String>>, RedisError>
+) -> Result<Claimed, RedisError>
 where
     C: redis::aio::ConnectionLike + Send,
 {
     let now = Utc::now().timestamp_millis();
+    let lease_end_ms = now + lease_ms as i64;
     let members: Vec<String> = redis_timed(
         CLAIM
             .key(keys.due(item))
             .key(keys.leased(item))
             .arg(now)
-            .arg(now + lease_ms as i64)
+            .arg(lease_end_ms)
             .arg(limit)
             .invoke_async(conn),
     )
     .await?;
-    Ok(members
-        .into_iter()
-        .map(|m| Task::parse(&m).ok_or(m))
-        .collect())
+    Ok(Claimed {
+        lease_end_ms,
+        tasks: members
+            .into_iter()
+            .map(|m| Task::parse(&m).ok_or(m))
+            .collect(),
+    })
 }
 
-/// Done with these tasks: they leave the leased set.
-pub fn finish(pipe: &mut Pipeline, keys: &Keys, item: ItemId, members: &[String]) {
-    if !members.is_empty() {
-        pipe.zrem(keys.leased(item), members).ignore();
-    }
-}
-
-/// Not done yet: back into the queue, due at `at_ms`.
-pub fn put_back(pipe: &mut Pipeline, keys: &Keys, item: ItemId, members: &[String], at_ms: i64) {
+/// Done with these tasks (`again_at_ms` = `None`), or not done yet: back in the queue,
+/// due at `again_at_ms`. Only tasks still held under the lease that ends at `lease_end_ms`
+/// are touched: a scheduler that overran its lease never takes another's hold away.
+/// Returns how many were still this scheduler's.
+pub async fn finish<C>(
+    conn: &mut C,
+    keys: &Keys,
+    item: ItemId,
+    lease_end_ms: i64,
+    members: &[String],
+    again_at_ms: Option<i64>,
+) -> Result<u64, RedisError>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
     if members.is_empty() {
-        return;
+        return Ok(0);
     }
-    finish(pipe, keys, item, members);
-    let due = keys.due(item);
-    for member in members {
-        pipe.zadd(&due, member, at_ms).ignore();
-    }
+    redis_timed(
+        FINISH
+            .key(keys.leased(item))
+            .key(keys.due(item))
+            .arg(lease_end_ms)
+            .arg(again_at_ms.map(|ms| ms.to_string()).unwrap_or_default())
+            .arg(members)
+            .invoke_async(conn),
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The scheduler role's work after the win: pay deadlines and reminders from the delay
-//! queue, the compensation scan, and end-of-sale reconciliation. (The outbox relay runs
-//! beside it in the same role.)
+//! queue, cancels cut off before their unit came back, the compensation scan, and
+//! end-of-sale reconciliation. (The outbox relay runs beside it in the same role.)
 //!
 //! Any number of schedulers may run on one namespace: delay-queue entries are taken under
 //! a lease, every change of an order is a conditional update, and giving a unit back is
@@ -22,13 +22,15 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::Broker;
 use crate::config::Settings;
 use crate::keys::Keys;
-use crate::orders::ending::{Cancelled, cancel_overdue};
+use crate::orders::ending::{self, Cancelled, cancel_overdue};
 use crate::orders::repo::CancelReason;
 use crate::store::{Db, RedisConns, StoreError};
 use crate::telemetry::Meters;
 
 /// How often ended sales are looked for (to reconcile them).
 const END_OF_SALE_EVERY: Duration = Duration::from_secs(2);
+/// How often cancels cut off between MySQL and Redis are looked for.
+const CUT_OFF_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 pub struct Scheduler {
@@ -59,6 +61,7 @@ impl Scheduler {
         }
         tasks.spawn(compensate::run(self.clone(), shutdown.clone()));
         tasks.spawn(self.clone().end_of_sale(shutdown.clone()));
+        tasks.spawn(self.clone().finish_cut_off(shutdown.clone()));
         deadlines::run(self, wake, shutdown).await;
         while tasks.join_next().await.is_some() {}
     }
@@ -75,6 +78,31 @@ impl Scheduler {
         .await?;
         self.meters.cancelled("timeout", outcome.cancelled);
         Ok(outcome)
+    }
+
+    /// Returns the units of cancels cut off between MySQL and Redis, within seconds.
+    async fn finish_cut_off(self, shutdown: CancellationToken) {
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(CUT_OFF_EVERY) => {}
+            }
+            match ending::finish_cut_off(&self.db, &self.redis, &self.keys).await {
+                Ok(released) => {
+                    self.meters.cancelled_units_recovered(released);
+                    if failing {
+                        tracing::info!("cut-off cancels: sweeping again");
+                        failing = false;
+                    }
+                }
+                Err(e) if !failing => {
+                    tracing::warn!(error = %crate::error::cause_chain(&e), "cut-off cancels: sweep failed; retrying");
+                    failing = true;
+                }
+                Err(_) => {}
+            }
+        }
     }
 
     /// Reconciles each sale once its end and pay timeout have passed.

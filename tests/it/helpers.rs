@@ -737,6 +737,24 @@ struct ProxyState {
     /// are delayed, not queued behind each other).
     delay_ms: std::sync::atomic::AtomicU64,
     open: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
+    /// Bytes that, sent by a client, drop its connection instead of going through; and
+    /// how many more times.
+    drop_on: std::sync::Mutex<Option<(Vec<u8>, u32)>>,
+}
+
+impl ProxyState {
+    /// Whether this chunk from a client is to be dropped with its connection.
+    fn drops(&self, chunk: &[u8]) -> bool {
+        let mut drop_on = self.drop_on.lock().unwrap();
+        let Some((needle, times)) = drop_on.as_mut() else {
+            return false;
+        };
+        if *times == 0 || !chunk.windows(needle.len()).any(|w| w == needle.as_slice()) {
+            return false;
+        }
+        *times -= 1;
+        true
+    }
 }
 
 impl TcpProxy {
@@ -785,6 +803,12 @@ impl TcpProxy {
         );
     }
 
+    /// The next `times` connections that send `needle` are dropped at that moment, the
+    /// bytes never reaching the target: a call cut off at a chosen step.
+    pub fn drop_connection_when_sent(&self, needle: &[u8], times: u32) {
+        *self.state.drop_on.lock().unwrap() = Some((needle.to_vec(), times));
+    }
+
     pub fn restore(&self) {
         self.state
             .cut
@@ -808,6 +832,7 @@ async fn forward(
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (mut from_client, mut to_client) = client.split();
     let (mut from_upstream, mut to_upstream) = upstream.into_split();
+    let state_in = state.clone();
     let (line_in, mut line_out) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let answers = async move {
         let mut buf = vec![0u8; 64 * 1024];
@@ -830,7 +855,17 @@ async fn forward(
             }
         }
     };
-    let requests = tokio::io::copy(&mut from_client, &mut to_upstream);
+    let requests = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n) = from_client.read(&mut buf).await {
+            if n == 0 || state_in.drops(&buf[..n]) {
+                break;
+            }
+            if to_upstream.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    };
     tokio::select! {
         _ = requests => {}
         _ = async { tokio::join!(answers, deliver) } => {}

@@ -372,7 +372,11 @@ async fn entries_of_a_scheduler_killed_after_claiming_are_handled_after_its_leas
         .await
         .unwrap();
     let claimed_at = std::time::Instant::now();
-    assert_eq!(taken.len(), 20, "10 deadlines and 10 reminders: {taken:?}");
+    assert_eq!(
+        taken.tasks.len(),
+        20,
+        "10 deadlines and 10 reminders: {taken:?}"
+    );
 
     let survivor = env.server_with(&[Role::Scheduler], quick).await;
     wait_cancelled(env, 1, 10, Duration::from_secs(10)).await;
@@ -386,6 +390,121 @@ async fn entries_of_a_scheduler_killed_after_claiming_are_handled_after_its_leas
     let all: Vec<String> = won.into_values().collect();
     env.assert_invariants(&api, 1, 10, &all).await;
     survivor.stop().await;
+    api.stop().await;
+}
+
+/// A cancel whose unit's return never reached Redis (its call to `release.lua` cut off):
+/// the order is cancelled in MySQL, and within seconds the unit is back on sale and its
+/// buyer may buy again — not at the order's deadline half an hour later.
+#[tokio::test]
+async fn a_cancel_cut_off_between_mysql_and_redis_gives_the_unit_back_within_seconds() {
+    let env = &TestEnv::new("cutoff").await;
+    let redis_addr = url::Url::parse(&redis_url()).unwrap();
+    let redis_addr = format!(
+        "{}:{}",
+        redis_addr.host_str().unwrap(),
+        redis_addr.port().unwrap_or(6379)
+    );
+    let proxy = TcpProxy::start(redis_addr.parse().unwrap()).await;
+    let via_proxy = |s: &mut seckill::Settings| {
+        s.redis_url = seckill::config::Secret::new(format!("redis://{}", proxy.addr))
+    };
+    let server = env.server_with(ALL_ROLES, via_proxy).await;
+    env.item_on_sale(&server, 1, 1).await;
+    let won = buy_all(env, &server, 1, 1..=1).await;
+    let sn = won[&1].clone();
+    env.wait_for_orders(&server, 1, 1, Duration::from_secs(10))
+        .await;
+
+    proxy.drop_connection_when_sent(seckill::lua::RELEASE.get_hash().as_bytes(), 1);
+    let (status, json) = env
+        .post_as(&server, &format!("/api/orders/{sn}/cancel"), 1)
+        .await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (503, Some("unavailable")),
+        "{json}"
+    );
+    assert_eq!(env.order_status(&sn).await.as_deref(), Some("cancelled"));
+
+    let (status, again) = eventually(Duration::from_secs(10), "the unit back", || async {
+        let (status, json) = env.buy(&server, 1, 1).await;
+        if status == 202 {
+            Ok((status, json))
+        } else {
+            Err(format!("{status} {json}"))
+        }
+    })
+    .await;
+    assert_eq!(status, 202);
+    let all = vec![sn, again["order_sn"].as_str().unwrap().to_owned()];
+    env.wait_for_orders(&server, 1, 2, Duration::from_secs(10))
+        .await;
+    env.assert_invariants(&server, 1, 1, &all).await;
+    server.stop().await;
+}
+
+/// A scheduler whose lease ran out while it worked, and whose tasks another took over,
+/// finishes nothing of the other's: the tasks stay held by the one that has them now.
+#[tokio::test]
+async fn a_scheduler_that_overran_its_lease_never_ends_another_schedulers_hold() {
+    let env = &TestEnv::new("overrun").await;
+    let api = env.server(&[Role::Api, Role::Consumer]).await;
+    env.item_paying_within(&api, 1, 3, 1).await;
+    buy_all(env, &api, 1, 1..=3).await;
+    env.wait_for_orders(&api, 1, 3, Duration::from_secs(10))
+        .await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    let keys = seckill::keys::Keys::new(&env.settings.namespace);
+    let item = ItemId::new(1).unwrap();
+    let mut conn = env.redis.clone();
+    let first = delay::claim(&mut conn, &keys, item, 200, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        first.tasks.len(),
+        6,
+        "3 deadlines and 3 reminders: {first:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = delay::claim(&mut conn, &keys, item, 60_000, 100)
+        .await
+        .unwrap();
+    assert_eq!(second.tasks.len(), 6, "the expired hold is taken over");
+    let members: Vec<String> = first
+        .tasks
+        .iter()
+        .map(|t| t.as_ref().unwrap().member())
+        .collect();
+
+    // The late first scheduler is done: nothing of it is its own any more.
+    let mine = delay::finish(&mut conn, &keys, item, first.lease_end_ms, &members, None)
+        .await
+        .unwrap();
+    assert_eq!(mine, 0);
+    let held: u64 = conn.zcard(env.key(1, "leased")).await.unwrap();
+    assert_eq!(held, 6, "the second scheduler's hold was taken away");
+    // Putting back is refused the same way.
+    let mine = delay::finish(
+        &mut conn,
+        &keys,
+        item,
+        first.lease_end_ms,
+        &members,
+        Some(1),
+    )
+    .await
+    .unwrap();
+    assert_eq!(mine, 0);
+    let due: u64 = conn.zcard(env.key(1, "due")).await.unwrap();
+    assert_eq!(due, 0);
+    let mine = delay::finish(&mut conn, &keys, item, second.lease_end_ms, &members, None)
+        .await
+        .unwrap();
+    assert_eq!(mine, 6);
+    let held: u64 = conn.zcard(env.key(1, "leased")).await.unwrap();
+    assert_eq!(held, 0);
     api.stop().await;
 }
 
