@@ -162,6 +162,22 @@ pub struct OrderPlaced {
     pub pay_deadline_ms: i64,
 }
 
+impl OrderPlaced {
+    /// What in the order MySQL cannot store faithfully: a DATETIME holds the years 1000 to
+    /// 9999, and MariaDB stores a zero date for a time outside them instead of refusing.
+    pub fn out_of_range(&self) -> Option<&'static str> {
+        // 1000-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z.
+        const TIMES: std::ops::RangeInclusive<i64> = -30_610_224_000_000..=253_402_300_799_999;
+        if !TIMES.contains(&self.created_at_ms) {
+            Some("created_at_ms is outside the years 1000 to 9999")
+        } else if !TIMES.contains(&self.pay_deadline_ms) {
+            Some("pay_deadline_ms is outside the years 1000 to 9999")
+        } else {
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,6 +222,29 @@ mod tests {
         assert_eq!(OrderSn::parse(sn.as_str()), Some(sn.clone()));
         assert_eq!(sn.item().get(), 1001);
         assert_ne!(sn, OrderSn::generate(ItemId::new(1001).unwrap()));
+    }
+
+    #[test]
+    fn order_times_must_fit_a_mysql_datetime() {
+        let item = ItemId::new(1).unwrap();
+        let order = OrderPlaced {
+            order_sn: OrderSn::generate(item),
+            item_id: item,
+            user_id: UserId::new(1),
+            created_at_ms: 1_700_000_000_000,
+            pay_deadline_ms: 253_402_300_799_999,
+        };
+        assert_eq!(order.out_of_range(), None);
+        let late = OrderPlaced {
+            pay_deadline_ms: 253_402_300_800_000,
+            ..order.clone()
+        };
+        assert!(late.out_of_range().is_some());
+        let early = OrderPlaced {
+            created_at_ms: -30_610_224_000_001,
+            ..order
+        };
+        assert!(early.out_of_range().is_some());
     }
 
     #[test]

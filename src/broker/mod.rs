@@ -9,5 +9,8 @@ mod publish;
 mod topology;
 
 pub use self::link::Broker;
-pub use self::publish::{CONFIRM_TIMEOUT, Event, Outgoing, publish_confirmed, publish_events};
+pub use self::publish::{
+    CONFIRM_TIMEOUT, DeadLetter, Event, Outgoing, publish_confirmed, publish_dead_letters,
+    publish_events,
+};
 pub use self::topology::Topology;

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use lapin::options::BasicPublishOptions;
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
 
 use super::Topology;
@@ -111,6 +112,53 @@ pub async fn publish_events(channel: &Channel, topology: &Topology, events: &[Ev
     }
     confirms.resize_with(events.len(), || None);
     await_confirms(confirms).await
+}
+
+/// A message set aside for a human, with why.
+#[derive(Clone, Debug)]
+pub struct DeadLetter {
+    pub body: Vec<u8>,
+    /// Why it could not be handled: in the `x-seckill-reason` header.
+    pub reason: String,
+}
+
+/// Publishes dead letters to the dead-letter exchange (persistent, confirmed) and tells
+/// whether the broker took all of them.
+pub async fn publish_dead_letters(
+    channel: &Channel,
+    topology: &Topology,
+    letters: &[DeadLetter],
+) -> bool {
+    let mut confirms = Vec::with_capacity(letters.len());
+    for letter in letters {
+        let mut headers = FieldTable::default();
+        headers.insert(
+            ShortString::from("x-seckill-reason"),
+            AMQPValue::LongString(letter.reason.as_str().into()),
+        );
+        let properties = BasicProperties::default()
+            .with_delivery_mode(2)
+            .with_content_type("application/json".into())
+            .with_headers(headers);
+        let sent = channel
+            .basic_publish(
+                topology.dead_exchange.as_str().into(),
+                "".into(),
+                BasicPublishOptions::default(),
+                &letter.body,
+                properties,
+            )
+            .await;
+        match sent {
+            Ok(confirm) => confirms.push(Some(confirm)),
+            Err(e) => {
+                tracing::debug!(error = %e, "dead-letter publish failed");
+                break;
+            }
+        }
+    }
+    confirms.resize_with(letters.len(), || None);
+    await_confirms(confirms).await.into_iter().all(|ok| ok)
 }
 
 /// Waits for each publish's confirm (up to [`CONFIRM_TIMEOUT`]); `None`: never sent.

@@ -13,14 +13,16 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::collections::HashSet;
+
 use futures::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::Broker;
-use crate::domain::OrderPlaced;
+use crate::broker::{Broker, DeadLetter, publish_dead_letters};
+use crate::domain::{OrderPlaced, OrderSn};
 use crate::keys::Keys;
 use crate::scheduler::delay::Plan;
 use crate::store::{Db, DbError, RedisConns, RedisError};
@@ -156,64 +158,212 @@ impl Consumer {
         shutdown: &CancellationToken,
     ) -> Result<bool, lapin::Error> {
         let started = Instant::now();
-        let mut orders = Vec::new();
-        let (mut readable, mut unreadable) = (Vec::new(), Vec::new());
-        for delivery in deliveries {
-            let parsed = parse(&delivery.data);
-            orders.extend(parsed.orders);
-            if parsed.complete {
-                readable.push(delivery);
-            } else {
-                unreadable.push(delivery);
-            }
-        }
+        let mut messages: Vec<Message> = deliveries.into_iter().map(Message::read).collect();
+        // Each order once: a message and its redelivered copy can share a batch.
+        let mut seen = HashSet::new();
+        let orders: Vec<OrderPlaced> = messages
+            .iter()
+            .flat_map(|m| &m.orders)
+            .filter(|o| seen.insert(o.order_sn.clone()))
+            .cloned()
+            .collect();
 
         if !orders.is_empty() {
-            if retry("mysql", shutdown, || self.insert(&orders))
-                .await
-                .is_none()
-            {
+            let Some(written) = retry("mysql", shutdown, || self.insert(&orders)).await else {
                 return Ok(false);
+            };
+            if written == Written::Refused {
+                // Some order MySQL will never take: find it, message by message and then
+                // order by order, so that every other one lands.
+                let Some(refused) = retry("mysql", shutdown, || self.isolate(&messages)).await
+                else {
+                    return Ok(false);
+                };
+                for (message, refused) in messages.iter_mut().zip(refused) {
+                    message.refused.extend(refused);
+                }
             }
+            let landed: Vec<OrderPlaced> = {
+                let refused: HashSet<&OrderSn> = messages
+                    .iter()
+                    .flat_map(|m| m.refused.iter().map(|(o, _)| &o.order_sn))
+                    .collect();
+                orders
+                    .iter()
+                    .filter(|o| !refused.contains(&o.order_sn))
+                    .cloned()
+                    .collect()
+            };
             self.meters.mysql_insert_seconds.record(started.elapsed());
-            self.meters.written.increment(orders.len() as u64);
+            self.meters.written.increment(landed.len() as u64);
             tracing::info!(
-                orders = orders.len(),
-                messages = readable.len() + unreadable.len(),
+                orders = landed.len(),
+                messages = messages.len(),
                 outcome = "committed",
                 duration_ms = started.elapsed().as_secs_f64() * 1e3,
                 "mysql_insert"
             );
-            if retry("redis", shutdown, || self.settle(&orders))
+            if retry("redis", shutdown, || self.settle(&landed))
                 .await
                 .is_none()
             {
                 return Ok(false);
             }
         }
-        for delivery in unreadable {
-            tracing::error!(
-                body = %String::from_utf8_lossy(&delivery.data).chars().take(300).collect::<String>(),
-                "unreadable order message; dead-lettered"
-            );
-            delivery
-                .reject(BasicRejectOptions { requeue: false })
-                .await?;
+
+        let letters: Vec<DeadLetter> = messages.iter().flat_map(Message::dead_letters).collect();
+        if !letters.is_empty() && !self.dead_letter(&letters).await {
+            // Not set aside yet: the whole batch comes again (what landed is idempotent).
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(false),
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            if let Some(last) = messages.last() {
+                last.delivery
+                    .nack(BasicNackOptions {
+                        multiple: true,
+                        requeue: true,
+                    })
+                    .await?;
+            }
+            return Ok(true);
         }
-        // One ack for the batch: every earlier delivery on this channel is either in it
-        // or was settled above.
-        if let Some(last) = readable.last() {
-            last.ack(BasicAckOptions { multiple: true }).await?;
+        // One ack for the batch: every earlier delivery on this channel is in it.
+        if let Some(last) = messages.last() {
+            last.delivery
+                .ack(BasicAckOptions { multiple: true })
+                .await?;
         }
         Ok(true)
     }
 
-    async fn insert(&self, orders: &[OrderPlaced]) -> Result<(), ConsumeError> {
-        Ok(placed::write(&self.db, orders).await?)
+    /// Writes the orders in one transaction; `Refused` when MySQL refused some of the data
+    /// (nothing was written then).
+    async fn insert(&self, orders: &[OrderPlaced]) -> Result<Written, ConsumeError> {
+        match placed::write(&self.db, orders).await {
+            Ok(()) => Ok(Written::All),
+            Err(e) if e.is_refusal() => {
+                tracing::warn!(error = %crate::error::cause_chain(&e), "MySQL refused a batch of orders; writing them one message at a time");
+                Ok(Written::Refused)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Writes each message's orders on its own, and the orders of a refused message one by
+    /// one: the orders MySQL refused, with its reason, message by message.
+    async fn isolate(&self, messages: &[Message]) -> Result<Vec<Refused>, ConsumeError> {
+        let mut refused_by_message = Vec::with_capacity(messages.len());
+        for message in messages {
+            let mut refused = Vec::new();
+            match placed::write(&self.db, &message.orders).await {
+                Ok(()) => {
+                    refused_by_message.push(refused);
+                    continue;
+                }
+                Err(e) if e.is_refusal() => {}
+                Err(e) => return Err(e.into()),
+            }
+            for order in &message.orders {
+                match placed::write(&self.db, std::slice::from_ref(order)).await {
+                    Ok(()) => {}
+                    Err(e) if e.is_refusal() => {
+                        let reason =
+                            format!("MySQL refused the order: {}", crate::error::cause_chain(&e));
+                        tracing::error!(order_sn = %order.order_sn, reason, "order dead-lettered");
+                        refused.push((order.clone(), reason));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            refused_by_message.push(refused);
+        }
+        Ok(refused_by_message)
     }
 
     async fn settle(&self, orders: &[OrderPlaced]) -> Result<(), ConsumeError> {
         Ok(placed::settle_in_redis(&self.redis, &self.keys, &self.plan, orders).await?)
+    }
+
+    /// Sets letters aside in the dead-letter queue; whether the broker took them all.
+    async fn dead_letter(&self, letters: &[DeadLetter]) -> bool {
+        let Some(channel) = self.broker.publish_channel() else {
+            return false;
+        };
+        publish_dead_letters(&channel, self.broker.topology(), letters).await
+    }
+}
+
+/// Orders that cannot be written, each with why.
+type Refused = Vec<(OrderPlaced, String)>;
+
+/// How a batch write went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Written {
+    All,
+    /// MySQL refused some order's data; nothing of the batch was written.
+    Refused,
+}
+
+/// One delivery, read.
+struct Message {
+    delivery: Delivery,
+    /// The orders it holds that can be written.
+    orders: Vec<OrderPlaced>,
+    /// Why part of it could not be read (or held values MySQL cannot store).
+    unreadable: Option<String>,
+    /// Its orders that cannot be written (out of range, or refused by MySQL).
+    refused: Refused,
+}
+
+impl Message {
+    fn read(delivery: Delivery) -> Self {
+        let parsed = parse(&delivery.data);
+        let (orders, out_of_range): (Vec<_>, Vec<_>) = parsed
+            .orders
+            .into_iter()
+            .partition(|o| o.out_of_range().is_none());
+        let refused = out_of_range
+            .into_iter()
+            .map(|o| {
+                let reason = o.out_of_range().unwrap_or_default().to_owned();
+                tracing::error!(order_sn = %o.order_sn, reason, "order dead-lettered");
+                (o, reason)
+            })
+            .collect();
+        if let Some(problem) = &parsed.unreadable {
+            tracing::error!(
+                problem,
+                body = %String::from_utf8_lossy(&delivery.data).chars().take(300).collect::<String>(),
+                "unreadable order message; dead-lettered"
+            );
+        }
+        Self {
+            delivery,
+            orders,
+            unreadable: parsed.unreadable,
+            refused,
+        }
+    }
+
+    /// What of it goes to the dead-letter queue: the whole message if part of it could not
+    /// be read, and the orders that could not be written.
+    fn dead_letters(&self) -> Vec<DeadLetter> {
+        let mut letters = Vec::new();
+        if let Some(problem) = &self.unreadable {
+            letters.push(DeadLetter {
+                body: self.delivery.data.clone(),
+                reason: format!("unreadable: {problem}"),
+            });
+        }
+        if let Some((_, reason)) = self.refused.first() {
+            let orders: Vec<&OrderPlaced> = self.refused.iter().map(|(o, _)| o).collect();
+            letters.push(DeadLetter {
+                body: serde_json::to_vec(&orders).unwrap_or_default(),
+                reason: reason.clone(),
+            });
+        }
+        letters
     }
 }
 
@@ -221,8 +371,8 @@ impl Consumer {
 #[derive(Debug, PartialEq)]
 struct Parsed {
     orders: Vec<OrderPlaced>,
-    /// Every part of the message was read.
-    complete: bool,
+    /// Why a part of the message could not be read.
+    unreadable: Option<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -242,16 +392,37 @@ fn parse(data: &[u8]) -> Parsed {
         };
         return Parsed {
             orders,
-            complete: true,
+            unreadable: None,
         };
     }
-    let elements = serde_json::from_slice::<Vec<serde_json::Value>>(data).unwrap_or_default();
+    let elements = match serde_json::from_slice::<Vec<serde_json::Value>>(data) {
+        Ok(elements) => elements,
+        Err(e) => {
+            let problem = match serde_json::from_slice::<OrderPlaced>(data) {
+                Err(as_order) if !as_order.is_syntax() && !as_order.is_eof() => as_order,
+                _ => e,
+            };
+            return Parsed {
+                orders: Vec::new(),
+                unreadable: Some(problem.to_string()),
+            };
+        }
+    };
+    let mut problem = None;
+    let orders = elements
+        .into_iter()
+        .filter_map(|e| {
+            serde_path_to_error::deserialize(e)
+                .map_err(|e| {
+                    problem
+                        .get_or_insert_with(|| format!("an element: `{}`: {}", e.path(), e.inner()))
+                })
+                .ok()
+        })
+        .collect();
     Parsed {
-        orders: elements
-            .into_iter()
-            .filter_map(|e| serde_json::from_value(e).ok())
-            .collect(),
-        complete: false,
+        orders,
+        unreadable: problem,
     }
 }
 
@@ -319,7 +490,7 @@ mod tests {
             parsed,
             Parsed {
                 orders: vec![one],
-                complete: true
+                unreadable: None
             }
         );
         let many = vec![order(1), order(2)];
@@ -328,37 +499,43 @@ mod tests {
             parsed,
             Parsed {
                 orders: many,
-                complete: true
+                unreadable: None
             }
         );
     }
 
     #[test]
-    fn unreadable_parts_are_flagged_and_readable_ones_kept() {
+    fn unreadable_parts_are_named_and_readable_ones_kept() {
         let good = order(1);
         let body = format!(
             "[{}, {{\"order_sn\": 5}}]",
             serde_json::to_string(&good).unwrap()
         );
-        assert_eq!(
-            parse(body.as_bytes()),
-            Parsed {
-                orders: vec![good],
-                complete: false
-            }
+        let parsed = parse(body.as_bytes());
+        assert_eq!(parsed.orders, vec![good]);
+        assert!(
+            parsed
+                .unreadable
+                .as_deref()
+                .is_some_and(|p| p.contains("order_sn")),
+            "{parsed:?}"
         );
-        assert_eq!(
-            parse(b"{not json"),
-            Parsed {
-                orders: vec![],
-                complete: false
-            }
+        let parsed = parse(b"{not json");
+        assert!(parsed.orders.is_empty());
+        assert!(parsed.unreadable.is_some());
+        let parsed = parse(br#"{"order_sn": "1-x"}"#);
+        assert!(
+            parsed
+                .unreadable
+                .as_deref()
+                .is_some_and(|p| p.contains("order number")),
+            "{parsed:?}"
         );
         assert_eq!(
             parse(b"[]"),
             Parsed {
                 orders: vec![],
-                complete: true
+                unreadable: None
             }
         );
     }

@@ -44,7 +44,10 @@ async fn write_once(db: &Db, orders: &[OrderPlaced]) -> Result<(), DbError> {
         // The affected-rows count cannot tell a redelivered order (already there) from
         // one MySQL refused as a second live order of a user for an item: the driver
         // counts an untouched duplicate as affected. So ask, with one count first.
-        let sns: Vec<&str> = rows.iter().map(|o| o.order_sn.as_str()).collect();
+        // Distinct: one order twice in a batch is one row, not a refused second one.
+        let mut sns: Vec<&str> = rows.iter().map(|o| o.order_sn.as_str()).collect();
+        sns.sort_unstable();
+        sns.dedup();
         if repo::count_existing(&mut *tx, &sns).await? == sns.len() as u64 {
             continue;
         }

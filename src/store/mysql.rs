@@ -35,6 +35,20 @@ impl DbError {
         }
     }
 
+    /// Whether MySQL refused the data itself (SQLSTATE class 22: a value it cannot store;
+    /// 23: a constraint; 45: a trigger's signal), or it could not even be encoded: the
+    /// same write fails the same way every time, so trying it again cannot help.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            DbError::Sql(sqlx::Error::Database(e)) => e
+                .code()
+                .is_some_and(|code| ["22", "23", "45"].iter().any(|c| code.starts_with(c))),
+            DbError::Sql(sqlx::Error::Encode(_)) => true,
+            DbError::Shared(e) => e.is_refusal(),
+            _ => false,
+        }
+    }
+
     /// Whether the database could not be reached (retry later), as opposed to a query that
     /// MySQL refused (a bug or bad data).
     pub fn is_unavailable(&self) -> bool {

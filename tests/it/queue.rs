@@ -352,3 +352,176 @@ async fn a_deadlock_victim_is_recognised_for_a_retry() {
         .unwrap_err();
     assert!(!seckill::store::DbError::Sql(refused).is_deadlock());
 }
+
+/// Waits until the server has declared its queues, then publishes each body to the orders
+/// exchange as the publisher would.
+async fn publish_raw(env: &TestEnv, bodies: &[&[u8]]) {
+    let topology = env.topology();
+    eventually(
+        Duration::from_secs(10),
+        "the orders queue declared",
+        || async {
+            queue_depth(&topology.orders_queue)
+                .await
+                .map(|_| ())
+                .ok_or_else(|| "not yet".to_owned())
+        },
+    )
+    .await;
+    let conn = Connection::connect(&amqp_url(), Default::default())
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    for body in bodies {
+        channel
+            .basic_publish(
+                topology.orders_exchange.as_str().into(),
+                "order.placed".into(),
+                BasicPublishOptions::default(),
+                body,
+                BasicProperties::default().with_delivery_mode(2),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    let _ = conn.close(200, "bye".into()).await;
+}
+
+fn order_of(user: u64) -> OrderPlaced {
+    OrderPlaced {
+        order_sn: OrderSn::generate(ItemId::new(1).unwrap()),
+        item_id: ItemId::new(1).unwrap(),
+        user_id: UserId::new(user),
+        created_at_ms: 1_700_000_000_000,
+        pay_deadline_ms: 1_700_000_600_000,
+    }
+}
+
+/// Orders that can never be written go to the dead-letter queue with the reason, and the
+/// rest of their batch — even of their own message — lands: one MySQL refuses (here a
+/// constraint, as a DBA might add), tried alone after its batch failed; and one whose pay
+/// deadline is in the year 11476, which MariaDB would store as a zero date rather than
+/// refuse. The consumer goes on.
+#[tokio::test]
+async fn orders_that_cannot_be_written_are_dead_lettered_with_the_reason_and_the_rest_lands() {
+    let env = TestEnv::new("poison").await;
+    let server = env.server(ALL_ROLES).await;
+    env.create_item(&server, 1, 10).await;
+    sqlx::query("ALTER TABLE orders ADD CONSTRAINT ck_no_666 CHECK (user_id <> 666)")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    let refused = order_of(666);
+    let late = OrderPlaced {
+        pay_deadline_ms: 300_000_000_000_000,
+        ..order_of(3)
+    };
+    let (one, two) = (order_of(1), order_of(2));
+    let mixed = serde_json::to_vec(&[&one, &refused]).unwrap();
+    let alone = serde_json::to_vec(&two).unwrap();
+    let far = serde_json::to_vec(&late).unwrap();
+    publish_raw(&env, &[&mixed, &alone, &far]).await;
+
+    let mut expected = vec![one.order_sn.to_string(), two.order_sn.to_string()];
+    expected.sort();
+    eventually(
+        Duration::from_secs(15),
+        "the good orders in MySQL",
+        || async {
+            let mut orders: Vec<String> = env.orders(1).await.into_iter().map(|o| o.0).collect();
+            orders.sort();
+            if orders == expected {
+                Ok(())
+            } else {
+                Err(format!("{orders:?}"))
+            }
+        },
+    )
+    .await;
+    wait_for_depth(&env.topology().dead_queue, 2).await;
+
+    // Each dead letter holds the orders set aside, and says why.
+    let conn = Connection::connect(&amqp_url(), Default::default())
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let mut letters = Vec::new();
+    while let Some(dead) = channel
+        .basic_get(
+            env.topology().dead_queue.as_str().into(),
+            lapin::options::BasicGetOptions { no_ack: true },
+        )
+        .await
+        .unwrap()
+    {
+        let body: Vec<OrderPlaced> = serde_json::from_slice(&dead.delivery.data).unwrap();
+        let reason = dead
+            .delivery
+            .properties
+            .headers()
+            .as_ref()
+            .and_then(|h| match h.inner().get("x-seckill-reason") {
+                Some(lapin::types::AMQPValue::LongString(r)) => {
+                    Some(String::from_utf8_lossy(r.as_bytes()).into_owned())
+                }
+                _ => None,
+            })
+            .expect("a reason header");
+        letters.push((body, reason));
+    }
+    let _ = conn.close(200, "bye".into()).await;
+    letters.sort_by_key(|(body, _)| body[0].user_id.get());
+    assert_eq!(letters.len(), 2, "{letters:?}");
+    assert_eq!(letters[0].0, vec![late]);
+    assert!(letters[0].1.contains("outside the years"), "{letters:?}");
+    assert_eq!(letters[1].0, vec![refused]);
+    assert!(letters[1].1.contains("MySQL refused"), "{letters:?}");
+
+    // Not stalled: a later order lands too.
+    let later = order_of(4);
+    publish_raw(&env, &[&serde_json::to_vec(&later).unwrap()]).await;
+    eventually(
+        Duration::from_secs(10),
+        "a later order in MySQL",
+        || async {
+            match env.order_status(later.order_sn.as_str()).await {
+                Some(_) => Ok(()),
+                None => Err("not yet".to_owned()),
+            }
+        },
+    )
+    .await;
+    server.stop().await;
+}
+
+/// One order twice in one batch (a message and its redelivered copy, say) is one row,
+/// and the consumer does not cry "second live order".
+#[tokio::test]
+async fn an_order_twice_in_one_batch_is_one_row_and_no_false_alarm() {
+    let env = TestEnv::new("twiceinbatch").await;
+    let server = env.server(&[seckill::Role::Api]).await;
+    env.create_item(&server, 1, 10).await;
+    let order = order_of(7);
+    let twice = serde_json::to_vec(&[&order, &order]).unwrap();
+    publish_raw(&env, &[&twice]).await;
+    let (child, _consumer, lines, reader) =
+        serve(seckill(&env).args(["serve", "--roles", "consumer"]));
+    eventually(Duration::from_secs(15), "the order in MySQL", || async {
+        match env.order_status(order.order_sn.as_str()).await {
+            Some(_) => Ok(()),
+            None => Err("not yet".to_owned()),
+        }
+    })
+    .await;
+    assert_eq!(env.orders(1).await.len(), 1);
+    stop_process(child, reader);
+    let lines = lines.lock().unwrap();
+    let alarms: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains("second live order"))
+        .collect();
+    assert!(alarms.is_empty(), "{alarms:?}");
+    server.stop().await;
+}
