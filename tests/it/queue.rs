@@ -517,10 +517,12 @@ async fn an_order_twice_in_one_batch_is_one_row_and_no_false_alarm() {
     .await;
     assert_eq!(env.orders(1).await.len(), 1);
     stop_process(child, reader);
-    let lines = lines.lock().unwrap();
-    let alarms: Vec<&String> = lines
+    let alarms: Vec<String> = lines
+        .lock()
+        .unwrap()
         .iter()
         .filter(|l| l.contains("second live order"))
+        .cloned()
         .collect();
     assert!(alarms.is_empty(), "{alarms:?}");
     server.stop().await;
