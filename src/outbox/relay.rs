@@ -26,6 +26,8 @@ const BATCH: isize = 1_000;
 const PENDING_STALE_AFTER: Duration = Duration::from_secs(60);
 /// ... and, if MySQL lacks it while the order queue is empty, sent again after this long.
 const PENDING_LOST_AFTER: Duration = Duration::from_secs(300);
+/// Pending entries looked at per round trip (and order numbers per MySQL query).
+const SWEEP_CHUNK: usize = 1_000;
 /// The pending sweep runs every this many relay passes.
 const SWEEP_EVERY_PASSES: u32 = 30;
 
@@ -39,7 +41,7 @@ pub struct Relay {
 }
 
 #[derive(Debug, thiserror::Error)]
-enum RelayError {
+pub enum RelayError {
     #[error(transparent)]
     Redis(#[from] RedisError),
     #[error(transparent)]
@@ -166,48 +168,99 @@ impl Relay {
     /// If MySQL still lacks them long after, while the order queue is empty, their message
     /// was lost after the confirm (a purged queue): put them back in the outbox. (While the
     /// queue holds messages the consumer is merely behind, and nothing is sent again.)
-    async fn sweep_pending(&self, item: ItemId) -> Result<(), RelayError> {
+    /// The hash is walked with HSCAN, a thousand entries at a time, so neither Redis nor
+    /// MySQL ever gets one huge request.
+    pub async fn sweep_pending(&self, item: ItemId) -> Result<(), RelayError> {
+        let pending = self.keys.pending(item);
+        let mut cursor = 0u64;
+        loop {
+            let (next, flat): (u64, Vec<String>) = {
+                let mut conn = self.redis.bulk().await?;
+                redis_timed(
+                    redis::cmd("HSCAN")
+                        .arg(&pending)
+                        .arg(cursor)
+                        .arg("COUNT")
+                        .arg(SWEEP_CHUNK)
+                        .query_async(&mut *conn),
+                )
+                .await?
+            };
+            let entries: Vec<(&str, &str)> = flat
+                .chunks_exact(2)
+                .map(|pair| (pair[0].as_str(), pair[1].as_str()))
+                .collect();
+            self.sweep_entries(item, &entries).await?;
+            if next == 0 {
+                return Ok(());
+            }
+            cursor = next;
+        }
+    }
+
+    /// One HSCAN page of [`Relay::sweep_pending`].
+    async fn sweep_entries(
+        &self,
+        item: ItemId,
+        entries: &[(&str, &str)],
+    ) -> Result<(), RelayError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
         let (outbox, pending) = (self.keys.outbox(item), self.keys.pending(item));
         let mut conn = self.redis.bulk().await?;
-        let entries: Vec<(String, String)> = redis_timed(conn.hgetall(&pending)).await?;
-        let in_outbox: HashSet<String> = redis_timed(conn.zrange(&outbox, 0, -1)).await?;
+        let in_outbox: Vec<Option<f64>> = redis_timed(
+            redis::cmd("ZMSCORE")
+                .arg(&outbox)
+                .arg(entries.iter().map(|(sn, _)| *sn).collect::<Vec<_>>())
+                .query_async(&mut *conn),
+        )
+        .await?;
         let stale_before = Utc::now().timestamp_millis() - PENDING_STALE_AFTER.as_millis() as i64;
         let stale: Vec<OrderPlaced> = entries
             .iter()
-            .filter(|(sn, _)| !in_outbox.contains(sn))
-            .filter_map(|(_, json)| serde_json::from_str::<OrderPlaced>(json).ok())
+            .zip(&in_outbox)
+            .filter(|(_, score)| score.is_none())
+            .filter_map(|((_, json), _)| serde_json::from_str::<OrderPlaced>(json).ok())
             .filter(|o| o.created_at_ms < stale_before)
             .collect();
         if stale.is_empty() {
             return Ok(());
         }
         let sns: Vec<&str> = stale.iter().map(|o| o.order_sn.as_str()).collect();
-        let written: HashSet<String> = orders::existing(&self.db, &sns)
-            .await?
-            .into_iter()
-            .collect();
+        let mut written = HashSet::new();
+        for chunk in sns.chunks(SWEEP_CHUNK) {
+            written.extend(orders::existing(&self.db, chunk).await?);
+        }
         let (written, lost): (Vec<&OrderPlaced>, Vec<&OrderPlaced>) = stale
             .iter()
             .partition(|o| written.contains(o.order_sn.as_str()));
         let lost_before = Utc::now().timestamp_millis() - PENDING_LOST_AFTER.as_millis() as i64;
-        let queue_empty = self.broker.queue_depth().await == Some(0);
         let lost: Vec<&OrderPlaced> = lost
             .into_iter()
-            .filter(|o| queue_empty && o.created_at_ms < lost_before)
+            .filter(|o| o.created_at_ms < lost_before)
             .collect();
-        if written.is_empty() && lost.is_empty() {
+        let requeue = !lost.is_empty() && self.broker.queue_depth().await == Some(0);
+        if written.is_empty() && !requeue {
             return Ok(());
         }
         let mut pipe = redis::pipe();
         for order in &written {
             pipe.hdel(&pending, order.order_sn.as_str()).ignore();
         }
-        for order in &lost {
-            pipe.zadd(&outbox, order.order_sn.as_str(), order.created_at_ms)
-                .ignore();
+        if requeue {
+            for order in &lost {
+                pipe.zadd(&outbox, order.order_sn.as_str(), order.created_at_ms)
+                    .ignore();
+            }
         }
         redis_timed(pipe.query_async::<()>(&mut *conn)).await?;
-        tracing::warn!(%item, cleared = written.len(), requeued = lost.len(), "pending_sweep repaired stale entries");
+        tracing::warn!(
+            %item,
+            cleared = written.len(),
+            requeued = if requeue { lost.len() } else { 0 },
+            "pending_sweep repaired stale entries"
+        );
         Ok(())
     }
 }

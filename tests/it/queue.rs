@@ -527,3 +527,53 @@ async fn an_order_twice_in_one_batch_is_one_row_and_no_false_alarm() {
     assert!(alarms.is_empty(), "{alarms:?}");
     server.stop().await;
 }
+
+/// The relay's pending sweep walks a hash of 70,000 stale entries — more order numbers
+/// than one MySQL statement can name (65,535) — a page at a time: the entries MySQL has
+/// (their clean-up was lost) are cleared.
+#[tokio::test]
+async fn the_pending_sweep_pages_through_more_entries_than_one_query_can_name() {
+    use redis::AsyncCommands;
+    use seckill::orders::repo::{OrderStatus, insert_batch};
+    let env = TestEnv::new("bigsweep").await;
+    let server = env.server(&[Role::Api]).await;
+    env.create_item(&server, 1, 10).await;
+    server.stop().await;
+    let long_ago = chrono::Utc::now().timestamp_millis() - 2 * 3600 * 1000;
+    let orders: Vec<OrderPlaced> = (0..70_000)
+        .map(|user| OrderPlaced {
+            created_at_ms: long_ago,
+            pay_deadline_ms: long_ago + 1_800_000,
+            ..order_of(user)
+        })
+        .collect();
+    let mut redis = env.redis.clone();
+    for chunk in orders.chunks(1_000) {
+        insert_batch(&env.db, chunk, OrderStatus::Unpaid)
+            .await
+            .unwrap();
+        let fields: Vec<(String, String)> = chunk
+            .iter()
+            .map(|o| (o.order_sn.to_string(), serde_json::to_string(o).unwrap()))
+            .collect();
+        redis
+            .hset_multiple::<_, _, _, ()>(env.key(1, "pending"), &fields)
+            .await
+            .unwrap();
+    }
+
+    let namespace = &env.settings.namespace;
+    let relay = seckill::outbox::relay::Relay {
+        broker: seckill::broker::Broker::new(&amqp_url(), env.topology()),
+        redis: seckill::store::RedisConns::new(&redis_url()).unwrap(),
+        db: env.db.clone(),
+        keys: seckill::keys::Keys::new(namespace),
+        meters: std::sync::Arc::new(seckill::telemetry::Meters::new(namespace)),
+    };
+    relay
+        .sweep_pending(ItemId::new(1).unwrap())
+        .await
+        .expect("the sweep");
+    let left: u64 = redis.hlen(env.key(1, "pending")).await.unwrap();
+    assert_eq!(left, 0);
+}
