@@ -26,7 +26,7 @@ use crate::outbox::relay::Relay;
 use crate::scheduler::Scheduler;
 use crate::scheduler::delay::Plan;
 use crate::shops::cache::Shops;
-use crate::store::{Db, RedisConns, connect_mysql, migrate};
+use crate::store::{Db, MissLimit, RedisConns, connect_mysql, migrate};
 use crate::telemetry::Meters;
 use crate::{http, lua};
 
@@ -87,13 +87,21 @@ impl Server {
             settings.amqp_url.expose(),
             Topology::new(&settings.namespace),
         );
-        let shops = Shops::new(db.clone(), redis.clone(), keys.clone(), meters.clone());
+        let misses = MissLimit::default();
+        let shops = Shops::new(
+            db.clone(),
+            redis.clone(),
+            keys.clone(),
+            meters.clone(),
+            misses.clone(),
+        );
         let catalog = Catalog::new(
             db.clone(),
             redis.clone(),
             keys.clone(),
             meters.clone(),
             shops.clone(),
+            misses,
         );
         let roles: HashSet<Role> = roles.iter().copied().collect();
         if roles.contains(&Role::Api)

@@ -71,6 +71,11 @@ pub struct Settings {
     #[arg(long, env = "SECKILL_RATE_PER_IP", default_value_t = 0)]
     pub rate_per_ip: u32,
 
+    /// Reads without a token (`GET /api/items/{id}`, `GET /api/shops/{id}/status`) per
+    /// second per client IP (bursts of twice that); 0 = off.
+    #[arg(long, env = "SECKILL_READ_RATE_PER_IP", default_value_t = 100)]
+    pub read_rate_per_ip: u32,
+
     /// Proxies whose `X-Forwarded-For` is believed, as comma-separated CIDRs.
     #[arg(
         long,
@@ -276,6 +281,7 @@ mod tests {
         assert_eq!(s.clock_skew_ms, 5000);
         assert_eq!(s.rate_per_user, 5);
         assert_eq!(s.rate_per_ip, 0);
+        assert_eq!(s.read_rate_per_ip, 100);
         assert!(s.admin_token.is_none());
         assert!(s.is_trusted_proxy("127.0.0.1".parse().unwrap()));
         assert!(s.is_trusted_proxy("::1".parse().unwrap()));

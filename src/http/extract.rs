@@ -108,6 +108,26 @@ impl FromRequestParts<AppState> for Buyer {
     }
 }
 
+/// A reader without a token, within the per-IP read rate (`SECKILL_READ_RATE_PER_IP`):
+/// every id this instance does not know costs a store look-up, so one client cannot make
+/// them without limit.
+pub struct Reader;
+
+impl FromRequestParts<AppState> for Reader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        if state.limits.reads_limited()
+            && let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>()
+        {
+            state
+                .limits
+                .check_read(client_ip(&state.settings, *peer, &parts.headers))?;
+        }
+        Ok(Reader)
+    }
+}
+
 /// `X-Client-Time` (ms since the epoch), within the tolerated skew of server time.
 pub struct ClientTime(pub i64);
 

@@ -1,4 +1,5 @@
-//! Purchase rate limits per user and per client IP (GCRA, in memory, per instance).
+//! Rate limits per user and per client IP (GCRA, in memory, per instance): purchases and
+//! a buyer's order look-ups per user and per IP, reads without a token per IP.
 //!
 //! `governor` directly rather than through `tower-governor`: the user key comes out of
 //! the JWT, which the purchase extractor verifies anyway, and a refusal must be the
@@ -22,6 +23,8 @@ use crate::error::ApiError;
 pub struct RateLimits {
     per_user: Option<DefaultKeyedRateLimiter<UserId>>,
     per_ip: Option<DefaultKeyedRateLimiter<IpAddr>>,
+    /// Reads without a token, per client IP: each unknown id costs a store look-up.
+    reads_per_ip: Option<DefaultKeyedRateLimiter<IpAddr>>,
 }
 
 impl RateLimits {
@@ -29,7 +32,17 @@ impl RateLimits {
         Self {
             per_user: limiter(settings.rate_per_user),
             per_ip: limiter(settings.rate_per_ip),
+            reads_per_ip: limiter(settings.read_rate_per_ip),
         }
+    }
+
+    /// Whether reads without a token are limited at all.
+    pub fn reads_limited(&self) -> bool {
+        self.reads_per_ip.is_some()
+    }
+
+    pub fn check_read(&self, ip: IpAddr) -> Result<(), ApiError> {
+        check(self.reads_per_ip.as_ref(), &ip)
     }
 
     pub fn check_user(&self, user: UserId) -> Result<(), ApiError> {
@@ -56,7 +69,7 @@ impl RateLimits {
                 limiter.retain_recent();
                 limiter.shrink_to_fit();
             }
-            for limiter in self.per_ip.iter() {
+            for limiter in self.per_ip.iter().chain(self.reads_per_ip.iter()) {
                 limiter.retain_recent();
                 limiter.shrink_to_fit();
             }

@@ -268,6 +268,7 @@ async fn spread_rules(
 
 /// This instance at once, the others through the item-events channel.
 async fn refresh_everywhere(catalog: &Catalog, id: ItemId) {
+    catalog.forget_unknown();
     if let Err(e) = catalog.announce(id).await {
         tracing::warn!(error = %e, "could not announce an item change; other instances catch up within a second");
     }

@@ -8,10 +8,11 @@ use serde_json::json;
 use crate::app::AppState;
 use crate::domain::ItemId;
 use crate::error::ApiError;
-use crate::http::extract::ApiPath;
+use crate::http::extract::{ApiPath, Reader};
 use crate::http::reply::ok;
 
 pub async fn get_item(
+    _: Reader,
     State(AppState { catalog, .. }): State<AppState>,
     ApiPath(id): ApiPath<ItemId>,
 ) -> Result<Response, ApiError> {

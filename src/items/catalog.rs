@@ -21,15 +21,16 @@ use tokio_util::sync::CancellationToken;
 use crate::domain::ItemId;
 use crate::keys::{ItemKeys, Keys};
 use crate::shops::cache::Shops;
-use crate::store::{Db, DbError, RedisConns, RedisError, redis_timed};
+use crate::store::{Db, DbError, MissLimit, RedisConns, RedisError, redis_timed};
 use crate::telemetry::Meters;
 
 use super::repo::{self, Item};
 use super::stock;
 
 const REFRESH_EVERY: Duration = Duration::from_millis(500);
-/// How long "no such item" is remembered, so unknown ids do not reach MySQL each time.
-const UNKNOWN_FOR: Duration = Duration::from_secs(2);
+/// How long "no such item" is remembered, so unknown ids do not reach MySQL each time. A
+/// write forgets it sooner: every announced item change clears these answers everywhere.
+const UNKNOWN_FOR: Duration = Duration::from_secs(30);
 
 #[derive(Clone)]
 pub struct Catalog {
@@ -46,6 +47,8 @@ struct Inner {
     items: RwLock<HashMap<ItemId, Arc<CatalogItem>>>,
     /// Coalesced MySQL look-ups of items not (yet) in `items`, remembered briefly.
     lookups: moka::future::Cache<ItemId, Option<Item>>,
+    /// Shares MySQL with the other look-ups of unknown ids.
+    misses: MissLimit,
     wake: Notify,
 }
 
@@ -104,7 +107,14 @@ impl CatalogItem {
 }
 
 impl Catalog {
-    pub fn new(db: Db, redis: RedisConns, keys: Keys, meters: Arc<Meters>, shops: Shops) -> Self {
+    pub fn new(
+        db: Db,
+        redis: RedisConns,
+        keys: Keys,
+        meters: Arc<Meters>,
+        shops: Shops,
+        misses: MissLimit,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 db,
@@ -117,6 +127,7 @@ impl Catalog {
                     .max_capacity(100_000)
                     .time_to_live(UNKNOWN_FOR)
                     .build(),
+                misses,
                 wake: Notify::new(),
             }),
         }
@@ -127,11 +138,11 @@ impl Catalog {
         if let Some(hit) = self.cached(id) {
             return Ok(Some(hit));
         }
-        let db = self.inner.db.clone();
+        let (db, misses) = (self.inner.db.clone(), self.inner.misses.clone());
         let found = self
             .inner
             .lookups
-            .try_get_with(id, async move { repo::get(&db, id).await })
+            .try_get_with(id, async move { misses.run(repo::get(&db, id)).await })
             .await
             .map_err(DbError::Shared)?;
         Ok(found.map(|item| {
@@ -228,13 +239,22 @@ impl Catalog {
     }
 
     /// Subscribes to the item-events channel; each message (or a fresh subscription, which
-    /// may have missed some) wakes the refresh.
+    /// may have missed some) wakes the refresh and forgets the "no such item" answers (an
+    /// item may have been created).
     async fn listen(self, shutdown: CancellationToken) {
         let channel = self.inner.keys.item_events_channel();
         let redis = self.inner.redis.clone();
         redis
-            .listen(&channel, &shutdown, |_| self.inner.wake.notify_one())
+            .listen(&channel, &shutdown, |_| {
+                self.inner.lookups.invalidate_all();
+                self.inner.wake.notify_one();
+            })
             .await;
+    }
+
+    /// Forgets the "no such item" answers now (this instance just wrote an item).
+    pub fn forget_unknown(&self) {
+        self.inner.lookups.invalidate_all();
     }
 }
 

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::app::AppState;
 use crate::error::ApiError;
-use crate::http::extract::{Admin, ApiJson, ApiPath};
+use crate::http::extract::{Admin, ApiJson, ApiPath, Reader};
 use crate::http::reply::ok;
 
 use super::changes::{self, announce};
@@ -20,11 +20,12 @@ const MAX_REASON: usize = 500;
 
 /// `GET /api/shops/{id}/status`: `{"shop_id","open","updated_at"}` from the nearest layer.
 pub async fn status(
+    _: Reader,
     State(AppState { shops, .. }): State<AppState>,
     ApiPath(id): ApiPath<u64>,
 ) -> Result<Response, ApiError> {
     let shop = shops
-        .get(id)
+        .lookup(id)
         .await
         .map_err(|e| ApiError::Unavailable(e.to_string()))?
         .ok_or(ApiError::ShopNotFound)?;

@@ -18,12 +18,15 @@ use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
 use crate::keys::Keys;
-use crate::store::{Db, RedisConns, RedisError, redis_timed};
+use crate::store::{Db, DbError, MissLimit, RedisConns, RedisError, redis_timed};
 use crate::telemetry::Meters;
 
 use super::repo::{self, Shop};
 
 const LOCAL_FOR: Duration = Duration::from_secs(1);
+/// How long "no such shop" is remembered for readers without a token; a change of the
+/// shop, or finding it, forgets it sooner.
+const UNKNOWN_FOR: Duration = Duration::from_secs(30);
 /// A stale shop is reloaded once no announcement about it came for this long …
 const QUIET: Duration = Duration::from_millis(200);
 /// … or this long after the first, whichever comes first.
@@ -41,6 +44,10 @@ struct Inner {
     keys: Keys,
     meters: Arc<Meters>,
     local: moka::future::Cache<u64, Arc<Shop>>,
+    /// Shops readers asked for that do not exist.
+    unknown: moka::future::Cache<u64, ()>,
+    /// Shares MySQL with the other look-ups of unknown ids.
+    misses: MissLimit,
     /// Every shop this instance has seen, for when both stores are down.
     last_known: RwLock<HashMap<u64, Arc<Shop>>>,
     /// Shops announced as changed: when the first and the last announcement came.
@@ -51,8 +58,23 @@ struct Inner {
 #[error("no store answers and this instance has never seen shop {0}")]
 pub struct Unknowable(pub u64);
 
+/// Why a reader's look-up of a shop has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ShopLookupError {
+    #[error(transparent)]
+    Unknowable(#[from] Unknowable),
+    #[error(transparent)]
+    Busy(#[from] DbError),
+}
+
 impl Shops {
-    pub fn new(db: Db, redis: RedisConns, keys: Keys, meters: Arc<Meters>) -> Self {
+    pub fn new(
+        db: Db,
+        redis: RedisConns,
+        keys: Keys,
+        meters: Arc<Meters>,
+        misses: MissLimit,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 db,
@@ -63,6 +85,11 @@ impl Shops {
                     .max_capacity(100_000)
                     .time_to_live(LOCAL_FOR)
                     .build(),
+                unknown: moka::future::Cache::builder()
+                    .max_capacity(100_000)
+                    .time_to_live(UNKNOWN_FOR)
+                    .build(),
+                misses,
                 last_known: RwLock::new(HashMap::new()),
                 stale: Mutex::new(HashMap::new()),
             }),
@@ -103,6 +130,27 @@ impl Shops {
         })
     }
 
+    /// The shop for a reader without a token: like [`Shops::get`], but a shop found not
+    /// to exist is remembered, and a look-up beyond this instance's memory waits its turn
+    /// among the other look-ups of unknown ids (`503` when none comes soon).
+    pub async fn lookup(&self, id: u64) -> Result<Option<Arc<Shop>>, ShopLookupError> {
+        if let Some(shop) = self.inner.local.get(&id).await {
+            return Ok(Some(shop));
+        }
+        if self.inner.unknown.contains_key(&id) {
+            return Ok(None);
+        }
+        let found = self
+            .inner
+            .misses
+            .run(async { Ok(self.get(id).await) })
+            .await??;
+        if found.is_none() {
+            self.inner.unknown.insert(id, ()).await;
+        }
+        Ok(found)
+    }
+
     /// Whether the shop is open now, for the purchase path: from memory, as last loaded
     /// (the item catalogue reloads its items' shops every half second, and an announced
     /// change reloads at once), so a purchase never waits for a store here. A shop this
@@ -121,6 +169,7 @@ impl Shops {
 
     async fn keep(&self, shop: Shop) -> Arc<Shop> {
         let shop = Arc::new(shop);
+        self.inner.unknown.invalidate(&shop.id).await;
         self.inner
             .last_known
             .write()
@@ -178,7 +227,8 @@ impl Shops {
     }
 
     /// The shop changed somewhere: reload it once the announcements calm down.
-    pub fn mark_stale(&self, id: u64) {
+    pub async fn mark_stale(&self, id: u64) {
+        self.inner.unknown.invalidate(&id).await;
         let now = Instant::now();
         self.inner
             .stale
@@ -191,6 +241,7 @@ impl Shops {
 
     /// Reloads it now through the layers (this instance made or found the change).
     pub async fn reload(&self, id: u64) {
+        self.inner.unknown.invalidate(&id).await;
         self.inner.local.invalidate(&id).await;
         if let Err(e) = self.get(id).await {
             tracing::debug!(shop = id, error = %e, "cannot reload the shop yet");

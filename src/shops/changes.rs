@@ -100,7 +100,7 @@ pub async fn follow(broker: Broker, shops: Shops, shutdown: CancellationToken) {
                     delivery = deliveries.next() => match delivery {
                         Some(Ok(delivery)) => {
                             if let Some(id) = std::str::from_utf8(&delivery.data).ok().and_then(|s| s.parse().ok()) {
-                                shops.mark_stale(id);
+                                shops.mark_stale(id).await;
                             }
                             delivery.ack(BasicAckOptions::default()).await?;
                         }

@@ -3,10 +3,12 @@
 use std::time::Duration;
 
 mod lock;
+mod misses;
 mod mysql;
 mod redis_conns;
 
 pub use self::lock::RedisLock;
+pub use self::misses::MissLimit;
 pub use self::mysql::{Db, DbError, connect_mysql, migrate, timed as mysql_timed};
 pub use self::redis_conns::{RedisConns, RedisError, timed as redis_timed};
 

@@ -22,6 +22,9 @@ pub enum DbError {
     /// One failure reported to several waiters of a coalesced read.
     #[error(transparent)]
     Shared(std::sync::Arc<DbError>),
+    /// Too many look-ups of unknown ids at once (see `MissLimit`).
+    #[error("too many look-ups of unknown ids at once")]
+    Busy,
 }
 
 impl DbError {
@@ -53,7 +56,7 @@ impl DbError {
     /// MySQL refused (a bug or bad data).
     pub fn is_unavailable(&self) -> bool {
         match self {
-            DbError::Timeout(_) => true,
+            DbError::Timeout(_) | DbError::Busy => true,
             DbError::Sql(e) => matches!(
                 e,
                 sqlx::Error::Io(_)

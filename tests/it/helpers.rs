@@ -431,6 +431,11 @@ impl TestEnv {
         ]
     }
 
+    /// This test's database, reached through `proxy` (a [`TcpProxy`] in front of MariaDB).
+    pub fn database_url_via(&self, proxy: SocketAddr) -> seckill::config::Secret {
+        seckill::config::Secret::new(format!("mysql://root@{proxy}/{}", self.database))
+    }
+
     pub fn key(&self, item: u64, what: &str) -> String {
         format!("{}:{{item:{item}}}:v1:{what}", self.namespace)
     }

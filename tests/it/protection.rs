@@ -372,3 +372,145 @@ async fn purchases_beyond_the_limit_are_shed_at_once_and_nothing_is_lost() {
     env.assert_invariants(&server, 1, 1_000, &won).await;
     server.stop().await;
 }
+
+/// Unknown ids asked for without a token are remembered (not asked of MySQL again and
+/// again): with MySQL gone, an id found unknown a few seconds ago is still `404`, not
+/// `503`. A write forgets the answer at once, on this instance and on another.
+#[tokio::test]
+async fn unknown_ids_are_remembered_until_a_write_makes_them_known() {
+    let env = TestEnv::new("unknownids").await;
+    let proxy = TcpProxy::start(mysql_addr()).await;
+    let database_url = env.database_url_via(proxy.addr);
+    let a = env
+        .server_with(ALL_ROLES, |s| s.database_url = database_url.clone())
+        .await;
+    let b = env
+        .server_with(&[Role::Api], |s| s.database_url = database_url.clone())
+        .await;
+    for server in [&a, &b] {
+        assert_eq!(env.get(server, "/api/items/424242", None).await.0, 404);
+        assert_eq!(env.get(server, "/api/shops/4242/status", None).await.0, 404);
+    }
+    proxy.cut();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for server in [&a, &b] {
+        let (status, json) = env.get(server, "/api/items/424242", None).await;
+        assert_eq!(
+            (status, json["code"].as_str()),
+            (404, Some("item_not_found")),
+            "{json}"
+        );
+        let (status, json) = env.get(server, "/api/shops/4242/status", None).await;
+        assert_eq!(
+            (status, json["code"].as_str()),
+            (404, Some("shop_not_found")),
+            "{json}"
+        );
+    }
+    proxy.restore();
+
+    // The item is created (with a new shop 4242) through A.
+    let now = chrono::Utc::now();
+    let created = env
+        .admin(reqwest::Method::PUT, &a, "/admin/items/424242")
+        .json(&serde_json::json!({
+            "name": "new", "shop_id": 4242, "total": 5, "price_cents": 1,
+            "start_at": now, "end_at": now + chrono::Duration::hours(1),
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    assert_eq!(env.get(&a, "/api/items/424242", None).await.0, 200);
+    assert_eq!(env.get(&a, "/api/shops/4242/status", None).await.0, 200);
+    eventually(
+        Duration::from_secs(2),
+        "B knowing the new item and shop",
+        || async {
+            let item = env.get(&b, "/api/items/424242", None).await.0;
+            let shop = env.get(&b, "/api/shops/4242/status", None).await.0;
+            if (item, shop) == (200, 200) {
+                Ok(())
+            } else {
+                Err(format!("item {item}, shop {shop}"))
+            }
+        },
+    )
+    .await;
+    b.stop().await;
+    a.stop().await;
+}
+
+/// A flood of made-up ids, each a MySQL look-up, on a slow MySQL: the look-ups share a
+/// few connections and the excess is told `503` at once, so a buyer paying meanwhile
+/// still gets a connection and an answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_unknown_ids_cannot_take_the_database_from_buyers() {
+    let env = TestEnv::new("idflood").await;
+    let proxy = TcpProxy::start(mysql_addr()).await;
+    let database_url = env.database_url_via(proxy.addr);
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.database_url = database_url.clone();
+            s.read_rate_per_ip = 0;
+        })
+        .await;
+    env.item_on_sale(&server, 1, 5).await;
+    let (_, won) = env.buy(&server, 1, 1).await;
+    let sn = won["order_sn"].as_str().unwrap().to_owned();
+    env.wait_for_orders(&server, 1, 1, Duration::from_secs(10))
+        .await;
+
+    proxy.set_delay(Duration::from_millis(100));
+    let flood = futures::stream::iter(1_000_000..1_000_300u64)
+        .map(|id| {
+            let (env, server) = (&env, &server);
+            async move { env.get(server, &format!("/api/items/{id}"), None).await }
+        })
+        .buffer_unordered(300)
+        .collect::<Vec<_>>();
+    let pay = async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        env.post_as(&server, &format!("/api/orders/{sn}/pay"), 1)
+            .await
+    };
+    let (answers, (status, json)) = tokio::join!(flood, pay);
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (200, Some("paid")),
+        "{json}"
+    );
+    let busy = answers.iter().filter(|(s, _)| *s == 503).count();
+    let unknown = answers.iter().filter(|(s, _)| *s == 404).count();
+    assert_eq!(busy + unknown, 300, "{answers:?}");
+    assert!(busy > 0, "every look-up ran: nothing bounded them");
+    server.stop().await;
+}
+
+/// Reads without a token are limited per client address; another address is not.
+#[tokio::test]
+async fn reads_without_a_token_are_limited_per_client_address() {
+    let env = TestEnv::new("readrate").await;
+    let server = env.server_with(ALL_ROLES, |s| s.read_rate_per_ip = 5).await;
+    env.item_on_sale(&server, 1, 5).await;
+    let answers =
+        futures::future::join_all((0..30).map(|_| env.get(&server, "/api/items/1", None))).await;
+    let limited: Vec<_> = answers.iter().filter(|(s, _)| *s == 429).collect();
+    assert!(limited.len() >= 15, "{answers:?}");
+    assert!(limited.iter().all(|(_, j)| j["code"] == "rate_limited"));
+    let response = env
+        .http
+        .get(server.url("/api/shops/1/status"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 429);
+    assert!(response.headers().contains_key("retry-after"));
+    let other = reqwest::Client::builder()
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    let response = other.get(server.url("/api/items/1")).send().await.unwrap();
+    assert_eq!(response.status(), 200, "another address has its own budget");
+    server.stop().await;
+}
