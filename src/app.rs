@@ -251,6 +251,14 @@ impl Server {
                 meters: state.meters.clone(),
             };
             background.spawn(scheduler.run(workers.clone()));
+            background.spawn(crate::shops::repair::push_stale(
+                state.shops.clone(),
+                state.db.clone(),
+                state.redis.clone(),
+                state.keys.clone(),
+                state.broker.clone(),
+                workers.clone(),
+            ));
             background.spawn(crate::shops::repair::run(
                 state.shops.clone(),
                 state.db.clone(),

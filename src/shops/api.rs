@@ -124,14 +124,17 @@ pub async fn refresh(
         "refresh",
         "admin",
         "refreshed by hand",
-        |_| async { Ok(()) },
+        |db| async move { repo::mark_redis_stale(&db, id).await },
     )
     .await?;
     Ok(ok("refreshed", view(&after)))
 }
 
-/// One change under the shop's lock: `write` to MySQL, then Redis, the log, the
-/// announcement. Returns the shop after it.
+/// One change under the shop's lock: `write` to MySQL (which flags the shop for Redis),
+/// the log, then Redis, then the announcement. Returns the shop after it; or, when Redis
+/// did not take it, an error that says so — the change stands in MySQL and is pushed to
+/// Redis by a scheduler as soon as Redis answers, but until then instances that read
+/// Redis may show the old status, and an operator must not take it for done.
 async fn change<F, Fut>(
     state: &AppState,
     id: u64,
@@ -157,28 +160,31 @@ where
         let after = repo::load(&state.db, id)
             .await?
             .ok_or(ApiError::ShopNotFound)?;
-        state.shops.store_in_redis(&after).await?;
         let (old, new) = (
             before.as_ref().is_none_or(|s| s.open_at(now)),
             after.open_at(now),
         );
         repo::log_change(&state.db, id, what, old, new, by, reason).await?;
-        Ok::<_, ApiError>(after)
+        let pushed = changes::push(&state.shops, &state.db, &after).await;
+        Ok::<_, ApiError>((after, pushed))
     }
     .await;
     if let Err(e) = lock.release(&state.redis).await {
         tracing::warn!(shop = id, error = %e, "could not release the shop lock; it expires by itself");
     }
-    let after = result?;
+    let (after, pushed) = result?;
+    // Whatever Redis did: instances reload the shop from MySQL when told.
     state.shops.reload(id).await;
     announce(&state.broker, id).await;
-    tracing::info!(
-        shop = id,
-        what,
-        by,
-        reason,
-        open = after.open_at(Utc::now()),
-        "shop changed"
-    );
+    let open = after.open_at(Utc::now());
+    if let Err(e) = pushed {
+        tracing::warn!(shop = id, what, by, reason, open, error = %crate::error::cause_chain(&e), "shop changed in MySQL, not yet in Redis");
+        return Err(ApiError::Unavailable(format!(
+            "the change is saved in MySQL and logged, but Redis did not take it: instances that \
+             read Redis may show the old status until it does (a scheduler pushes it within a \
+             second of Redis answering; GET /api/shops/{id}/status shows when it has)"
+        )));
+    }
+    tracing::info!(shop = id, what, by, reason, open, "shop changed");
     Ok(after)
 }

@@ -103,6 +103,24 @@ impl Shops {
         }
         let from_redis = self.read_redis(id).await;
         let shop = match from_redis {
+            // Older than what this instance already saw: a change Redis did not take
+            // (yet). Never step back to it; MySQL has the newer one.
+            Ok(Some(shop))
+                if self
+                    .last_known(id)
+                    .is_some_and(|k| k.updated_at > shop.updated_at) =>
+            {
+                match repo::load(&self.inner.db, id).await {
+                    Ok(found) => {
+                        self.inner.meters.shop_fill("mysql");
+                        found
+                    }
+                    Err(e) => {
+                        tracing::warn!(shop = id, error = %e, "Redis holds an older shop and MySQL failed; serving the last known");
+                        self.last_known(id).map(|k| Shop::clone(&k))
+                    }
+                }
+            }
             Ok(Some(shop)) => Some(shop),
             redis_said => match repo::load(&self.inner.db, id).await {
                 Ok(Some(shop)) => {
@@ -239,12 +257,22 @@ impl Shops {
             .or_insert((now, now));
     }
 
-    /// Reloads it now through the layers (this instance made or found the change).
+    /// Reloads it now (this instance made or was told of the change): from MySQL, which
+    /// has every change first, or through the layers when MySQL does not answer.
     pub async fn reload(&self, id: u64) {
         self.inner.unknown.invalidate(&id).await;
         self.inner.local.invalidate(&id).await;
-        if let Err(e) = self.get(id).await {
-            tracing::debug!(shop = id, error = %e, "cannot reload the shop yet");
+        match repo::load(&self.inner.db, id).await {
+            Ok(Some(shop)) => {
+                self.inner.meters.shop_fill("mysql");
+                self.keep(shop).await;
+            }
+            Ok(None) => {}
+            Err(_) => {
+                if let Err(e) = self.get(id).await {
+                    tracing::debug!(shop = id, error = %e, "cannot reload the shop yet");
+                }
+            }
         }
     }
 

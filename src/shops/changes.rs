@@ -15,9 +15,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
 use crate::keys::Keys;
-use crate::store::{RedisConns, RedisError, RedisLock};
+use crate::store::{Db, RedisConns, RedisError, RedisLock, StoreError};
 
 use super::cache::Shops;
+use super::repo::{self, Shop};
 
 /// A crashed holder's lock goes away after this long.
 const LOCK_FOR: Duration = Duration::from_secs(5);
@@ -32,6 +33,14 @@ pub async fn lock(
     shop: u64,
 ) -> Result<Option<RedisLock>, RedisError> {
     RedisLock::take_within(redis, keys.shop_lock(shop), LOCK_FOR, WAIT_FOR_LOCK).await
+}
+
+/// Writes the shop as MySQL has it into Redis, then clears its flag (unless a newer change
+/// came meanwhile). The caller holds the shop's lock.
+pub async fn push(shops: &Shops, db: &Db, shop: &Shop) -> Result<(), StoreError> {
+    shops.store_in_redis(shop).await?;
+    repo::mark_redis_synced(db, shop.id, shop.updated_at).await?;
+    Ok(())
 }
 
 /// Tells every instance that the shop changed. A lost announcement costs at most the

@@ -1,17 +1,90 @@
-//! The periodic repair (scheduler role, `SECKILL_SHOP_REPAIR_EVERY_S`): every shop is read
-//! from MySQL, the truth, and compared with Redis and with this instance's cache; a layer
-//! that differs is reported (log and metric) and repaired from MySQL.
+//! Keeping Redis and the caches in step with MySQL (scheduler role): every second, shops
+//! whose change Redis did not take are pushed there and announced; and the periodic repair
+//! (`SECKILL_SHOP_REPAIR_EVERY_S`) reads every shop from MySQL, the truth, compares it
+//! with Redis and with this instance's cache, and reports (log and metric) and repairs a
+//! layer that differs.
 
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
-use crate::store::{Db, StoreError};
+use crate::keys::Keys;
+use crate::store::{Db, RedisConns, StoreError};
 
 use super::cache::Shops;
-use super::changes::announce;
+use super::changes::{self, announce};
 use super::repo::{self, Shop};
+
+/// How often shops whose change Redis did not take are looked for.
+const PUSH_STALE_EVERY: Duration = Duration::from_secs(1);
+
+/// Pushes changes Redis missed, every second, until shutdown.
+pub async fn push_stale(
+    shops: Shops,
+    db: Db,
+    redis: RedisConns,
+    keys: Keys,
+    broker: Broker,
+    shutdown: CancellationToken,
+) {
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(PUSH_STALE_EVERY) => {}
+        }
+        match push_stale_once(&shops, &db, &redis, &keys, &broker).await {
+            Ok(_) if failing => {
+                tracing::info!("shop changes reach Redis again");
+                failing = false;
+            }
+            Ok(_) => {}
+            Err(e) if !failing => {
+                tracing::warn!(error = %crate::error::cause_chain(&e), "cannot push shop changes to Redis yet; retrying");
+                failing = true;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// Pushes every shop flagged in MySQL to Redis (under its lock, so never over a newer
+/// change) and announces it. Returns how many were pushed.
+pub async fn push_stale_once(
+    shops: &Shops,
+    db: &Db,
+    redis: &RedisConns,
+    keys: &Keys,
+    broker: &Broker,
+) -> Result<u64, StoreError> {
+    let mut pushed = 0;
+    for id in repo::redis_stale_ids(db).await? {
+        // Held: a change is in progress, and it pushes the shop itself.
+        let Some(lock) = changes::lock(redis, keys, id).await? else {
+            continue;
+        };
+        let result = async {
+            match repo::load(db, id).await? {
+                Some(shop) => changes::push(shops, db, &shop).await,
+                None => Ok(()),
+            }
+        }
+        .await;
+        if let Err(e) = lock.release(redis).await {
+            tracing::debug!(shop = id, error = %e, "could not release the shop lock; it expires by itself");
+        }
+        result?;
+        tracing::warn!(
+            shop = id,
+            "shop change reached Redis late (Redis had failed to take it)"
+        );
+        shops.meters().shop_repair("redis");
+        announce(broker, id).await;
+        pushed += 1;
+    }
+    Ok(pushed)
+}
 
 pub async fn run(
     shops: Shops,

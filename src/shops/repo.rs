@@ -103,13 +103,16 @@ pub async fn all_ids(db: &Db) -> Result<Vec<u64>, DbError> {
     mysql_timed(sqlx::query_scalar("SELECT id FROM shops").fetch_all(db)).await
 }
 
-/// Replaces the shop's hours (creating the shop if it is new), in one transaction.
+/// Replaces the shop's hours (creating the shop if it is new), in one transaction. Like
+/// every change, it flags the shop for Redis (`redis_stale`) in the same write.
 pub async fn set_hours(db: &Db, id: u64, hours: &Hours) -> Result<(), DbError> {
     let mut tx = mysql_timed(db.begin()).await?;
     mysql_timed(
         sqlx::query(
-            "INSERT INTO shops (id, timezone, updated_at) VALUES (?, ?, UTC_TIMESTAMP(3))
-             ON DUPLICATE KEY UPDATE timezone = VALUES(timezone), updated_at = VALUES(updated_at)",
+            "INSERT INTO shops (id, timezone, updated_at, redis_stale)
+             VALUES (?, ?, UTC_TIMESTAMP(3), TRUE)
+             ON DUPLICATE KEY UPDATE timezone = VALUES(timezone), updated_at = VALUES(updated_at),
+               redis_stale = TRUE",
         )
         .bind(id)
         .bind(hours.timezone.name())
@@ -157,11 +160,13 @@ pub async fn set_hours(db: &Db, id: u64, hours: &Hours) -> Result<(), DbError> {
 pub async fn set_override(db: &Db, id: u64, value: Option<&Override>) -> Result<(), DbError> {
     mysql_timed(
         sqlx::query(
-            "INSERT INTO shops (id, override_open, override_until, override_reason, updated_at)
-             VALUES (?, ?, ?, ?, UTC_TIMESTAMP(3))
+            "INSERT INTO shops (id, override_open, override_until, override_reason, updated_at,
+                                redis_stale)
+             VALUES (?, ?, ?, ?, UTC_TIMESTAMP(3), TRUE)
              ON DUPLICATE KEY UPDATE override_open = VALUES(override_open),
                override_until = VALUES(override_until),
-               override_reason = VALUES(override_reason), updated_at = VALUES(updated_at)",
+               override_reason = VALUES(override_reason), updated_at = VALUES(updated_at),
+               redis_stale = TRUE",
         )
         .bind(id)
         .bind(value.map(|o| o.open))
@@ -171,6 +176,34 @@ pub async fn set_override(db: &Db, id: u64, value: Option<&Override>) -> Result<
     )
     .await?;
     Ok(())
+}
+
+/// Flags the shop for Redis: its record is to be pushed there (a refresh by hand).
+pub async fn mark_redis_stale(db: &Db, id: u64) -> Result<(), DbError> {
+    mysql_timed(
+        sqlx::query("UPDATE shops SET redis_stale = TRUE WHERE id = ?")
+            .bind(id)
+            .execute(db),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Redis holds the shop as of `updated_at`: the flag goes, unless a newer change came.
+pub async fn mark_redis_synced(db: &Db, id: u64, updated_at: DateTime<Utc>) -> Result<(), DbError> {
+    mysql_timed(
+        sqlx::query("UPDATE shops SET redis_stale = FALSE WHERE id = ? AND updated_at = ?")
+            .bind(id)
+            .bind(updated_at)
+            .execute(db),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Shops changed in MySQL that Redis did not take yet.
+pub async fn redis_stale_ids(db: &Db) -> Result<Vec<u64>, DbError> {
+    mysql_timed(sqlx::query_scalar("SELECT id FROM shops WHERE redis_stale").fetch_all(db)).await
 }
 
 /// One row of the change log.

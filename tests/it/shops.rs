@@ -331,3 +331,77 @@ async fn private_get(redis: &PrivateRedis, key: &str) -> Option<String> {
         .unwrap();
     conn.get(key).await.unwrap()
 }
+
+/// An emergency close whose Redis write fails: the answer says so (MySQL has it, Redis
+/// not), the change is in the log all the same, another instance obeys it at once (told
+/// through RabbitMQ, it reloads from MySQL), and Redis gets it as soon as it takes writes
+/// again — not at the hourly repair.
+#[tokio::test]
+async fn a_shop_change_redis_did_not_take_is_no_silent_success_and_reaches_redis_later() {
+    let env = &TestEnv::new("shopnoredis").await;
+    let redis_addr = url::Url::parse(&redis_url()).unwrap();
+    let redis_addr = format!(
+        "{}:{}",
+        redis_addr.host_str().unwrap(),
+        redis_addr.port().unwrap_or(6379)
+    );
+    let proxy = TcpProxy::start(redis_addr.parse().unwrap()).await;
+    let a = env
+        .server_with(ALL_ROLES, |s| {
+            s.redis_url = Secret::new(format!("redis://{}", proxy.addr))
+        })
+        .await;
+    let b = env.server(&[Role::Api]).await;
+    env.item_on_sale(&a, 1, 10).await;
+    assert_eq!(env.buy(&b, 1, 1).await.0, 202);
+
+    // Redis takes nothing for shop 1's value (its lock still works).
+    let shop_key = format!("{}:shop:v1:1", env.settings.namespace);
+    let set = format!("SET\r\n${}\r\n{shop_key}\r\n", shop_key.len());
+    proxy.drop_connection_when_sent(set.as_bytes(), u32::MAX);
+    let (status, json) =
+        set_status(env, &a, 1, json!({"open": false, "reason": "fire drill"})).await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (503, Some("unavailable")),
+        "{json}"
+    );
+    let detail = json["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("MySQL") && detail.contains("Redis"),
+        "{detail}"
+    );
+    let logged: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM shop_changes WHERE shop_id = 1 AND reason = 'fire drill'",
+    )
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    assert_eq!(logged, 1, "the change is in the log");
+    eventually(Duration::from_secs(2), "B refusing purchases", || async {
+        match env.buy(&b, 2, 1).await {
+            (503, json) if json["code"] == "shop_closed" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let stale: Option<String> = env.redis.clone().get(&shop_key).await.unwrap();
+    assert!(
+        !stale.unwrap_or_default().contains("fire drill"),
+        "Redis took it after all"
+    );
+
+    proxy.drop_connection_when_sent(b"-", 0);
+    eventually(Duration::from_secs(5), "the change in Redis", || async {
+        let text: Option<String> = env.redis.clone().get(&shop_key).await.unwrap();
+        match text {
+            Some(t) if t.contains("fire drill") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(shop_open(env, &b, 1).await, false);
+    assert_eq!(env.buy(&b, 3, 1).await.1["code"], "shop_closed");
+    b.stop().await;
+    a.stop().await;
+}
