@@ -186,11 +186,13 @@ async fn nginx_serves_the_storefront_itself_and_passes_the_api_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_client_address_reaches_the_server_and_the_edge_limits_each_address() {
     let env = TestEnv::new("edge_ip").await;
-    // The server limits purchases per client IP (1/s, bursts of 2), as nginx tells it.
+    // The server limits purchases per client IP (1/s, bursts of 2), as nginx tells it;
+    // its own limit of reads is off, so the reads' 429s below are the edge's.
     let server = env
         .server_with(ALL_ROLES, |s| {
             s.rate_per_user = 0;
             s.rate_per_ip = 1;
+            s.read_rate_per_ip = 0;
         })
         .await;
     env.item_on_sale(&server, 802, 50).await;
