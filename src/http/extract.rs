@@ -15,7 +15,7 @@ use crate::auth::{admin_token_matches, bearer};
 use crate::domain::UserId;
 use crate::error::ApiError;
 
-use super::rate_limit::client_ip;
+use super::rate_limit::{Limited, client_ip};
 
 /// A JSON body, whatever its `Content-Type` (curl users forget it), refused with a 400
 /// that names the field at fault.
@@ -95,17 +95,40 @@ impl FromRequestParts<AppState> for Buyer {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        if state.limits.per_ip_enabled()
-            && let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>()
-        {
-            state
-                .limits
-                .check_ip(client_ip(&state.settings, *peer, &parts.headers))?;
-        }
-        let AuthUser(user) = AuthUser::from_request_parts(parts, state).await?;
-        state.limits.check_user(user)?;
-        Ok(Buyer(user))
+        limited_user(parts, state, Limited::Purchase)
+            .await
+            .map(Buyer)
     }
+}
+
+/// A user looking for their order of an item: limited like a buyer, on a budget of its own.
+pub struct OrderSeeker(pub UserId);
+
+impl FromRequestParts<AppState> for OrderSeeker {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        limited_user(parts, state, Limited::OrderLookup)
+            .await
+            .map(OrderSeeker)
+    }
+}
+
+async fn limited_user(
+    parts: &mut Parts,
+    state: &AppState,
+    what: Limited,
+) -> Result<UserId, ApiError> {
+    if state.limits.per_ip_enabled(what)
+        && let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>()
+    {
+        state
+            .limits
+            .check_ip(what, client_ip(&state.settings, *peer, &parts.headers))?;
+    }
+    let AuthUser(user) = AuthUser::from_request_parts(parts, state).await?;
+    state.limits.check_user(what, user)?;
+    Ok(user)
 }
 
 /// A reader without a token, within the per-IP read rate (`SECKILL_READ_RATE_PER_IP`):

@@ -53,6 +53,7 @@ pub fn api_routes(state: &AppState) -> Router<AppState> {
             post(orders::api::cancel_order),
         )
         .route("/api/items/{item_id}", get(items::api::get_item))
+        .route("/api/items/{item_id}/my-order", get(orders::api::my_order))
         .route("/api/shops/{shop_id}/status", get(shops::api::status))
         .merge(health_routes())
 }

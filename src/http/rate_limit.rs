@@ -23,8 +23,20 @@ use crate::error::ApiError;
 pub struct RateLimits {
     per_user: Option<DefaultKeyedRateLimiter<UserId>>,
     per_ip: Option<DefaultKeyedRateLimiter<IpAddr>>,
+    /// A buyer looking for their order of an item: limited like purchases, on a budget of
+    /// its own (looking never costs a press).
+    lookups_per_user: Option<DefaultKeyedRateLimiter<UserId>>,
+    lookups_per_ip: Option<DefaultKeyedRateLimiter<IpAddr>>,
     /// Reads without a token, per client IP: each unknown id costs a store look-up.
     reads_per_ip: Option<DefaultKeyedRateLimiter<IpAddr>>,
+}
+
+/// What a limit is for.
+#[derive(Clone, Copy, Debug)]
+pub enum Limited {
+    Purchase,
+    /// `GET /api/items/{id}/my-order`.
+    OrderLookup,
 }
 
 impl RateLimits {
@@ -32,7 +44,23 @@ impl RateLimits {
         Self {
             per_user: limiter(settings.rate_per_user),
             per_ip: limiter(settings.rate_per_ip),
+            lookups_per_user: limiter(settings.rate_per_user),
+            lookups_per_ip: limiter(settings.rate_per_ip),
             reads_per_ip: limiter(settings.read_rate_per_ip),
+        }
+    }
+
+    fn user_limiter(&self, what: Limited) -> Option<&DefaultKeyedRateLimiter<UserId>> {
+        match what {
+            Limited::Purchase => self.per_user.as_ref(),
+            Limited::OrderLookup => self.lookups_per_user.as_ref(),
+        }
+    }
+
+    fn ip_limiter(&self, what: Limited) -> Option<&DefaultKeyedRateLimiter<IpAddr>> {
+        match what {
+            Limited::Purchase => self.per_ip.as_ref(),
+            Limited::OrderLookup => self.lookups_per_ip.as_ref(),
         }
     }
 
@@ -45,17 +73,17 @@ impl RateLimits {
         check(self.reads_per_ip.as_ref(), &ip)
     }
 
-    pub fn check_user(&self, user: UserId) -> Result<(), ApiError> {
-        check(self.per_user.as_ref(), &user)
+    pub fn check_user(&self, what: Limited, user: UserId) -> Result<(), ApiError> {
+        check(self.user_limiter(what), &user)
     }
 
     /// Whether there is a per-IP limit at all (finding the client IP costs a little).
-    pub fn per_ip_enabled(&self) -> bool {
-        self.per_ip.is_some()
+    pub fn per_ip_enabled(&self, what: Limited) -> bool {
+        self.ip_limiter(what).is_some()
     }
 
-    pub fn check_ip(&self, ip: IpAddr) -> Result<(), ApiError> {
-        check(self.per_ip.as_ref(), &ip)
+    pub fn check_ip(&self, what: Limited, ip: IpAddr) -> Result<(), ApiError> {
+        check(self.ip_limiter(what), &ip)
     }
 
     /// Forgets keys that have been quiet, so memory follows the active crowd.
@@ -65,11 +93,12 @@ impl RateLimits {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(Duration::from_secs(10)) => {}
             }
-            for limiter in self.per_user.iter() {
+            for limiter in self.per_user.iter().chain(self.lookups_per_user.iter()) {
                 limiter.retain_recent();
                 limiter.shrink_to_fit();
             }
-            for limiter in self.per_ip.iter().chain(self.reads_per_ip.iter()) {
+            let per_ip = [&self.per_ip, &self.lookups_per_ip, &self.reads_per_ip];
+            for limiter in per_ip.into_iter().flatten() {
                 limiter.retain_recent();
                 limiter.shrink_to_fit();
             }
@@ -136,21 +165,23 @@ mod tests {
         let limits = RateLimits::new(&settings(5));
         let user = UserId::new(1);
         for _ in 0..10 {
-            assert!(limits.check_user(user).is_ok());
+            assert!(limits.check_user(Limited::Purchase, user).is_ok());
         }
-        match limits.check_user(user) {
+        match limits.check_user(Limited::Purchase, user) {
             Err(ApiError::RateLimited { retry_after }) => {
                 assert!(retry_after <= Duration::from_secs(1))
             }
             other => panic!("expected 429, got {other:?}"),
         }
-        assert!(limits.check_user(UserId::new(2)).is_ok());
+        assert!(limits.check_user(Limited::Purchase, UserId::new(2)).is_ok());
+        // Looking for one's order has a budget of its own.
+        assert!(limits.check_user(Limited::OrderLookup, user).is_ok());
     }
 
     #[test]
     fn zero_turns_the_limit_off() {
         let limits = RateLimits::new(&settings(0));
-        assert!((0..1000).all(|_| limits.check_user(UserId::new(1)).is_ok()));
+        assert!((0..1000).all(|_| limits.check_user(Limited::Purchase, UserId::new(1)).is_ok()));
     }
 
     #[test]

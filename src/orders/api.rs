@@ -16,7 +16,7 @@ use crate::app::AppState;
 use crate::breaker::Action;
 use crate::domain::{ItemId, OrderPlaced, OrderSn, UserId};
 use crate::error::ApiError;
-use crate::http::extract::{ApiPath, AuthUser};
+use crate::http::extract::{ApiPath, AuthUser, OrderSeeker};
 use crate::http::reply::ok;
 use crate::http::request_id;
 use crate::store::{RedisError, redis_timed};
@@ -55,25 +55,9 @@ pub async fn get_order(
     request_id::record_user(user, None);
     // Not even an order number: unknown, like any order that is not yours.
     let sn = OrderSn::parse(&order_sn).ok_or(ApiError::OrderNotFound)?;
-    // Redis first, MySQL second: the consumer clears `pending` only after its commit, so
-    // an order moving between them is seen in one or the other, never in neither.
-    let pending: Option<String> = {
-        let mut conn = redis.hot.clone();
-        redis_timed(conn.hget(keys.pending(sn.item()), sn.as_str())).await?
-    };
+    let pending = pending_order(&redis, &keys, &sn).await?;
     let view = match pending {
-        Some(json) => {
-            let order: OrderPlaced = serde_json::from_str(&json)
-                .map_err(|e| RedisError::Unexpected(format!("pending order JSON: {e}")))?;
-            OrderView {
-                order_sn: order.order_sn,
-                item_id: order.item_id,
-                user_id: order.user_id,
-                status: ShownStatus::Pending,
-                created_at: from_millis(order.created_at_ms),
-                pay_deadline: from_millis(order.pay_deadline_ms),
-            }
-        }
+        Some(order) => OrderView::pending(order),
         None => repo::find(&db, &sn)
             .await?
             .ok_or(ApiError::OrderNotFound)?
@@ -83,6 +67,77 @@ pub async fn get_order(
         return Err(ApiError::OrderNotFound);
     }
     Ok(ok("ok", view))
+}
+
+/// `GET /api/items/{item_id}/my-order`: the order the user holds of the item (the buyer
+/// record in Redis names it; `pending` included), or else their latest one in MySQL — so
+/// a buyer whose `202` was lost, and who hears `410` after the sell-out, finds it.
+pub async fn my_order(
+    State(AppState {
+        db, redis, keys, ..
+    }): State<AppState>,
+    OrderSeeker(user): OrderSeeker,
+    ApiPath(item): ApiPath<ItemId>,
+) -> Result<Response, ApiError> {
+    request_id::record_user(user, Some(item));
+    // Redis first, MySQL second, as for an order read: a won order is in one or the other.
+    let held = async {
+        let item_keys = keys.item(item);
+        let mut conn = redis.hot.clone();
+        let sn: Option<String> =
+            redis_timed(conn.hget(item_keys.buyer_orders(user), user.get())).await?;
+        match sn.as_deref().and_then(OrderSn::parse) {
+            Some(sn) => pending_order(&redis, &keys, &sn)
+                .await
+                .map(|pending| pending.map(OrderView::pending)),
+            None => Ok(None),
+        }
+    }
+    .await;
+    let view = match held {
+        Ok(Some(view)) => view,
+        Ok(None) => repo::latest_of_user(&db, item, user)
+            .await?
+            .ok_or(ApiError::OrderNotFound)?
+            .into(),
+        // Redis cannot say whether an order is still on its way: MySQL may still know.
+        Err(e) => repo::latest_of_user(&db, item, user)
+            .await?
+            .ok_or(ApiError::Redis(e))?
+            .into(),
+    };
+    if view.user_id != user {
+        return Err(ApiError::OrderNotFound);
+    }
+    Ok(ok("ok", view))
+}
+
+/// The order as Redis's `pending` hash holds it (won, not yet in MySQL), if it does.
+async fn pending_order(
+    redis: &crate::store::RedisConns,
+    keys: &crate::keys::Keys,
+    sn: &OrderSn,
+) -> Result<Option<OrderPlaced>, RedisError> {
+    let mut conn = redis.hot.clone();
+    let json: Option<String> = redis_timed(conn.hget(keys.pending(sn.item()), sn.as_str())).await?;
+    json.map(|json| {
+        serde_json::from_str(&json)
+            .map_err(|e| RedisError::Unexpected(format!("pending order JSON: {e}")))
+    })
+    .transpose()
+}
+
+impl OrderView {
+    fn pending(order: OrderPlaced) -> Self {
+        OrderView {
+            order_sn: order.order_sn,
+            item_id: order.item_id,
+            user_id: order.user_id,
+            status: ShownStatus::Pending,
+            created_at: from_millis(order.created_at_ms),
+            pay_deadline: from_millis(order.pay_deadline_ms),
+        }
+    }
 }
 
 impl From<OrderRow> for OrderView {
@@ -208,23 +263,14 @@ async fn stored_order(state: &AppState, sn: &OrderSn, user: UserId) -> Result<Or
     if let Some(row) = repo::find(&state.db, sn).await? {
         return owned(row);
     }
-    let pending: Option<String> = {
-        let mut conn = state.redis.hot.clone();
-        redis_timed(conn.hget(state.keys.pending(sn.item()), sn.as_str())).await?
-    };
-    let order: OrderPlaced = match pending {
-        Some(json) => serde_json::from_str(&json)
-            .map_err(|e| RedisError::Unexpected(format!("pending order JSON: {e}")))?,
+    let order = match pending_order(&state.redis, &state.keys, sn).await? {
+        Some(order) => order,
         // Written by the consumer between the two reads, or unknown.
         None => {
             let row = repo::find(&state.db, sn)
                 .await?
                 .ok_or(ApiError::OrderNotFound)?;
-            return if row.user() == user {
-                Ok(row)
-            } else {
-                Err(ApiError::OrderNotFound)
-            };
+            return owned(row);
         }
     };
     if order.user_id != user {

@@ -65,6 +65,25 @@ pub async fn find(db: &Db, sn: &OrderSn) -> Result<Option<OrderRow>, DbError> {
     .await
 }
 
+/// The user's order of the item that holds a unit, or else their latest one.
+pub async fn latest_of_user(
+    db: &Db,
+    item: ItemId,
+    user: UserId,
+) -> Result<Option<OrderRow>, DbError> {
+    mysql_timed(
+        sqlx::query_as(
+            "SELECT order_sn, item_id, user_id, status, created_at, pay_deadline
+             FROM orders WHERE user_id = ? AND item_id = ?
+             ORDER BY status = 'cancelled', created_at DESC LIMIT 1",
+        )
+        .bind(user.get())
+        .bind(item.get())
+        .fetch_optional(db),
+    )
+    .await
+}
+
 /// Many orders by number, in one query (absent ones are simply not in the answer).
 pub async fn find_many(db: &Db, sns: &[&str]) -> Result<Vec<OrderRow>, DbError> {
     if sns.is_empty() {

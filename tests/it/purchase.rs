@@ -6,6 +6,8 @@ use std::time::Duration;
 use chrono::Utc;
 use serde_json::{Value, json};
 
+use seckill::Role;
+
 use crate::helpers::*;
 
 /// Sends a purchase with full control over its parts.
@@ -364,4 +366,65 @@ async fn every_answer_is_json_with_a_request_id() {
     assert_eq!(json["code"], "method_not_allowed");
     assert!(json["trace_id"].is_string());
     server.stop().await;
+}
+
+/// `GET /api/items/{id}/my-order`: a buyer who lost their `202` finds the order — while
+/// it is pending, once it is in MySQL, after the sell-out, and after cancelling it (the
+/// latest); a user without one hears `404`; it is limited like purchases.
+#[tokio::test]
+async fn my_order_finds_the_buyers_order_whatever_became_of_the_answer() {
+    let env = TestEnv::new("myorder").await;
+    // No consumer yet: the order stays pending.
+    let api = env
+        .server_with(&[Role::Api, Role::Scheduler], |s| s.rate_per_user = 2)
+        .await;
+    env.item_on_sale(&api, 1, 1).await;
+    let (_, won) = env.buy(&api, 1, 1).await;
+    let sn = won["order_sn"].as_str().unwrap().to_owned();
+    let (status, json) = env.get(&api, "/api/items/1/my-order", Some(1)).await;
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(
+        (
+            json["order_sn"].as_str(),
+            json["status"].as_str(),
+            json["user_id"].as_u64()
+        ),
+        (Some(sn.as_str()), Some("pending"), Some(1)),
+        "{json}"
+    );
+    // Sold out (another buyer found it so): pressing again says 410, but the order is there.
+    assert_eq!(env.buy(&api, 5, 1).await.0, 410);
+    assert_eq!(env.buy(&api, 1, 1).await.0, 410);
+    let (status, json) = env.get(&api, "/api/items/1/my-order", Some(2)).await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (404, Some("order_not_found")),
+        "{json}"
+    );
+    assert_eq!(env.get(&api, "/api/items/1/my-order", None).await.0, 401);
+    // Limited like a purchase (2/s, bursts of 4), on a budget of its own.
+    let answers =
+        futures::future::join_all((0..8).map(|_| env.get(&api, "/api/items/1/my-order", Some(3))))
+            .await;
+    assert!(answers.iter().any(|(s, _)| *s == 429), "{answers:?}");
+
+    let consumer = env.server(&[Role::Consumer]).await;
+    env.wait_for_orders(&api, 1, 1, Duration::from_secs(10))
+        .await;
+    let (_, json) = env.get(&api, "/api/items/1/my-order", Some(1)).await;
+    assert_eq!(
+        (json["order_sn"].as_str(), json["status"].as_str()),
+        (Some(sn.as_str()), Some("unpaid"))
+    );
+    let (status, _) = env
+        .post_as(&api, &format!("/api/orders/{sn}/cancel"), 1)
+        .await;
+    assert_eq!(status, 200);
+    let (_, json) = env.get(&api, "/api/items/1/my-order", Some(1)).await;
+    assert_eq!(
+        (json["order_sn"].as_str(), json["status"].as_str()),
+        (Some(sn.as_str()), Some("cancelled"))
+    );
+    consumer.stop().await;
+    api.stop().await;
 }
