@@ -34,6 +34,8 @@ let item = null; // the last answer of GET /api/items/{id}
 let pressed = false; // a purchase is in flight, or won: the button stays off
 let debounce = null;
 let orderSn = null;
+/** Said with the order when the purchase's own answer never arrived. */
+let lostNote = "";
 
 async function api(method, path, body) {
   const headers = {};
@@ -108,6 +110,25 @@ function onBuyClick() {
   debounce = setTimeout(buy, DEBOUNCE_MS);
 }
 
+/**
+ * Whether a purchase's answer may have been lost after the server sold the unit: the
+ * connection broke, a proxy answered for a server that died with the request in hand, or
+ * the server could not finish its answer.
+ */
+const mayHaveWon = (answer) =>
+  answer.http === 0 || answer.http === 502 || answer.http === 504 ||
+  answer.code === "unavailable" || answer.code === "bad_answer";
+
+/** Looks for the buyer's order of this item; follows it and answers true if one holds a unit. */
+async function findMyOrder() {
+  const order = await api("GET", `/api/items/${itemId}/my-order`);
+  if (order.http !== 200 || order.status === "cancelled") return false;
+  pressed = true;
+  render();
+  follow(order.order_sn);
+  return true;
+}
+
 async function buy() {
   pressed = true;
   render();
@@ -119,6 +140,9 @@ async function buy() {
   } else if (answer.code === "duplicate") {
     say("You already hold one of these.");
     follow(answer.order_sn);
+  } else if (mayHaveWon(answer) && (await findMyOrder())) {
+    lostNote = " (The answer was lost on the way; this is your order.)";
+    say(`You got one!${lostNote}`);
   } else {
     say(WORDS[answer.code] || `Something went wrong (${answer.code}). Please try again.`);
     if (answer.code === "sold_out" && item) item.remaining = 0;
@@ -154,7 +178,7 @@ function showStatus(state, deadline) {
       return false;
     case "unpaid":
       status.textContent = `awaiting payment (pay by ${new Date(deadline).toLocaleTimeString()})`;
-      say("You got one! Pay to keep it.");
+      say(`You got one! Pay to keep it.${lostNote}`);
       pay.hidden = false;
       return true;
     case "paid":
@@ -199,6 +223,12 @@ $("buy").addEventListener("click", onBuyClick);
 $("pay").addEventListener("click", onPay);
 $("signin").addEventListener("submit", signIn);
 $("signin").hidden = Boolean(token);
+// Back after a lost answer or a reload: a unit already held is shown, not offered again.
+if (token) {
+  findMyOrder().then((found) => {
+    if (found) say("You already hold one of these.");
+  });
+}
 refreshItem();
 setInterval(refreshItem, ITEM_EVERY_MS);
 setInterval(render, 250);

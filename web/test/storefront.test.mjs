@@ -2,7 +2,7 @@
 // tests/it/storefront.rs sets the sale up and runs this with:
 //   STOREFRONT_URL      nginx's address (http://127.0.0.1:PORT)
 //   STOREFRONT_ITEMS    on-sale,sold-out,later item ids
-//   STOREFRONT_TOKENS   three user tokens, comma-separated
+//   STOREFRONT_TOKENS   four user tokens, comma-separated
 //   CHROMIUM            the browser (default /usr/bin/chromium, Debian's package)
 //   STOREFRONT_SHOTS    optional folder for screenshots
 import { after, before, test } from "node:test";
@@ -81,6 +81,31 @@ test("a double click sends one request", async () => {
   await page.waitForTimeout(1000);
   assert.equal(purchases.length, 1, "one purchase request for a double click");
   await page.close();
+});
+
+test("a purchase whose answer was lost finds its order, also after a reload", async () => {
+  const { page, purchases } = await open(onSale, tokens[3]);
+  // The purchase reaches the server and sells; the browser never hears the answer.
+  await page.route("**/api/flashbuy", async (route) => {
+    await route.fetch();
+    await route.abort("connectionreset");
+  });
+  await text(page, "#countdown", /On sale now/);
+  await page.click("#buy");
+  await text(page, "#outcome", /answer was lost/);
+  await text(page, "#order-status", /awaiting payment|being written/);
+  const sn = await page.textContent("#order-sn");
+  assert.match(sn, /^\d+-/);
+  await shot(page, "lost-answer");
+  assert.equal(purchases.length, 1);
+  await page.close();
+
+  const again = await open(onSale, tokens[3]);
+  await text(again.page, "#order-sn", new RegExp(`^${sn}$`));
+  await text(again.page, "#order-status", /awaiting payment/);
+  assert.equal(await again.page.isDisabled("#buy"), true);
+  assert.equal(again.purchases.length, 0);
+  await again.page.close();
 });
 
 test("a sold-out item shows sold out", async () => {
