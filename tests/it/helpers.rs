@@ -21,6 +21,8 @@ use seckill::config::Secret;
 use seckill::domain::UserId;
 use seckill::{Role, Server, Settings};
 
+pub use crate::private::*;
+
 pub const ADMIN_TOKEN: &str = "test-admin-token";
 pub const ALL_ROLES: &[Role] = &[Role::Api, Role::Consumer, Role::Scheduler];
 
@@ -50,17 +52,23 @@ pub struct TestEnv {
     jwt: Jwt,
     namespace: String,
     database: String,
+    mysql_server: String,
 }
 
 impl TestEnv {
     pub async fn new(name: &str) -> Self {
+        Self::on_mysql(name, &mysql_server_url()).await
+    }
+
+    /// [`TestEnv::new`] with its database on another MySQL server (a private one).
+    pub async fn on_mysql(name: &str, mysql_server: &str) -> Self {
         init_logs();
         let suffix = ulid::Ulid::new().to_string().to_lowercase();
         let namespace = format!("t_{name}_{}", &suffix[16..]);
         let database = namespace.clone();
         let mut settings = Settings::from_env().expect("settings from the environment");
         settings.namespace = namespace.clone();
-        settings.database_url = Secret::new(format!("{}/{database}", mysql_server_url()));
+        settings.database_url = Secret::new(format!("{mysql_server}/{database}"));
         settings.redis_url = Secret::new(redis_url());
         settings.amqp_url = Secret::new(amqp_url());
         settings.http_addr = "127.0.0.1:0".parse().unwrap();
@@ -69,7 +77,9 @@ impl TestEnv {
 
         let db = seckill::store::connect_mysql(settings.database_url.expose())
             .await
-            .expect("MariaDB at 127.0.0.1:3306 (see README: ./dev/services.sh)");
+            .unwrap_or_else(|e| {
+                panic!("MariaDB at {mysql_server} (see README: ./dev/services.sh): {e:#}")
+            });
         seckill::store::migrate(&db).await.expect("migrations");
         let redis = redis::Client::open(redis_url())
             .unwrap()
@@ -87,6 +97,7 @@ impl TestEnv {
                 .unwrap(),
             namespace,
             database,
+            mysql_server: mysql_server.to_owned(),
         }
     }
 
@@ -447,13 +458,17 @@ impl TestEnv {
 
 impl Drop for TestEnv {
     fn drop(&mut self) {
-        let (namespace, database) = (self.namespace.clone(), self.database.clone());
+        let (namespace, database, mysql_server) = (
+            self.namespace.clone(),
+            self.database.clone(),
+            self.mysql_server.clone(),
+        );
         // Async clean-up from a synchronous Drop: on a thread with its own runtime.
         let cleaned = std::thread::spawn(move || {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
-                .map(|rt| rt.block_on(cleanup(&namespace, &database)))
+                .map(|rt| rt.block_on(cleanup(&namespace, &database, &mysql_server)))
         })
         .join();
         if !matches!(cleaned, Ok(Ok(()))) {
@@ -462,9 +477,9 @@ impl Drop for TestEnv {
     }
 }
 
-async fn cleanup(namespace: &str, database: &str) {
+async fn cleanup(namespace: &str, database: &str, mysql_server: &str) {
     // The test's database and any it made beside it (`{database}_…`).
-    if let Ok(pool) = MySqlPool::connect(&mysql_server_url()).await {
+    if let Ok(pool) = MySqlPool::connect(mysql_server).await {
         let like = format!("{}%", database.replace('_', "\\_"));
         let names: Vec<String> = sqlx::query_scalar(
             "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE ?",
@@ -510,7 +525,12 @@ async fn cleanup(namespace: &str, database: &str) {
 
 /// Messages ready in a queue (declared passively; `None` while it does not exist).
 pub async fn queue_depth(queue: &str) -> Option<u32> {
-    let conn = lapin::Connection::connect(&amqp_url(), Default::default())
+    queue_depth_on(&amqp_url(), queue).await
+}
+
+/// [`queue_depth`] on another broker (a private one).
+pub async fn queue_depth_on(amqp: &str, queue: &str) -> Option<u32> {
+    let conn = lapin::Connection::connect(amqp, Default::default())
         .await
         .ok()?;
     let channel = conn.create_channel().await.ok()?;
@@ -634,91 +654,7 @@ pub fn free_port() -> u16 {
         .unwrap()
 }
 
-/// A private `redis-server` on a spare port, for tests that stop, freeze or flush Redis
-/// (never the machine's shared one). Killed on drop.
-pub struct PrivateRedis {
-    pub port: u16,
-    child: Child,
-}
-
-impl PrivateRedis {
-    pub async fn start() -> Self {
-        Self::start_with(&[]).await
-    }
-
-    /// With more `redis-server` options (`--rename-command CONFIG ""`, …).
-    pub async fn start_with(options: &[&str]) -> Self {
-        let port = free_port();
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .args(options)
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH");
-        let redis = Self { port, child };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while redis.ping().await.is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "private redis-server did not start"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        redis
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    pub async fn ping(&self) -> redis::RedisResult<()> {
-        let mut conn = redis::Client::open(self.url())?
-            .get_multiplexed_async_connection()
-            .await?;
-        redis::cmd("PING").query_async(&mut conn).await
-    }
-
-    pub async fn cmd(&self, args: &[&str]) -> redis::Value {
-        let mut conn = redis::Client::open(self.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        let mut cmd = redis::cmd(args[0]);
-        for a in &args[1..] {
-            cmd.arg(*a);
-        }
-        cmd.query_async(&mut conn).await.unwrap()
-    }
-
-    /// SIGSTOP: the process keeps its socket but answers nothing (a hung Redis).
-    pub fn freeze(&self) {
-        signal(self.child.id(), "STOP");
-    }
-
-    pub fn thaw(&self) {
-        signal(self.child.id(), "CONT");
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        self.thaw();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn signal(pid: u32, name: &str) {
+pub fn signal(pid: u32, name: &str) {
     let status = Command::new("kill")
         .args([&format!("-{name}"), &pid.to_string()])
         .status()
