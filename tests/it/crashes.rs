@@ -34,6 +34,8 @@ struct Ledger {
     uncertain: HashSet<u64>,
     /// Answers by status and code (`202 queued`, `503 unavailable`, `transport`, …).
     answers: BTreeMap<String, u64>,
+    /// When buyers first and last got an answer that could not tell.
+    trouble: Option<(Instant, Instant)>,
 }
 
 impl Ledger {
@@ -44,6 +46,17 @@ impl Ledger {
         for (answer, n) in other.answers {
             *self.answers.entry(answer).or_default() += n;
         }
+        if let Some((first, last)) = other.trouble {
+            self.troubled(first);
+            self.troubled(last);
+        }
+    }
+
+    fn troubled(&mut self, at: Instant) {
+        self.trouble = Some(match self.trouble {
+            Some((first, last)) => (first.min(at), last.max(at)),
+            None => (at, at),
+        });
     }
 }
 
@@ -118,6 +131,7 @@ async fn buyer(
             Press::Later => {}
             Press::Uncertain => {
                 ledger.uncertain.insert(user);
+                ledger.troubled(Instant::now());
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -150,18 +164,37 @@ async fn crowd(
     all
 }
 
-/// Runs `fault` once `after` answers have come, while the crowd presses on.
+/// Runs `fault` once `after` answers have come, while the crowd presses on; returns
+/// when the fault began.
 async fn mid_burst<F: std::future::Future<Output = ()>>(
     answered: &AtomicU64,
     after: u64,
     fault: F,
-) {
+) -> Instant {
     let deadline = Instant::now() + Duration::from_secs(60);
     while answered.load(Ordering::Relaxed) < after {
         assert!(Instant::now() < deadline, "the crowd never got that far");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let began = Instant::now();
     fault.await;
+    began
+}
+
+/// What buyers saw and how long the way back took, for the README's fault matrix.
+fn measured(fault: &str, began: Instant, ledger: &Ledger) {
+    let trouble = ledger.trouble.map(|(first, last)| {
+        (
+            first.saturating_duration_since(began),
+            last.saturating_duration_since(began),
+        )
+    });
+    eprintln!(
+        "fault matrix: {fault}: answers that could not tell from +{:?} to +{:?} after the fault; everything in MySQL {:?} after it",
+        trouble.map(|t| t.0),
+        trouble.map(|t| t.1),
+        began.elapsed()
+    );
 }
 
 /// Buyers who could not tell whether they won ask for their order, as the storefront
@@ -256,7 +289,7 @@ async fn an_api_instance_killed_mid_burst_loses_nothing() {
             b.addr
         }
     };
-    let (mut ledger, ()) = tokio::join!(
+    let (mut ledger, began) = tokio::join!(
         crowd(&env, 1, 1..1_501, &target, &answered),
         mid_burst(&answered, 250, async {
             kill_hard(&mut doomed);
@@ -265,6 +298,7 @@ async fn an_api_instance_killed_mid_burst_loses_nothing() {
     );
     ask_uncertain(&env, &b, 1, &mut ledger).await;
     quiet(&env, &b, 1, &amqp_url(), Duration::from_secs(30)).await;
+    measured("API instance killed", began, &ledger);
     total_check(&env, &b, 1, UNITS, &ledger).await;
     stop_process(survivor, reader_b);
     workers.stop().await;
@@ -307,6 +341,7 @@ async fn a_consumer_killed_mid_batch_leaves_every_order_exactly_once() {
         }
     })
     .await;
+    let began = Instant::now();
     kill_hard(&mut first);
     let written = env.orders(1).await.len();
     assert!(
@@ -317,6 +352,7 @@ async fn a_consumer_killed_mid_batch_leaves_every_order_exactly_once() {
     let (second, _server, _lines, reader) =
         serve(seckill(&env).args(["serve", "--roles", "consumer"]));
     quiet(&env, &api, 1, &amqp_url(), Duration::from_secs(60)).await;
+    measured("consumer killed, another started", began, &ledger);
     total_check(&env, &api, 1, UNITS, &ledger).await;
     stop_process(second, reader);
     api.stop().await;
@@ -362,6 +398,7 @@ async fn a_scheduler_killed_mid_pass_returns_every_unit_exactly_once() {
         if n > 0 { Ok(()) } else { Err(format!("{n}")) }
     })
     .await;
+    let began = Instant::now();
     kill_hard(&mut first);
     let when_killed = cancelled().await;
     assert!(
@@ -388,6 +425,7 @@ async fn a_scheduler_killed_mid_pass_returns_every_unit_exactly_once() {
         },
     )
     .await;
+    measured("scheduler killed mid-pass (lease 3 s)", began, &ledger);
     // Each unit came back once: no more on sale than the total, Redis's count at zero.
     let stats = env.stats(&api, 1).await;
     assert_eq!(
@@ -415,7 +453,7 @@ async fn rabbitmq_restarted_mid_burst_loses_nothing() {
     env.item_on_sale(&server, 1, UNITS).await;
     let answered = AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
-    let (mut ledger, ()) = tokio::join!(
+    let (mut ledger, began) = tokio::join!(
         crowd(&env, 1, 1..1_501, &at, &answered),
         mid_burst(&answered, 200, async {
             rabbit.kill();
@@ -425,6 +463,7 @@ async fn rabbitmq_restarted_mid_burst_loses_nothing() {
     );
     ask_uncertain(&env, &server, 1, &mut ledger).await;
     quiet(&env, &server, 1, &amqp, Duration::from_secs(60)).await;
+    measured("RabbitMQ restarted", began, &ledger);
     total_check(&env, &server, 1, UNITS, &ledger).await;
     server.stop().await;
 }
@@ -440,7 +479,7 @@ async fn mariadb_killed_mid_drain_loses_nothing() {
     env.item_on_sale(&server, 1, UNITS).await;
     let answered = AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
-    let (mut ledger, ()) = tokio::join!(crowd(&env, 1, 1..3_001, &at, &answered), async {
+    let (mut ledger, began) = tokio::join!(crowd(&env, 1, 1..3_001, &at, &answered), async {
         // Mid-drain: once some orders are written and more keep coming.
         eventually(Duration::from_secs(30), "a drain under way", || async {
             let written = env.orders(1).await.len();
@@ -451,12 +490,15 @@ async fn mariadb_killed_mid_drain_loses_nothing() {
             }
         })
         .await;
+        let began = Instant::now();
         mariadb.kill();
         tokio::time::sleep(Duration::from_secs(2)).await;
         mariadb.restart().await;
-    },);
+        began
+    });
     ask_uncertain(&env, &server, 1, &mut ledger).await;
     quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(60)).await;
+    measured("MariaDB killed for 2 s", began, &ledger);
     total_check(&env, &server, 1, UNITS, &ledger).await;
     server.stop().await;
 }
@@ -475,7 +517,7 @@ async fn redis_restarted_mid_burst(appendfsync: &str) {
     env.item_on_sale(&server, 1, UNITS).await;
     let answered = AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
-    let (mut ledger, ()) = tokio::join!(
+    let (mut ledger, began) = tokio::join!(
         crowd(&env, 1, 1..1_501, &at, &answered),
         mid_burst(&answered, 200, async {
             redis.kill();
@@ -485,6 +527,11 @@ async fn redis_restarted_mid_burst(appendfsync: &str) {
     );
     ask_uncertain(&env, &server, 1, &mut ledger).await;
     quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    measured(
+        &format!("Redis killed, appendfsync {appendfsync}"),
+        began,
+        &ledger,
+    );
     total_check(&env, &server, 1, UNITS, &ledger).await;
 
     // The README's procedure after a Redis restart: harmless when nothing was lost.
@@ -535,7 +582,7 @@ async fn redis_flushed_mid_sale_is_recovered_by_the_procedure() {
     env.item_on_sale(&server, 1, UNITS).await;
     let answered = AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
-    let (mut ledger, ()) = tokio::join!(
+    let (mut ledger, began) = tokio::join!(
         crowd(&env, 1, 1..801, &at, &answered),
         mid_burst(&answered, 200, async {
             redis.cmd(&["FLUSHALL"]).await;
@@ -559,6 +606,7 @@ async fn redis_flushed_mid_sale_is_recovered_by_the_procedure() {
     ledger.merge(more);
     ask_uncertain(&env, &server, 1, &mut ledger).await;
     quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    measured("Redis flushed, then the recovery procedure", began, &ledger);
     total_check(&env, &server, 1, UNITS, &ledger).await;
     assert_eq!(env.remaining(1).await, 0, "every unit sold in the end");
     server.stop().await;
