@@ -266,6 +266,33 @@ async fn total_check(env: &TestEnv, server: &TestServer, item: u64, total: u32, 
         .await;
 }
 
+/// Units of the item a [`fault_mid_burst`] sells.
+const BURST_UNITS: u32 = 500;
+
+/// A crowd of 1,500 buyers on item 1 ([`BURST_UNITS`] units) at one server, `fault` after
+/// 200 answers; then the buyers left uncertain ask for their orders, everything drains,
+/// what buyers saw is printed (`name`) and the total check runs.
+async fn fault_mid_burst(
+    env: &TestEnv,
+    server: &TestServer,
+    amqp: &str,
+    name: &str,
+    fault: impl std::future::Future<Output = ()>,
+) -> Ledger {
+    env.item_on_sale(server, 1, BURST_UNITS).await;
+    let answered = AtomicU64::new(0);
+    let at = |_: u64, _: u32| server.addr;
+    let (mut ledger, began) = tokio::join!(
+        crowd(env, 1, 1..1_501, &at, &answered),
+        mid_burst(&answered, 200, fault),
+    );
+    ask_uncertain(env, server, 1, &mut ledger).await;
+    quiet(env, server, 1, amqp, Duration::from_secs(60)).await;
+    measured(name, began, &ledger);
+    total_check(env, server, 1, BURST_UNITS, &ledger).await;
+    ledger
+}
+
 /// An API process killed (SIGKILL) mid-burst while units still sell: its buyers press
 /// again at the other instance; what it had won and not yet published is sent by the
 /// relay from the Redis outbox.
@@ -449,22 +476,12 @@ async fn rabbitmq_restarted_mid_burst_loses_nothing() {
     let server = env
         .server_with(ALL_ROLES, |s| s.amqp_url = Secret::new(&amqp))
         .await;
-    const UNITS: u32 = 500;
-    env.item_on_sale(&server, 1, UNITS).await;
-    let answered = AtomicU64::new(0);
-    let at = |_: u64, _: u32| server.addr;
-    let (mut ledger, began) = tokio::join!(
-        crowd(&env, 1, 1..1_501, &at, &answered),
-        mid_burst(&answered, 200, async {
-            rabbit.kill();
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            rabbit.restart().await;
-        }),
-    );
-    ask_uncertain(&env, &server, 1, &mut ledger).await;
-    quiet(&env, &server, 1, &amqp, Duration::from_secs(60)).await;
-    measured("RabbitMQ restarted", began, &ledger);
-    total_check(&env, &server, 1, UNITS, &ledger).await;
+    let fault = async {
+        rabbit.kill();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        rabbit.restart().await;
+    };
+    fault_mid_burst(&env, &server, &amqp, "RabbitMQ restarted", fault).await;
     server.stop().await;
 }
 
@@ -513,26 +530,13 @@ async fn redis_restarted_mid_burst(appendfsync: &str) {
     let server = env
         .server_with(ALL_ROLES, |s| s.redis_url = Secret::new(&url))
         .await;
-    const UNITS: u32 = 500;
-    env.item_on_sale(&server, 1, UNITS).await;
-    let answered = AtomicU64::new(0);
-    let at = |_: u64, _: u32| server.addr;
-    let (mut ledger, began) = tokio::join!(
-        crowd(&env, 1, 1..1_501, &at, &answered),
-        mid_burst(&answered, 200, async {
-            redis.kill();
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            redis.restart().await;
-        }),
-    );
-    ask_uncertain(&env, &server, 1, &mut ledger).await;
-    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
-    measured(
-        &format!("Redis killed, appendfsync {appendfsync}"),
-        began,
-        &ledger,
-    );
-    total_check(&env, &server, 1, UNITS, &ledger).await;
+    let fault = async {
+        redis.kill();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        redis.restart().await;
+    };
+    let name = format!("Redis killed, appendfsync {appendfsync}");
+    let ledger = fault_mid_burst(&env, &server, &amqp_url(), &name, fault).await;
 
     // The README's procedure after a Redis restart: harmless when nothing was lost.
     let before = env.stats(&server, 1).await;
@@ -553,7 +557,7 @@ async fn redis_restarted_mid_burst(appendfsync: &str) {
         env.admin_post(&server, "/admin/items/1/resume").await.0,
         200
     );
-    total_check(&env, &server, 1, UNITS, &ledger).await;
+    total_check(&env, &server, 1, BURST_UNITS, &ledger).await;
     server.stop().await;
 }
 

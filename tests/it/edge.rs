@@ -279,7 +279,7 @@ async fn a_burst_through_nginx_loses_nothing_when_an_instance_dies() {
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                last
+                (user, last)
             }
         })
         .buffer_unordered(IN_FLIGHT)
@@ -314,24 +314,43 @@ async fn a_burst_through_nginx_loses_nothing_when_an_instance_dies() {
     // Every buyer ends with an answer from the API. A won unit is a 202, or a 409 naming
     // the order when B sold it and died before answering and the buyer pressed again while
     // units remained; once sold out, pressing again answers 410 from memory (without
-    // looking the buyer up), so such a buyer never hears of the order — at most the
-    // requests B had in flight.
+    // looking the buyer up) — and such a buyer finds the order with my-order, as the
+    // storefront does: every unit sold, its buyer hears of it.
     let mut won = Vec::new();
-    for (status, body) in &answers {
+    let mut told_sold_out = Vec::new();
+    for (user, (status, body)) in &answers {
         match status {
             202 => won.push(body["order_sn"].as_str().unwrap().to_owned()),
             409 => {
                 assert_eq!(body["code"], "duplicate", "{body}");
                 won.push(body["order_sn"].as_str().unwrap().to_owned());
             }
-            410 => assert_eq!(body["code"], "sold_out"),
+            410 => {
+                assert_eq!(body["code"], "sold_out");
+                told_sold_out.push(*user);
+            }
             other => panic!("unexpected answer {other}: {body}"),
         }
     }
-    let unheard = UNITS as usize - won.len();
-    assert!(
-        unheard <= IN_FLIGHT,
-        "{unheard} units sold whose buyer never heard"
+    let mut found = 0;
+    for user in told_sold_out {
+        let mine = env
+            .http
+            .get(nginx.url("/api/items/803/my-order"))
+            .bearer_auth(env.token(user))
+            .send()
+            .await
+            .unwrap();
+        if mine.status() == 200 {
+            let order: Value = mine.json().await.unwrap();
+            won.push(order["order_sn"].as_str().unwrap().to_owned());
+            found += 1;
+        }
+    }
+    assert_eq!(
+        won.len(),
+        UNITS as usize,
+        "every unit's buyer knows their order ({found} found through my-order)"
     );
 
     // A (consumer and relay) writes every order, also those B won and never sent: every

@@ -39,6 +39,14 @@ pub fn mysql_server_url() -> String {
     shared("SECKILL_TEST_MYSQL", "mysql://root@127.0.0.1:3306")
 }
 
+/// The shared Redis as a socket address (for a proxy in front of it).
+pub fn redis_addr() -> SocketAddr {
+    let url = url::Url::parse(&redis_url()).unwrap();
+    format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(6379))
+        .parse()
+        .unwrap()
+}
+
 pub fn amqp_url() -> String {
     shared("SECKILL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
 }

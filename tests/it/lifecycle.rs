@@ -399,13 +399,7 @@ async fn entries_of_a_scheduler_killed_after_claiming_are_handled_after_its_leas
 #[tokio::test]
 async fn a_cancel_cut_off_between_mysql_and_redis_gives_the_unit_back_within_seconds() {
     let env = &TestEnv::new("cutoff").await;
-    let redis_addr = url::Url::parse(&redis_url()).unwrap();
-    let redis_addr = format!(
-        "{}:{}",
-        redis_addr.host_str().unwrap(),
-        redis_addr.port().unwrap_or(6379)
-    );
-    let proxy = TcpProxy::start(redis_addr.parse().unwrap()).await;
+    let proxy = TcpProxy::start(redis_addr()).await;
     let via_proxy = |s: &mut seckill::Settings| {
         s.redis_url = seckill::config::Secret::new(format!("redis://{}", proxy.addr))
     };

@@ -111,51 +111,19 @@ async fn a_message_delivered_twice_writes_one_row_and_garbage_is_dead_lettered()
     let server = env.server(ALL_ROLES).await;
     env.create_item(&server, 1, 10).await;
     let topology = env.topology();
-    let order = OrderPlaced {
-        order_sn: OrderSn::generate(ItemId::new(1).unwrap()),
-        item_id: ItemId::new(1).unwrap(),
-        user_id: UserId::new(9),
-        created_at_ms: 1_700_000_000_000,
-        pay_deadline_ms: 1_700_000_600_000,
-    };
+    let order = order_of(9);
     let json = serde_json::to_vec(&order).unwrap();
     // A batch (as the publisher sends them) with one unreadable element.
-    let other = OrderPlaced {
-        order_sn: OrderSn::generate(ItemId::new(1).unwrap()),
-        user_id: UserId::new(10),
-        ..order.clone()
-    };
+    let other = order_of(10);
     let mixed = format!(
         "[{}, {{\"order_sn\": 5}}]",
         serde_json::to_string(&other).unwrap()
     );
-
-    // Wait for the server to have declared its topology.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while queue_depth(&topology.orders_queue).await.is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the server never declared its queue"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let conn = Connection::connect(&amqp_url(), Default::default())
-        .await
-        .unwrap();
-    let channel = conn.create_channel().await.unwrap();
-    for body in [&json[..], b"{not json", &json[..], mixed.as_bytes()] {
-        channel
-            .basic_publish(
-                topology.orders_exchange.as_str().into(),
-                "order.placed".into(),
-                BasicPublishOptions::default(),
-                body,
-                BasicProperties::default(),
-            )
-            .await
-            .unwrap();
-    }
-    let _ = conn.close(200, "bye".into()).await;
+    publish_raw(
+        &env,
+        &[&json[..], b"{not json", &json[..], mixed.as_bytes()],
+    )
+    .await;
 
     // Both unreadable messages are dead-lettered; the readable order of the mixed one lands.
     wait_for_depth(&topology.dead_queue, 2).await;

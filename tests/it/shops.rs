@@ -339,13 +339,7 @@ async fn private_get(redis: &PrivateRedis, key: &str) -> Option<String> {
 #[tokio::test]
 async fn a_shop_change_redis_did_not_take_is_no_silent_success_and_reaches_redis_later() {
     let env = &TestEnv::new("shopnoredis").await;
-    let redis_addr = url::Url::parse(&redis_url()).unwrap();
-    let redis_addr = format!(
-        "{}:{}",
-        redis_addr.host_str().unwrap(),
-        redis_addr.port().unwrap_or(6379)
-    );
-    let proxy = TcpProxy::start(redis_addr.parse().unwrap()).await;
+    let proxy = TcpProxy::start(redis_addr()).await;
     let a = env
         .server_with(ALL_ROLES, |s| {
             s.redis_url = Secret::new(format!("redis://{}", proxy.addr))
