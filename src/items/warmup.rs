@@ -14,9 +14,10 @@
 //! restart that lost its last writes) forgot orders still on their way to MySQL: in a
 //! publisher's buffer, in RabbitMQ, in a consumer's hands. Loading `total` minus what
 //! MySQL has then would sell their units twice. So such a load is a **rebuild**: it
-//! refuses a live sale (`sale_live`), waits out the publishers and the consumers (each
-//! holds an order for a bounded time), and refuses while RabbitMQ's order queue cannot be
-//! seen empty (`orders_in_flight`) — only then is MySQL the whole truth.
+//! refuses a live sale (`sale_live`), waits out the publishers (each holds an order for a
+//! bounded time), refuses while RabbitMQ's order queue cannot be seen empty
+//! (`orders_in_flight`), and then waits out the consumers that took what it held — only
+//! then is MySQL the whole truth.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -48,7 +49,7 @@ const SIDE_LIST_TTL: Duration = Duration::from_secs(600);
 const PUBLISHERS_DONE_AFTER: Duration =
     Duration::from_secs(crate::outbox::publisher::HOLDS_AT_MOST.as_secs() + 2);
 /// Once RabbitMQ's queue was seen empty, every order published before is in a consumer's
-/// hands, which commit it or give it back within this long.
+/// hands, which commit it within this long while MySQL answers.
 const CONSUMERS_DONE_AFTER: Duration =
     Duration::from_secs(crate::orders::consumer::HOLDS_AT_MOST.as_secs() + 1);
 /// How long a rebuild looks for an empty order queue before refusing.
