@@ -37,36 +37,18 @@ pub async fn publish_confirmed(
     orders: &[Outgoing],
 ) -> Vec<bool> {
     let messages: Vec<&[Outgoing]> = orders.chunks(ORDERS_PER_MESSAGE).collect();
-    let mut confirms = Vec::with_capacity(messages.len());
-    for message in &messages {
-        let properties = BasicProperties::default()
-            // Persistent: the broker writes it to disk before it confirms.
-            .with_delivery_mode(2)
-            .with_content_type("application/json".into());
-        let sent = channel
-            .basic_publish(
-                topology.orders_exchange.as_str().into(),
-                ORDER_PLACED.into(),
-                // Mandatory: a message no queue takes comes back instead of vanishing.
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..Default::default()
-                },
-                &json_array(message),
-                properties,
-            )
-            .await;
-        match sent {
-            Ok(confirm) => confirms.push(Some(confirm)),
-            // The channel is broken: the rest would fail the same way.
-            Err(e) => {
-                tracing::debug!(error = %e, "publish failed");
-                break;
-            }
-        }
-    }
-    confirms.resize_with(messages.len(), || None);
-    let confirmed = await_confirms(confirms).await;
+    let confirmed = publish_pipelined(
+        channel,
+        messages.iter().map(|orders| Message {
+            exchange: &topology.orders_exchange,
+            routing_key: ORDER_PLACED,
+            // Mandatory: a message no queue takes comes back instead of vanishing.
+            mandatory: true,
+            body: json_array(orders),
+            properties: persistent_json(),
+        }),
+    )
+    .await;
     messages
         .iter()
         .zip(confirmed)
@@ -87,31 +69,17 @@ pub struct Event {
 /// Publishes events (pipelined, persistent, confirmed) and tells which the broker took.
 /// Not mandatory: an event nobody listens to yet is not an error.
 pub async fn publish_events(channel: &Channel, topology: &Topology, events: &[Event]) -> Vec<bool> {
-    let mut confirms = Vec::with_capacity(events.len());
-    for event in events {
-        let properties = BasicProperties::default()
-            .with_delivery_mode(2)
-            .with_content_type("application/json".into())
-            .with_message_id(event.message_id.as_str().into());
-        let sent = channel
-            .basic_publish(
-                topology.events_exchange.as_str().into(),
-                event.routing_key.into(),
-                BasicPublishOptions::default(),
-                &event.body,
-                properties,
-            )
-            .await;
-        match sent {
-            Ok(confirm) => confirms.push(Some(confirm)),
-            Err(e) => {
-                tracing::debug!(error = %e, "event publish failed");
-                break;
-            }
-        }
-    }
-    confirms.resize_with(events.len(), || None);
-    await_confirms(confirms).await
+    publish_pipelined(
+        channel,
+        events.iter().map(|event| Message {
+            exchange: &topology.events_exchange,
+            routing_key: event.routing_key,
+            mandatory: false,
+            body: event.body.clone(),
+            properties: persistent_json().with_message_id(event.message_id.as_str().into()),
+        }),
+    )
+    .await
 }
 
 /// A message set aside for a human, with why.
@@ -129,36 +97,75 @@ pub async fn publish_dead_letters(
     topology: &Topology,
     letters: &[DeadLetter],
 ) -> bool {
-    let mut confirms = Vec::with_capacity(letters.len());
-    for letter in letters {
-        let mut headers = FieldTable::default();
-        headers.insert(
-            ShortString::from("x-seckill-reason"),
-            AMQPValue::LongString(letter.reason.as_str().into()),
-        );
-        let properties = BasicProperties::default()
-            .with_delivery_mode(2)
-            .with_content_type("application/json".into())
-            .with_headers(headers);
+    let confirmed = publish_pipelined(
+        channel,
+        letters.iter().map(|letter| {
+            let mut headers = FieldTable::default();
+            headers.insert(
+                ShortString::from("x-seckill-reason"),
+                AMQPValue::LongString(letter.reason.as_str().into()),
+            );
+            Message {
+                exchange: &topology.dead_exchange,
+                routing_key: "",
+                mandatory: false,
+                body: letter.body.clone(),
+                properties: persistent_json().with_headers(headers),
+            }
+        }),
+    )
+    .await;
+    confirmed.into_iter().all(|ok| ok)
+}
+
+/// One AMQP message to send.
+struct Message<'a> {
+    exchange: &'a str,
+    routing_key: &'a str,
+    mandatory: bool,
+    body: Vec<u8>,
+    properties: BasicProperties,
+}
+
+/// Persistent (the broker writes it to disk before it confirms), JSON.
+fn persistent_json() -> BasicProperties {
+    BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_content_type("application/json".into())
+}
+
+/// Sends every message before awaiting any confirm, and tells, message by message,
+/// whether the broker confirmed it (within [`CONFIRM_TIMEOUT`]). After a send fails the
+/// channel is broken: the rest are not sent and count as not confirmed.
+async fn publish_pipelined<'a>(
+    channel: &Channel,
+    messages: impl ExactSizeIterator<Item = Message<'a>>,
+) -> Vec<bool> {
+    let count = messages.len();
+    let mut confirms = Vec::with_capacity(count);
+    for message in messages {
         let sent = channel
             .basic_publish(
-                topology.dead_exchange.as_str().into(),
-                "".into(),
-                BasicPublishOptions::default(),
-                &letter.body,
-                properties,
+                message.exchange.into(),
+                message.routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: message.mandatory,
+                    ..Default::default()
+                },
+                &message.body,
+                message.properties,
             )
             .await;
         match sent {
             Ok(confirm) => confirms.push(Some(confirm)),
             Err(e) => {
-                tracing::debug!(error = %e, "dead-letter publish failed");
+                tracing::debug!(error = %e, exchange = message.exchange, "publish failed");
                 break;
             }
         }
     }
-    confirms.resize_with(letters.len(), || None);
-    await_confirms(confirms).await.into_iter().all(|ok| ok)
+    confirms.resize_with(count, || None);
+    await_confirms(confirms).await
 }
 
 /// Waits for each publish's confirm (up to [`CONFIRM_TIMEOUT`]); `None`: never sent.
