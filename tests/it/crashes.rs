@@ -5,8 +5,8 @@
 //! made on a process the test started: `seckill serve` children and private servers on
 //! spare ports, never the machine's shared services.
 //!
-//! `SOAK=1 cargo test crashes::soak` runs faults at random moments in a loop for
-//! `SOAK_MINUTES` (default 10); the README has its last result.
+//! `SOAK=1 cargo test crashes::soak -- --ignored` runs faults at random moments in a loop
+//! for `SOAK_MINUTES` (default 10); the README has its last result.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -231,6 +231,24 @@ async fn quiet(env: &TestEnv, server: &TestServer, item: u64, amqp: &str, limit:
     .await;
 }
 
+/// After a fault on a sale of item 1: buyers left uncertain ask for their orders,
+/// everything drains, what buyers saw and how long it took is printed (`fault`), and the
+/// total check runs.
+async fn after_fault(
+    env: &TestEnv,
+    server: &TestServer,
+    total: u32,
+    amqp: &str,
+    fault: &str,
+    began: Instant,
+    ledger: &mut Ledger,
+) {
+    ask_uncertain(env, server, 1, ledger).await;
+    quiet(env, server, 1, amqp, Duration::from_secs(60)).await;
+    measured(fault, began, ledger);
+    total_check(env, server, 1, total, ledger).await;
+}
+
 /// The total check: every `202` is exactly one row (lost = 0), every row is explained by
 /// a `202`, a `409` or `my-order` naming it, or a buyer left uncertain (unexpected = 0);
 /// then invariants 1–4 of CONTRACT §7.
@@ -286,10 +304,7 @@ async fn fault_mid_burst(
         crowd(env, 1, 1..1_501, &at, &answered),
         mid_burst(&answered, 200, fault),
     );
-    ask_uncertain(env, server, 1, &mut ledger).await;
-    quiet(env, server, 1, amqp, Duration::from_secs(60)).await;
-    measured(name, began, &ledger);
-    total_check(env, server, 1, BURST_UNITS, &ledger).await;
+    after_fault(env, server, BURST_UNITS, amqp, name, began, &mut ledger).await;
     ledger
 }
 
@@ -323,10 +338,8 @@ async fn an_api_instance_killed_mid_burst_loses_nothing() {
             killed.store(1, Ordering::Relaxed);
         }),
     );
-    ask_uncertain(&env, &b, 1, &mut ledger).await;
-    quiet(&env, &b, 1, &amqp_url(), Duration::from_secs(30)).await;
-    measured("API instance killed", began, &ledger);
-    total_check(&env, &b, 1, UNITS, &ledger).await;
+    let fault = "API instance killed";
+    after_fault(&env, &b, UNITS, &amqp_url(), fault, began, &mut ledger).await;
     stop_process(survivor, reader_b);
     workers.stop().await;
 }
@@ -341,7 +354,7 @@ async fn a_consumer_killed_mid_batch_leaves_every_order_exactly_once() {
     env.item_on_sale(&api, 1, UNITS).await;
     let answered = AtomicU64::new(0);
     let at = |_: u64, _: u32| api.addr;
-    let ledger = crowd(&env, 1, 1..4_001, &at, &answered).await;
+    let mut ledger = crowd(&env, 1, 1..4_001, &at, &answered).await;
     assert_eq!(ledger.won.len(), UNITS as usize, "{:?}", ledger.answers);
     // Every order confirmed by RabbitMQ, none written: thousands wait in the queue.
     eventually(Duration::from_secs(20), "every order queued", || async {
@@ -378,9 +391,8 @@ async fn a_consumer_killed_mid_batch_leaves_every_order_exactly_once() {
 
     let (second, _server, _lines, reader) =
         serve(seckill(&env).args(["serve", "--roles", "consumer"]));
-    quiet(&env, &api, 1, &amqp_url(), Duration::from_secs(60)).await;
-    measured("consumer killed, another started", began, &ledger);
-    total_check(&env, &api, 1, UNITS, &ledger).await;
+    let fault = "consumer killed, another started";
+    after_fault(&env, &api, UNITS, &amqp_url(), fault, began, &mut ledger).await;
     stop_process(second, reader);
     api.stop().await;
 }
@@ -513,10 +525,8 @@ async fn mariadb_killed_mid_drain_loses_nothing() {
         mariadb.restart().await;
         began
     });
-    ask_uncertain(&env, &server, 1, &mut ledger).await;
-    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(60)).await;
-    measured("MariaDB killed for 2 s", began, &ledger);
-    total_check(&env, &server, 1, UNITS, &ledger).await;
+    let fault = "MariaDB killed for 2 s";
+    after_fault(&env, &server, UNITS, &amqp_url(), fault, began, &mut ledger).await;
     server.stop().await;
 }
 
@@ -608,10 +618,8 @@ async fn redis_flushed_mid_sale_is_recovered_by_the_procedure() {
     // Everyone who pressed before presses again, and newcomers: the rest sells.
     let more = crowd(&env, 1, 1..2_001, &at, &answered).await;
     ledger.merge(more);
-    ask_uncertain(&env, &server, 1, &mut ledger).await;
-    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
-    measured("Redis flushed, then the recovery procedure", began, &ledger);
-    total_check(&env, &server, 1, UNITS, &ledger).await;
+    let fault = "Redis flushed, then the recovery procedure";
+    after_fault(&env, &server, UNITS, &amqp_url(), fault, began, &mut ledger).await;
     assert_eq!(env.remaining(1).await, 0, "every unit sold in the end");
     server.stop().await;
 }
@@ -658,8 +666,10 @@ fn start(env: &TestEnv, roles: &'static str, vars: &[(&str, String)]) -> Proc {
 
 /// Faults at random moments, in a loop, for `SOAK_MINUTES` (default 10): each round a new
 /// item of 300 units, a crowd of 1,000, one fault on a real process at a random point of
-/// the burst, then the total check. Runs only with `SOAK=1` (by hand; see the README).
+/// the burst, then the total check. By hand (see the README):
+/// `SOAK=1 cargo test crashes::soak -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a soak of minutes, run by hand: SOAK=1 cargo test crashes::soak -- --ignored"]
 async fn soak() {
     if std::env::var("SOAK").as_deref() != Ok("1") {
         eprintln!("soak: skipped (SOAK=1 runs it)");
