@@ -4,16 +4,17 @@
 //! message). Whatever messages are ready (up to [`BATCH`], with [`PREFETCH`] in flight) are
 //! written with multi-row idempotent INSERTs (see [`placed::write`]); after the commits the
 //! orders leave Redis's `pending` hash and their pay deadlines are scheduled; then one
-//! `ack` with `multiple` covers the batch. A crash anywhere before the ack means redelivery, which the unique key on
-//! `order_sn` turns into a no-op. While MySQL or Redis is down the batch is retried with
-//! growing pauses, never in a busy loop, and nothing is acked. A message that cannot be
-//! read goes to the dead-letter queue (after any readable orders in it are written).
+//! `ack` with `multiple` covers the batch. A crash anywhere before the ack means
+//! redelivery, which the unique key on `order_sn` turns into a no-op. While MySQL or Redis
+//! is down the batch is retried with growing pauses, never in a busy loop, and nothing is
+//! acked. What can never be written goes to the dead-letter queue with the reason, and the
+//! rest of its batch lands: a message that cannot be read (after any readable orders in it
+//! are written), an order whose times MySQL cannot hold, an order MySQL refuses.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use std::collections::HashSet;
 
 use futures::StreamExt;
 use lapin::message::Delivery;
@@ -310,7 +311,7 @@ struct Message {
     delivery: Delivery,
     /// The orders it holds that can be written.
     orders: Vec<OrderPlaced>,
-    /// Why part of it could not be read (or held values MySQL cannot store).
+    /// Why part of it could not be read.
     unreadable: Option<String>,
     /// Its orders that cannot be written (out of range, or refused by MySQL).
     refused: Refused,
