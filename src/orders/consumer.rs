@@ -11,6 +11,7 @@
 //! rest of its batch lands: a message that cannot be read (after any readable orders in it
 //! are written), an order whose times MySQL cannot hold, an order MySQL refuses.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
@@ -161,13 +162,15 @@ impl Consumer {
         let started = Instant::now();
         let mut messages: Vec<Message> = deliveries.into_iter().map(Message::read).collect();
         // Each order once: a message and its redelivered copy can share a batch.
-        let mut seen = HashSet::new();
-        let orders: Vec<OrderPlaced> = messages
-            .iter()
-            .flat_map(|m| &m.orders)
-            .filter(|o| seen.insert(o.order_sn.clone()))
-            .cloned()
-            .collect();
+        let orders: Vec<OrderPlaced> = {
+            let mut seen = HashSet::new();
+            messages
+                .iter()
+                .flat_map(|m| &m.orders)
+                .filter(|o| seen.insert(o.order_sn.as_str()))
+                .cloned()
+                .collect()
+        };
 
         if !orders.is_empty() {
             let Some(written) = retry("mysql", shutdown, || self.insert(&orders)).await else {
@@ -184,11 +187,13 @@ impl Consumer {
                     message.refused.extend(refused);
                 }
             }
-            let landed: Vec<OrderPlaced> = {
-                let refused: HashSet<&OrderSn> = messages
-                    .iter()
-                    .flat_map(|m| m.refused.iter().map(|(o, _)| &o.order_sn))
-                    .collect();
+            let refused: HashSet<&OrderSn> = messages
+                .iter()
+                .flat_map(|m| m.refused.iter().map(|(o, _)| &o.order_sn))
+                .collect();
+            let landed: Cow<[OrderPlaced]> = if refused.is_empty() {
+                Cow::Borrowed(&orders)
+            } else {
                 orders
                     .iter()
                     .filter(|o| !refused.contains(&o.order_sn))
