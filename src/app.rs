@@ -85,7 +85,7 @@ impl Server {
         let keys = Keys::new(&settings.namespace);
         let broker = Broker::new(
             settings.amqp_url.expose(),
-            Topology::new(&settings.namespace),
+            Topology::new(&settings.namespace).with_queue_type(settings.queue_type),
         );
         let misses = MissLimit::default();
         let shops = Shops::new(

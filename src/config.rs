@@ -39,13 +39,18 @@ pub struct Settings {
     )]
     pub database_url: Secret,
 
-    /// RabbitMQ URL.
+    /// RabbitMQ URL; several, comma-separated, are nodes of one cluster, tried in turn.
     #[arg(
         long,
         env = "SECKILL_AMQP_URL",
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
     pub amqp_url: Secret,
+
+    /// The kind of queue orders and their dead letters wait in: `classic`, or `quorum`
+    /// (replicated over a RabbitMQ cluster's nodes).
+    #[arg(long, env = "SECKILL_QUEUE_TYPE", value_enum, default_value_t = QueueType::Classic)]
+    pub queue_type: QueueType,
 
     /// Prefix of every Redis key and every RabbitMQ exchange and queue.
     #[arg(long, env = "SECKILL_NAMESPACE", default_value = "seckill", value_parser = parse_namespace)]
@@ -175,6 +180,15 @@ impl Settings {
     pub fn is_trusted_proxy(&self, ip: IpAddr) -> bool {
         self.trusted_proxies.iter().any(|net| net.contains(&ip))
     }
+}
+
+/// The kind of RabbitMQ queue the orders wait in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum QueueType {
+    /// A queue on one node (its messages persisted there).
+    Classic,
+    /// A Raft-replicated queue: it survives the loss of a minority of a cluster's nodes.
+    Quorum,
 }
 
 /// Which parts of the server this process runs.

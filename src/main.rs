@@ -133,7 +133,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             // A rebuild asks RabbitMQ whether orders still wait in its queue.
             let broker = Broker::new(
                 settings.amqp_url.expose(),
-                Topology::new(&settings.namespace),
+                Topology::new(&settings.namespace).with_queue_type(settings.queue_type),
             );
             let broker_stop = CancellationToken::new();
             let broker_task = tokio::spawn(broker.clone().run(broker_stop.clone()));

@@ -1,6 +1,9 @@
-//! The connection to RabbitMQ, kept alive by a supervisor task.
+//! The connection to RabbitMQ, kept alive by a supervisor task. With several nodes (a
+//! cluster), it connects to the first that answers and, when that one is lost, tries the
+//! next ones first.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lapin::options::ConfirmSelectOptions;
@@ -21,7 +24,10 @@ pub struct Broker {
 }
 
 struct Inner {
-    url: String,
+    /// The nodes, in the order given.
+    urls: Vec<String>,
+    /// Which node to try first.
+    next: AtomicUsize,
     topology: Topology,
     link: watch::Sender<Option<Link>>,
 }
@@ -42,10 +48,17 @@ impl Link {
 }
 
 impl Broker {
-    pub fn new(url: &str, topology: Topology) -> Self {
+    /// `urls`: one node's URL, or several, comma-separated (nodes of one cluster).
+    pub fn new(urls: &str, topology: Topology) -> Self {
         Self {
             inner: Arc::new(Inner {
-                url: url.to_owned(),
+                urls: urls
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|u| !u.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+                next: AtomicUsize::new(0),
                 topology,
                 link: watch::Sender::new(None),
             }),
@@ -126,9 +139,8 @@ impl Broker {
         let mut backoff = Duration::from_millis(200);
         let mut warned = false;
         while !shutdown.is_cancelled() {
-            match tokio::time::timeout(CONNECT_TIMEOUT, self.connect()).await {
-                Ok(Ok(link)) => {
-                    tracing::info!("connected to RabbitMQ");
+            match self.connect().await {
+                Ok(link) => {
                     warned = false;
                     backoff = Duration::from_millis(200);
                     let connection = link.connection.clone();
@@ -146,15 +158,13 @@ impl Broker {
                     if shutdown.is_cancelled() {
                         return;
                     }
+                    // The node may be gone: another one first.
+                    self.inner.next.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
                         "lost the RabbitMQ connection; reconnecting (orders wait in the Redis outbox)"
                     );
                 }
-                failed => {
-                    let reason = match failed {
-                        Ok(Err(e)) => crate::error::cause_chain(&e),
-                        _ => format!("no answer within {CONNECT_TIMEOUT:?}"),
-                    };
+                Err(reason) => {
                     if !warned {
                         tracing::warn!(error = %reason, "cannot connect to RabbitMQ; retrying (orders wait in the Redis outbox)");
                         warned = true;
@@ -169,9 +179,32 @@ impl Broker {
         }
     }
 
-    async fn connect(&self) -> lapin::Result<Link> {
-        let connection =
-            Connection::connect(&self.inner.url, ConnectionProperties::default()).await?;
+    /// Connects to the first node that answers, starting with the one to try first.
+    async fn connect(&self) -> Result<Link, String> {
+        let urls = &self.inner.urls;
+        let first = self.inner.next.load(Ordering::Relaxed);
+        let mut failures = Vec::new();
+        for i in (0..urls.len()).map(|k| (first + k) % urls.len()) {
+            match tokio::time::timeout(CONNECT_TIMEOUT, self.connect_to(&urls[i])).await {
+                Ok(Ok(link)) => {
+                    tracing::info!(node = i + 1, of = urls.len(), "connected to RabbitMQ");
+                    self.inner.next.store(i, Ordering::Relaxed);
+                    return Ok(link);
+                }
+                Ok(Err(e)) => {
+                    failures.push(format!("node {}: {}", i + 1, crate::error::cause_chain(&e)))
+                }
+                Err(_) => failures.push(format!(
+                    "node {}: no answer within {CONNECT_TIMEOUT:?}",
+                    i + 1
+                )),
+            }
+        }
+        Err(failures.join("; "))
+    }
+
+    async fn connect_to(&self, url: &str) -> lapin::Result<Link> {
+        let connection = Connection::connect(url, ConnectionProperties::default()).await?;
         let publish = connection.create_channel().await?;
         self.inner.topology.declare(&publish).await?;
         publish

@@ -5,6 +5,12 @@ use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptio
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, ExchangeKind};
 
+use crate::config::QueueType;
+
+/// Deliveries of one message, on a quorum queue, before it is dead-lettered by the broker
+/// itself (a message that keeps a consumer from finishing, say by crashing it).
+const DELIVERY_LIMIT: i64 = 10;
+
 #[derive(Clone, Debug)]
 pub struct Topology {
     /// Direct exchange the server publishes won orders to.
@@ -21,6 +27,8 @@ pub struct Topology {
     /// Fanout exchange on which a shop change is announced; every API instance binds a
     /// queue of its own.
     pub shops_exchange: String,
+    /// What kind of queue the orders and their dead letters wait in.
+    pub queue_type: QueueType,
 }
 
 pub const ORDER_PLACED: &str = "order.placed";
@@ -34,7 +42,25 @@ impl Topology {
             dead_queue: format!("{namespace}.orders.dead"),
             events_exchange: format!("{namespace}.events"),
             shops_exchange: format!("{namespace}.shops"),
+            queue_type: QueueType::Classic,
         }
+    }
+
+    /// The same names, with orders in queues of this kind.
+    pub fn with_queue_type(self, queue_type: QueueType) -> Self {
+        Self { queue_type, ..self }
+    }
+
+    /// Arguments every durable queue of ours is declared with.
+    fn queue_args(&self) -> FieldTable {
+        let mut args = FieldTable::default();
+        if self.queue_type == QueueType::Quorum {
+            args.insert(
+                ShortString::from("x-queue-type"),
+                AMQPValue::LongString("quorum".into()),
+            );
+        }
+        args
     }
 
     /// Declares everything (idempotent; run on every connect).
@@ -83,7 +109,7 @@ impl Topology {
             .queue_declare(
                 self.dead_queue.as_str().into(),
                 durable_queue,
-                FieldTable::default(),
+                self.queue_args(),
             )
             .await?;
         channel
@@ -95,13 +121,30 @@ impl Topology {
                 FieldTable::default(),
             )
             .await?;
-        // A message the consumer rejects (it cannot be parsed) goes to the dead-letter
-        // exchange instead of being redelivered forever.
-        let mut args = FieldTable::default();
+        // A message the consumer rejects goes to the dead-letter exchange instead of being
+        // redelivered forever.
+        let mut args = self.queue_args();
         args.insert(
             ShortString::from("x-dead-letter-exchange"),
             AMQPValue::LongString(self.dead_exchange.as_str().into()),
         );
+        if self.queue_type == QueueType::Quorum {
+            // A message delivered this often without an ack dead-letters by itself, and
+            // dead-lettering is confirmed (at least once) rather than fire-and-forget,
+            // which quorum queues allow only when a full queue refuses new publishes.
+            args.insert(
+                ShortString::from("x-delivery-limit"),
+                AMQPValue::LongLongInt(DELIVERY_LIMIT),
+            );
+            args.insert(
+                ShortString::from("x-dead-letter-strategy"),
+                AMQPValue::LongString("at-least-once".into()),
+            );
+            args.insert(
+                ShortString::from("x-overflow"),
+                AMQPValue::LongString("reject-publish".into()),
+            );
+        }
         channel
             .queue_declare(self.orders_queue.as_str().into(), durable_queue, args)
             .await?;

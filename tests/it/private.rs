@@ -184,6 +184,40 @@ pub struct PrivateRabbit {
 
 impl PrivateRabbit {
     pub async fn start() -> Self {
+        let mut rabbit = Self::prepare();
+        rabbit.launch().await;
+        rabbit
+    }
+
+    /// `n` private nodes joined into one cluster (the first is the one the others join).
+    pub async fn cluster(n: usize) -> Vec<Self> {
+        let mut nodes: Vec<Self> = (0..n).map(|_| Self::prepare()).collect();
+        futures::future::join_all(nodes.iter_mut().map(|node| node.launch())).await;
+        let (seed, others) = nodes.split_first().expect("at least one node");
+        for node in others {
+            for step in [
+                vec!["stop_app"],
+                vec!["join_cluster", seed.node.as_str()],
+                vec!["start_app"],
+            ] {
+                let done = Command::new("rabbitmqctl")
+                    .args(["-n", &node.node])
+                    .args(&step)
+                    .output()
+                    .expect("rabbitmqctl");
+                assert!(
+                    done.status.success(),
+                    "rabbitmqctl {step:?} on {}: {}",
+                    node.node,
+                    String::from_utf8_lossy(&done.stderr)
+                );
+            }
+        }
+        nodes
+    }
+
+    /// A node's files and ports, not started yet.
+    fn prepare() -> Self {
         let dir = scratch("rabbit");
         let port = free_port();
         std::fs::write(
@@ -193,15 +227,13 @@ impl PrivateRabbit {
         .unwrap();
         std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
         give_to(&dir, "rabbitmq");
-        let mut rabbit = Self {
+        Self {
             port,
             node: format!("seckill-{port}@localhost"),
             dist_port: free_port(),
             dir,
             pid: None,
-        };
-        rabbit.launch().await;
-        rabbit
+        }
     }
 
     pub fn url(&self) -> String {
@@ -232,6 +264,17 @@ impl PrivateRabbit {
             .expect("rabbitmqctl");
         self.pid = String::from_utf8_lossy(&pid.stdout).trim().parse().ok();
         assert!(self.pid.is_some(), "the private node's pid: {pid:?}");
+    }
+
+    /// `rabbitmqctl` on this node: what it printed.
+    pub fn ctl(&self, args: &[&str]) -> String {
+        let done = Command::new("rabbitmqctl")
+            .args(["-q", "-n", &self.node])
+            .args(args)
+            .output()
+            .expect("rabbitmqctl");
+        assert!(done.status.success(), "rabbitmqctl {args:?}: {done:?}");
+        String::from_utf8_lossy(&done.stdout).into_owned()
     }
 
     /// SIGKILL to the node's VM: a crash.
