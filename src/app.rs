@@ -79,7 +79,8 @@ impl Server {
 
         let redis = RedisConns::new(settings.redis_url.expose())
             .context("SECKILL_REDIS_URL is not a Redis URL")?;
-        if let Err(e) = lua::preload(&mut redis.hot.clone()).await {
+        let preloaded = async { lua::preload(&mut redis.hot().await?).await }.await;
+        if let Err(e) = preloaded {
             tracing::warn!(error = %e, "cannot preload Lua scripts yet (Redis down?); they load on first use");
         }
         let keys = Keys::new(&settings.namespace);

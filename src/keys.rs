@@ -72,10 +72,19 @@ impl Keys {
         self.item_key(item, "leased")
     }
 
-    /// LIST being filled by one warm-up run before it atomically replaces `tokens` (a list
-    /// per run, so that two runs can never touch each other's units).
-    pub fn loading_tokens(&self, item: ItemId, run: &str) -> String {
-        self.item_key(item, &format!("tokens:loading:{run}"))
+    /// What one warm-up run fills before `swap.lua` puts it in place of the live keys: its
+    /// own copies, so two runs can never touch each other's.
+    pub fn loading(&self, item: ItemId, run: &str) -> LoadingKeys {
+        let shards = |what: &str| {
+            (0..BUYER_SHARDS)
+                .map(|i| self.item_key(item, &format!("{what}:{i}:loading:{run}")))
+                .collect()
+        };
+        LoadingKeys {
+            tokens: self.item_key(item, &format!("tokens:loading:{run}")),
+            buyers: shards("buyers"),
+            buyer_orders: shards("buyer_orders"),
+        }
     }
 
     /// STRING held by the warm-up of the item running right now (`SET NX PX`).
@@ -158,6 +167,32 @@ pub struct ItemKeys {
     buyers: Vec<String>,
     /// HASH per shard: `user_id` → the `order_sn` they hold (for `409 duplicate`).
     buyer_orders: Vec<String>,
+}
+
+/// A warm-up run's copies of an item's units and buyer records (see [`Keys::loading`]).
+#[derive(Clone, Debug)]
+pub struct LoadingKeys {
+    pub tokens: String,
+    buyers: Vec<String>,
+    buyer_orders: Vec<String>,
+}
+
+impl LoadingKeys {
+    pub fn buyers(&self, user: UserId) -> &str {
+        &self.buyers[user.shard(BUYER_SHARDS) as usize]
+    }
+
+    pub fn buyer_orders(&self, user: UserId) -> &str {
+        &self.buyer_orders[user.shard(BUYER_SHARDS) as usize]
+    }
+
+    /// Every buyer key, in the order of [`ItemKeys::all_buyer_keys`].
+    pub fn all_buyer_keys(&self) -> impl Iterator<Item = &str> {
+        self.buyers
+            .iter()
+            .chain(&self.buyer_orders)
+            .map(String::as_str)
+    }
 }
 
 impl ItemKeys {

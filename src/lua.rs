@@ -26,6 +26,9 @@ pub static FORGET: LazyLock<Script> =
 pub static FINISH: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/finish.lua")));
 
+/// Puts a warm-up's units, buyer records and meta in place: see `lua/swap.lua`.
+pub static SWAP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/swap.lua")));
+
 /// Takes due delay-queue entries under a lease: see `lua/claim.lua`.
 pub static CLAIM: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/claim.lua")));
@@ -46,6 +49,7 @@ where
     for script in [
         &*GRAB,
         &*RELEASE,
+        &*SWAP,
         &*FORGET,
         &*CLAIM,
         &*FINISH,

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::keys::Keys;
 use crate::lua::BREAKER_AUTO;
-use crate::store::{Db, DbError, RedisConns, RedisError, mysql_timed, redis_timed};
+use crate::store::{Db, DbError, RedisConn, RedisConns, RedisError, mysql_timed, redis_timed};
 use crate::telemetry::Meters;
 
 use super::{Breakers, Level, Scope};
@@ -160,7 +160,7 @@ pub async fn move_auto(
             .arg(scope.field())
             .arg(from.as_str())
             .arg(json)
-            .invoke_async(&mut *conn),
+            .invoke_async(&mut conn),
     )
     .await?;
     if moved == 1 {
@@ -170,7 +170,7 @@ pub async fn move_auto(
 }
 
 /// Tells every instance to re-read the levels now (a lost message costs one refresh period).
-async fn announce(conn: &mut deadpool_redis::Connection, keys: &Keys) {
+async fn announce(conn: &mut RedisConn, keys: &Keys) {
     let sent: Result<(), RedisError> =
         redis_timed(conn.publish(keys.breaker_events_channel(), 1)).await;
     if let Err(e) = sent {

@@ -205,7 +205,7 @@ pub async fn item_stats(
 ) -> Result<Response, ApiError> {
     let item = repo::get(&db, id).await?.ok_or(ApiError::ItemNotFound)?;
     let mut conn = redis.bulk().await?;
-    let stock = stock::snapshot(&mut *conn, &keys.item(id)).await?;
+    let stock = stock::snapshot(&mut conn, &keys.item(id)).await?;
     let counts = orders::count_by_status(&db, id).await?;
     let accounted = stock.remaining + stock.pending + counts.unpaid + counts.paid;
     Ok(ok(
@@ -261,7 +261,7 @@ async fn spread_rules(
 ) -> Result<Item, ApiError> {
     let item = repo::get(db, id).await?.ok_or(ApiError::ItemNotFound)?;
     let mut conn = redis.bulk().await?;
-    stock::sync_rules(&mut *conn, &keys.item(id), &item).await?;
+    stock::sync_rules(&mut conn, &keys.item(id), &item).await?;
     refresh_everywhere(catalog, id).await;
     Ok(item)
 }

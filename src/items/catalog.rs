@@ -188,7 +188,7 @@ impl Catalog {
                 .collect()
         };
         let mut conn = self.inner.redis.bulk().await?;
-        let states = stock::live_states(&mut *conn, entries.iter().map(|e| &*e.keys)).await?;
+        let states = stock::live_states(&mut conn, entries.iter().map(|e| &*e.keys)).await?;
         for (entry, state) in entries.iter().zip(states) {
             entry.live.loaded.store(state.loaded, Ordering::Relaxed);
             entry
@@ -209,7 +209,7 @@ impl Catalog {
     /// Tells every instance (this one included) that an item changed.
     pub async fn announce(&self, id: ItemId) -> Result<(), RedisError> {
         let mut conn = self.inner.redis.bulk().await?;
-        announce_change(&mut *conn, &self.inner.keys, id).await
+        announce_change(&mut conn, &self.inner.keys, id).await
     }
 
     /// The background refresh: periodic, and at once on an item event.

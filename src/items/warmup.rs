@@ -28,10 +28,12 @@ use serde::Serialize;
 
 use crate::broker::Broker;
 use crate::domain::{ItemId, OrderPlaced, OrderSn, UserId};
-use crate::keys::{ItemKeys, Keys};
+use crate::keys::Keys;
+use crate::keys::{ItemKeys, LoadingKeys};
+use crate::lua::SWAP;
 use crate::orders::repo as orders;
 use crate::scheduler::delay::Plan;
-use crate::store::{Db, DbError, RedisConns, RedisError, RedisLock, redis_timed};
+use crate::store::{Db, DbError, RedisConn, RedisConns, RedisError, RedisLock, redis_timed};
 
 use super::repo::{self, Item};
 use super::stock::{self, StockSnapshot};
@@ -54,6 +56,9 @@ const CONSUMERS_DONE_AFTER: Duration =
     Duration::from_secs(crate::orders::consumer::HOLDS_AT_MOST.as_secs() + 1);
 /// How long a rebuild looks for an empty order queue before refusing.
 const QUEUE_EMPTY_WITHIN: Duration = Duration::from_secs(5);
+/// The meta fields `swap.lua` guards: a change of any of them since the warm-up read them
+/// (a sale, a release, a pause, a resume) aborts the swap.
+const GUARDED: [&str; 5] = ["loaded", "sold", "paused", "start_ms", "end_ms"];
 /// A Redis that started this close before a load (its uptime is in whole seconds) counts
 /// as having restarted after it.
 const RESTART_SLACK_MS: i64 = 2_000;
@@ -149,7 +154,7 @@ impl Warmup<'_> {
         let item_keys = self.keys.item(id);
         let first_look = {
             let mut conn = self.redis.bulk().await?;
-            stock::snapshot(&mut *conn, &item_keys).await?
+            stock::snapshot(&mut conn, &item_keys).await?
         };
         if first_look.loaded && !force {
             return Err(WarmupError::AlreadyLoaded {
@@ -165,19 +170,13 @@ impl Warmup<'_> {
             self.wait_for_orders_in_flight(&item, progress).await?;
         }
 
-        // A connection of our own from the pool, so WATCH guards only this warm-up.
         let mut conn = self.redis.bulk().await?;
-        let result = self
-            .load_watched(&mut conn, &item_keys, id, &first_look, rebuild, progress)
-            .await;
-        if result.is_err() {
-            // EXEC ends a WATCH; an early return must end it by hand before the
-            // connection goes back to the pool.
-            let _ = redis_timed(redis::cmd("UNWATCH").query_async::<()>(&mut *conn)).await;
-        }
-        let report = result?;
+        let report = self
+            .load_and_swap(&mut conn, &item_keys, id, rebuild, progress)
+            .await?;
+        redis_timed(conn.sadd::<_, _, ()>(self.keys.items_index(), id.get())).await?;
         repo::mark_loaded(self.db, id).await?;
-        super::catalog::announce_change(&mut *conn, self.keys, id).await?;
+        super::catalog::announce_change(&mut conn, self.keys, id).await?;
         Ok(report)
     }
 
@@ -200,7 +199,7 @@ impl Warmup<'_> {
     async fn redis_started_ms(&self) -> Result<i64, WarmupError> {
         let mut conn = self.redis.bulk().await?;
         let info: redis::InfoDict =
-            redis_timed(redis::cmd("INFO").arg("server").query_async(&mut *conn)).await?;
+            redis_timed(redis::cmd("INFO").arg("server").query_async(&mut conn)).await?;
         let uptime_s: i64 = info
             .get("uptime_in_seconds")
             .ok_or_else(|| RedisError::Unexpected("INFO server has no uptime_in_seconds".into()))?;
@@ -263,30 +262,27 @@ impl Warmup<'_> {
         })
     }
 
-    async fn load_watched(
+    /// The decisive read, the load into this run's own keys, then `swap.lua`, which puts
+    /// them in place only if the item did not change since that read.
+    async fn load_and_swap(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut RedisConn,
         item_keys: &ItemKeys,
         id: ItemId,
-        first_look: &StockSnapshot,
         rebuild: bool,
         progress: &(dyn Fn(Progress) + Sync),
     ) -> Result<WarmupReport, WarmupError> {
-        redis_timed(
-            redis::cmd("WATCH")
+        let seen: Vec<Option<String>> = redis_timed(
+            redis::cmd("HMGET")
                 .arg(&item_keys.meta)
-                .query_async::<()>(&mut **conn),
+                .arg(&GUARDED)
+                .query_async(conn),
         )
         .await?;
-        // Not a MULTI: its EXEC would end the WATCH.
-        let loaded: Option<i64> = redis_timed(conn.hget(&item_keys.meta, "loaded")).await?;
-        if loaded != first_look.loaded_at_ms {
-            return Err(WarmupError::Raced);
-        }
         // Read again under the record's current rules: a resume while a rebuild waited
         // is a live sale again.
         let item = repo::get(self.db, id).await?.ok_or(WarmupError::NotFound)?;
-        if (loaded.is_some() || rebuild) && item.on_sale_at(Utc::now()) {
+        if (seen[0].is_some() || rebuild) && item.on_sale_at(Utc::now()) {
             return Err(WarmupError::LiveSale);
         }
 
@@ -299,13 +295,14 @@ impl Warmup<'_> {
                 total: item.total,
             })?;
 
-        let side = self
+        let loading = self
             .keys
-            .loading_tokens(id, &ulid::Ulid::new().to_string().to_lowercase());
-        fill_side_list(conn, &side, held, to_load, progress).await?;
-        swap_in(conn, self.keys, item_keys, &side, &item, &holders, to_load).await?;
+            .loading(id, &ulid::Ulid::new().to_string().to_lowercase());
+        fill_side_list(conn, &loading.tokens, held, to_load, progress).await?;
+        fill_buyers(conn, &loading, &holders).await?;
+        swap_in(conn, item_keys, &loading, &item, &seen, held).await?;
 
-        let after = stock::snapshot(&mut **conn, item_keys).await?;
+        let after = stock::snapshot(conn, item_keys).await?;
         if after.remaining != to_load || after.sold != held {
             return Err(WarmupError::Verify {
                 expected: to_load,
@@ -318,7 +315,7 @@ impl Warmup<'_> {
             for chunk in unpaid.chunks(1_000) {
                 let mut pipe = redis::pipe();
                 self.plan.schedule(&mut pipe, self.keys, chunk);
-                redis_timed(pipe.query_async::<()>(&mut **conn)).await?;
+                redis_timed(pipe.query_async::<()>(conn)).await?;
             }
         }
         Ok(WarmupReport {
@@ -334,7 +331,7 @@ impl Warmup<'_> {
     /// Every order holding a unit: live in MySQL or pending in Redis.
     async fn holders(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut RedisConn,
         keys: &ItemKeys,
         id: ItemId,
     ) -> Result<Vec<Holder>, WarmupError> {
@@ -393,7 +390,7 @@ impl Holder {
 }
 
 async fn fill_side_list(
-    conn: &mut deadpool_redis::Connection,
+    conn: &mut RedisConn,
     side: &str,
     first_unit: u64,
     to_load: u64,
@@ -432,54 +429,62 @@ async fn fill_side_list(
     Ok(())
 }
 
-/// Replaces the live list, the meta and the buyer records in one MULTI.
-async fn swap_in(
-    conn: &mut deadpool_redis::Connection,
-    keys: &Keys,
-    item_keys: &ItemKeys,
-    side: &str,
-    item: &Item,
+/// The holders' buyer records, into the run's own copies (pipelined in batches).
+async fn fill_buyers(
+    conn: &mut RedisConn,
+    loading: &LoadingKeys,
     holders: &[Holder],
-    to_load: u64,
 ) -> Result<(), WarmupError> {
     let now = Utc::now().timestamp_millis();
-    let mut pipe = redis::pipe();
-    pipe.atomic().del(&item_keys.tokens).ignore();
-    if to_load > 0 {
-        // RENAME keeps the side list's expiry: the live list must have none.
-        pipe.rename(side, &item_keys.tokens)
-            .ignore()
-            .persist(&item_keys.tokens)
-            .ignore();
+    for chunk in holders.chunks(BATCH as usize) {
+        let mut pipe = redis::pipe();
+        for holder in chunk {
+            let user = holder.user;
+            pipe.zadd(loading.buyers(user), user.get(), now)
+                .ignore()
+                .hset(loading.buyer_orders(user), user.get(), &holder.order_sn)
+                .ignore();
+        }
+        for key in loading.all_buyer_keys() {
+            pipe.pexpire(key, SIDE_LIST_TTL.as_millis() as i64).ignore();
+        }
+        redis_timed(pipe.query_async::<()>(&mut *conn)).await?;
     }
-    for key in item_keys.all_buyer_keys() {
-        pipe.del(key).ignore();
+    Ok(())
+}
+
+/// Replaces the live list, the buyer records and the meta in one step (`swap.lua`), unless
+/// the meta changed since `seen` was read.
+async fn swap_in(
+    conn: &mut RedisConn,
+    item_keys: &ItemKeys,
+    loading: &LoadingKeys,
+    item: &Item,
+    seen: &[Option<String>],
+    held: u64,
+) -> Result<(), WarmupError> {
+    let mut call = SWAP.key(&item_keys.meta);
+    call.key(&item_keys.tokens).key(&loading.tokens);
+    for key in item_keys.all_buyer_keys().chain(loading.all_buyer_keys()) {
+        call.key(key);
     }
-    for holder in holders {
-        pipe.zadd(item_keys.buyers(holder.user), holder.user.get(), now)
-            .ignore()
-            .hset(
-                item_keys.buyer_orders(holder.user),
-                holder.user.get(),
-                &holder.order_sn,
-            )
-            .ignore();
+    for value in seen {
+        call.arg(value.as_deref().unwrap_or_default());
     }
-    pipe.hset_multiple(
-        &item_keys.meta,
-        &[
-            ("loaded", now),
-            ("total", i64::from(item.total)),
-            ("sold", holders.len() as i64),
-            ("start_ms", item.start_at.timestamp_millis()),
-            ("end_ms", item.end_at.timestamp_millis()),
-            ("paused", i64::from(item.paused)),
-        ],
-    )
-    .ignore()
-    .sadd(keys.items_index(), item.id.get())
-    .ignore();
-    // EXEC answers nil when the WATCHed meta changed since the first read.
-    let applied: Option<()> = redis_timed(pipe.query_async(conn)).await?;
-    applied.ok_or(WarmupError::Raced)
+    let meta = [
+        ("loaded", Utc::now().timestamp_millis()),
+        ("total", i64::from(item.total)),
+        ("sold", held as i64),
+        ("start_ms", item.start_at.timestamp_millis()),
+        ("end_ms", item.end_at.timestamp_millis()),
+        ("paused", i64::from(item.paused)),
+    ];
+    for (field, value) in meta {
+        call.arg(field).arg(value);
+    }
+    let outcome: String = redis_timed(call.invoke_async(conn)).await?;
+    match outcome.as_str() {
+        "ok" => Ok(()),
+        _ => Err(WarmupError::Raced),
+    }
 }

@@ -83,7 +83,7 @@ pub async fn my_order(
     // Redis first, MySQL second, as for an order read: a won order is in one or the other.
     let held = async {
         let item_keys = keys.item(item);
-        let mut conn = redis.hot.clone();
+        let mut conn = redis.hot().await?;
         let sn: Option<String> =
             redis_timed(conn.hget(item_keys.buyer_orders(user), user.get())).await?;
         match sn.as_deref().and_then(OrderSn::parse) {
@@ -118,7 +118,7 @@ async fn pending_order(
     keys: &crate::keys::Keys,
     sn: &OrderSn,
 ) -> Result<Option<OrderPlaced>, RedisError> {
-    let mut conn = redis.hot.clone();
+    let mut conn = redis.hot().await?;
     let json: Option<String> = redis_timed(conn.hget(keys.pending(sn.item()), sn.as_str())).await?;
     json.map(|json| {
         serde_json::from_str(&json)

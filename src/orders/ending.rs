@@ -70,12 +70,12 @@ pub async fn release(
                     .arg(order.user.get())
                     .arg(&order.order_sn);
             }
-            let back: Vec<String> = redis_timed(call.invoke_async(&mut *conn)).await?;
+            let back: Vec<String> = redis_timed(call.invoke_async(&mut conn)).await?;
             released.extend(back);
         }
         if released.len() > before {
             tracing::info!(%item, units = released.len() - before, "units back on sale");
-            if let Err(e) = catalog::announce_change(&mut *conn, keys, item).await {
+            if let Err(e) = catalog::announce_change(&mut conn, keys, item).await {
                 tracing::warn!(%item, error = %e, "could not announce returned units; instances see them within a second anyway");
             }
         }
@@ -117,7 +117,7 @@ pub async fn begin(redis: &RedisConns, keys: &Keys, sns: &[&OrderSn]) -> Result<
         pipe.zadd_multiple(keys.ending(item), &members).ignore();
     }
     let mut conn = redis.bulk().await?;
-    redis_timed(pipe.query_async::<()>(&mut *conn)).await
+    redis_timed(pipe.query_async::<()>(&mut conn)).await
 }
 
 /// These cancels ended without a unit to return (the order was paid, still unpaid, or
@@ -136,7 +136,7 @@ pub async fn abandon(redis: &RedisConns, keys: &Keys, sns: &[&str]) -> Result<()
         return Ok(());
     }
     let mut conn = redis.bulk().await?;
-    redis_timed(pipe.query_async::<()>(&mut *conn)).await
+    redis_timed(pipe.query_async::<()>(&mut conn)).await
 }
 
 /// Cancels those of these orders that are unpaid past their deadline, then gives back the
@@ -203,7 +203,7 @@ pub async fn finish_cut_off(db: &Db, redis: &RedisConns, keys: &Keys) -> Result<
         }
         let found: Vec<Vec<String>> = {
             let mut conn = redis.bulk().await?;
-            redis_timed(pipe.query_async(&mut *conn)).await?
+            redis_timed(pipe.query_async(&mut conn)).await?
         };
         for (item, sns) in chunk.iter().zip(found) {
             if sns.is_empty() {
@@ -237,7 +237,7 @@ pub async fn finish_cut_off(db: &Db, redis: &RedisConns, keys: &Keys) -> Result<
                         .key(keys.ending(*item))
                         .arg(cutoff)
                         .arg(&moot)
-                        .invoke_async::<i64>(&mut *conn),
+                        .invoke_async::<i64>(&mut conn),
                 )
                 .await?;
             }

@@ -92,5 +92,5 @@ pub async fn settle_in_redis(
         pipe.hdel(keys.pending(item), sns).ignore();
     }
     let mut conn = redis.bulk().await?;
-    redis_timed(pipe.query_async::<()>(&mut *conn)).await
+    redis_timed(pipe.query_async::<()>(&mut conn)).await
 }

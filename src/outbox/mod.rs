@@ -38,5 +38,5 @@ pub async fn clear_confirmed<'a>(
         pipe.zrem(keys.outbox(item), sns).ignore();
     }
     let mut conn = redis.bulk().await?;
-    redis_timed(pipe.query_async::<()>(&mut *conn)).await
+    redis_timed(pipe.query_async::<()>(&mut conn)).await
 }

@@ -98,7 +98,7 @@ impl Relay {
                 redis::cmd("HMGET")
                     .arg(&pending)
                     .arg(&sns)
-                    .query_async(&mut *conn),
+                    .query_async(&mut conn),
             )
             .await?;
             let (due_orders, done): (Vec<_>, Vec<_>) = sns
@@ -182,7 +182,7 @@ impl Relay {
                         .arg(cursor)
                         .arg("COUNT")
                         .arg(SWEEP_CHUNK)
-                        .query_async(&mut *conn),
+                        .query_async(&mut conn),
                 )
                 .await?
             };
@@ -213,7 +213,7 @@ impl Relay {
             redis::cmd("ZMSCORE")
                 .arg(&outbox)
                 .arg(entries.iter().map(|(sn, _)| *sn).collect::<Vec<_>>())
-                .query_async(&mut *conn),
+                .query_async(&mut conn),
         )
         .await?;
         let stale_before = Utc::now().timestamp_millis() - PENDING_STALE_AFTER.as_millis() as i64;
@@ -254,7 +254,7 @@ impl Relay {
                     .ignore();
             }
         }
-        redis_timed(pipe.query_async::<()>(&mut *conn)).await?;
+        redis_timed(pipe.query_async::<()>(&mut conn)).await?;
         tracing::warn!(
             %item,
             cleared = written.len(),

@@ -1,7 +1,5 @@
 //! The Redis side of a purchase: one `EVALSHA grab.lua`, one round trip.
 
-use redis::aio::ConnectionManager;
-
 use crate::domain::{OrderSn, UserId};
 use crate::keys::ItemKeys;
 use crate::lua::GRAB;
@@ -33,7 +31,7 @@ impl GrabOutcome {
 }
 
 pub async fn grab(
-    conn: &mut ConnectionManager,
+    conn: &mut impl redis::aio::ConnectionLike,
     keys: &ItemKeys,
     user: UserId,
     order_sn: &OrderSn,

@@ -112,7 +112,7 @@ pub async fn flashbuy(
     };
     let order_json = serde_json::to_string(&order).map_err(anyhow::Error::from)?;
     let started = Instant::now();
-    let mut conn = redis.hot.clone();
+    let mut conn = redis.hot().await?;
     let outcome = grab(
         &mut conn,
         &item.keys,

@@ -76,7 +76,7 @@ async fn not_queued<'a>(
             .zscore(scheduler.keys.leased(order.item_id), &member);
     }
     let mut conn = scheduler.redis.bulk().await?;
-    let scores: Vec<Option<f64>> = crate::store::redis_timed(pipe.query_async(&mut *conn)).await?;
+    let scores: Vec<Option<f64>> = crate::store::redis_timed(pipe.query_async(&mut conn)).await?;
     Ok(orders
         .iter()
         .zip(scores.chunks(2))

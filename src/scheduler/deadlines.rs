@@ -66,7 +66,7 @@ pub async fn pass(scheduler: &Scheduler) -> Result<(), StoreError> {
             let claimed = {
                 let mut conn = scheduler.redis.bulk().await?;
                 delay::claim(
-                    &mut *conn,
+                    &mut conn,
                     &scheduler.keys,
                     item,
                     scheduler.settings.scheduler_lease_ms,
@@ -127,9 +127,9 @@ async fn handle(scheduler: &Scheduler, item: ItemId, claimed: Claimed) -> Result
     let retry_at = Utc::now().timestamp_millis() + RETRY_AFTER.as_millis() as i64;
     let mut conn = scheduler.redis.bulk().await?;
     let lease = claimed.lease_end_ms;
-    let mine = delay::finish(&mut *conn, &scheduler.keys, item, lease, &done, None).await?
+    let mine = delay::finish(&mut conn, &scheduler.keys, item, lease, &done, None).await?
         + delay::finish(
-            &mut *conn,
+            &mut conn,
             &scheduler.keys,
             item,
             lease,

@@ -156,7 +156,7 @@ async fn check(
 ) -> Result<Report, ReconcileError> {
     let snapshot = {
         let mut conn = redis.bulk().await?;
-        stock::snapshot(&mut *conn, &keys.item(item)).await?
+        stock::snapshot(&mut conn, &keys.item(item)).await?
     };
     let orders = repo::count_by_status(db, item).await?;
     let held = snapshot.pending + orders.unpaid + orders.paid;
@@ -196,7 +196,7 @@ async fn stale_buyers(
     for key in item_keys.buyer_order_shards() {
         pipe.hgetall(key);
     }
-    let maps: Vec<HashMap<u64, String>> = redis_timed(pipe.query_async(&mut *conn)).await?;
+    let maps: Vec<HashMap<u64, String>> = redis_timed(pipe.query_async(&mut conn)).await?;
     for map in maps {
         records.extend(map);
     }
@@ -209,7 +209,7 @@ async fn stale_buyers(
         for sn in &sns {
             pipe.hexists(&item_keys.pending, *sn);
         }
-        redis_timed(pipe.query_async(&mut *conn)).await?
+        redis_timed(pipe.query_async(&mut conn)).await?
     };
     drop(conn);
     let not_pending: Vec<&str> = sns

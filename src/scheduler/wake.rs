@@ -79,7 +79,7 @@ async fn enable(redis: &RedisConns) -> Result<String, Refused> {
         redis::cmd("CONFIG")
             .arg("GET")
             .arg("notify-keyspace-events")
-            .query_async(&mut *conn),
+            .query_async(&mut conn),
     )
     .await
     .map_err(refused)?;
@@ -100,7 +100,7 @@ async fn enable(redis: &RedisConns) -> Result<String, Refused> {
             .arg("SET")
             .arg("notify-keyspace-events")
             .arg(&flags)
-            .query_async::<()>(&mut *conn),
+            .query_async::<()>(&mut conn),
     )
     .await
     .map_err(refused)?;

@@ -48,7 +48,7 @@ impl RedisLock {
                         .arg("NX")
                         .arg("PX")
                         .arg(hold_for.as_millis() as u64)
-                        .query_async(&mut *conn),
+                        .query_async(&mut conn),
                 )
                 .await?
             };
@@ -70,7 +70,7 @@ impl RedisLock {
             UNLOCK
                 .key(&self.key)
                 .arg(&self.token)
-                .invoke_async(&mut *conn),
+                .invoke_async(&mut conn),
         )
         .await?;
         Ok(released == 1)

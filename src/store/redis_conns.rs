@@ -1,5 +1,11 @@
-//! Redis connections: one multiplexed connection for the purchase path and a small pool for
-//! everything else.
+//! Redis connections, to one server or to a Redis Cluster (several comma-separated URLs in
+//! `SECKILL_REDIS_URL`: its seed nodes).
+//!
+//! One server: one multiplexed connection for the purchase path and a small pool for
+//! everything else. A cluster: one cluster connection (redis-rs's, which routes each
+//! command by its keys' slot, follows resharding and failovers, and keeps a multiplexed
+//! connection per node) for both. Pub/sub goes to one node either way: in a cluster a
+//! `PUBLISH` reaches the subscribers of every node.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -7,7 +13,11 @@ use std::time::Duration;
 
 use deadpool_redis::{PoolConfig, Runtime, Timeouts};
 use futures::StreamExt;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
 use super::STORE_TIMEOUT;
@@ -35,60 +45,118 @@ where
     }
 }
 
+/// Cheap to clone: it is part of every handler's state.
 #[derive(Clone)]
 pub struct RedisConns {
-    /// One multiplexed connection shared by every purchase: commands from all requests are
-    /// pipelined on it, with no checkout and no PING per request (a pooled checkout costs a
-    /// round trip, measured at about 40% of the purchase path).
-    pub hot: ConnectionManager,
-    /// Pooled connections for bulk and background work (warm-up, relay, consumer, stats),
-    /// so that a large pipeline never queues ahead of purchases on the hot connection.
-    pool: deadpool_redis::Pool,
-    /// For pub/sub, which needs a connection of its own. (Behind an Arc: this struct is
-    /// cloned with every handler's state, and a client clone copies its connection info.)
-    client: Arc<redis::Client>,
+    servers: Arc<Servers>,
+}
+
+enum Servers {
+    One {
+        /// One multiplexed connection shared by every purchase: commands from all requests
+        /// are pipelined on it, with no checkout and no PING per request (a pooled checkout
+        /// costs a round trip, measured at about 40% of the purchase path).
+        hot: ConnectionManager,
+        /// Pooled connections for bulk and background work (warm-up, relay, consumer,
+        /// stats), so that a large pipeline never queues ahead of purchases.
+        pool: deadpool_redis::Pool,
+        client: redis::Client,
+    },
+    Cluster {
+        /// Boxed: it is large, and a single server has nothing like it.
+        client: Box<ClusterClient>,
+        /// Made at the first use, so a server starts while the cluster is down.
+        conn: OnceCell<ClusterConnection>,
+        /// The seed nodes, for pub/sub (any node will do).
+        seeds: Vec<redis::Client>,
+    },
 }
 
 impl RedisConns {
     /// Builds the connections without touching the network: a server starts while Redis is
     /// down and reports it on `/readyz`; each call then fails fast until Redis is back.
-    pub fn new(url: &str) -> anyhow::Result<Self> {
-        let client = redis::Client::open(url)?;
-        let hot = ConnectionManager::new_lazy_with_config(
-            client.clone(),
-            ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(Duration::from_millis(500)))
-                .set_response_timeout(Some(STORE_TIMEOUT))
-                .set_max_delay(Duration::from_secs(1)),
-        )?;
-        let mut config = deadpool_redis::Config::from_url(url);
-        let mut pool = PoolConfig::new(16);
-        pool.timeouts = Timeouts {
-            wait: Some(STORE_TIMEOUT),
-            create: Some(STORE_TIMEOUT),
-            recycle: Some(STORE_TIMEOUT),
+    /// Several comma-separated URLs are the seed nodes of a cluster.
+    pub fn new(urls: &str) -> anyhow::Result<Self> {
+        let urls: Vec<&str> = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .collect();
+        let servers = match urls.as_slice() {
+            [] => anyhow::bail!("no Redis URL"),
+            [url] => one(url)?,
+            seeds => Servers::Cluster {
+                client: Box::new(
+                    ClusterClient::builder(seeds.iter().copied())
+                        .connection_timeout(Duration::from_millis(500))
+                        .response_timeout(STORE_TIMEOUT)
+                        .build()?,
+                ),
+                conn: OnceCell::new(),
+                seeds: seeds
+                    .iter()
+                    .map(|url| redis::Client::open(*url))
+                    .collect::<Result<_, _>>()?,
+            },
         };
-        config.pool = Some(pool);
-        let pool = config.create_pool(Some(Runtime::Tokio1))?;
         Ok(Self {
-            hot,
-            pool,
-            client: Arc::new(client),
+            servers: Arc::new(servers),
         })
     }
 
-    /// A pooled connection for background work.
-    pub async fn bulk(&self) -> Result<deadpool_redis::Connection, RedisError> {
-        Ok(self.pool.get().await?)
+    /// Whether this is a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(*self.servers, Servers::Cluster { .. })
     }
 
-    /// The database number of the URL (keyspace notification channels name it).
+    /// The connection for the purchase path.
+    pub async fn hot(&self) -> Result<RedisConn, RedisError> {
+        match &*self.servers {
+            Servers::One { hot, .. } => Ok(RedisConn::One(hot.clone())),
+            Servers::Cluster { .. } => self.cluster().await,
+        }
+    }
+
+    /// A connection for background work.
+    pub async fn bulk(&self) -> Result<RedisConn, RedisError> {
+        match &*self.servers {
+            Servers::One { pool, .. } => Ok(RedisConn::Pooled(pool.get().await?)),
+            Servers::Cluster { .. } => self.cluster().await,
+        }
+    }
+
+    async fn cluster(&self) -> Result<RedisConn, RedisError> {
+        let Servers::Cluster { client, conn, .. } = &*self.servers else {
+            return Err(RedisError::Unexpected("not a cluster".into()));
+        };
+        let conn = timed(conn.get_or_try_init(|| client.get_async_connection())).await?;
+        Ok(RedisConn::Cluster(conn.clone()))
+    }
+
+    /// The database number of the URL (keyspace notification channels name it; a
+    /// cluster has only database 0).
     pub fn db(&self) -> i64 {
-        self.client.get_connection_info().redis_settings().db()
+        match &*self.servers {
+            Servers::One { client, .. } => client.get_connection_info().redis_settings().db(),
+            Servers::Cluster { .. } => 0,
+        }
     }
 
+    /// A pub/sub connection: to the server, or to the first seed node that answers.
     pub async fn pubsub(&self) -> Result<redis::aio::PubSub, RedisError> {
-        timed(self.client.get_async_pubsub()).await
+        match &*self.servers {
+            Servers::One { client, .. } => timed(client.get_async_pubsub()).await,
+            Servers::Cluster { seeds, .. } => {
+                let mut last = None;
+                for seed in seeds {
+                    match timed(seed.get_async_pubsub()).await {
+                        Ok(pubsub) => return Ok(pubsub),
+                        Err(e) => last = Some(e),
+                    }
+                }
+                Err(last.unwrap_or_else(|| RedisError::Unexpected("no seed node".into())))
+            }
+        }
     }
 
     /// Listens on a pub/sub channel until shutdown, subscribing again whenever the
@@ -132,7 +200,66 @@ impl RedisConns {
     }
 
     pub async fn ping(&self) -> Result<(), RedisError> {
-        let mut conn = self.hot.clone();
+        let mut conn = self.hot().await?;
         timed(redis::cmd("PING").query_async::<()>(&mut conn)).await
+    }
+}
+
+fn one(url: &str) -> anyhow::Result<Servers> {
+    let client = redis::Client::open(url)?;
+    let hot = ConnectionManager::new_lazy_with_config(
+        client.clone(),
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(500)))
+            .set_response_timeout(Some(STORE_TIMEOUT))
+            .set_max_delay(Duration::from_secs(1)),
+    )?;
+    let mut config = deadpool_redis::Config::from_url(url);
+    let mut pool = PoolConfig::new(16);
+    pool.timeouts = Timeouts {
+        wait: Some(STORE_TIMEOUT),
+        create: Some(STORE_TIMEOUT),
+        recycle: Some(STORE_TIMEOUT),
+    };
+    config.pool = Some(pool);
+    let pool = config.create_pool(Some(Runtime::Tokio1))?;
+    Ok(Servers::One { hot, pool, client })
+}
+
+/// A connection of either kind; commands and pipelines go through it alike.
+pub enum RedisConn {
+    One(ConnectionManager),
+    Pooled(deadpool_redis::Connection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConn::One(conn) => conn.req_packed_command(cmd),
+            RedisConn::Pooled(conn) => conn.req_packed_command(cmd),
+            RedisConn::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConn::One(conn) => conn.req_packed_commands(pipeline, offset, count),
+            RedisConn::Pooled(conn) => conn.req_packed_commands(pipeline, offset, count),
+            RedisConn::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConn::One(conn) => conn.get_db(),
+            RedisConn::Pooled(conn) => conn.get_db(),
+            RedisConn::Cluster(conn) => conn.get_db(),
+        }
     }
 }

@@ -192,7 +192,11 @@ impl PrivateRabbit {
     /// `n` private nodes joined into one cluster (the first is the one the others join).
     pub async fn cluster(n: usize) -> Vec<Self> {
         let mut nodes: Vec<Self> = (0..n).map(|_| Self::prepare()).collect();
-        futures::future::join_all(nodes.iter_mut().map(|node| node.launch())).await;
+        // One after the other: three Erlang VMs booting at once take the 2-core machine
+        // from every other test for seconds.
+        for node in &mut nodes {
+            node.launch().await;
+        }
         let (seed, others) = nodes.split_first().expect("at least one node");
         for node in others {
             for step in [

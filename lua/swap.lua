@@ -1,0 +1,44 @@
+-- swap.lua: put a warm-up's loaded units and buyer records in place of the live ones, and
+-- its meta, atomically — unless the item changed since the warm-up's decisive read.
+--
+-- KEYS[1] meta                     HASH
+-- KEYS[2] tokens                   LIST  the live units
+-- KEYS[3] the run's side list      LIST  the units loaded (absent when none)
+-- then, for the N buyer shards:  KEYS[3 + 1 .. 3 + 2N]       the live buyer keys (the
+--                                  N zsets, then the N hashes)
+--                                KEYS[3 + 2N + 1 .. 3 + 4N]  the run's loading copies of
+--                                  them, in the same order (absent when empty)
+-- ARGV[1..5] `loaded`, `sold`, `paused`, `start_ms`, `end_ms` as the warm-up read them
+--            ('' for absent): a sale, a cancel's release, a pause or a resume since
+--            changed one of them
+-- ARGV[6..]  the new meta, field and value pairs
+--
+-- Every key carries the item's hash tag: one slot, so this runs on a Redis Cluster too
+-- (a WATCH would not: the cluster connection is shared by every request).
+--
+-- Returns 'ok', or 'raced' with nothing changed.
+
+local fields = {'loaded', 'sold', 'paused', 'start_ms', 'end_ms'}
+local now = redis.call('HMGET', KEYS[1], unpack(fields))
+for i = 1, #fields do
+  if (now[i] or '') ~= ARGV[i] then
+    return 'raced'
+  end
+end
+
+-- A renamed key keeps its expiry (the side copies have one): the live ones must not.
+local function replace(live, loading)
+  redis.call('DEL', live)
+  if redis.call('EXISTS', loading) == 1 then
+    redis.call('RENAME', loading, live)
+    redis.call('PERSIST', live)
+  end
+end
+
+replace(KEYS[2], KEYS[3])
+local shard_keys = (#KEYS - 3) / 2
+for i = 1, shard_keys do
+  replace(KEYS[3 + i], KEYS[3 + shard_keys + i])
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+return 'ok'
