@@ -14,7 +14,7 @@ use crate::items::repo as items;
 use crate::items::stock::{StockSnapshot, snapshot};
 use crate::keys::Keys;
 use crate::orders::repo::{self, OrderStatus};
-use crate::store::{Db, connect_mysql};
+use crate::store::{Db, RedisConn, RedisConns, connect_mysql};
 
 use super::fire::Run;
 
@@ -67,9 +67,9 @@ pub async fn check_all(
     run: &Run,
     drain_timeout: Duration,
 ) -> anyhow::Result<Vec<Check>> {
-    let redis = redis::Client::open(settings.redis_url.expose())
+    let redis = RedisConns::new(settings.redis_url.expose())
         .context("SECKILL_REDIS_URL")?
-        .get_multiplexed_async_connection()
+        .bulk()
         .await
         .context("connecting to Redis to check the invariants")?;
     let db = connect_mysql(settings.database_url.expose()).await?;
@@ -83,7 +83,7 @@ pub async fn check_all(
 
 /// Polls Redis until no won unit waits for its order row, or the time is up.
 async fn drain(
-    mut redis: redis::aio::MultiplexedConnection,
+    mut redis: RedisConn,
     keys: &crate::keys::ItemKeys,
     limit: Duration,
 ) -> anyhow::Result<StockSnapshot> {

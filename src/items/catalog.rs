@@ -187,8 +187,8 @@ impl Catalog {
                 .cloned()
                 .collect()
         };
-        let mut conn = self.inner.redis.bulk().await?;
-        let states = stock::live_states(&mut conn, entries.iter().map(|e| &*e.keys)).await?;
+        let states =
+            stock::live_states(&self.inner.redis, entries.iter().map(|e| &*e.keys)).await?;
         for (entry, state) in entries.iter().zip(states) {
             entry.live.loaded.store(state.loaded, Ordering::Relaxed);
             entry

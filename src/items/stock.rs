@@ -3,7 +3,7 @@
 use redis::AsyncCommands;
 
 use crate::keys::ItemKeys;
-use crate::store::{RedisError, redis_timed};
+use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
 use crate::telemetry::ItemLevels;
 
 use super::repo::Item;
@@ -54,38 +54,31 @@ pub struct LiveState {
     pub levels: ItemLevels,
 }
 
-/// The live state of many items in one round trip, for the catalogue refresh.
-pub async fn live_states<'a, C>(
-    conn: &mut C,
+/// The live state of many items (one round trip on one server), for the catalogue refresh.
+pub async fn live_states<'a>(
+    redis: &RedisConns,
     items: impl Iterator<Item = &'a ItemKeys>,
-) -> Result<Vec<LiveState>, RedisError>
-where
-    C: redis::aio::ConnectionLike + Send,
-{
-    const PER_ITEM: usize = 5;
-    let mut pipe = redis::pipe();
-    let mut count = 0;
+) -> Result<Vec<LiveState>, RedisError> {
+    let mut grouped = Grouped::new(redis);
     for keys in items {
-        pipe.hexists(&keys.meta, "loaded")
+        grouped
+            .group()
+            .hexists(&keys.meta, "loaded")
             .llen(&keys.tokens)
             .zcard(&keys.outbox)
             .hlen(&keys.pending)
             .zcard(&keys.due);
-        count += 1;
     }
-    if count == 0 {
-        return Ok(Vec::new());
-    }
-    let flat: Vec<u64> = redis_timed(pipe.query_async(conn)).await?;
-    Ok(flat
-        .chunks(PER_ITEM)
-        .map(|p| LiveState {
-            loaded: p[0] == 1,
+    let states: Vec<(bool, u64, u64, u64, u64)> = grouped.query(redis).await?;
+    Ok(states
+        .into_iter()
+        .map(|(loaded, remaining, outbox, pending, delayed)| LiveState {
+            loaded,
             levels: ItemLevels {
-                remaining: p[1],
-                outbox: p[2],
-                pending: p[3],
-                delayed: p[4],
+                remaining,
+                outbox,
+                pending,
+                delayed,
             },
         })
         .collect())

@@ -33,7 +33,9 @@ use crate::keys::{ItemKeys, LoadingKeys};
 use crate::lua::SWAP;
 use crate::orders::repo as orders;
 use crate::scheduler::delay::Plan;
-use crate::store::{Db, DbError, RedisConn, RedisConns, RedisError, RedisLock, redis_timed};
+use crate::store::{
+    Db, DbError, Grouped, RedisConn, RedisConns, RedisError, RedisLock, redis_timed,
+};
 
 use super::repo::{self, Item};
 use super::stock::{self, StockSnapshot};
@@ -186,7 +188,7 @@ impl Warmup<'_> {
     async fn must_rebuild(&self, item: &Item, now: &StockSnapshot) -> Result<bool, WarmupError> {
         match now.loaded_at_ms {
             Some(loaded_ms) => {
-                let started_ms = self.redis_started_ms().await?;
+                let started_ms = self.redis_started_ms(&self.keys.item(item.id)).await?;
                 Ok(started_ms + RESTART_SLACK_MS > loaded_ms)
             }
             None => {
@@ -195,11 +197,9 @@ impl Warmup<'_> {
         }
     }
 
-    /// When the Redis server started (ms since the epoch, to a second).
-    async fn redis_started_ms(&self) -> Result<i64, WarmupError> {
-        let mut conn = self.redis.bulk().await?;
-        let info: redis::InfoDict =
-            redis_timed(redis::cmd("INFO").arg("server").query_async(&mut conn)).await?;
+    /// When the Redis server holding the item started (ms since the epoch, to a second).
+    async fn redis_started_ms(&self, item_keys: &ItemKeys) -> Result<i64, WarmupError> {
+        let info = self.redis.server_info_of(&item_keys.meta).await?;
         let uptime_s: i64 = info
             .get("uptime_in_seconds")
             .ok_or_else(|| RedisError::Unexpected("INFO server has no uptime_in_seconds".into()))?;
@@ -313,9 +313,9 @@ impl Warmup<'_> {
             // Deadlines and reminders went with Redis: due again as they were.
             let unpaid: Vec<OrderPlaced> = holders.iter().filter_map(Holder::unpaid).collect();
             for chunk in unpaid.chunks(1_000) {
-                let mut pipe = redis::pipe();
-                self.plan.schedule(&mut pipe, self.keys, chunk);
-                redis_timed(pipe.query_async::<()>(conn)).await?;
+                let mut grouped = Grouped::new(self.redis);
+                self.plan.schedule(&mut grouped, self.keys, chunk);
+                grouped.run(self.redis).await?;
             }
         }
         Ok(WarmupReport {

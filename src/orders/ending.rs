@@ -19,7 +19,7 @@ use crate::domain::{ItemId, OrderSn, UserId};
 use crate::items::catalog;
 use crate::keys::Keys;
 use crate::lua::{FORGET, RELEASE};
-use crate::store::{Db, RedisConns, RedisError, StoreError, redis_timed};
+use crate::store::{Db, Grouped, RedisConns, RedisError, StoreError, redis_timed};
 
 use super::repo::{self, CancelReason, OrderRow, OrderStatus};
 
@@ -112,31 +112,29 @@ pub async fn begin(redis: &RedisConns, keys: &Keys, sns: &[&OrderSn]) -> Result<
             .or_default()
             .push((now, sn.as_str()));
     }
-    let mut pipe = redis::pipe();
+    let mut grouped = Grouped::new(redis);
     for (item, members) in by_item {
-        pipe.zadd_multiple(keys.ending(item), &members).ignore();
+        grouped
+            .group()
+            .zadd_multiple(keys.ending(item), &members)
+            .ignore();
     }
-    let mut conn = redis.bulk().await?;
-    redis_timed(pipe.query_async::<()>(&mut conn)).await
+    grouped.run(redis).await
 }
 
 /// These cancels ended without a unit to return (the order was paid, still unpaid, or
 /// unknown): their records go.
 pub async fn abandon(redis: &RedisConns, keys: &Keys, sns: &[&str]) -> Result<(), RedisError> {
-    let mut pipe = redis::pipe();
-    let mut any = false;
+    let mut grouped = Grouped::new(redis);
     for sn in sns {
         if let Some(parsed) = OrderSn::parse(sn) {
-            pipe.zrem(keys.ending(parsed.item()), *sn).ignore();
-            any = true;
+            grouped
+                .group()
+                .zrem(keys.ending(parsed.item()), *sn)
+                .ignore();
         }
     }
-    if !any {
-        // An empty pipeline is an error to the Redis client.
-        return Ok(());
-    }
-    let mut conn = redis.bulk().await?;
-    redis_timed(pipe.query_async::<()>(&mut conn)).await
+    grouped.run(redis).await
 }
 
 /// Cancels those of these orders that are unpaid past their deadline, then gives back the
@@ -197,15 +195,14 @@ pub async fn finish_cut_off(db: &Db, redis: &RedisConns, keys: &Keys) -> Result<
     };
     let mut released = 0;
     for chunk in items.chunks(1_000) {
-        let mut pipe = redis::pipe();
+        let mut grouped = Grouped::new(redis);
         for item in chunk {
-            pipe.zrangebyscore_limit(keys.ending(*item), "-inf", cutoff, 0, SWEEP_BATCH);
+            grouped
+                .group()
+                .zrangebyscore_limit(keys.ending(*item), "-inf", cutoff, 0, SWEEP_BATCH);
         }
-        let found: Vec<Vec<String>> = {
-            let mut conn = redis.bulk().await?;
-            redis_timed(pipe.query_async(&mut conn)).await?
-        };
-        for (item, sns) in chunk.iter().zip(found) {
+        let found: Vec<(Vec<String>,)> = grouped.query(redis).await?;
+        for (item, (sns,)) in chunk.iter().zip(found) {
             if sns.is_empty() {
                 continue;
             }

@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use crate::domain::{ItemId, OrderPlaced};
 use crate::keys::Keys;
 use crate::scheduler::delay::Plan;
-use crate::store::{Db, DbError, RedisConns, RedisError, mysql_timed, redis_timed};
+use crate::store::{Db, DbError, Grouped, RedisConns, RedisError, mysql_timed};
 
 use super::repo::{self, OrderStatus};
 
@@ -80,8 +80,8 @@ pub async fn settle_in_redis(
     orders: &[OrderPlaced],
 ) -> Result<(), RedisError> {
     let mut by_item: HashMap<ItemId, Vec<&str>> = HashMap::new();
-    let mut pipe = redis::pipe();
-    plan.schedule(&mut pipe, keys, orders);
+    let mut grouped = Grouped::new(redis);
+    plan.schedule(&mut grouped, keys, orders);
     for order in orders {
         by_item
             .entry(order.item_id)
@@ -89,8 +89,7 @@ pub async fn settle_in_redis(
             .push(order.order_sn.as_str());
     }
     for (item, sns) in by_item {
-        pipe.hdel(keys.pending(item), sns).ignore();
+        grouped.group().hdel(keys.pending(item), sns).ignore();
     }
-    let mut conn = redis.bulk().await?;
-    redis_timed(pipe.query_async::<()>(&mut conn)).await
+    grouped.run(redis).await
 }

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use crate::broker::Outgoing;
 use crate::domain::ItemId;
 use crate::keys::Keys;
-use crate::store::{RedisConns, RedisError, redis_timed};
+use crate::store::{Grouped, RedisConns, RedisError};
 
 /// Takes confirmed orders out of their items' outboxes, in one round trip.
 pub async fn clear_confirmed<'a>(
@@ -30,13 +30,9 @@ pub async fn clear_confirmed<'a>(
             .or_default()
             .push(order.order_sn.as_str());
     }
-    if by_item.is_empty() {
-        return Ok(());
-    }
-    let mut pipe = redis::pipe();
+    let mut grouped = Grouped::new(redis);
     for (item, sns) in by_item {
-        pipe.zrem(keys.outbox(item), sns).ignore();
+        grouped.group().zrem(keys.outbox(item), sns).ignore();
     }
-    let mut conn = redis.bulk().await?;
-    redis_timed(pipe.query_async::<()>(&mut conn)).await
+    grouped.run(redis).await
 }

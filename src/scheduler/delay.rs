@@ -7,13 +7,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::Utc;
-use redis::Pipeline;
 
 use crate::config::{RemindStages, Settings};
 use crate::domain::{ItemId, OrderPlaced, OrderSn};
 use crate::keys::Keys;
 use crate::lua::{CLAIM, FINISH};
-use crate::store::{RedisError, redis_timed};
+use crate::store::{Grouped, RedisError, redis_timed};
 
 /// One thing to do for one order at one time.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,9 +87,10 @@ impl Plan {
         tasks
     }
 
-    /// Adds the orders' tasks to a pipeline: one `ZADD` per item, and one wake-up key per
-    /// second in which something falls due. Idempotent: adding them twice changes nothing.
-    pub fn schedule(&self, pipe: &mut Pipeline, keys: &Keys, orders: &[OrderPlaced]) {
+    /// Adds the orders' tasks: one `ZADD` per item, and one wake-up key per second in which
+    /// something falls due (each a group of its own: they are keys of different slots).
+    /// Idempotent: adding them twice changes nothing.
+    pub fn schedule(&self, grouped: &mut Grouped, keys: &Keys, orders: &[OrderPlaced]) {
         let now_ms = Utc::now().timestamp_millis();
         let mut by_item: BTreeMap<ItemId, Vec<(i64, String)>> = BTreeMap::new();
         let mut wake_seconds = BTreeSet::new();
@@ -106,6 +106,7 @@ impl Plan {
         }
         for (item, tasks) in by_item {
             // NX: a task a scheduler put back for later keeps its new time.
+            let pipe = grouped.group();
             pipe.cmd("ZADD").arg(keys.due(item)).arg("NX");
             for (at, member) in tasks {
                 pipe.arg(at).arg(member);
@@ -113,7 +114,9 @@ impl Plan {
             pipe.ignore();
         }
         for second in wake_seconds {
-            pipe.cmd("SET")
+            grouped
+                .group()
+                .cmd("SET")
                 .arg(keys.wake(second))
                 .arg(1)
                 .arg("PXAT")

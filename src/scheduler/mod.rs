@@ -46,7 +46,12 @@ impl Scheduler {
     pub async fn run(self, shutdown: CancellationToken) {
         let wake = Arc::new(Notify::new());
         let mut tasks = tokio::task::JoinSet::new();
-        if self.settings.keyspace_events {
+        if self.settings.keyspace_events && self.redis.is_cluster() {
+            tracing::info!(
+                poll_ms = self.settings.scheduler_poll_ms,
+                "keyspace notifications are per node in a Redis Cluster: polling the delay queue"
+            );
+        } else if self.settings.keyspace_events {
             tasks.spawn(wake::listen(
                 self.redis.clone(),
                 self.keys.clone(),

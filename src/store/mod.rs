@@ -2,11 +2,13 @@
 
 use std::time::Duration;
 
+mod grouped;
 mod lock;
 mod misses;
 mod mysql;
 mod redis_conns;
 
+pub use self::grouped::Grouped;
 pub use self::lock::RedisLock;
 pub use self::misses::MissLimit;
 pub use self::mysql::{Db, DbError, connect_mysql, migrate, timed as mysql_timed};

@@ -16,7 +16,8 @@ use futures::StreamExt;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Value};
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
@@ -196,6 +197,22 @@ impl RedisConns {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
+        }
+    }
+
+    /// `INFO server` of the server that holds `key` (on a cluster, the master of its slot).
+    pub async fn server_info_of(&self, key: &str) -> Result<redis::InfoDict, RedisError> {
+        let mut info = redis::cmd("INFO");
+        info.arg("server");
+        match self.bulk().await? {
+            RedisConn::Cluster(mut conn) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                let value = timed(conn.route_command(info, routing)).await?;
+                redis::InfoDict::from_redis_value(value)
+                    .map_err(|e| RedisError::Unexpected(format!("INFO server: {e}")))
+            }
+            mut conn => timed(info.query_async(&mut conn)).await,
         }
     }
 

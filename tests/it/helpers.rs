@@ -51,11 +51,71 @@ pub fn amqp_url() -> String {
     shared("SECKILL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
 }
 
+/// A test's own connection to the Redis its servers use: one server, or a cluster.
+#[derive(Clone)]
+pub enum TestRedis {
+    One(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl TestRedis {
+    async fn connect(urls: &str) -> Self {
+        let urls: Vec<&str> = urls.split(',').collect();
+        if let [url] = urls.as_slice() {
+            let conn = redis::Client::open(*url)
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap_or_else(|e| panic!("Redis at {url}: {e}"));
+            Self::One(conn)
+        } else {
+            let conn = redis::cluster::ClusterClient::new(urls)
+                .unwrap()
+                .get_async_connection()
+                .await
+                .expect("the Redis Cluster");
+            Self::Cluster(conn)
+        }
+    }
+}
+
+impl redis::aio::ConnectionLike for TestRedis {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Self::One(conn) => conn.req_packed_command(cmd),
+            Self::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Self::One(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::One(conn) => conn.get_db(),
+            Self::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
 /// One test's private world.
 pub struct TestEnv {
     pub settings: Settings,
     pub db: MySqlPool,
-    pub redis: redis::aio::MultiplexedConnection,
+    /// The Redis the servers use (the shared one, or a private cluster).
+    pub redis: TestRedis,
     pub http: reqwest::Client,
     jwt: Jwt,
     namespace: String,
@@ -70,6 +130,15 @@ impl TestEnv {
 
     /// [`TestEnv::new`] with its database on another MySQL server (a private one).
     pub async fn on_mysql(name: &str, mysql_server: &str) -> Self {
+        Self::on(name, mysql_server, &redis_url()).await
+    }
+
+    /// [`TestEnv::new`] on a Redis Cluster (`seeds`: its nodes' URLs, comma-separated).
+    pub async fn on_redis_cluster(name: &str, seeds: &str) -> Self {
+        Self::on(name, &mysql_server_url(), seeds).await
+    }
+
+    async fn on(name: &str, mysql_server: &str, redis: &str) -> Self {
         init_logs();
         let suffix = ulid::Ulid::new().to_string().to_lowercase();
         let namespace = format!("t_{name}_{}", &suffix[16..]);
@@ -77,7 +146,7 @@ impl TestEnv {
         let mut settings = Settings::from_env().expect("settings from the environment");
         settings.namespace = namespace.clone();
         settings.database_url = Secret::new(format!("{mysql_server}/{database}"));
-        settings.redis_url = Secret::new(redis_url());
+        settings.redis_url = Secret::new(redis);
         settings.amqp_url = Secret::new(amqp_url());
         settings.http_addr = "127.0.0.1:0".parse().unwrap();
         settings.admin_token = Some(Secret::new(ADMIN_TOKEN));
@@ -89,11 +158,7 @@ impl TestEnv {
                 panic!("MariaDB at {mysql_server} (see README: ./dev/services.sh): {e:#}")
             });
         seckill::store::migrate(&db).await.expect("migrations");
-        let redis = redis::Client::open(redis_url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .expect("Redis at 127.0.0.1:6379");
+        let redis = TestRedis::connect(redis).await;
         Self {
             jwt: Jwt::new(&settings.jwt_secret),
             settings,

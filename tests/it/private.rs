@@ -387,3 +387,111 @@ impl Drop for PrivateMariaDb {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A private Redis Cluster: `masters` masters with one replica each, on spare ports below
+/// 45,000 (each node's cluster bus is its port + 10,000).
+pub struct PrivateRedisCluster {
+    pub ports: Vec<u16>,
+    dir: PathBuf,
+    nodes: Vec<Child>,
+}
+
+impl PrivateRedisCluster {
+    pub async fn start(masters: usize) -> Self {
+        let dir = scratch("redis-cluster");
+        let ports = cluster_ports(masters * 2);
+        let nodes = ports
+            .iter()
+            .map(|port| {
+                let data = dir.join(port.to_string());
+                std::fs::create_dir_all(&data).unwrap();
+                Command::new("redis-server")
+                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                    .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+                    .args(["--cluster-config-file", "nodes.conf"])
+                    .args(["--save", "", "--appendonly", "no"])
+                    .args(["--dir", &data.display().to_string()])
+                    .stdout(Stdio::null())
+                    .spawn()
+                    .expect("redis-server on PATH")
+            })
+            .collect();
+        let cluster = Self { ports, dir, nodes };
+        for port in &cluster.ports {
+            listening(*port, "cluster node", Duration::from_secs(10)).await;
+        }
+        let addresses: Vec<String> = cluster
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("redis-cli on PATH");
+        assert!(
+            created.status.success(),
+            "redis-cli --cluster create: {}",
+            String::from_utf8_lossy(&created.stdout)
+        );
+        for port in &cluster.ports {
+            eventually(
+                Duration::from_secs(30),
+                "the cluster ready",
+                || async move {
+                    let info = cli(*port, &["CLUSTER", "INFO"]);
+                    if info.contains("cluster_state:ok") {
+                        Ok(())
+                    } else {
+                        Err(info)
+                    }
+                },
+            )
+            .await;
+        }
+        cluster
+    }
+
+    /// The nodes' URLs, comma-separated (what `SECKILL_REDIS_URL` takes).
+    pub fn seeds(&self) -> String {
+        self.ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+impl Drop for PrivateRedisCluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            let _ = node.kill();
+            let _ = node.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `redis-cli -p port args…`: what it printed.
+fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `n` ports whose cluster bus ports (+10,000) are free too.
+fn cluster_ports(n: usize) -> Vec<u16> {
+    let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+    loop {
+        let base = 20_000 + (ulid::Ulid::new().random() % 20_000) as u16;
+        let ports: Vec<u16> = (0..n as u16).map(|i| base + i).collect();
+        if ports.iter().all(|p| free(*p) && free(p + 10_000)) {
+            return ports;
+        }
+    }
+}

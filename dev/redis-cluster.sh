@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# A local Redis Cluster for trying the server on one: 3 masters and 3 replicas on
+# 127.0.0.1:7000-7005 (cluster bus on 17000-17005), data in target/redis-cluster, in the
+# foreground (Ctrl-C stops it). Then, in another terminal:
+#   SECKILL_REDIS_URL=redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002 \
+#     target/release/seckill serve
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v redis-server >/dev/null || { echo "redis-server is missing: sudo apt-get install redis-server" >&2; exit 1; }
+dir=target/redis-cluster
+rm -rf "$dir"
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true' EXIT INT TERM
+for port in 7000 7001 7002 7003 7004 7005; do
+  mkdir -p "$dir/$port"
+  redis-server --port "$port" --bind 127.0.0.1 --cluster-enabled yes --cluster-node-timeout 2000 \
+    --cluster-config-file nodes.conf --appendonly yes --dir "$dir/$port" \
+    --logfile "$(pwd)/$dir/$port/redis.log" &
+  pids+=($!)
+done
+for port in 7000 7001 7002 7003 7004 7005; do
+  for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+done
+redis-cli --cluster create 127.0.0.1:7000 127.0.0.1:7001 127.0.0.1:7002 \
+  127.0.0.1:7003 127.0.0.1:7004 127.0.0.1:7005 --cluster-replicas 1 --cluster-yes >/dev/null
+until redis-cli -p 7000 cluster info | grep -q cluster_state:ok; do sleep 0.2; done
+cat >&2 <<MSG
+Redis Cluster up: 3 masters, 3 replicas on 127.0.0.1:7000-7005 (data in $dir).
+
+  SECKILL_REDIS_URL=redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002 \\
+    target/release/seckill serve
+
+Ctrl-C stops it.
+MSG
+wait
