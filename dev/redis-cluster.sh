@@ -14,7 +14,7 @@ trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true' EXIT INT 
 for port in 7000 7001 7002 7003 7004 7005; do
   mkdir -p "$dir/$port"
   redis-server --port "$port" --bind 127.0.0.1 --cluster-enabled yes --cluster-node-timeout 2000 \
-    --cluster-config-file nodes.conf --appendonly yes --dir "$dir/$port" \
+    --cluster-config-file nodes.conf --cluster-replica-validity-factor 0 --appendonly yes --dir "$dir/$port" \
     --logfile "$(pwd)/$dir/$port/redis.log" &
   pids+=($!)
 done

@@ -241,6 +241,7 @@ impl Server {
                 db: state.db.clone(),
                 keys: state.keys.clone(),
                 meters: state.meters.clone(),
+                wait_replicas: state.settings.redis_wait_replicas,
             };
             background.spawn(relay.run(workers.clone()));
             let scheduler = Scheduler {

@@ -23,13 +23,18 @@ pub struct Settings {
     #[arg(long, env = "SECKILL_ADMIN_ADDR")]
     pub admin_addr: Option<SocketAddr>,
 
-    /// Redis URL.
+    /// Redis URL; several, comma-separated, are the seed nodes of a Redis Cluster.
     #[arg(
         long,
         env = "SECKILL_REDIS_URL",
         default_value = "redis://127.0.0.1:6379"
     )]
     pub redis_url: Secret,
+
+    /// Replicas that must hold a won unit (Redis `WAIT`) before it is answered `202` and
+    /// its order published; when they do not in time, `503 unavailable`. 0 = do not wait.
+    #[arg(long, env = "SECKILL_REDIS_WAIT_REPLICAS", default_value_t = 0)]
+    pub redis_wait_replicas: u32,
 
     /// MySQL/MariaDB URL; the database is created if missing.
     #[arg(

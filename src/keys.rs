@@ -40,6 +40,7 @@ impl Keys {
             pending: self.pending(item),
             outbox: self.outbox(item),
             due: self.due(item),
+            replicated: self.replicated(item),
             buyers: shards("buyers"),
             buyer_orders: shards("buyer_orders"),
         }
@@ -90,6 +91,12 @@ impl Keys {
     /// STRING held by the warm-up of the item running right now (`SET NX PX`).
     pub fn warmup_lock(&self, item: ItemId) -> String {
         self.item_key(item, "warming")
+    }
+
+    /// STRING counter bumped before a `WAIT`: a write on the item's own Redis master, so
+    /// the `WAIT` after it covers every earlier write there (the won unit among them).
+    pub fn replicated(&self, item: ItemId) -> String {
+        self.item_key(item, "replicated")
     }
 
     /// STRING held by whoever reconciles the item right now (`SET NX PX`).
@@ -163,6 +170,8 @@ pub struct ItemKeys {
     /// ZSET delay queue: task (`cancel|SN`, `remind:50|SN`) → when it is due (ms). Tasks a
     /// scheduler has taken wait in [`Keys::leased`] until done or their lease runs out.
     pub due: String,
+    /// STRING bumped before a `WAIT` (see [`Keys::replicated`]).
+    pub replicated: String,
     /// ZSET per shard: `user_id` → won-at ms, for every user holding a unit.
     buyers: Vec<String>,
     /// HASH per shard: `user_id` → the `order_sn` they hold (for `409 duplicate`).

@@ -19,6 +19,7 @@ use crate::error::ApiError;
 use crate::http::extract::{ApiPath, AuthUser, OrderSeeker};
 use crate::http::reply::ok;
 use crate::http::request_id;
+use crate::purchase::WAIT_FOR;
 use crate::store::{RedisError, redis_timed};
 
 use crate::scheduler::delay::Plan;
@@ -275,6 +276,17 @@ async fn stored_order(state: &AppState, sn: &OrderSn, user: UserId) -> Result<Or
     };
     if order.user_id != user {
         return Err(ApiError::OrderNotFound);
+    }
+    let replicas = state.settings.redis_wait_replicas;
+    if replicas > 0 {
+        // Into MySQL only what a Redis failover cannot take back (as the publisher does).
+        let item = state.keys.replicated(sn.item());
+        let acked = state.redis.replicated(&item, replicas, WAIT_FOR).await?;
+        if acked < u64::from(replicas) {
+            return Err(ApiError::Unavailable(
+                "the order is not yet safe on Redis's replicas; try again shortly".into(),
+            ));
+        }
     }
     let orders = [order];
     placed::write(&state.db, &orders).await?;

@@ -15,6 +15,7 @@ use crate::broker::{Broker, Outgoing, publish_confirmed};
 use crate::domain::{ItemId, OrderPlaced, OrderSn};
 use crate::keys::Keys;
 use crate::orders::repo as orders;
+use crate::purchase::WAIT_FOR;
 use crate::store::{Db, RedisConns, RedisError, redis_timed};
 use crate::telemetry::Meters;
 
@@ -38,6 +39,9 @@ pub struct Relay {
     pub db: Db,
     pub keys: Keys,
     pub meters: Arc<Meters>,
+    /// `SECKILL_REDIS_WAIT_REPLICAS`: orders are sent only once that many replicas hold
+    /// them.
+    pub wait_replicas: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -133,6 +137,17 @@ impl Relay {
                 tracing::debug!(%item, orders = outgoing.len(), "relay: no broker connection yet");
                 return Ok(());
             };
+            if self.wait_replicas > 0 {
+                // As a purchase does: what a failover could still undo is not sent.
+                let acked = self
+                    .redis
+                    .replicated(&self.keys.replicated(item), self.wait_replicas, WAIT_FOR)
+                    .await?;
+                if acked < u64::from(self.wait_replicas) {
+                    tracing::debug!(%item, acked, "relay: replicas behind; sending later");
+                    return Ok(());
+                }
+            }
             let started = Instant::now();
             let confirmed = publish_confirmed(&channel, self.broker.topology(), &outgoing).await;
             let sent = confirmed.iter().filter(|c| **c).count();

@@ -30,6 +30,10 @@ use crate::telemetry::Meters;
 
 use self::grab::{GrabOutcome, grab};
 
+/// How long a won unit may wait for its replicas (`SECKILL_REDIS_WAIT_REPLICAS`) before
+/// the buyer is told `503`: well inside the purchase's one second.
+pub const WAIT_FOR: std::time::Duration = std::time::Duration::from_millis(300);
+
 #[derive(Debug, Deserialize)]
 pub struct FlashbuyRequest {
     item_id: ItemId,
@@ -54,6 +58,7 @@ pub async fn count(
 
 pub async fn flashbuy(
     State(AppState {
+        settings,
         catalog,
         redis,
         publisher,
@@ -137,6 +142,25 @@ pub async fn flashbuy(
 
     match outcome? {
         GrabOutcome::Won => {
+            if settings.redis_wait_replicas > 0 {
+                // Not answered, and not handed to the publisher, before the replicas hold
+                // it: a failover could otherwise put the unit back on sale while MySQL
+                // gets its order. What is not confirmed in time stays in Redis: if it
+                // survives, pressing again answers 409 with it, and the relay sends it.
+                let acked = redis
+                    .replicated(
+                        &item.keys.replicated,
+                        settings.redis_wait_replicas,
+                        WAIT_FOR,
+                    )
+                    .await;
+                if !acked.is_ok_and(|n| n >= u64::from(settings.redis_wait_replicas)) {
+                    return Err(ApiError::Unavailable(
+                        "your unit may not be safe yet; press again to learn whether you hold it"
+                            .into(),
+                    ));
+                }
+            }
             meters.won.increment(1);
             let order_sn = order.order_sn;
             publisher.offer(Outgoing {

@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool_redis::{PoolConfig, Runtime, Timeouts};
@@ -61,6 +62,8 @@ enum Servers {
         /// Pooled connections for bulk and background work (warm-up, relay, consumer,
         /// stats), so that a large pipeline never queues ahead of purchases.
         pool: deadpool_redis::Pool,
+        /// Connections for `WAIT`, which blocks the connection it runs on.
+        waits: deadpool_redis::Pool,
         client: redis::Client,
     },
     Cluster {
@@ -68,6 +71,10 @@ enum Servers {
         client: Box<ClusterClient>,
         /// Made at the first use, so a server starts while the cluster is down.
         conn: OnceCell<ClusterConnection>,
+        /// Cluster connections for `WAIT` (it blocks the node connection it runs on), used
+        /// in turn.
+        waits: Vec<OnceCell<ClusterConnection>>,
+        next_wait: AtomicUsize,
         /// The seed nodes, for pub/sub (any node will do).
         seeds: Vec<redis::Client>,
     },
@@ -94,6 +101,10 @@ impl RedisConns {
                         .build()?,
                 ),
                 conn: OnceCell::new(),
+                waits: (0..CLUSTER_WAIT_CONNECTIONS)
+                    .map(|_| OnceCell::new())
+                    .collect(),
+                next_wait: AtomicUsize::new(0),
                 seeds: seeds
                     .iter()
                     .map(|url| redis::Client::open(*url))
@@ -200,6 +211,41 @@ impl RedisConns {
         }
     }
 
+    /// Bumps `key` (which must live on the master to be covered: the item's own), then
+    /// waits up to `within` for `replicas` replicas to hold every write made on that master
+    /// until then. Returns how many did.
+    pub async fn replicated(
+        &self,
+        key: &str,
+        replicas: u32,
+        within: Duration,
+    ) -> Result<u64, RedisError> {
+        let mut pipe = redis::pipe();
+        pipe.incr(key, 1)
+            .ignore()
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(within.as_millis() as u64);
+        let (acked,): (u64,) = match &*self.servers {
+            Servers::One { waits, .. } => {
+                let mut conn = waits.get().await?;
+                timed(pipe.query_async(&mut conn)).await?
+            }
+            Servers::Cluster {
+                client,
+                waits,
+                next_wait,
+                ..
+            } => {
+                let slot = next_wait.fetch_add(1, Ordering::Relaxed) % waits.len();
+                let conn =
+                    timed(waits[slot].get_or_try_init(|| client.get_async_connection())).await?;
+                timed(pipe.query_async(&mut conn.clone())).await?
+            }
+        };
+        Ok(acked)
+    }
+
     /// `INFO server` of the server that holds `key` (on a cluster, the master of its slot).
     pub async fn server_info_of(&self, key: &str) -> Result<redis::InfoDict, RedisError> {
         let mut info = redis::cmd("INFO");
@@ -240,8 +286,27 @@ fn one(url: &str) -> anyhow::Result<Servers> {
     };
     config.pool = Some(pool);
     let pool = config.create_pool(Some(Runtime::Tokio1))?;
-    Ok(Servers::One { hot, pool, client })
+    let mut config = deadpool_redis::Config::from_url(url);
+    let mut waits = PoolConfig::new(WAIT_CONNECTIONS);
+    waits.timeouts = Timeouts {
+        wait: Some(STORE_TIMEOUT),
+        create: Some(STORE_TIMEOUT),
+        recycle: Some(STORE_TIMEOUT),
+    };
+    config.pool = Some(waits);
+    let waits = config.create_pool(Some(Runtime::Tokio1))?;
+    Ok(Servers::One {
+        hot,
+        pool,
+        waits,
+        client,
+    })
 }
+
+/// Won purchases waiting for replicas at once, on one server (each holds a connection).
+const WAIT_CONNECTIONS: usize = 128;
+/// Cluster connections shared by the waits (each has a connection to every node).
+const CLUSTER_WAIT_CONNECTIONS: usize = 8;
 
 /// A connection of either kind; commands and pipelines go through it alike.
 pub enum RedisConn {

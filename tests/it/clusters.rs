@@ -42,8 +42,9 @@ async fn a_rabbitmq_node_killed_mid_burst_loses_nothing_with_quorum_queues() {
 /// one slot, or this fails with CROSSSLOT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_server_runs_on_a_redis_cluster() {
-    let cluster = PrivateRedisCluster::start(3).await;
-    let env = TestEnv::on_redis_cluster("redis_cluster", &cluster.seeds()).await;
+    let (cluster, _turn) = PrivateRedisCluster::shared().await;
+    let seeds = cluster.lock().unwrap().seeds();
+    let env = TestEnv::on_redis_cluster("redis_cluster", &seeds).await;
     let server = env
         .server_with(ALL_ROLES, |s| s.scheduler_poll_ms = 200)
         .await;
@@ -100,11 +101,18 @@ async fn the_server_runs_on_a_redis_cluster() {
         }
     })
     .await;
-    assert_eq!(
-        env.buy(&server, 1, 2).await.0,
-        202,
-        "the cancelled buyer buys again"
-    );
+    // "Sold out" is cleared on every instance within a second (CONTRACT §7), not at once.
+    eventually(
+        std::time::Duration::from_secs(3),
+        "the cancelled buyer buys again",
+        || async {
+            match env.buy(&server, 1, 2).await {
+                (202, _) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
 
     // A breaker, then a closed shop, refuse purchases; both undone.
     let circuit = env
@@ -155,4 +163,101 @@ async fn the_server_runs_on_a_redis_cluster() {
     )
     .await;
     server.stop().await;
+}
+
+/// What a Redis failover mid-burst did to a sale: units sold more than once (live orders
+/// beyond the total) and `202`s with no row.
+struct Failover {
+    oversold: usize,
+    lost: usize,
+    answers: std::collections::BTreeMap<String, u64>,
+}
+
+/// A sale of 300 units on the shared cluster: 1,000 buyers, the master serving the item
+/// killed (SIGKILL) after 150 answers, its replica taking over, the killed node back as a
+/// replica; then a second crowd buys what is left, and the outcome is counted.
+async fn failover_mid_burst(wait_replicas: u32) -> (TestEnv, TestServer, Ledger, Failover) {
+    let (cluster, _turn) = PrivateRedisCluster::shared().await;
+    let (seeds, ports) = {
+        let cluster = cluster.lock().unwrap();
+        (cluster.seeds(), cluster.ports.clone())
+    };
+    let env = TestEnv::on_redis_cluster("redis_failover", &seeds).await;
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.redis_wait_replicas = wait_replicas;
+            s.scheduler_poll_ms = 200;
+        })
+        .await;
+    env.item_on_sale(&server, 1, 300).await;
+    let master = cluster.lock().unwrap().master_of(&env.key(1, "meta"));
+    let answered = std::sync::atomic::AtomicU64::new(0);
+    let at = |_: u64, _: u32| server.addr;
+    let (mut ledger, _) = tokio::join!(
+        crowd(&env, 1, 1..1_001, &at, &answered),
+        mid_burst(&answered, 150, async {
+            cluster.lock().unwrap().kill(master)
+        }),
+    );
+    // The replica took over: every slot served again by the nodes still up.
+    let up: Vec<u16> = ports.iter().copied().filter(|p| *p != master).collect();
+    whole(&up).await;
+    cluster.lock().unwrap().restart(master);
+    whole(&ports).await;
+    // Everyone presses again once the replica serves the item: what is left sells.
+    ledger.merge(crowd(&env, 1, 1..1_201, &at, &answered).await);
+    ask_uncertain(&env, &server, 1, &mut ledger).await;
+    quiet(
+        &env,
+        &server,
+        1,
+        &amqp_url(),
+        std::time::Duration::from_secs(60),
+    )
+    .await;
+    let rows = env.orders(1).await;
+    let live = rows.iter().filter(|(_, _, s)| s != "cancelled").count();
+    let in_mysql: std::collections::HashSet<&str> =
+        rows.iter().map(|(sn, _, _)| sn.as_str()).collect();
+    let failover = Failover {
+        oversold: live.saturating_sub(300),
+        lost: ledger
+            .won
+            .iter()
+            .filter(|sn| !in_mysql.contains(sn.as_str()))
+            .count(),
+        answers: ledger.answers.clone(),
+    };
+    (env, server, ledger, failover)
+}
+
+/// With `SECKILL_REDIS_WAIT_REPLICAS=1` a master failover mid-burst loses no `202` and
+/// sells no unit twice: a unit is answered, and its order published, only once a replica
+/// holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redis_master_killed_mid_burst_with_wait_loses_nothing_and_oversells_nothing() {
+    let (env, server, ledger, failover) = failover_mid_burst(1).await;
+    eprintln!(
+        "failover with WAIT 1: {:?}; oversold {}, lost {}",
+        failover.answers, failover.oversold, failover.lost
+    );
+    total_check(&env, &server, 1, 300, &ledger).await;
+    assert_eq!((failover.oversold, failover.lost), (0, 0));
+    server.stop().await;
+}
+
+/// Without `WAIT`, by hand: `cargo test clusters::failover_without_wait -- --ignored
+/// --nocapture` runs the same failover five times and prints what was sold twice or
+/// lost (the README has the figures).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a measurement, run by hand"]
+async fn failover_without_wait() {
+    for run in 1..=5 {
+        let (_env, server, _ledger, failover) = failover_mid_burst(0).await;
+        eprintln!(
+            "failover without WAIT, run {run}: {:?}; oversold {}, lost {}",
+            failover.answers, failover.oversold, failover.lost
+        );
+        server.stop().await;
+    }
 }

@@ -396,26 +396,52 @@ pub struct PrivateRedisCluster {
     nodes: Vec<Child>,
 }
 
+/// The cluster the tests of this binary share (started once), and whose turn it is: the
+/// tests take it one at a time, since one of them fails a master over.
+static SHARED_CLUSTER: tokio::sync::OnceCell<std::sync::Mutex<PrivateRedisCluster>> =
+    tokio::sync::OnceCell::const_new();
+static CLUSTER_TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 impl PrivateRedisCluster {
+    /// The binary's shared cluster (3 masters, 3 replicas), and this test's turn with it.
+    /// Its processes end with the test binary (a watchdog sees to it).
+    pub async fn shared() -> (
+        &'static std::sync::Mutex<PrivateRedisCluster>,
+        tokio::sync::MutexGuard<'static, ()>,
+    ) {
+        let turn = CLUSTER_TURN.lock().await;
+        let cluster = SHARED_CLUSTER
+            .get_or_init(|| async {
+                let cluster = Self::start(3).await;
+                cluster.watched();
+                std::sync::Mutex::new(cluster)
+            })
+            .await;
+        (cluster, turn)
+    }
+
+    /// Kills the nodes and removes the data once this test binary has exited (a static is
+    /// never dropped).
+    fn watched(&self) {
+        // By the data directory in their command lines: a node restarted by a test has a
+        // pid of its own.
+        let script = format!(
+            "while kill -0 {me} 2>/dev/null; do sleep 1; done; pkill -9 -f {dir}; rm -rf {dir}",
+            me = std::process::id(),
+            dir = self.dir.display(),
+        );
+        // In the background of a shell that exits at once (so nothing is left unwaited).
+        let started = Command::new("sh")
+            .args(["-c", &format!("({script}) >/dev/null 2>&1 &")])
+            .status()
+            .expect("sh");
+        assert!(started.success(), "the cluster's watchdog: {started}");
+    }
+
     pub async fn start(masters: usize) -> Self {
         let dir = scratch("redis-cluster");
         let ports = cluster_ports(masters * 2);
-        let nodes = ports
-            .iter()
-            .map(|port| {
-                let data = dir.join(port.to_string());
-                std::fs::create_dir_all(&data).unwrap();
-                Command::new("redis-server")
-                    .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                    .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
-                    .args(["--cluster-config-file", "nodes.conf"])
-                    .args(["--save", "", "--appendonly", "no"])
-                    .args(["--dir", &data.display().to_string()])
-                    .stdout(Stdio::null())
-                    .spawn()
-                    .expect("redis-server on PATH")
-            })
-            .collect();
+        let nodes = ports.iter().map(|port| node(&dir, *port)).collect();
         let cluster = Self { ports, dir, nodes };
         for port in &cluster.ports {
             listening(*port, "cluster node", Duration::from_secs(10)).await;
@@ -436,22 +462,52 @@ impl PrivateRedisCluster {
             "redis-cli --cluster create: {}",
             String::from_utf8_lossy(&created.stdout)
         );
-        for port in &cluster.ports {
-            eventually(
-                Duration::from_secs(30),
-                "the cluster ready",
-                || async move {
-                    let info = cli(*port, &["CLUSTER", "INFO"]);
-                    if info.contains("cluster_state:ok") {
-                        Ok(())
-                    } else {
-                        Err(info)
-                    }
-                },
-            )
-            .await;
-        }
+        cluster.wait_ok().await;
         cluster
+    }
+
+    /// The port of the master serving `key`'s slot now.
+    pub fn master_of(&self, key: &str) -> u16 {
+        let port = self.ports[0];
+        let slot: u16 = cli(port, &["CLUSTER", "KEYSLOT", key])
+            .trim()
+            .parse()
+            .unwrap();
+        let nodes = cli(port, &["CLUSTER", "NODES"]);
+        nodes
+            .lines()
+            .filter(|line| line.contains("master") && !line.contains("fail"))
+            .find_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let port: u16 = fields[1].split(['@', ':']).nth(1)?.parse().ok()?;
+                fields[8..]
+                    .iter()
+                    .filter_map(|range| {
+                        let (from, to) = range.split_once('-').unwrap_or((range, range));
+                        Some((from.parse::<u16>().ok()?, to.parse::<u16>().ok()?))
+                    })
+                    .any(|(from, to)| (from..=to).contains(&slot))
+                    .then_some(port)
+            })
+            .expect("a master for the slot")
+    }
+
+    /// SIGKILL to the node on `port`.
+    pub fn kill(&mut self, port: u16) {
+        let i = self.ports.iter().position(|p| *p == port).unwrap();
+        let _ = self.nodes[i].kill();
+        let _ = self.nodes[i].wait();
+    }
+
+    /// Starts the node on `port` again (it rejoins, as a replica if it was failed over);
+    /// [`PrivateRedisCluster::whole`] waits for the cluster to be whole again.
+    pub fn restart(&mut self, port: u16) {
+        let i = self.ports.iter().position(|p| *p == port).unwrap();
+        self.nodes[i] = node(&self.dir, port);
+    }
+
+    async fn wait_ok(&self) {
+        whole(&self.ports).await;
     }
 
     /// The nodes' URLs, comma-separated (what `SECKILL_REDIS_URL` takes).
@@ -472,6 +528,49 @@ impl Drop for PrivateRedisCluster {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Waits until every node on `ports` says the cluster is whole (every slot served) and
+/// every replica among them is in step with its master.
+pub async fn whole(ports: &[u16]) {
+    for port in ports {
+        eventually(
+            Duration::from_secs(30),
+            "the cluster whole",
+            || async move {
+                let info = cli(*port, &["CLUSTER", "INFO"]);
+                let replication = cli(*port, &["INFO", "replication"]);
+                let in_step = replication.contains("role:master")
+                    || replication.contains("master_link_status:up");
+                if info.contains("cluster_state:ok") && in_step {
+                    Ok(())
+                } else {
+                    Err(format!("{info}\n{replication}"))
+                }
+            },
+        )
+        .await;
+    }
+}
+
+/// A cluster node on `port`, its data under `dir` (the append-only file on: a node that
+/// rejoins after a kill must not come back empty as a master).
+fn node(dir: &Path, port: u16) -> Child {
+    let data = dir.join(port.to_string());
+    std::fs::create_dir_all(&data).unwrap();
+    Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+        .args(["--cluster-config-file", "nodes.conf"])
+        // A replica may always take over, however long it was cut off: the tests kill
+        // masters on purpose, and `WAIT` says what a replica holds.
+        .args(["--cluster-replica-validity-factor", "0"])
+        .args(["--save", "", "--appendonly", "yes"])
+        .args(["--dir", &data.display().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server on PATH")
 }
 
 /// `redis-cli -p port args…`: what it printed.

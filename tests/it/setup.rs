@@ -28,10 +28,11 @@ fn docker_compose_config_is_valid() {
             tool.join(" "),
             String::from_utf8_lossy(&output.stderr)
         );
-        // The full picture: stores, broker, two servers, nginx, monitoring.
+        // The full picture: stores, broker, two servers, nginx, monitoring; and the
+        // cluster profile's fleet.
         let services = Command::new(tool[0])
             .args(&tool[1..])
-            .args(["-f", &file, "config", "--services"])
+            .args(["-f", &file, "--profile", "cluster", "config", "--services"])
             .output()
             .expect("compose runs");
         let services = String::from_utf8_lossy(&services.stdout);
@@ -40,14 +41,29 @@ fn docker_compose_config_is_valid() {
         assert_eq!(
             services,
             [
+                "api-1",
+                "api-2",
                 "grafana",
                 "mariadb",
                 "nginx",
+                "nginx-fleet",
                 "prometheus",
+                "rabbit-1",
+                "rabbit-2",
+                "rabbit-3",
                 "rabbitmq",
                 "redis",
+                "redis-cluster-init",
+                "redis-node-1",
+                "redis-node-2",
+                "redis-node-3",
+                "redis-node-4",
+                "redis-node-5",
+                "redis-node-6",
                 "seckill-1",
-                "seckill-2"
+                "seckill-2",
+                "worker-1",
+                "worker-2"
             ]
         );
         return;
