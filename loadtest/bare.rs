@@ -18,7 +18,7 @@ use redis::aio::ConnectionManager;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use seckill::domain::{ItemId, OrderPlaced, OrderSn, UserId};
+use seckill::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
 use seckill::keys::{ItemKeys, Keys};
 use seckill::purchase::grab::grab;
 
@@ -51,7 +51,7 @@ struct Body {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let item = ItemId::new(1).ok_or_else(|| anyhow::anyhow!("item 1"))?;
-    let keys = Keys::new(&args.namespace).item(item);
+    let keys = Keys::new(&args.namespace).stock(Stock::whole(item));
     let mut redis = ConnectionManager::new(redis::Client::open(args.redis.as_str())?).await?;
     load(&mut redis, &keys, args.units).await?;
     seckill::lua::preload(&mut redis).await?;
@@ -81,7 +81,7 @@ async fn grab_handler(
         .unwrap_or(UserId::new(1));
     let now = chrono::Utc::now().timestamp_millis();
     let order = OrderPlaced {
-        order_sn: OrderSn::generate(body.item_id),
+        order_sn: OrderSn::generate(Stock::whole(body.item_id), false),
         item_id: body.item_id,
         user_id: user,
         created_at_ms: now,

@@ -53,6 +53,63 @@ impl fmt::Display for ItemId {
     }
 }
 
+/// Where an item's units live in Redis: the item itself (bucket 0, every item has it) or
+/// one of the further buckets of a hot item spread over several (`"buckets": K`). Each
+/// bucket's keys carry their own hash tag, so on a cluster they land on their own slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Stock {
+    pub item: ItemId,
+    pub bucket: u8,
+}
+
+impl Stock {
+    /// Most buckets an item may have.
+    pub const MAX_BUCKETS: u8 = 64;
+
+    /// Bucket 0: the whole item, for an item not split.
+    pub fn whole(item: ItemId) -> Self {
+        Self { item, bucket: 0 }
+    }
+
+    pub fn new(item: ItemId, bucket: u8) -> Self {
+        Self { item, bucket }
+    }
+
+    /// Every bucket of an item split into `buckets`.
+    pub fn all(item: ItemId, buckets: u8) -> impl Iterator<Item = Stock> + Clone + use<> {
+        (0..buckets.max(1)).map(move |bucket| Self { item, bucket })
+    }
+
+    /// The bucket that keeps `user`'s record of an item split into `buckets`: the one all of
+    /// their purchases of it go to, so "one unit per user" is decided in one place.
+    pub fn home(item: ItemId, user: UserId, buckets: u8) -> Self {
+        Self {
+            item,
+            bucket: user.bucket(buckets),
+        }
+    }
+
+    /// Parses [`Stock`]'s display form: `ID` or `ID.B`.
+    pub fn parse(s: &str) -> Option<Self> {
+        let (item, bucket) = match s.split_once('.') {
+            Some((item, bucket)) => (item, bucket.parse().ok()?),
+            None => (s, 0),
+        };
+        let item = ItemId::new(item.parse().ok()?)?;
+        (bucket < Self::MAX_BUCKETS).then_some(Self { item, bucket })
+    }
+}
+
+/// `ID` for bucket 0 (as an item was named before buckets), `ID.B` for the others.
+impl fmt::Display for Stock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.bucket {
+            0 => self.item.fmt(f),
+            b => write!(f, "{}.{b}", self.item),
+        }
+    }
+}
+
 /// A buyer, as named by the `sub` claim of their token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -79,6 +136,14 @@ impl UserId {
     pub fn shard(self, shards: u32) -> u32 {
         crc32fast::hash(self.0.to_string().as_bytes()) % shards
     }
+
+    /// The user's home bucket of an item split into `buckets` (see [`Stock::home`]): from
+    /// the bits of the hash above the buyer shard's, so a bucket's buyers still spread over
+    /// every shard.
+    pub fn bucket(self, buckets: u8) -> u8 {
+        let hash = crc32fast::hash(self.0.to_string().as_bytes());
+        ((hash / crate::keys::BUYER_SHARDS) % u32::from(buckets.max(1))) as u8
+    }
 }
 
 impl fmt::Display for UserId {
@@ -94,36 +159,66 @@ impl fmt::Display for UserId {
 #[serde(try_from = "String", into = "String")]
 pub struct OrderSn {
     text: String,
-    item: ItemId,
+    stock: Stock,
 }
+
+/// Where in a ULID's 80 random bits the bucket of a bucketed item's order sits (the top 6).
+const BUCKET_SHIFT: u32 = 74;
 
 impl OrderSn {
     pub const MAX_LEN: usize = 40;
 
-    pub fn generate(item: ItemId) -> Self {
-        let text = format!("{item}-{}", ulid::Ulid::new());
-        Self { text, item }
+    /// `ITEM-ULID` for an item in one bucket, as always; `ITEM_ULID` for a bucket of a
+    /// split item, the bucket in the ULID's top random bits — so the number says where its
+    /// order's records are and still fits 40 characters.
+    pub fn generate(stock: Stock, split: bool) -> Self {
+        let ulid = ulid::Ulid::new();
+        let text = if split {
+            let random = (ulid.random() & !(0x3f << BUCKET_SHIFT))
+                | (u128::from(stock.bucket) << BUCKET_SHIFT);
+            let ulid = ulid::Ulid::from_parts(ulid.timestamp_ms(), random);
+            format!("{}_{ulid}", stock.item)
+        } else {
+            format!("{}-{ulid}", stock.item)
+        };
+        Self { text, stock }
     }
 
-    /// Accepts only the shape [`OrderSn::generate`] makes.
+    /// Accepts only the shapes [`OrderSn::generate`] makes.
     pub fn parse(s: &str) -> Option<Self> {
-        let (item, rest) = s.split_once('-')?;
+        let (item, rest, split) = match s.split_once('-') {
+            Some((item, rest)) => (item, rest, false),
+            None => {
+                let (item, rest) = s.split_once('_')?;
+                (item, rest, true)
+            }
+        };
         if s.len() > Self::MAX_LEN
             || item.starts_with('0')
             || !item.bytes().all(|b| b.is_ascii_digit())
-            || ulid::Ulid::from_string(rest).is_err()
         {
             return None;
         }
+        let ulid = ulid::Ulid::from_string(rest).ok()?;
         let item = item.parse().ok().and_then(ItemId::new)?;
+        let bucket = if split {
+            (ulid.random() >> BUCKET_SHIFT) as u8
+        } else {
+            0
+        };
         Some(Self {
             text: s.to_owned(),
-            item,
+            stock: Stock::new(item, bucket),
         })
     }
 
     pub fn item(&self) -> ItemId {
-        self.item
+        self.stock.item
+    }
+
+    /// The bucket whose Redis keys hold this order's records.
+    pub fn stock(&self) -> Stock {
+        self.stock
     }
 
     pub fn as_str(&self) -> &str {
@@ -216,19 +311,46 @@ mod tests {
 
     #[test]
     fn order_numbers_fit_and_round_trip() {
-        let largest = OrderSn::generate(ItemId::new(ItemId::MAX).unwrap());
-        assert!(largest.as_str().len() <= OrderSn::MAX_LEN, "{largest}");
-        let sn = OrderSn::generate(ItemId::new(1001).unwrap());
+        let largest = ItemId::new(ItemId::MAX).unwrap();
+        for split in [false, true] {
+            let sn = OrderSn::generate(Stock::new(largest, 63), split);
+            assert!(sn.as_str().len() <= OrderSn::MAX_LEN, "{sn}");
+        }
+        let item = ItemId::new(1001).unwrap();
+        let sn = OrderSn::generate(Stock::whole(item), false);
         assert_eq!(OrderSn::parse(sn.as_str()), Some(sn.clone()));
         assert_eq!(sn.item().get(), 1001);
-        assert_ne!(sn, OrderSn::generate(ItemId::new(1001).unwrap()));
+        assert_eq!(sn.stock(), Stock::whole(item));
+        assert_ne!(sn, OrderSn::generate(Stock::whole(item), false));
+        for bucket in [0, 1, 17, 63] {
+            let sn = OrderSn::generate(Stock::new(item, bucket), true);
+            assert_eq!(OrderSn::parse(sn.as_str()), Some(sn.clone()));
+            assert_eq!(sn.stock(), Stock::new(item, bucket), "{sn}");
+        }
+    }
+
+    #[test]
+    fn stocks_round_trip_and_home_buckets_spread() {
+        let item = ItemId::new(7).unwrap();
+        for stock in [Stock::whole(item), Stock::new(item, 5)] {
+            assert_eq!(Stock::parse(&stock.to_string()), Some(stock));
+        }
+        assert_eq!(Stock::whole(item).to_string(), "7");
+        assert_eq!(Stock::parse("7.64"), None);
+        let mut seen = [0u32; 8];
+        for user in 0..8_000 {
+            let stock = Stock::home(item, UserId::new(user), 8);
+            seen[stock.bucket as usize] += 1;
+            assert_eq!(Stock::home(item, UserId::new(user), 1).bucket, 0);
+        }
+        assert!(seen.iter().all(|n| (800..1200).contains(n)), "{seen:?}");
     }
 
     #[test]
     fn order_times_must_fit_a_mysql_datetime() {
         let item = ItemId::new(1).unwrap();
         let order = OrderPlaced {
-            order_sn: OrderSn::generate(item),
+            order_sn: OrderSn::generate(Stock::whole(item), false),
             item_id: item,
             user_id: UserId::new(1),
             created_at_ms: 1_700_000_000_000,

@@ -5,7 +5,7 @@
 //! item live in one slot (one Lua script may touch them all) while items spread over the
 //! cluster; `v1` lets a later layout migrate key by key.
 
-use crate::domain::{ItemId, UserId};
+use crate::domain::{ItemId, Stock, UserId};
 
 /// How many buyer sets an item's buyers are spread over (`crc32(user) % BUYER_SHARDS`), so
 /// that no single Redis value grows with the whole crowd.
@@ -28,61 +28,65 @@ impl Keys {
         &self.namespace
     }
 
-    pub fn item(&self, item: ItemId) -> ItemKeys {
+    /// The keys of one bucket of an item (bucket 0: an item not split).
+    pub fn stock(&self, stock: Stock) -> ItemKeys {
         let shards = |what: &str| {
             (0..BUYER_SHARDS)
-                .map(|i| self.item_key(item, &format!("{what}:{i}")))
+                .map(|i| self.stock_key(stock, &format!("{what}:{i}")))
                 .collect()
         };
         ItemKeys {
-            meta: self.item_key(item, "meta"),
-            tokens: self.item_key(item, "tokens"),
-            pending: self.pending(item),
-            outbox: self.outbox(item),
-            due: self.due(item),
-            replicated: self.replicated(item),
+            stock,
+            meta: self.stock_key(stock, "meta"),
+            tokens: self.stock_key(stock, "tokens"),
+            pending: self.pending(stock),
+            outbox: self.outbox(stock),
+            due: self.due(stock),
+            replicated: self.replicated(stock),
+            lent: self.stock_key(stock, "lent"),
+            transfers: self.stock_key(stock, "transfers"),
             buyers: shards("buyers"),
             buyer_orders: shards("buyer_orders"),
         }
     }
 
     /// [`ItemKeys::pending`] alone, for background work that needs no other key.
-    pub fn pending(&self, item: ItemId) -> String {
-        self.item_key(item, "pending")
+    pub fn pending(&self, stock: Stock) -> String {
+        self.stock_key(stock, "pending")
     }
 
     /// [`ItemKeys::outbox`] alone.
-    pub fn outbox(&self, item: ItemId) -> String {
-        self.item_key(item, "outbox")
+    pub fn outbox(&self, stock: Stock) -> String {
+        self.stock_key(stock, "outbox")
     }
 
     /// [`ItemKeys::due`] alone.
-    pub fn due(&self, item: ItemId) -> String {
-        self.item_key(item, "due")
+    pub fn due(&self, stock: Stock) -> String {
+        self.stock_key(stock, "due")
     }
 
     /// ZSET of cancels begun: `order_sn` → when (ms). Written before the `UPDATE` that
     /// cancels, removed once the unit is back (or the order turned out not cancelled), so
     /// a cancel cut off between MySQL and Redis is finished by a sweep.
-    pub fn ending(&self, item: ItemId) -> String {
-        self.item_key(item, "ending")
+    pub fn ending(&self, stock: Stock) -> String {
+        self.stock_key(stock, "ending")
     }
 
     /// ZSET of tasks a scheduler has taken: task → when its lease runs out (ms).
-    pub fn leased(&self, item: ItemId) -> String {
-        self.item_key(item, "leased")
+    pub fn leased(&self, stock: Stock) -> String {
+        self.stock_key(stock, "leased")
     }
 
     /// What one warm-up run fills before `swap.lua` puts it in place of the live keys: its
     /// own copies, so two runs can never touch each other's.
-    pub fn loading(&self, item: ItemId, run: &str) -> LoadingKeys {
+    pub fn loading(&self, stock: Stock, run: &str) -> LoadingKeys {
         let shards = |what: &str| {
             (0..BUYER_SHARDS)
-                .map(|i| self.item_key(item, &format!("{what}:{i}:loading:{run}")))
+                .map(|i| self.stock_key(stock, &format!("{what}:{i}:loading:{run}")))
                 .collect()
         };
         LoadingKeys {
-            tokens: self.item_key(item, &format!("tokens:loading:{run}")),
+            tokens: self.stock_key(stock, &format!("tokens:loading:{run}")),
             buyers: shards("buyers"),
             buyer_orders: shards("buyer_orders"),
         }
@@ -90,25 +94,28 @@ impl Keys {
 
     /// STRING held by the warm-up of the item running right now (`SET NX PX`).
     pub fn warmup_lock(&self, item: ItemId) -> String {
-        self.item_key(item, "warming")
+        self.stock_key(Stock::whole(item), "warming")
     }
 
     /// STRING counter bumped before a `WAIT`: a write on the item's own Redis master, so
     /// the `WAIT` after it covers every earlier write there (the won unit among them).
-    pub fn replicated(&self, item: ItemId) -> String {
-        self.item_key(item, "replicated")
+    pub fn replicated(&self, stock: Stock) -> String {
+        self.stock_key(stock, "replicated")
     }
 
     /// STRING held by whoever reconciles the item right now (`SET NX PX`).
     pub fn reconcile_lock(&self, item: ItemId) -> String {
-        self.item_key(item, "reconciling")
+        self.stock_key(Stock::whole(item), "reconciling")
     }
 
-    fn item_key(&self, item: ItemId, what: &str) -> String {
-        format!("{}:{{item:{item}}}:v1:{what}", self.namespace)
+    /// `{ns}:{item:ID}:v1:…` for bucket 0, `{ns}:{item:ID.B}:v1:…` for bucket B: a hash
+    /// tag of its own per bucket.
+    fn stock_key(&self, stock: Stock, what: &str) -> String {
+        format!("{}:{{item:{stock}}}:v1:{what}", self.namespace)
     }
 
-    /// SET of the ids of items that have state in Redis (the relay walks it).
+    /// SET of the buckets that have state in Redis, as [`Stock`] displays them (`ID`, or
+    /// `ID.B` for a further bucket of a split item); the relay and the scheduler walk it.
     pub fn items_index(&self) -> String {
         format!("{}:items:v1", self.namespace)
     }
@@ -159,7 +166,10 @@ impl Keys {
 /// formats no strings.
 #[derive(Clone, Debug)]
 pub struct ItemKeys {
-    /// HASH: `loaded` (ms), `total`, `sold`, `paused` (0/1), `start_ms`, `end_ms`.
+    /// Which item and bucket these are the keys of.
+    pub stock: Stock,
+    /// HASH: `loaded` (ms), `total` (units this bucket holds, sold or not), `sold`,
+    /// `paused` (0/1), `start_ms`, `end_ms`.
     pub meta: String,
     /// LIST of unsold units; `LPOP` sells one.
     pub tokens: String,
@@ -172,6 +182,12 @@ pub struct ItemKeys {
     pub due: String,
     /// STRING bumped before a `WAIT` (see [`Keys::replicated`]).
     pub replicated: String,
+    /// HASH of units this bucket lent to another of the item's buckets and that have not
+    /// arrived for sure: transfer id → `home|unit|ms` (see `lua/lend.lua`).
+    pub lent: String,
+    /// HASH of transfers into this bucket: transfer id → `in` (the unit arrived) or `void`
+    /// (it never will: its lender took it back).
+    pub transfers: String,
     /// ZSET per shard: `user_id` → won-at ms, for every user holding a unit.
     buyers: Vec<String>,
     /// HASH per shard: `user_id` → the `order_sn` they hold (for `409 duplicate`).
@@ -233,7 +249,7 @@ mod tests {
 
     #[test]
     fn keys_carry_namespace_hash_tag_and_version() {
-        let keys = Keys::new("ns").item(ItemId::new(1001).unwrap());
+        let keys = Keys::new("ns").stock(Stock::whole(ItemId::new(1001).unwrap()));
         assert_eq!(keys.tokens, "ns:{item:1001}:v1:tokens");
         let user = UserId::new(7);
         let shard = user.shard(BUYER_SHARDS);
@@ -250,5 +266,7 @@ mod tests {
             keys.all_buyer_keys()
                 .all(|k| k.starts_with("ns:{item:1001}:v1:"))
         );
+        let bucket = Keys::new("ns").stock(Stock::new(ItemId::new(1001).unwrap(), 3));
+        assert_eq!(bucket.tokens, "ns:{item:1001.3}:v1:tokens");
     }
 }

@@ -41,6 +41,17 @@ pub static UNLOCK: LazyLock<Script> =
 pub static BREAKER_AUTO: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/breaker_auto.lua")));
 
+/// Lends a unit to another bucket of a split item: see `lua/lend.lua`.
+pub static LEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/lend.lua")));
+
+/// Takes in a lent unit, once, unless voided: see `lua/receive.lua`.
+pub static RECEIVE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/receive.lua")));
+
+/// Settles a transfer on the lending side: see `lua/unlend.lua`.
+pub static UNLEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/unlend.lua")));
+
 /// Loads every script into Redis's cache ahead of the first request.
 pub async fn preload<C>(conn: &mut C) -> Result<(), RedisError>
 where
@@ -55,6 +66,9 @@ where
         &*FINISH,
         &*UNLOCK,
         &*BREAKER_AUTO,
+        &*LEND,
+        &*RECEIVE,
+        &*UNLEND,
     ] {
         redis_timed(script.prepare_invoke().load_async(conn)).await?;
     }

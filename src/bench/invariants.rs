@@ -9,12 +9,12 @@ use indicatif::ProgressBar;
 use serde::Serialize;
 
 use crate::config::Settings;
-use crate::domain::ItemId;
+use crate::domain::{ItemId, Stock};
 use crate::items::repo as items;
-use crate::items::stock::{StockSnapshot, snapshot};
+use crate::items::stock::{StockSnapshot, item_snapshot};
 use crate::keys::Keys;
 use crate::orders::repo::{self, OrderStatus};
-use crate::store::{Db, RedisConn, RedisConns, connect_mysql};
+use crate::store::{Db, RedisConns, connect_mysql};
 
 use super::fire::Run;
 
@@ -67,15 +67,16 @@ pub async fn check_all(
     run: &Run,
     drain_timeout: Duration,
 ) -> anyhow::Result<Vec<Check>> {
-    let redis = RedisConns::new(settings.redis_url.expose())
-        .context("SECKILL_REDIS_URL")?
-        .bulk()
-        .await
-        .context("connecting to Redis to check the invariants")?;
+    let redis = RedisConns::new(settings.redis_url.expose()).context("SECKILL_REDIS_URL")?;
     let db = connect_mysql(settings.database_url.expose()).await?;
-    let keys = Keys::new(&settings.namespace).item(item);
+    let keys = Keys::new(&settings.namespace);
+    let buckets = items::get(&db, item)
+        .await
+        .context("reading the item from MySQL")?
+        .with_context(|| format!("item {item} is not in MySQL"))?
+        .buckets;
 
-    let stock = drain(redis, &keys, drain_timeout).await?;
+    let stock = drain(&redis, &keys, Stock::all(item, buckets), drain_timeout).await?;
     let orders = orders(&db, item, run).await?;
     db.close().await;
     Ok(judge(&stock, &orders, run, drain_timeout))
@@ -83,15 +84,16 @@ pub async fn check_all(
 
 /// Polls Redis until no won unit waits for its order row, or the time is up.
 async fn drain(
-    mut redis: RedisConn,
-    keys: &crate::keys::ItemKeys,
+    redis: &RedisConns,
+    keys: &Keys,
+    stocks: impl Iterator<Item = Stock> + Clone,
     limit: Duration,
 ) -> anyhow::Result<StockSnapshot> {
     let bar = ProgressBar::new_spinner();
     bar.enable_steady_tick(Duration::from_millis(100));
     let deadline = Instant::now() + limit;
     let stock = loop {
-        let stock = snapshot(&mut redis, keys)
+        let stock = item_snapshot(redis, keys, stocks.clone())
             .await
             .context("reading the item's stock in Redis")?;
         if stock.pending == 0 || Instant::now() >= deadline {

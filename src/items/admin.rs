@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::app::AppState;
-use crate::domain::ItemId;
+use crate::domain::{ItemId, Stock};
 use crate::error::ApiError;
 use crate::http::extract::{Admin, ApiJson, ApiPath, ApiQuery};
 use crate::http::reply::{envelope, ok};
@@ -19,7 +19,7 @@ use crate::scheduler::reconcile::{ReconcileError, reconcile};
 use crate::store::{Db, RedisConns};
 
 use super::catalog::Catalog;
-use super::repo::{self, Item, ItemDraft};
+use super::repo::{self, Item, ItemDraft, Upserted};
 use super::stock;
 use super::warmup::{Warmup, WarmupError};
 
@@ -38,6 +38,13 @@ pub struct ItemBody {
     price_cents: u64,
     #[serde(default = "default_pay_timeout")]
     pay_timeout_s: u32,
+    /// Redis buckets for a hot item (1–64).
+    #[serde(default = "default_buckets")]
+    buckets: u8,
+}
+
+fn default_buckets() -> u8 {
+    1
 }
 
 fn default_pay_timeout() -> u32 {
@@ -64,6 +71,12 @@ impl ItemBody {
                 "`pay_timeout_s`: 1 to {MAX_PAY_TIMEOUT_S}"
             )));
         }
+        if !(1..=Stock::MAX_BUCKETS).contains(&self.buckets) {
+            return Err(ApiError::bad_request(format!(
+                "`buckets`: 1 to {}",
+                Stock::MAX_BUCKETS
+            )));
+        }
         Ok(ItemDraft {
             name,
             shop_id: self.shop_id,
@@ -72,6 +85,7 @@ impl ItemBody {
             end_at: self.end_at,
             price_cents: self.price_cents,
             pay_timeout_s: self.pay_timeout_s,
+            buckets: self.buckets,
         })
     }
 }
@@ -91,13 +105,19 @@ pub async fn put_item(
     ApiJson(body): ApiJson<ItemBody>,
 ) -> Result<Response, ApiError> {
     let draft = body.validate()?;
-    let created = repo::upsert(&db, id, &draft).await?;
-    let item = spread_rules(&db, &redis, &keys, &catalog, id).await?;
-    let (status, code) = if created {
-        (StatusCode::CREATED, "created")
-    } else {
-        (StatusCode::OK, "updated")
+    let (status, code) = match repo::upsert(&db, id, &draft).await? {
+        Upserted::Created => (StatusCode::CREATED, "created"),
+        Upserted::Updated => (StatusCode::OK, "updated"),
+        Upserted::BucketsFixed { buckets } => {
+            return Err(ApiError::Conflict {
+                code: "buckets_fixed",
+                detail: format!(
+                    "the item was loaded with {buckets} bucket(s), and its orders live in them: send \"buckets\": {buckets}, or use a new item id"
+                ),
+            });
+        }
     };
+    let item = spread_rules(&db, &redis, &keys, &catalog, id).await?;
     Ok(envelope(status, code, json!({ "item": item })))
 }
 
@@ -204,8 +224,7 @@ pub async fn item_stats(
     ApiPath(id): ApiPath<ItemId>,
 ) -> Result<Response, ApiError> {
     let item = repo::get(&db, id).await?.ok_or(ApiError::ItemNotFound)?;
-    let mut conn = redis.bulk().await?;
-    let stock = stock::snapshot(&mut conn, &keys.item(id)).await?;
+    let stock = stock::item_snapshot(&redis, &keys, item.stocks()).await?;
     let counts = orders::count_by_status(&db, id).await?;
     let accounted = stock.remaining + stock.pending + counts.unpaid + counts.paid;
     Ok(ok(
@@ -261,7 +280,9 @@ async fn spread_rules(
 ) -> Result<Item, ApiError> {
     let item = repo::get(db, id).await?.ok_or(ApiError::ItemNotFound)?;
     let mut conn = redis.bulk().await?;
-    stock::sync_rules(&mut conn, &keys.item(id), &item).await?;
+    for bucket in item.stocks() {
+        stock::sync_rules(&mut conn, &keys.stock(bucket), &item).await?;
+    }
     refresh_everywhere(catalog, id).await;
     Ok(item)
 }

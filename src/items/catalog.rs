@@ -18,11 +18,11 @@ use serde::Serialize;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::domain::ItemId;
+use crate::domain::{ItemId, UserId};
 use crate::keys::{ItemKeys, Keys};
 use crate::shops::cache::Shops;
 use crate::store::{Db, DbError, MissLimit, RedisConns, RedisError, redis_timed};
-use crate::telemetry::Meters;
+use crate::telemetry::{ItemLevels, Meters};
 
 use super::repo::{self, Item};
 use super::stock;
@@ -55,15 +55,25 @@ struct Inner {
 /// One item as the purchase path sees it.
 pub struct CatalogItem {
     pub item: Item,
-    pub keys: Arc<ItemKeys>,
+    /// The keys of each of its buckets (one for an item not split).
+    pub buckets: Arc<[ItemKeys]>,
     live: Arc<LiveStock>,
 }
 
 /// The item's stock as last seen in Redis (shared across reloads of the definition).
-#[derive(Default)]
 struct LiveStock {
     loaded: AtomicBool,
-    remaining: AtomicU64,
+    /// Per bucket.
+    remaining: Box<[AtomicU64]>,
+}
+
+impl LiveStock {
+    fn new(buckets: u8) -> Self {
+        Self {
+            loaded: AtomicBool::new(false),
+            remaining: (0..buckets.max(1)).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -78,17 +88,45 @@ pub enum ItemStatus {
 
 impl CatalogItem {
     pub fn remaining(&self) -> u64 {
-        self.live.remaining.load(Ordering::Relaxed)
+        self.live
+            .remaining
+            .iter()
+            .map(|r| r.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// A bucket's units, as last seen.
+    pub fn remaining_in(&self, bucket: u8) -> u64 {
+        self.live
+            .remaining
+            .get(usize::from(bucket))
+            .map_or(0, |r| r.load(Ordering::Relaxed))
     }
 
     pub fn sold_out(&self) -> bool {
         self.live.loaded.load(Ordering::Relaxed) && self.remaining() == 0
     }
 
-    /// Remembers what `grab.lua` just found, until the next refresh says otherwise.
+    /// The keys of the bucket that keeps `user`'s record.
+    pub fn home(&self, user: UserId) -> &ItemKeys {
+        let bucket = user.bucket(self.item.buckets);
+        &self.buckets[usize::from(bucket).min(self.buckets.len() - 1)]
+    }
+
+    /// Remembers that a bucket was found empty, until the next refresh says otherwise.
+    pub fn mark_empty(&self, bucket: u8) {
+        if let Some(r) = self.live.remaining.get(usize::from(bucket)) {
+            r.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Remembers what `grab.lua` just found (every bucket empty), until the next refresh
+    /// says otherwise.
     pub fn mark_sold_out(&self) {
         self.live.loaded.store(true, Ordering::Relaxed);
-        self.live.remaining.store(0, Ordering::Relaxed);
+        for r in &self.live.remaining {
+            r.store(0, Ordering::Relaxed);
+        }
     }
 
     pub fn status(&self, now: DateTime<Utc>) -> ItemStatus {
@@ -159,12 +197,21 @@ impl Catalog {
     /// Puts a definition in the map, keeping the live stock of an earlier version.
     fn upsert(&self, item: Item) -> Arc<CatalogItem> {
         let mut items = self.inner.items.write().unwrap_or_else(|e| e.into_inner());
-        let (keys, live) = match items.get(&item.id) {
+        let (buckets, live) = match items.get(&item.id) {
             Some(old) if old.item == item => return old.clone(),
-            Some(old) => (old.keys.clone(), old.live.clone()),
-            None => (Arc::new(self.inner.keys.item(item.id)), Arc::default()),
+            Some(old) if old.item.buckets == item.buckets => {
+                (old.buckets.clone(), old.live.clone())
+            }
+            _ => (
+                item.stocks().map(|s| self.inner.keys.stock(s)).collect(),
+                Arc::new(LiveStock::new(item.buckets)),
+            ),
         };
-        let entry = Arc::new(CatalogItem { item, keys, live });
+        let entry = Arc::new(CatalogItem {
+            item,
+            buckets,
+            live,
+        });
         items.insert(entry.item.id, entry.clone());
         entry
     }
@@ -187,15 +234,25 @@ impl Catalog {
                 .cloned()
                 .collect()
         };
-        let states =
-            stock::live_states(&self.inner.redis, entries.iter().map(|e| &*e.keys)).await?;
-        for (entry, state) in entries.iter().zip(states) {
-            entry.live.loaded.store(state.loaded, Ordering::Relaxed);
-            entry
-                .live
-                .remaining
-                .store(state.levels.remaining, Ordering::Relaxed);
-            self.inner.meters.item_levels(entry.item.id, state.levels);
+        let states = stock::live_states(
+            &self.inner.redis,
+            entries.iter().flat_map(|e| e.buckets.iter()),
+        )
+        .await?;
+        let mut states = states.into_iter();
+        for entry in &entries {
+            let mut loaded = true;
+            let mut levels = ItemLevels::default();
+            for (remaining, state) in entry.live.remaining.iter().zip(states.by_ref()) {
+                loaded &= state.loaded;
+                remaining.store(state.levels.remaining, Ordering::Relaxed);
+                levels.remaining += state.levels.remaining;
+                levels.outbox += state.levels.outbox;
+                levels.pending += state.levels.pending;
+                levels.delayed += state.levels.delayed;
+            }
+            entry.live.loaded.store(loaded, Ordering::Relaxed);
+            self.inner.meters.item_levels(entry.item.id, levels);
         }
         let shops: std::collections::BTreeSet<u64> =
             entries.iter().map(|e| e.item.shop_id).collect();

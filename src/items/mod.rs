@@ -6,4 +6,5 @@ pub mod api;
 pub mod catalog;
 pub mod repo;
 pub mod stock;
+pub mod transfer;
 pub mod warmup;

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::domain::ItemId;
+use crate::domain::{ItemId, Stock};
 use crate::store::{Db, DbError, mysql_timed};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow)]
@@ -17,12 +17,24 @@ pub struct Item {
     pub start_at: DateTime<Utc>,
     pub end_at: DateTime<Utc>,
     pub pay_timeout_s: u32,
+    /// Redis buckets the units are spread over (1: not split).
+    pub buckets: u8,
     pub paused: bool,
     /// When a warm-up last loaded the units into Redis (`None`: never).
     pub loaded_at: Option<DateTime<Utc>>,
 }
 
 impl Item {
+    /// Every bucket of the item.
+    pub fn stocks(&self) -> impl Iterator<Item = Stock> + Clone + use<> {
+        Stock::all(self.id, self.buckets)
+    }
+
+    /// Whether the item is split over several buckets.
+    pub fn split(&self) -> bool {
+        self.buckets > 1
+    }
+
     /// Whether buyers can buy now by the record (window open, not paused).
     pub fn on_sale_at(&self, now: DateTime<Utc>) -> bool {
         !self.paused && self.start_at <= now && now < self.end_at
@@ -39,10 +51,22 @@ pub struct ItemDraft {
     pub end_at: DateTime<Utc>,
     pub price_cents: u64,
     pub pay_timeout_s: u32,
+    pub buckets: u8,
 }
 
-const COLUMNS: &str =
-    "id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, paused, loaded_at";
+/// What [`upsert`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Upserted {
+    Created,
+    Updated,
+    /// Nothing: the item was loaded already and `buckets` differs (its orders and buyer
+    /// records live in the buckets it has).
+    BucketsFixed {
+        buckets: u8,
+    },
+}
+
+const COLUMNS: &str = "id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets, paused, loaded_at";
 
 pub async fn get(db: &Db, id: ItemId) -> Result<Option<Item>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM items WHERE id = ?");
@@ -63,18 +87,21 @@ pub async fn recent(db: &Db) -> Result<Vec<Item>, DbError> {
 }
 
 /// Creates or updates an item, creating its shop (open, no hours) when it is new.
-/// Returns whether the item was created.
-pub async fn upsert(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<bool, DbError> {
+pub async fn upsert(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<Upserted, DbError> {
     let mut tx = mysql_timed(db.begin()).await?;
     // Whether it existed, read under the row lock that the upsert takes anyway (the
     // driver's affected-rows count does not tell an unchanged row from a new one).
-    let existed = mysql_timed(
-        sqlx::query("SELECT 1 FROM items WHERE id = ? FOR UPDATE")
+    let existing: Option<(u8, Option<DateTime<Utc>>)> = mysql_timed(
+        sqlx::query_as("SELECT buckets, loaded_at FROM items WHERE id = ? FOR UPDATE")
             .bind(id.get())
             .fetch_optional(&mut *tx),
     )
-    .await?
-    .is_some();
+    .await?;
+    if let Some((buckets, Some(_))) = existing
+        && buckets != draft.buckets
+    {
+        return Ok(Upserted::BucketsFixed { buckets });
+    }
     mysql_timed(
         sqlx::query("INSERT INTO shops (id) VALUES (?) ON DUPLICATE KEY UPDATE id = id")
             .bind(draft.shop_id)
@@ -83,8 +110,8 @@ pub async fn upsert(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<bool, DbEr
     .await?;
     mysql_timed(
         sqlx::query(
-            "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+            "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets)
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
              ON DUPLICATE KEY UPDATE
                -- First, while end_at and pay_timeout_s still hold the old values: a sale
                -- whose end moved is reconciled again at its new end.
@@ -93,7 +120,7 @@ pub async fn upsert(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<bool, DbEr
                shop_id = VALUES(shop_id), name = VALUES(name),
                total = VALUES(total), price_cents = VALUES(price_cents),
                start_at = VALUES(start_at), end_at = VALUES(end_at),
-               pay_timeout_s = VALUES(pay_timeout_s)",
+               pay_timeout_s = VALUES(pay_timeout_s), buckets = VALUES(buckets)",
         )
         .bind(id.get())
         .bind(draft.shop_id)
@@ -103,11 +130,16 @@ pub async fn upsert(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<bool, DbEr
         .bind(draft.start_at)
         .bind(draft.end_at)
         .bind(draft.pay_timeout_s)
+        .bind(draft.buckets)
         .execute(&mut *tx),
     )
     .await?;
     mysql_timed(tx.commit()).await?;
-    Ok(!existed)
+    Ok(if existing.is_some() {
+        Upserted::Updated
+    } else {
+        Upserted::Created
+    })
 }
 
 /// Returns false when there is no such item. A pause keeps the moment it began (a

@@ -2,7 +2,8 @@
 
 use redis::AsyncCommands;
 
-use crate::keys::ItemKeys;
+use crate::domain::Stock;
+use crate::keys::{ItemKeys, Keys};
 use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
 use crate::telemetry::ItemLevels;
 
@@ -22,29 +23,67 @@ pub struct StockSnapshot {
     pub pending: u64,
 }
 
+/// One bucket. Units lent to another bucket and not yet arrived count as remaining: they
+/// are on sale, on their way.
 pub async fn snapshot<C>(conn: &mut C, keys: &ItemKeys) -> Result<StockSnapshot, RedisError>
 where
     C: redis::aio::ConnectionLike + Send,
 {
-    let ((loaded, sold), remaining, pending): ((Option<i64>, Option<u64>), u64, u64) = redis_timed(
-        redis::pipe()
-            .atomic()
-            .cmd("HMGET")
-            .arg(&keys.meta)
-            .arg("loaded")
-            .arg("sold")
-            .llen(&keys.tokens)
-            .hlen(&keys.pending)
-            .query_async(conn),
-    )
-    .await?;
+    let ((loaded, sold), listed, lent, pending): ((Option<i64>, Option<u64>), u64, u64, u64) =
+        redis_timed(
+            redis::pipe()
+                .atomic()
+                .cmd("HMGET")
+                .arg(&keys.meta)
+                .arg("loaded")
+                .arg("sold")
+                .llen(&keys.tokens)
+                .hlen(&keys.lent)
+                .hlen(&keys.pending)
+                .query_async(conn),
+        )
+        .await?;
     Ok(StockSnapshot {
         loaded: loaded.is_some(),
         loaded_at_ms: loaded,
-        remaining,
+        remaining: listed + lent,
         sold: sold.unwrap_or(0),
         pending,
     })
+}
+
+/// A whole item over its buckets, summed: `loaded` only when every bucket is (a bucket
+/// whose master lost its data makes the item one to rebuild), `loaded_at_ms` the earliest.
+/// Each bucket is read at its own instant; while a unit moves between two buckets it is
+/// counted in the lender's `lent` until the receiver has it for sure, so never twice.
+pub async fn item_snapshot(
+    redis: &RedisConns,
+    keys: &Keys,
+    stocks: impl Iterator<Item = Stock>,
+) -> Result<StockSnapshot, RedisError> {
+    let mut sum = StockSnapshot {
+        loaded: true,
+        loaded_at_ms: None,
+        remaining: 0,
+        sold: 0,
+        pending: 0,
+    };
+    let mut conn = redis.bulk().await?;
+    for stock in stocks {
+        let one = snapshot(&mut conn, &keys.stock(stock)).await?;
+        sum.loaded &= one.loaded;
+        sum.loaded_at_ms = match (sum.loaded_at_ms, one.loaded_at_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        sum.remaining += one.remaining;
+        sum.sold += one.sold;
+        sum.pending += one.pending;
+    }
+    if !sum.loaded {
+        sum.loaded_at_ms = None;
+    }
+    Ok(sum)
 }
 
 /// What the catalogue refresh reads of each item.
@@ -54,7 +93,8 @@ pub struct LiveState {
     pub levels: ItemLevels,
 }
 
-/// The live state of many items (one round trip on one server), for the catalogue refresh.
+/// The live state of many buckets (one round trip on one server), for the catalogue
+/// refresh.
 pub async fn live_states<'a>(
     redis: &RedisConns,
     items: impl Iterator<Item = &'a ItemKeys>,
@@ -65,22 +105,25 @@ pub async fn live_states<'a>(
             .group()
             .hexists(&keys.meta, "loaded")
             .llen(&keys.tokens)
+            .hlen(&keys.lent)
             .zcard(&keys.outbox)
             .hlen(&keys.pending)
             .zcard(&keys.due);
     }
-    let states: Vec<(bool, u64, u64, u64, u64)> = grouped.query(redis).await?;
+    let states: Vec<(bool, u64, u64, u64, u64, u64)> = grouped.query(redis).await?;
     Ok(states
         .into_iter()
-        .map(|(loaded, remaining, outbox, pending, delayed)| LiveState {
-            loaded,
-            levels: ItemLevels {
-                remaining,
-                outbox,
-                pending,
-                delayed,
+        .map(
+            |(loaded, listed, lent, outbox, pending, delayed)| LiveState {
+                loaded,
+                levels: ItemLevels {
+                    remaining: listed + lent,
+                    outbox,
+                    pending,
+                    delayed,
+                },
             },
-        })
+        )
         .collect())
 }
 
@@ -99,4 +142,12 @@ where
         ],
     ))
     .await
+}
+
+/// Every bucket with state in Redis (the items index), for background work that walks them
+/// all: the relay, the delay queue, the sweeps.
+pub async fn indexed(redis: &RedisConns, keys: &Keys) -> Result<Vec<Stock>, RedisError> {
+    let mut conn = redis.bulk().await?;
+    let members: Vec<String> = redis_timed(conn.smembers(keys.items_index())).await?;
+    Ok(members.iter().filter_map(|m| Stock::parse(m)).collect())
 }

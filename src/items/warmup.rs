@@ -27,7 +27,7 @@ use redis::AsyncCommands;
 use serde::Serialize;
 
 use crate::broker::Broker;
-use crate::domain::{ItemId, OrderPlaced, OrderSn, UserId};
+use crate::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
 use crate::keys::Keys;
 use crate::keys::{ItemKeys, LoadingKeys};
 use crate::lua::SWAP;
@@ -39,6 +39,7 @@ use crate::store::{
 
 use super::repo::{self, Item};
 use super::stock::{self, StockSnapshot};
+use super::transfer;
 
 /// Units per RPUSH, and RPUSHes per round trip.
 const BATCH: u64 = 1_000;
@@ -153,17 +154,13 @@ impl Warmup<'_> {
         force: bool,
         progress: &(dyn Fn(Progress) + Sync),
     ) -> Result<WarmupReport, WarmupError> {
-        let item_keys = self.keys.item(id);
-        let first_look = {
-            let mut conn = self.redis.bulk().await?;
-            stock::snapshot(&mut conn, &item_keys).await?
-        };
+        let item = repo::get(self.db, id).await?.ok_or(WarmupError::NotFound)?;
+        let first_look = stock::item_snapshot(self.redis, self.keys, item.stocks()).await?;
         if first_look.loaded && !force {
             return Err(WarmupError::AlreadyLoaded {
                 remaining: first_look.remaining,
             });
         }
-        let item = repo::get(self.db, id).await?.ok_or(WarmupError::NotFound)?;
         let rebuild = self.must_rebuild(&item, &first_look).await?;
         if (first_look.loaded || rebuild) && item.on_sale_at(Utc::now()) {
             return Err(WarmupError::LiveSale);
@@ -173,23 +170,28 @@ impl Warmup<'_> {
         }
 
         let mut conn = self.redis.bulk().await?;
-        let report = self
-            .load_and_swap(&mut conn, &item_keys, id, rebuild, progress)
-            .await?;
-        redis_timed(conn.sadd::<_, _, ()>(self.keys.items_index(), id.get())).await?;
+        let report = self.load_and_swap(&mut conn, id, rebuild, progress).await?;
+        let members: Vec<String> = item.stocks().map(|s| s.to_string()).collect();
+        redis_timed(conn.sadd::<_, _, ()>(self.keys.items_index(), members)).await?;
         repo::mark_loaded(self.db, id).await?;
         super::catalog::announce_change(&mut conn, self.keys, id).await?;
         Ok(report)
     }
 
     /// Whether Redis lost (or may have lost) orders it held: the item was loaded before
-    /// but Redis has no trace of it, or Redis restarted since it was loaded (a restart
-    /// may lose its last writes, depending on its persistence).
+    /// but Redis has no trace of it (in any of its buckets), or a Redis server holding one
+    /// of its buckets restarted since it was loaded (a restart may lose its last writes,
+    /// depending on its persistence).
     async fn must_rebuild(&self, item: &Item, now: &StockSnapshot) -> Result<bool, WarmupError> {
         match now.loaded_at_ms {
             Some(loaded_ms) => {
-                let started_ms = self.redis_started_ms(&self.keys.item(item.id)).await?;
-                Ok(started_ms + RESTART_SLACK_MS > loaded_ms)
+                for bucket in item.stocks() {
+                    let started_ms = self.redis_started_ms(&self.keys.stock(bucket)).await?;
+                    if started_ms + RESTART_SLACK_MS > loaded_ms {
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
             }
             None => {
                 Ok(item.loaded_at.is_some() || repo::history(self.db, item.id).await?.has_orders)
@@ -263,30 +265,43 @@ impl Warmup<'_> {
     }
 
     /// The decisive read, the load into this run's own keys, then `swap.lua`, which puts
-    /// them in place only if the item did not change since that read.
+    /// them in place only if the item did not change since that read. A split item is
+    /// loaded bucket by bucket: its units spread evenly, each holder's record in the
+    /// bucket its order lives in. (The swaps of two buckets are two steps: a warm-up cut
+    /// off between them leaves an item to load again with `force`, and nothing sells
+    /// meanwhile — a reload happens only while the sale is paused or not open.)
     async fn load_and_swap(
         &self,
         conn: &mut RedisConn,
-        item_keys: &ItemKeys,
         id: ItemId,
         rebuild: bool,
         progress: &(dyn Fn(Progress) + Sync),
     ) -> Result<WarmupReport, WarmupError> {
-        let seen: Vec<Option<String>> = redis_timed(
-            redis::cmd("HMGET")
-                .arg(&item_keys.meta)
-                .arg(&GUARDED)
-                .query_async(conn),
-        )
-        .await?;
+        let item = repo::get(self.db, id).await?.ok_or(WarmupError::NotFound)?;
+        let buckets: Vec<ItemKeys> = item.stocks().map(|s| self.keys.stock(s)).collect();
+        let mut seen = Vec::with_capacity(buckets.len());
+        for bucket in &buckets {
+            let fields: Vec<Option<String>> = redis_timed(
+                redis::cmd("HMGET")
+                    .arg(&bucket.meta)
+                    .arg(&GUARDED)
+                    .query_async(conn),
+            )
+            .await?;
+            seen.push(fields);
+        }
         // Read again under the record's current rules: a resume while a rebuild waited
         // is a live sale again.
         let item = repo::get(self.db, id).await?.ok_or(WarmupError::NotFound)?;
-        if (seen[0].is_some() || rebuild) && item.on_sale_at(Utc::now()) {
+        let was_loaded = seen.iter().any(|fields| fields[0].is_some());
+        if (was_loaded || rebuild) && item.on_sale_at(Utc::now()) {
             return Err(WarmupError::LiveSale);
         }
+        // Units on their way between buckets are part of the old stock being replaced:
+        // their transfers are decided now, so none can land after the swap.
+        transfer::settle_loans(self.redis, self.keys, item.stocks(), None).await?;
 
-        let holders = self.holders(conn, item_keys, id).await?;
+        let holders = self.holders(conn, &buckets, id).await?;
         let held = holders.len() as u64;
         let to_load = u64::from(item.total)
             .checked_sub(held)
@@ -295,14 +310,34 @@ impl Warmup<'_> {
                 total: item.total,
             })?;
 
-        let loading = self
-            .keys
-            .loading(id, &ulid::Ulid::new().to_string().to_lowercase());
-        fill_side_list(conn, &loading.tokens, held, to_load, progress).await?;
-        fill_buyers(conn, &loading, &holders).await?;
-        swap_in(conn, item_keys, &loading, &item, &seen, held).await?;
+        let run = ulid::Ulid::new().to_string().to_lowercase();
+        let shares = spread(to_load, buckets.len());
+        let mut next_unit = held;
+        for ((bucket, seen), share) in buckets.iter().zip(&seen).zip(&shares) {
+            let mine: Vec<&Holder> = holders
+                .iter()
+                .filter(|h| h.stock(id) == bucket.stock)
+                .collect();
+            let loading = self.keys.loading(bucket.stock, &run);
+            let before = next_unit - held;
+            let report = |p: Progress| match p {
+                Progress::Loading { done, .. } => progress(Progress::Loading {
+                    done: before + done,
+                    of: to_load,
+                }),
+                other => progress(other),
+            };
+            fill_side_list(conn, &loading.tokens, next_unit, *share, &report).await?;
+            next_unit += share;
+            fill_buyers(conn, &loading, &mine).await?;
+            let meta = BucketMeta {
+                total: mine.len() as u64 + share,
+                sold: mine.len() as u64,
+            };
+            swap_in(conn, bucket, &loading, &item, seen, meta).await?;
+        }
 
-        let after = stock::snapshot(conn, item_keys).await?;
+        let after = stock::item_snapshot(self.redis, self.keys, item.stocks()).await?;
         if after.remaining != to_load || after.sold != held {
             return Err(WarmupError::Verify {
                 expected: to_load,
@@ -332,12 +367,16 @@ impl Warmup<'_> {
     async fn holders(
         &self,
         conn: &mut RedisConn,
-        keys: &ItemKeys,
+        buckets: &[ItemKeys],
         id: ItemId,
     ) -> Result<Vec<Holder>, WarmupError> {
         // Pending first, MySQL second: an order moving from one to the other in between
         // is then seen twice (and counted once), never missed.
-        let pending: Vec<String> = redis_timed(conn.hvals(&keys.pending)).await?;
+        let mut pending: Vec<String> = Vec::new();
+        for bucket in buckets {
+            let values: Vec<String> = redis_timed(conn.hvals(&bucket.pending)).await?;
+            pending.extend(values);
+        }
         let mut holders: Vec<Holder> = orders::live_orders(self.db, id)
             .await?
             .into_iter()
@@ -387,6 +426,26 @@ impl Holder {
     fn unpaid(&self) -> Option<OrderPlaced> {
         self.unpaid.clone()
     }
+
+    /// The bucket its order lives in (as its number says).
+    fn stock(&self, item: ItemId) -> Stock {
+        OrderSn::parse(&self.order_sn).map_or(Stock::whole(item), |sn| sn.stock())
+    }
+}
+
+/// `units` spread over `buckets`, the first ones taking one more when it does not divide.
+fn spread(units: u64, buckets: usize) -> Vec<u64> {
+    let n = buckets.max(1) as u64;
+    (0..n)
+        .map(|b| units / n + u64::from(b < units % n))
+        .collect()
+}
+
+/// What a bucket's meta says after a load.
+struct BucketMeta {
+    /// Units in the bucket: sold, plus on sale.
+    total: u64,
+    sold: u64,
 }
 
 async fn fill_side_list(
@@ -433,7 +492,7 @@ async fn fill_side_list(
 async fn fill_buyers(
     conn: &mut RedisConn,
     loading: &LoadingKeys,
-    holders: &[Holder],
+    holders: &[&Holder],
 ) -> Result<(), WarmupError> {
     let now = Utc::now().timestamp_millis();
     for chunk in holders.chunks(BATCH as usize) {
@@ -461,7 +520,7 @@ async fn swap_in(
     loading: &LoadingKeys,
     item: &Item,
     seen: &[Option<String>],
-    held: u64,
+    after: BucketMeta,
 ) -> Result<(), WarmupError> {
     let mut call = SWAP.key(&item_keys.meta);
     call.key(&item_keys.tokens).key(&loading.tokens);
@@ -473,8 +532,8 @@ async fn swap_in(
     }
     let meta = [
         ("loaded", Utc::now().timestamp_millis()),
-        ("total", i64::from(item.total)),
-        ("sold", held as i64),
+        ("total", after.total as i64),
+        ("sold", after.sold as i64),
         ("start_ms", item.start_at.timestamp_millis()),
         ("end_ms", item.end_at.timestamp_millis()),
         ("paused", i64::from(item.paused)),

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::app::AppState;
 use crate::breaker::Action;
-use crate::domain::{ItemId, OrderPlaced, OrderSn, UserId};
+use crate::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
 use crate::error::ApiError;
 use crate::http::extract::{ApiPath, AuthUser, OrderSeeker};
 use crate::http::reply::ok;
@@ -75,15 +75,20 @@ pub async fn get_order(
 /// a buyer whose `202` was lost, and who hears `410` after the sell-out, finds it.
 pub async fn my_order(
     State(AppState {
-        db, redis, keys, ..
+        db,
+        redis,
+        keys,
+        catalog,
+        ..
     }): State<AppState>,
     OrderSeeker(user): OrderSeeker,
     ApiPath(item): ApiPath<ItemId>,
 ) -> Result<Response, ApiError> {
     request_id::record_user(user, Some(item));
     // Redis first, MySQL second, as for an order read: a won order is in one or the other.
+    let buckets = catalog.get(item).await?.map_or(1, |c| c.item.buckets);
     let held = async {
-        let item_keys = keys.item(item);
+        let item_keys = keys.stock(Stock::home(item, user, buckets));
         let mut conn = redis.hot().await?;
         let sn: Option<String> =
             redis_timed(conn.hget(item_keys.buyer_orders(user), user.get())).await?;
@@ -120,7 +125,8 @@ async fn pending_order(
     sn: &OrderSn,
 ) -> Result<Option<OrderPlaced>, RedisError> {
     let mut conn = redis.hot().await?;
-    let json: Option<String> = redis_timed(conn.hget(keys.pending(sn.item()), sn.as_str())).await?;
+    let json: Option<String> =
+        redis_timed(conn.hget(keys.pending(sn.stock()), sn.as_str())).await?;
     json.map(|json| {
         serde_json::from_str(&json)
             .map_err(|e| RedisError::Unexpected(format!("pending order JSON: {e}")))
@@ -280,7 +286,7 @@ async fn stored_order(state: &AppState, sn: &OrderSn, user: UserId) -> Result<Or
     let replicas = state.settings.redis_wait_replicas;
     if replicas > 0 {
         // Into MySQL only what a Redis failover cannot take back (as the publisher does).
-        let item = state.keys.replicated(sn.item());
+        let item = state.keys.replicated(sn.stock());
         let acked = state.redis.replicated(&item, replicas, WAIT_FOR).await?;
         if acked < u64::from(replicas) {
             return Err(ApiError::Unavailable(

@@ -475,12 +475,12 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{ItemId, OrderSn, UserId};
+    use crate::domain::{ItemId, OrderSn, Stock, UserId};
 
     fn order(user: u64) -> OrderPlaced {
         let item = ItemId::new(3).unwrap();
         OrderPlaced {
-            order_sn: OrderSn::generate(item),
+            order_sn: OrderSn::generate(Stock::whole(item), false),
             item_id: item,
             user_id: UserId::new(user),
             created_at_ms: 1,

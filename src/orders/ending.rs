@@ -9,14 +9,13 @@
 //! scheduler's [`finish_cut_off`] sweep returns the unit within seconds — rather than at
 //! the order's deadline or the end of the sale.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
 use chrono::Utc;
-use redis::AsyncCommands;
 
-use crate::domain::{ItemId, OrderSn, UserId};
-use crate::items::catalog;
+use crate::domain::{OrderSn, Stock, UserId};
+use crate::items::{catalog, stock};
 use crate::keys::Keys;
 use crate::lua::{FORGET, RELEASE};
 use crate::store::{Db, Grouped, RedisConns, RedisError, StoreError, redis_timed};
@@ -29,7 +28,8 @@ const RELEASE_CHUNK: usize = 500;
 /// An order whose unit should go back: who held it and its number.
 #[derive(Clone, Debug)]
 pub struct Held {
-    pub item: ItemId,
+    /// The bucket holding the order's records.
+    pub stock: Stock,
     pub user: UserId,
     pub order_sn: String,
 }
@@ -37,7 +37,7 @@ pub struct Held {
 impl From<&OrderRow> for Held {
     fn from(row: &OrderRow) -> Self {
         Self {
-            item: row.item_id,
+            stock: row.order_sn.stock(),
             user: row.user(),
             order_sn: row.order_sn.to_string(),
         }
@@ -52,18 +52,19 @@ pub async fn release(
     keys: &Keys,
     orders: &[Held],
 ) -> Result<Vec<String>, RedisError> {
-    let mut by_item: HashMap<ItemId, Vec<&Held>> = HashMap::new();
+    let mut by_stock: BTreeMap<Stock, Vec<&Held>> = BTreeMap::new();
     for order in orders {
-        by_item.entry(order.item).or_default().push(order);
+        by_stock.entry(order.stock).or_default().push(order);
     }
     let mut released = Vec::new();
+    let mut back_items = BTreeSet::new();
     let mut conn = redis.bulk().await?;
-    for (item, orders) in by_item {
-        let item_keys = keys.item(item);
+    for (stock, orders) in by_stock {
+        let item_keys = keys.stock(stock);
         let before = released.len();
         for chunk in orders.chunks(RELEASE_CHUNK) {
             let mut call = RELEASE.key(&item_keys.meta);
-            call.key(&item_keys.tokens).key(keys.ending(item));
+            call.key(&item_keys.tokens).key(keys.ending(stock));
             for order in chunk {
                 call.key(item_keys.buyers(order.user))
                     .key(item_keys.buyer_orders(order.user))
@@ -74,10 +75,13 @@ pub async fn release(
             released.extend(back);
         }
         if released.len() > before {
-            tracing::info!(%item, units = released.len() - before, "units back on sale");
-            if let Err(e) = catalog::announce_change(&mut conn, keys, item).await {
-                tracing::warn!(%item, error = %e, "could not announce returned units; instances see them within a second anyway");
-            }
+            tracing::info!(%stock, units = released.len() - before, "units back on sale");
+            back_items.insert(stock.item);
+        }
+    }
+    for item in back_items {
+        if let Err(e) = catalog::announce_change(&mut conn, keys, item).await {
+            tracing::warn!(%item, error = %e, "could not announce returned units; instances see them within a second anyway");
         }
     }
     Ok(released)
@@ -105,18 +109,18 @@ pub async fn begin(redis: &RedisConns, keys: &Keys, sns: &[&OrderSn]) -> Result<
         return Ok(());
     }
     let now = Utc::now().timestamp_millis();
-    let mut by_item: BTreeMap<ItemId, Vec<(i64, &str)>> = BTreeMap::new();
+    let mut by_stock: BTreeMap<Stock, Vec<(i64, &str)>> = BTreeMap::new();
     for sn in sns {
-        by_item
-            .entry(sn.item())
+        by_stock
+            .entry(sn.stock())
             .or_default()
             .push((now, sn.as_str()));
     }
     let mut grouped = Grouped::new(redis);
-    for (item, members) in by_item {
+    for (stock, members) in by_stock {
         grouped
             .group()
-            .zadd_multiple(keys.ending(item), &members)
+            .zadd_multiple(keys.ending(stock), &members)
             .ignore();
     }
     grouped.run(redis).await
@@ -130,7 +134,7 @@ pub async fn abandon(redis: &RedisConns, keys: &Keys, sns: &[&str]) -> Result<()
         if let Some(parsed) = OrderSn::parse(sn) {
             grouped
                 .group()
-                .zrem(keys.ending(parsed.item()), *sn)
+                .zrem(keys.ending(parsed.stock()), *sn)
                 .ignore();
         }
     }
@@ -188,21 +192,21 @@ const SWEEP_BATCH: isize = 500;
 /// record is dropped. Returns how many units came back.
 pub async fn finish_cut_off(db: &Db, redis: &RedisConns, keys: &Keys) -> Result<u64, StoreError> {
     let cutoff = Utc::now().timestamp_millis() - CUT_OFF_AFTER.as_millis() as i64;
-    let items: Vec<ItemId> = {
-        let mut conn = redis.bulk().await?;
-        let ids: Vec<u64> = redis_timed(conn.smembers(keys.items_index())).await?;
-        ids.into_iter().filter_map(ItemId::new).collect()
-    };
+    let stocks = stock::indexed(redis, keys).await?;
     let mut released = 0;
-    for chunk in items.chunks(1_000) {
+    for chunk in stocks.chunks(1_000) {
         let mut grouped = Grouped::new(redis);
-        for item in chunk {
-            grouped
-                .group()
-                .zrangebyscore_limit(keys.ending(*item), "-inf", cutoff, 0, SWEEP_BATCH);
+        for stock in chunk {
+            grouped.group().zrangebyscore_limit(
+                keys.ending(*stock),
+                "-inf",
+                cutoff,
+                0,
+                SWEEP_BATCH,
+            );
         }
         let found: Vec<(Vec<String>,)> = grouped.query(redis).await?;
-        for (item, (sns,)) in chunk.iter().zip(found) {
+        for (stock, (sns,)) in chunk.iter().zip(found) {
             if sns.is_empty() {
                 continue;
             }
@@ -215,7 +219,7 @@ pub async fn finish_cut_off(db: &Db, redis: &RedisConns, keys: &Keys) -> Result<
                 .collect();
             let back = release(redis, keys, &cancelled).await?.len() as u64;
             if back > 0 {
-                tracing::warn!(%item, units = back, "finished cancels that were cut off between MySQL and Redis");
+                tracing::warn!(%stock, units = back, "finished cancels that were cut off between MySQL and Redis");
             }
             released += back;
             // Not cancelled (paid, still unpaid, unknown): nothing to return. Dropped only
@@ -231,7 +235,7 @@ pub async fn finish_cut_off(db: &Db, redis: &RedisConns, keys: &Keys) -> Result<
                 let mut conn = redis.bulk().await?;
                 redis_timed(
                     FORGET
-                        .key(keys.ending(*item))
+                        .key(keys.ending(*stock))
                         .arg(cutoff)
                         .arg(&moot)
                         .invoke_async::<i64>(&mut conn),

@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::domain::{ItemId, OrderPlaced};
+use crate::domain::{OrderPlaced, Stock};
 use crate::keys::Keys;
 use crate::scheduler::delay::Plan;
 use crate::store::{Db, DbError, Grouped, RedisConns, RedisError, mysql_timed};
@@ -79,17 +79,17 @@ pub async fn settle_in_redis(
     plan: &Plan,
     orders: &[OrderPlaced],
 ) -> Result<(), RedisError> {
-    let mut by_item: HashMap<ItemId, Vec<&str>> = HashMap::new();
+    let mut by_stock: HashMap<Stock, Vec<&str>> = HashMap::new();
     let mut grouped = Grouped::new(redis);
     plan.schedule(&mut grouped, keys, orders);
     for order in orders {
-        by_item
-            .entry(order.item_id)
+        by_stock
+            .entry(order.order_sn.stock())
             .or_default()
             .push(order.order_sn.as_str());
     }
-    for (item, sns) in by_item {
-        grouped.group().hdel(keys.pending(item), sns).ignore();
+    for (stock, sns) in by_stock {
+        grouped.group().hdel(keys.pending(stock), sns).ignore();
     }
     grouped.run(redis).await
 }

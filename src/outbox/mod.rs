@@ -13,7 +13,7 @@ pub mod relay;
 use std::collections::HashMap;
 
 use crate::broker::Outgoing;
-use crate::domain::ItemId;
+use crate::domain::Stock;
 use crate::keys::Keys;
 use crate::store::{Grouped, RedisConns, RedisError};
 
@@ -23,16 +23,16 @@ pub async fn clear_confirmed<'a>(
     keys: &Keys,
     confirmed: impl Iterator<Item = &'a Outgoing>,
 ) -> Result<(), RedisError> {
-    let mut by_item: HashMap<ItemId, Vec<&str>> = HashMap::new();
+    let mut by_stock: HashMap<Stock, Vec<&str>> = HashMap::new();
     for order in confirmed {
-        by_item
-            .entry(order.order_sn.item())
+        by_stock
+            .entry(order.order_sn.stock())
             .or_default()
             .push(order.order_sn.as_str());
     }
     let mut grouped = Grouped::new(redis);
-    for (item, sns) in by_item {
-        grouped.group().zrem(keys.outbox(item), sns).ignore();
+    for (stock, sns) in by_stock {
+        grouped.group().zrem(keys.outbox(stock), sns).ignore();
     }
     grouped.run(redis).await
 }

@@ -12,7 +12,8 @@ use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, Outgoing, publish_confirmed};
-use crate::domain::{ItemId, OrderPlaced, OrderSn};
+use crate::domain::{OrderPlaced, OrderSn, Stock};
+use crate::items::stock;
 use crate::keys::Keys;
 use crate::orders::repo as orders;
 use crate::purchase::WAIT_FOR;
@@ -75,21 +76,18 @@ impl Relay {
     }
 
     async fn pass(&self, sweep: bool) -> Result<(), RelayError> {
-        let mut conn = self.redis.bulk().await?;
-        let items: Vec<u64> = redis_timed(conn.smembers(self.keys.items_index())).await?;
-        drop(conn);
-        for item in items.into_iter().filter_map(ItemId::new) {
-            self.relay_item(item).await?;
+        for stock in stock::indexed(&self.redis, &self.keys).await? {
+            self.relay_item(stock).await?;
             if sweep {
-                self.sweep_pending(item).await?;
+                self.sweep_pending(stock).await?;
             }
         }
         Ok(())
     }
 
-    /// Sends the item's overdue outbox entries again.
-    async fn relay_item(&self, item: ItemId) -> Result<(), RelayError> {
-        let (outbox, pending) = (self.keys.outbox(item), self.keys.pending(item));
+    /// Sends the bucket's overdue outbox entries again.
+    async fn relay_item(&self, stock: Stock) -> Result<(), RelayError> {
+        let (outbox, pending) = (self.keys.outbox(stock), self.keys.pending(stock));
         let mut conn = self.redis.bulk().await?;
         loop {
             let due = Utc::now().timestamp_millis() - RELAY_AFTER.as_millis() as i64;
@@ -127,24 +125,24 @@ impl Relay {
             // Not written by grab.lua: say so and drop them, or every pass would meet them
             // again (each round trip of this loop must remove what it read, or return).
             if !corrupt.is_empty() {
-                tracing::error!(%item, entries = ?corrupt, "outbox entries that are not order numbers; dropped");
+                tracing::error!(%stock, entries = ?corrupt, "outbox entries that are not order numbers; dropped");
                 redis_timed(conn.zrem::<_, _, ()>(&outbox, &corrupt)).await?;
             }
             if outgoing.is_empty() {
                 continue;
             }
             let Some(channel) = self.broker.publish_channel() else {
-                tracing::debug!(%item, orders = outgoing.len(), "relay: no broker connection yet");
+                tracing::debug!(%stock, orders = outgoing.len(), "relay: no broker connection yet");
                 return Ok(());
             };
             if self.wait_replicas > 0 {
                 // As a purchase does: what a failover could still undo is not sent.
                 let acked = self
                     .redis
-                    .replicated(&self.keys.replicated(item), self.wait_replicas, WAIT_FOR)
+                    .replicated(&self.keys.replicated(stock), self.wait_replicas, WAIT_FOR)
                     .await?;
                 if acked < u64::from(self.wait_replicas) {
-                    tracing::debug!(%item, acked, "relay: replicas behind; sending later");
+                    tracing::debug!(%stock, acked, "relay: replicas behind; sending later");
                     return Ok(());
                 }
             }
@@ -155,7 +153,7 @@ impl Relay {
             self.meters.published.increment(sent as u64);
             tracing::info!(
                 via = "relay",
-                %item,
+                %stock,
                 orders = outgoing.len(),
                 confirmed = sent,
                 outcome = if sent == outgoing.len() { "confirmed" } else { "partly_confirmed" },
@@ -185,8 +183,8 @@ impl Relay {
     /// queue holds messages the consumer is merely behind, and nothing is sent again.)
     /// The hash is walked with HSCAN, a thousand entries at a time, so neither Redis nor
     /// MySQL ever gets one huge request.
-    pub async fn sweep_pending(&self, item: ItemId) -> Result<(), RelayError> {
-        let pending = self.keys.pending(item);
+    pub async fn sweep_pending(&self, stock: Stock) -> Result<(), RelayError> {
+        let pending = self.keys.pending(stock);
         let mut cursor = 0u64;
         loop {
             let (next, flat): (u64, Vec<String>) = {
@@ -205,7 +203,7 @@ impl Relay {
                 .chunks_exact(2)
                 .map(|pair| (pair[0].as_str(), pair[1].as_str()))
                 .collect();
-            self.sweep_entries(item, &entries).await?;
+            self.sweep_entries(stock, &entries).await?;
             if next == 0 {
                 return Ok(());
             }
@@ -216,13 +214,13 @@ impl Relay {
     /// One HSCAN page of [`Relay::sweep_pending`].
     async fn sweep_entries(
         &self,
-        item: ItemId,
+        stock: Stock,
         entries: &[(&str, &str)],
     ) -> Result<(), RelayError> {
         if entries.is_empty() {
             return Ok(());
         }
-        let (outbox, pending) = (self.keys.outbox(item), self.keys.pending(item));
+        let (outbox, pending) = (self.keys.outbox(stock), self.keys.pending(stock));
         let mut conn = self.redis.bulk().await?;
         let in_outbox: Vec<Option<f64>> = redis_timed(
             redis::cmd("ZMSCORE")
@@ -271,7 +269,7 @@ impl Relay {
         }
         redis_timed(pipe.query_async::<()>(&mut conn)).await?;
         tracing::warn!(
-            %item,
+            %stock,
             cleared = written.len(),
             requeued = if requeue { lost.len() } else { 0 },
             "pending_sweep repaired stale entries"

@@ -14,6 +14,9 @@ pub enum GrabOutcome {
     NotLoaded,
     NotStarted,
     Ended,
+    /// A split item's buyer kept losing borrowed units to others of their bucket: there
+    /// may still be units, so not "sold out" (see `purchase::refill_and_grab`).
+    StillMoving,
 }
 
 impl GrabOutcome {
@@ -26,6 +29,7 @@ impl GrabOutcome {
             GrabOutcome::NotLoaded => "not_loaded",
             GrabOutcome::NotStarted => "not_started",
             GrabOutcome::Ended => "ended",
+            GrabOutcome::StillMoving => "still_moving",
         }
     }
 }

@@ -21,11 +21,15 @@ use serde_json::json;
 use crate::app::AppState;
 use crate::breaker::Action;
 use crate::broker::Outgoing;
-use crate::domain::{ItemId, OrderPlaced, OrderSn};
+use crate::domain::{ItemId, OrderPlaced, OrderSn, UserId};
 use crate::error::ApiError;
 use crate::http::extract::{ApiJson, Buyer, ClientTime};
 use crate::http::reply::{Code, envelope};
 use crate::http::request_id;
+use crate::items::catalog::CatalogItem;
+use crate::items::transfer;
+use crate::keys::ItemKeys;
+use crate::store::{RedisConn, RedisError};
 use crate::telemetry::Meters;
 
 use self::grab::{GrabOutcome, grab};
@@ -33,6 +37,10 @@ use self::grab::{GrabOutcome, grab};
 /// How long a won unit may wait for its replicas (`SECKILL_REDIS_WAIT_REPLICAS`) before
 /// the buyer is told `503`: well inside the purchase's one second.
 pub const WAIT_FOR: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// Units a buyer of a split item may borrow into their bucket and lose to others of it
+/// before being told to press again (each round moves a unit: the sale goes on).
+const MOST_REFILLS: usize = 8;
 
 #[derive(Debug, Deserialize)]
 pub struct FlashbuyRequest {
@@ -108,8 +116,10 @@ pub async fn flashbuy(
     request_id::record_user(user, Some(item_id));
 
     let now_ms = now.timestamp_millis();
+    // Every purchase of this user goes to one bucket: "one per user" is decided there.
+    let home = item.home(user);
     let order = OrderPlaced {
-        order_sn: OrderSn::generate(item_id),
+        order_sn: OrderSn::generate(home.stock, item.item.split()),
         item_id,
         user_id: user,
         created_at_ms: now_ms,
@@ -118,15 +128,10 @@ pub async fn flashbuy(
     let order_json = serde_json::to_string(&order).map_err(anyhow::Error::from)?;
     let started = Instant::now();
     let mut conn = redis.hot().await?;
-    let outcome = grab(
-        &mut conn,
-        &item.keys,
-        user,
-        &order.order_sn,
-        now_ms,
-        &order_json,
-    )
-    .await;
+    let mut outcome = grab(&mut conn, home, user, &order.order_sn, now_ms, &order_json).await;
+    if item.item.split() {
+        outcome = refill_and_grab(&mut conn, &item, user, &order, &order_json, outcome).await;
+    }
     let took = started.elapsed();
     signals.purchase(took, outcome.is_err());
     meters.redis_grab_seconds.record(took);
@@ -148,11 +153,7 @@ pub async fn flashbuy(
                 // gets its order. What is not confirmed in time stays in Redis: if it
                 // survives, pressing again answers 409 with it, and the relay sends it.
                 let acked = redis
-                    .replicated(
-                        &item.keys.replicated,
-                        settings.redis_wait_replicas,
-                        WAIT_FOR,
-                    )
+                    .replicated(&home.replicated, settings.redis_wait_replicas, WAIT_FOR)
                     .await;
                 if !acked.is_ok_and(|n| n >= u64::from(settings.redis_wait_replicas)) {
                     return Err(ApiError::Unavailable(
@@ -178,6 +179,9 @@ pub async fn flashbuy(
             item.mark_sold_out();
             Err(ApiError::SoldOut)
         }
+        GrabOutcome::StillMoving => Err(ApiError::Unavailable(
+            "units are moving between the item's buckets; press again".into(),
+        )),
         GrabOutcome::Paused => Err(ApiError::Paused),
         // Loaded once and gone: Redis lost it, and an operator has to rebuild it. The buyer
         // did nothing wrong, and pressing again later may well work.
@@ -187,5 +191,52 @@ pub async fn flashbuy(
         GrabOutcome::NotLoaded => Err(ApiError::NotStarted("the item's units are not loaded yet")),
         GrabOutcome::NotStarted => Err(ApiError::NotStarted("the sale has not opened yet")),
         GrabOutcome::Ended => Err(ApiError::Ended),
+    }
+}
+
+/// Borrows from a split item's other buckets while the buyer's own bucket is empty, and
+/// grabs again: "sold out" only once no bucket had a unit to lend.
+async fn refill_and_grab(
+    conn: &mut RedisConn,
+    item: &CatalogItem,
+    user: UserId,
+    order: &OrderPlaced,
+    order_json: &str,
+    mut outcome: Result<GrabOutcome, RedisError>,
+) -> Result<GrabOutcome, RedisError> {
+    let home = item.home(user);
+    for _ in 0..MOST_REFILLS {
+        if !matches!(outcome, Ok(GrabOutcome::SoldOut)) {
+            return outcome;
+        }
+        item.mark_empty(home.stock.bucket);
+        // The fullest first, by the last refresh; every other bucket is asked in the end.
+        let mut lenders: Vec<&ItemKeys> = item
+            .buckets
+            .iter()
+            .filter(|b| b.stock != home.stock)
+            .collect();
+        lenders.sort_by_key(|b| std::cmp::Reverse(item.remaining_in(b.stock.bucket)));
+        let borrowed = transfer::borrow(conn, home, lenders.into_iter()).await?;
+        for bucket in borrowed.empty {
+            item.mark_empty(bucket);
+        }
+        if !borrowed.moved {
+            return outcome;
+        }
+        // Someone else of this bucket may take the unit first: then borrow again.
+        outcome = grab(
+            conn,
+            home,
+            user,
+            &order.order_sn,
+            order.created_at_ms,
+            order_json,
+        )
+        .await;
+    }
+    match outcome {
+        Ok(GrabOutcome::SoldOut) => Ok(GrabOutcome::StillMoving),
+        other => other,
     }
 }

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use crate::domain::ItemId;
 use crate::items;
 use crate::orders::repo::{self, OrderRow};
-use crate::store::StoreError;
+use crate::store::{Grouped, StoreError};
 
 use super::Scheduler;
 use super::delay::Task;
@@ -69,18 +69,21 @@ async fn not_queued<'a>(
     if orders.is_empty() {
         return Ok(Vec::new());
     }
-    let mut pipe = redis::pipe();
+    // A group per order: orders of one item may sit in different buckets (slots).
+    let mut grouped = Grouped::new(&scheduler.redis);
     for order in orders {
         let member = Task::Cancel(order.order_sn.clone()).member();
-        pipe.zscore(scheduler.keys.due(order.item_id), &member)
-            .zscore(scheduler.keys.leased(order.item_id), &member);
+        let stock = order.order_sn.stock();
+        grouped
+            .group()
+            .zscore(scheduler.keys.due(stock), &member)
+            .zscore(scheduler.keys.leased(stock), &member);
     }
-    let mut conn = scheduler.redis.bulk().await?;
-    let scores: Vec<Option<f64>> = crate::store::redis_timed(pipe.query_async(&mut conn)).await?;
+    let scores: Vec<(Option<f64>, Option<f64>)> = grouped.query(&scheduler.redis).await?;
     Ok(orders
         .iter()
-        .zip(scores.chunks(2))
-        .filter(|(_, s)| s.iter().all(Option::is_none))
+        .zip(scores)
+        .filter(|(_, s)| *s == (None, None))
         .map(|(order, _)| order)
         .collect())
 }

@@ -7,15 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use redis::AsyncCommands;
 use serde_json::json;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Event, publish_events};
-use crate::domain::ItemId;
+use crate::domain::Stock;
+use crate::items::stock;
 use crate::orders::repo::{self, OrderStatus};
-use crate::store::{StoreError, redis_timed};
+use crate::store::StoreError;
 
 use super::Scheduler;
 use super::delay::{self, Claimed, Task};
@@ -57,25 +57,21 @@ pub async fn run(scheduler: Scheduler, wake: Arc<Notify>, shutdown: Cancellation
 
 /// Takes and handles every due task of every item.
 pub async fn pass(scheduler: &Scheduler) -> Result<(), StoreError> {
-    let items: Vec<u64> = {
-        let mut conn = scheduler.redis.bulk().await?;
-        redis_timed(conn.smembers(scheduler.keys.items_index())).await?
-    };
-    for item in items.into_iter().filter_map(ItemId::new) {
+    for stock in stock::indexed(&scheduler.redis, &scheduler.keys).await? {
         loop {
             let claimed = {
                 let mut conn = scheduler.redis.bulk().await?;
                 delay::claim(
                     &mut conn,
                     &scheduler.keys,
-                    item,
+                    stock,
                     scheduler.settings.scheduler_lease_ms,
                     CLAIM_LIMIT,
                 )
                 .await?
             };
             let full = claimed.tasks.len() == CLAIM_LIMIT;
-            handle(scheduler, item, claimed).await?;
+            handle(scheduler, stock, claimed).await?;
             if !full {
                 break;
             }
@@ -84,7 +80,7 @@ pub async fn pass(scheduler: &Scheduler) -> Result<(), StoreError> {
     Ok(())
 }
 
-async fn handle(scheduler: &Scheduler, item: ItemId, claimed: Claimed) -> Result<(), StoreError> {
+async fn handle(scheduler: &Scheduler, stock: Stock, claimed: Claimed) -> Result<(), StoreError> {
     let (mut done, mut later) = (Vec::new(), Vec::new());
     let (mut cancels, mut reminders) = (Vec::new(), Vec::new());
     for task in claimed.tasks {
@@ -92,7 +88,7 @@ async fn handle(scheduler: &Scheduler, item: ItemId, claimed: Claimed) -> Result
             Ok(Task::Cancel(sn)) => cancels.push(sn),
             Ok(Task::Remind { percent, order_sn }) => reminders.push((percent, order_sn)),
             Err(member) => {
-                tracing::error!(%item, entry = member, "delay queue entry is not a task; dropped");
+                tracing::error!(%stock, entry = member, "delay queue entry is not a task; dropped");
                 done.push(member);
             }
         }
@@ -102,10 +98,10 @@ async fn handle(scheduler: &Scheduler, item: ItemId, claimed: Claimed) -> Result
         let sns: Vec<&str> = cancels.iter().map(|sn| sn.as_str()).collect();
         let outcome = scheduler.time_out(&sns).await?;
         if outcome.cancelled > 0 || outcome.released > 0 {
-            tracing::info!(%item, cancelled = outcome.cancelled, released = outcome.released, "unpaid orders timed out");
+            tracing::info!(%stock, cancelled = outcome.cancelled, released = outcome.released, "unpaid orders timed out");
         }
         if !outcome.missing.is_empty() {
-            tracing::warn!(%item, orders = ?outcome.missing, "deadline of orders MySQL does not have; dropped");
+            tracing::warn!(%stock, orders = ?outcome.missing, "deadline of orders MySQL does not have; dropped");
         }
         let still: HashSet<&str> = outcome.still_unpaid.iter().map(String::as_str).collect();
         for sn in &cancels {
@@ -127,11 +123,11 @@ async fn handle(scheduler: &Scheduler, item: ItemId, claimed: Claimed) -> Result
     let retry_at = Utc::now().timestamp_millis() + RETRY_AFTER.as_millis() as i64;
     let mut conn = scheduler.redis.bulk().await?;
     let lease = claimed.lease_end_ms;
-    let mine = delay::finish(&mut conn, &scheduler.keys, item, lease, &done, None).await?
+    let mine = delay::finish(&mut conn, &scheduler.keys, stock, lease, &done, None).await?
         + delay::finish(
             &mut conn,
             &scheduler.keys,
-            item,
+            stock,
             lease,
             &later,
             Some(retry_at),
@@ -141,7 +137,7 @@ async fn handle(scheduler: &Scheduler, item: ItemId, claimed: Claimed) -> Result
     if mine < handled {
         // Our lease ran out while we worked: another scheduler took those tasks over and
         // keeps them (it does them again; every step is idempotent).
-        tracing::warn!(%item, overran = handled - mine, "delay queue: tasks taken over by another scheduler after this one's lease ran out");
+        tracing::warn!(%stock, overran = handled - mine, "delay queue: tasks taken over by another scheduler after this one's lease ran out");
     }
     Ok(())
 }

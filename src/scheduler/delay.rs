@@ -1,4 +1,4 @@
-//! The delay queue: one sorted set per item, task → when it is due (ms), plus the set of
+//! The delay queue: one sorted set per item (per bucket of a split item), task → when it is due (ms), plus the set of
 //! tasks a scheduler has taken under a lease (`lua/claim.lua`).
 //!
 //! Tasks are added when an order reaches MySQL (by the consumer, or by a pay or cancel of
@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::Utc;
 
 use crate::config::{RemindStages, Settings};
-use crate::domain::{ItemId, OrderPlaced, OrderSn};
+use crate::domain::{OrderPlaced, OrderSn, Stock};
 use crate::keys::Keys;
 use crate::lua::{CLAIM, FINISH};
 use crate::store::{Grouped, RedisError, redis_timed};
@@ -87,15 +87,15 @@ impl Plan {
         tasks
     }
 
-    /// Adds the orders' tasks: one `ZADD` per item, and one wake-up key per second in which
+    /// Adds the orders' tasks: one `ZADD` per bucket, and one wake-up key per second in which
     /// something falls due (each a group of its own: they are keys of different slots).
     /// Idempotent: adding them twice changes nothing.
     pub fn schedule(&self, grouped: &mut Grouped, keys: &Keys, orders: &[OrderPlaced]) {
         let now_ms = Utc::now().timestamp_millis();
-        let mut by_item: BTreeMap<ItemId, Vec<(i64, String)>> = BTreeMap::new();
+        let mut by_stock: BTreeMap<Stock, Vec<(i64, String)>> = BTreeMap::new();
         let mut wake_seconds = BTreeSet::new();
         for order in orders {
-            let tasks = by_item.entry(order.item_id).or_default();
+            let tasks = by_stock.entry(order.order_sn.stock()).or_default();
             for (task, at) in self.tasks(order) {
                 if self.wake_keys && at > now_ms {
                     // Expires as the second after `at` begins: its expiry event is the hint.
@@ -104,10 +104,10 @@ impl Plan {
                 tasks.push((at, task.member()));
             }
         }
-        for (item, tasks) in by_item {
+        for (stock, tasks) in by_stock {
             // NX: a task a scheduler put back for later keeps its new time.
             let pipe = grouped.group();
-            pipe.cmd("ZADD").arg(keys.due(item)).arg("NX");
+            pipe.cmd("ZADD").arg(keys.due(stock)).arg("NX");
             for (at, member) in tasks {
                 pipe.arg(at).arg(member);
             }
@@ -140,7 +140,7 @@ pub struct Claimed {
 pub async fn claim<C>(
     conn: &mut C,
     keys: &Keys,
-    item: ItemId,
+    stock: Stock,
     lease_ms: u64,
     limit: usize,
 ) -> Result<Claimed, RedisError>
@@ -151,8 +151,8 @@ where
     let lease_end_ms = now + lease_ms as i64;
     let members: Vec<String> = redis_timed(
         CLAIM
-            .key(keys.due(item))
-            .key(keys.leased(item))
+            .key(keys.due(stock))
+            .key(keys.leased(stock))
             .arg(now)
             .arg(lease_end_ms)
             .arg(limit)
@@ -175,7 +175,7 @@ where
 pub async fn finish<C>(
     conn: &mut C,
     keys: &Keys,
-    item: ItemId,
+    stock: Stock,
     lease_end_ms: i64,
     members: &[String],
     again_at_ms: Option<i64>,
@@ -188,8 +188,8 @@ where
     }
     redis_timed(
         FINISH
-            .key(keys.leased(item))
-            .key(keys.due(item))
+            .key(keys.leased(stock))
+            .key(keys.due(stock))
             .arg(lease_end_ms)
             .arg(again_at_ms.map(|ms| ms.to_string()).unwrap_or_default())
             .arg(members)
@@ -201,11 +201,11 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::UserId;
+    use crate::domain::{ItemId, UserId};
 
     #[test]
     fn tasks_round_trip_through_their_member() {
-        let sn = OrderSn::generate(ItemId::new(9).unwrap());
+        let sn = OrderSn::generate(Stock::whole(ItemId::new(9).unwrap()), false);
         for task in [
             Task::Cancel(sn.clone()),
             Task::Remind {
@@ -224,7 +224,7 @@ mod tests {
     fn reminders_fall_at_their_share_of_the_pay_timeout() {
         let item = ItemId::new(9).unwrap();
         let order = OrderPlaced {
-            order_sn: OrderSn::generate(item),
+            order_sn: OrderSn::generate(Stock::whole(item), false),
             item_id: item,
             user_id: UserId::new(1),
             created_at_ms: 10_000,

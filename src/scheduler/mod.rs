@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::Broker;
 use crate::config::Settings;
+use crate::items::transfer;
 use crate::keys::Keys;
 use crate::orders::ending::{self, Cancelled, cancel_overdue};
 use crate::orders::repo::CancelReason;
@@ -85,7 +86,8 @@ impl Scheduler {
         Ok(outcome)
     }
 
-    /// Returns the units of cancels cut off between MySQL and Redis, within seconds.
+    /// Returns the units of cancels cut off between MySQL and Redis, and settles
+    /// transfers between buckets cut off between their steps, within seconds.
     async fn finish_cut_off(self, shutdown: CancellationToken) {
         let mut failing = false;
         loop {
@@ -93,7 +95,12 @@ impl Scheduler {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(CUT_OFF_EVERY) => {}
             }
-            match ending::finish_cut_off(&self.db, &self.redis, &self.keys).await {
+            let swept = async {
+                let released = ending::finish_cut_off(&self.db, &self.redis, &self.keys).await?;
+                transfer::settle_stuck(&self.redis, &self.keys).await?;
+                Ok::<_, StoreError>(released)
+            };
+            match swept.await {
                 Ok(released) => {
                     self.meters.cancelled_units_recovered(released);
                     if failing {

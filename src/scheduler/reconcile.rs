@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::domain::{ItemId, UserId};
+use crate::domain::{ItemId, Stock, UserId};
 use crate::items::stock;
 use crate::keys::Keys;
 use crate::orders::ending::{self, Held};
@@ -110,21 +110,24 @@ async fn run(
         }
     }
 
-    // 2. Buyer records whose order is neither pending nor live in MySQL.
-    let stale = stale_buyers(db, redis, keys, item).await?;
+    // 2. Buyer records whose order is neither pending nor live in MySQL, in every bucket.
+    let record = crate::items::repo::get(db, item).await?;
+    let total = u64::from(record.as_ref().map_or(0, |i| i.total));
+    let stocks: Vec<Stock> = match &record {
+        Some(record) => record.stocks().collect(),
+        None => vec![Stock::whole(item)],
+    };
+    let mut stale = Vec::new();
+    for stock in &stocks {
+        stale.extend(stale_buyers(db, redis, keys, *stock).await?);
+    }
     let stale_buyers = ending::release(redis, keys, &stale).await?.len() as u64;
 
     // 3. Redis against MySQL, twice before crying wolf.
-    let total = u64::from(
-        crate::items::repo::get(db, item)
-            .await?
-            .map(|i| i.total)
-            .unwrap_or(0),
-    );
-    let mut report = check(db, redis, keys, item, total).await?;
+    let mut report = check(db, redis, keys, item, &stocks, total).await?;
     if !report.consistent {
         tokio::time::sleep(RECHECK_AFTER).await;
-        report = check(db, redis, keys, item, total).await?;
+        report = check(db, redis, keys, item, &stocks, total).await?;
     }
     if !report.consistent {
         meters.reconcile_mismatch(item);
@@ -152,12 +155,10 @@ async fn check(
     redis: &RedisConns,
     keys: &Keys,
     item: ItemId,
+    stocks: &[Stock],
     total: u64,
 ) -> Result<Report, ReconcileError> {
-    let snapshot = {
-        let mut conn = redis.bulk().await?;
-        stock::snapshot(&mut conn, &keys.item(item)).await?
-    };
+    let snapshot = stock::item_snapshot(redis, keys, stocks.iter().copied()).await?;
     let orders = repo::count_by_status(db, item).await?;
     let held = snapshot.pending + orders.unpaid + orders.paid;
     Ok(Report {
@@ -179,15 +180,15 @@ async fn check(
     })
 }
 
-/// Buyer records (user → order) whose order is not pending in Redis and not unpaid or paid
-/// in MySQL: cancelled with its unit never returned, or lost altogether.
+/// Buyer records (user → order) of one bucket whose order is not pending in Redis and not
+/// unpaid or paid in MySQL: cancelled with its unit never returned, or lost altogether.
 async fn stale_buyers(
     db: &Db,
     redis: &RedisConns,
     keys: &Keys,
-    item: ItemId,
+    stock: Stock,
 ) -> Result<Vec<Held>, ReconcileError> {
-    let item_keys = keys.item(item);
+    let item_keys = keys.stock(stock);
     let mut conn = redis.bulk().await?;
     // Buyer records first, then pending, then MySQL: an order moving from pending to MySQL
     // meanwhile is seen in one of the two (the consumer commits before it clears pending).
@@ -231,7 +232,7 @@ async fn stale_buyers(
         .iter()
         .filter(|(_, sn)| not_pending.contains(sn.as_str()) && !live.contains(sn))
         .map(|(user, sn)| Held {
-            item,
+            stock,
             user: UserId::new(*user),
             order_sn: sn.clone(),
         })

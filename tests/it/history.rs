@@ -5,7 +5,6 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
-use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -136,7 +135,7 @@ pub async fn buyer(
 pub async fn crowd(
     env: &TestEnv,
     item: u64,
-    users: Range<u64>,
+    users: impl IntoIterator<Item = u64>,
     target: &(dyn Fn(u64, u32) -> SocketAddr + Sync),
     answered: &AtomicU64,
 ) -> Ledger {

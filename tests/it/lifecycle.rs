@@ -14,7 +14,7 @@ use lapin::{Connection, ExchangeKind};
 use redis::AsyncCommands;
 use seckill::Role;
 use seckill::config::RemindStages;
-use seckill::domain::ItemId;
+use seckill::domain::{ItemId, Stock};
 use seckill::scheduler::delay;
 use serde_json::Value;
 
@@ -368,9 +368,15 @@ async fn entries_of_a_scheduler_killed_after_claiming_are_handled_after_its_leas
     // A scheduler takes every due entry for 3 s, and dies (does nothing more).
     let keys = seckill::keys::Keys::new(&env.settings.namespace);
     let mut conn = env.redis.clone();
-    let taken = delay::claim(&mut conn, &keys, ItemId::new(1).unwrap(), 3000, 100)
-        .await
-        .unwrap();
+    let taken = delay::claim(
+        &mut conn,
+        &keys,
+        Stock::whole(ItemId::new(1).unwrap()),
+        3000,
+        100,
+    )
+    .await
+    .unwrap();
     let claimed_at = std::time::Instant::now();
     assert_eq!(
         taken.tasks.len(),
@@ -451,7 +457,7 @@ async fn a_scheduler_that_overran_its_lease_never_ends_another_schedulers_hold()
     tokio::time::sleep(Duration::from_millis(1100)).await;
 
     let keys = seckill::keys::Keys::new(&env.settings.namespace);
-    let item = ItemId::new(1).unwrap();
+    let item = Stock::whole(ItemId::new(1).unwrap());
     let mut conn = env.redis.clone();
     let first = delay::claim(&mut conn, &keys, item, 200, 100)
         .await

@@ -3,6 +3,7 @@
 
 mod admin;
 mod bench;
+mod buckets;
 mod burst;
 mod cli;
 mod clusters;

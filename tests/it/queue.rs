@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Connection};
 use seckill::Role;
-use seckill::domain::{ItemId, OrderPlaced, OrderSn, UserId};
+use seckill::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
 
 use crate::helpers::*;
 
@@ -154,14 +154,14 @@ async fn mysql_refuses_a_second_live_order_and_the_consumer_records_it_cancelled
     let topology = env.topology();
     // Two orders of one user for one item, as if Redis had lost its buyer records.
     let first = OrderPlaced {
-        order_sn: OrderSn::generate(ItemId::new(1).unwrap()),
+        order_sn: OrderSn::generate(Stock::whole(ItemId::new(1).unwrap()), false),
         item_id: ItemId::new(1).unwrap(),
         user_id: UserId::new(9),
         created_at_ms: 1_700_000_000_000,
         pay_deadline_ms: 1_700_000_600_000,
     };
     let second = OrderPlaced {
-        order_sn: OrderSn::generate(ItemId::new(1).unwrap()),
+        order_sn: OrderSn::generate(Stock::whole(ItemId::new(1).unwrap()), false),
         ..first.clone()
     };
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -359,7 +359,7 @@ async fn publish_raw(env: &TestEnv, bodies: &[&[u8]]) {
 
 fn order_of(user: u64) -> OrderPlaced {
     OrderPlaced {
-        order_sn: OrderSn::generate(ItemId::new(1).unwrap()),
+        order_sn: OrderSn::generate(Stock::whole(ItemId::new(1).unwrap()), false),
         item_id: ItemId::new(1).unwrap(),
         user_id: UserId::new(user),
         created_at_ms: 1_700_000_000_000,
@@ -540,7 +540,7 @@ async fn the_pending_sweep_pages_through_more_entries_than_one_query_can_name() 
         wait_replicas: 0,
     };
     relay
-        .sweep_pending(ItemId::new(1).unwrap())
+        .sweep_pending(Stock::whole(ItemId::new(1).unwrap()))
         .await
         .expect("the sweep");
     let left: u64 = redis.hlen(env.key(1, "pending")).await.unwrap();

@@ -1,0 +1,28 @@
+-- lend.lua: a bucket of a split item lends one unsold unit to another of its buckets (the
+-- first step of a transfer; `receive.lua` on the other bucket is the second).
+--
+-- KEYS[1] meta    HASH  loaded, paused, total   (of the lending bucket)
+-- KEYS[2] tokens  LIST  unsold units
+-- KEYS[3] lent    HASH  transfer id -> "home|unit|ms": lent, not known to have arrived
+-- ARGV[1] transfer id (new for each transfer)
+-- ARGV[2] the receiving bucket's number
+-- ARGV[3] now (ms)
+--
+-- The unit leaves the list and is recorded in `lent` in one step: until the transfer is
+-- settled (the receiver has it: the record goes; or it never will: the unit comes back,
+-- `unlend.lua`) it counts as remaining here, so it is never lost and never counted twice.
+--
+-- Returns the unit lent, or false when this bucket has none to lend (or is paused, or not
+-- loaded).
+
+local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused')
+if not meta[1] or meta[2] == '1' then
+  return false
+end
+local unit = redis.call('LPOP', KEYS[2])
+if not unit then
+  return false
+end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2] .. '|' .. unit .. '|' .. ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'total', -1)
+return unit

@@ -1,0 +1,168 @@
+//! Moving units between the buckets of a split item, so that a buyer whose bucket ran dry
+//! still gets a unit while any bucket has one (no false "sold out").
+//!
+//! A buyer's record, order and unit always live in their home bucket (`Stock::home`):
+//! "one unit per user" is decided by one script on one slot, as for an item not split.
+//! When the home bucket is empty, a unit is moved to it from another bucket, in two
+//! scripts on two slots — `lend.lua` on the lender (the unit leaves its list for its
+//! `lent` record), `receive.lua` on the home bucket (the transfer is decided `in`: the
+//! unit is on its list) — and the lender's record is dropped (`unlend.lua`). A crash
+//! between two steps leaves a `lent` record that [`settle_stuck`] finishes: it decides
+//! the transfer at the receiver (`void`, unless already `in`) and settles the lender to
+//! match, so the unit ends on exactly one list. README: "A hot item over many buckets".
+
+use std::time::Duration;
+
+use chrono::Utc;
+
+use crate::domain::Stock;
+use crate::keys::{ItemKeys, Keys};
+use crate::lua::{LEND, RECEIVE, UNLEND};
+use crate::store::{RedisConns, RedisError, redis_timed};
+
+use super::stock;
+
+/// A transfer still not settled this long after its loan was cut off (a purchase takes
+/// well under a second; its store calls time out sooner).
+const STUCK_AFTER: Duration = Duration::from_secs(5);
+
+/// What [`borrow`] found.
+#[derive(Debug, Default)]
+pub struct Borrowed {
+    /// A unit is on the home bucket's list now.
+    pub moved: bool,
+    /// Buckets that had nothing to lend.
+    pub empty: Vec<u8>,
+}
+
+/// Moves one unit into `home` from the first of `lenders` that has one.
+pub async fn borrow(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    home: &ItemKeys,
+    lenders: impl Iterator<Item = &ItemKeys>,
+) -> Result<Borrowed, RedisError> {
+    let mut borrowed = Borrowed::default();
+    for lender in lenders {
+        let transfer = ulid::Ulid::new().to_string();
+        let unit: Option<String> = redis_timed(
+            LEND.key(&lender.meta)
+                .key(&lender.tokens)
+                .key(&lender.lent)
+                .arg(&transfer)
+                .arg(home.stock.bucket)
+                .arg(Utc::now().timestamp_millis())
+                .invoke_async(conn),
+        )
+        .await?;
+        let Some(unit) = unit else {
+            borrowed.empty.push(lender.stock.bucket);
+            continue;
+        };
+        // From here a failure leaves the loan to `settle_stuck`.
+        let decided: String = redis_timed(
+            RECEIVE
+                .key(&home.meta)
+                .key(&home.tokens)
+                .key(&home.transfers)
+                .arg(&transfer)
+                .arg(&unit)
+                .invoke_async(conn),
+        )
+        .await?;
+        settle(conn, lender, &transfer, &decided).await?;
+        if decided == "in" {
+            borrowed.moved = true;
+            return Ok(borrowed);
+        }
+    }
+    Ok(borrowed)
+}
+
+/// The lender's side of a decided transfer.
+async fn settle(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    lender: &ItemKeys,
+    transfer: &str,
+    decided: &str,
+) -> Result<(), RedisError> {
+    redis_timed(
+        UNLEND
+            .key(&lender.meta)
+            .key(&lender.tokens)
+            .key(&lender.lent)
+            .arg(transfer)
+            .arg(decided)
+            .invoke_async::<i64>(conn),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Finishes transfers cut off between their steps (a process died, a store call timed
+/// out): each is decided at its receiver — `void` unless it is `in` already — and its
+/// lender settled to match. Returns how many it settled.
+pub async fn settle_stuck(redis: &RedisConns, keys: &Keys) -> Result<u64, RedisError> {
+    let lenders = stock::indexed(redis, keys).await?;
+    settle_loans(redis, keys, lenders.into_iter(), Some(STUCK_AFTER)).await
+}
+
+/// Decides and settles the loans of these lenders older than `older_than` (all of them
+/// with `None`: a warm-up replacing the stock). Returns how many it settled.
+pub async fn settle_loans(
+    redis: &RedisConns,
+    keys: &Keys,
+    lenders: impl Iterator<Item = Stock>,
+    older_than: Option<Duration>,
+) -> Result<u64, RedisError> {
+    let cutoff = older_than.map_or(i64::MAX, |age| {
+        Utc::now().timestamp_millis() - age.as_millis() as i64
+    });
+    let mut settled = 0;
+    for lender in lenders {
+        let lender_keys = keys.stock(lender);
+        let mut conn = redis.bulk().await?;
+        let loans: Vec<(String, String)> =
+            redis_timed(redis::AsyncCommands::hgetall(&mut conn, &lender_keys.lent)).await?;
+        for (transfer, record) in loans {
+            let Some((home, _unit, at)) = parse_loan(&record) else {
+                tracing::error!(%lender, transfer, record, "a lent record not written by lend.lua; left alone");
+                continue;
+            };
+            if at > cutoff {
+                continue;
+            }
+            let home = keys.stock(Stock::new(lender.item, home));
+            // The first decision stands: HSETNX decides `void` only if nothing was yet.
+            let (_, decided): (bool, String) = redis_timed(
+                redis::pipe()
+                    .hset_nx(&home.transfers, &transfer, "void")
+                    .hget(&home.transfers, &transfer)
+                    .query_async(&mut conn),
+            )
+            .await?;
+            settle(&mut conn, &lender_keys, &transfer, &decided).await?;
+            tracing::warn!(%lender, to = %home.stock, transfer, decided, "settled a transfer between buckets that was cut off");
+            settled += 1;
+        }
+    }
+    Ok(settled)
+}
+
+/// `home|unit|ms` → (home bucket, unit, ms).
+fn parse_loan(record: &str) -> Option<(u8, &str, i64)> {
+    let (home, rest) = record.split_once('|')?;
+    let (unit, at) = rest.rsplit_once('|')?;
+    Some((home.parse().ok()?, unit, at.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loans_parse_as_lend_lua_writes_them() {
+        assert_eq!(parse_loan("3|r:7_01ABC|1700"), Some((3, "r:7_01ABC", 1700)));
+        assert_eq!(parse_loan("3|12|x"), None);
+        assert_eq!(parse_loan("nonsense"), None);
+    }
+}

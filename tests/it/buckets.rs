@@ -1,0 +1,268 @@
+//! A hot item split over buckets (`"buckets": K`): one unit per user stays exact, a buyer
+//! whose bucket ran dry still gets a unit while any bucket has one, and a transfer between
+//! two buckets cut off between its steps never loses or doubles a unit.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+
+use seckill::domain::{ItemId, Stock, UserId};
+use seckill::keys::{ItemKeys, Keys};
+use seckill::lua::{LEND, RECEIVE};
+
+use crate::helpers::*;
+use crate::history::*;
+
+/// `PUT` an item on sale now for an hour with `buckets` buckets, and warm it up.
+pub async fn split_item_on_sale(
+    env: &TestEnv,
+    server: &TestServer,
+    id: u64,
+    total: u32,
+    buckets: u8,
+) -> Value {
+    let now = chrono::Utc::now();
+    let response = env
+        .admin(reqwest::Method::PUT, server, &format!("/admin/items/{id}"))
+        .json(&json!({
+            "name": format!("hot item {id}"),
+            "shop_id": 1,
+            "total": total,
+            "start_at": now - chrono::Duration::minutes(1),
+            "end_at": now + chrono::Duration::hours(1),
+            "price_cents": 100,
+            "buckets": buckets,
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert!(response.status().is_success(), "PUT: {}", response.status());
+    env.warmup(server, id).await
+}
+
+/// Users whose home bucket of an item split into `buckets` is `bucket`.
+pub fn users_of_bucket(item: u64, buckets: u8, bucket: u8, count: usize) -> Vec<u64> {
+    let item = ItemId::new(item).unwrap();
+    (1..)
+        .filter(|u| Stock::home(item, UserId::new(*u), buckets).bucket == bucket)
+        .take(count)
+        .collect()
+}
+
+/// Units on each bucket's list.
+async fn listed(env: &TestEnv, buckets: &[ItemKeys]) -> Vec<u64> {
+    let mut conn = env.redis.clone();
+    let mut counts = Vec::new();
+    for bucket in buckets {
+        counts.push(conn.llen(&bucket.tokens).await.unwrap());
+    }
+    counts
+}
+
+/// As many buyers as units, all of one bucket: every one of them wins (the other buckets
+/// lend), none twice; a second press is `409 duplicate`; the stores agree; a cancelled
+/// unit goes back to its bucket and a buyer of another bucket buys it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn buyers_of_one_bucket_get_every_unit_of_a_split_item_and_one_each() {
+    let env = TestEnv::new("buckets_burst").await;
+    let server = env.server(ALL_ROLES).await;
+    let report = split_item_on_sale(&env, &server, 1, 60, 4).await;
+    assert_eq!(
+        (report["remaining"].as_u64(), report["sold"].as_u64()),
+        (Some(60), Some(0)),
+        "{report}"
+    );
+    let keys = Keys::new(&env.settings.namespace);
+    let buckets: Vec<ItemKeys> = Stock::all(ItemId::new(1).unwrap(), 4)
+        .map(|s| keys.stock(s))
+        .collect();
+    assert_eq!(listed(&env, &buckets).await, [15, 15, 15, 15]);
+
+    let crowd_of_bucket_0 = users_of_bucket(1, 4, 0, 60);
+    let answered = AtomicU64::new(0);
+    let at = |_: u64, _: u32| server.addr;
+    let ledger = crowd(&env, 1, crowd_of_bucket_0.clone(), &at, &answered).await;
+    assert_eq!(
+        ledger.answers,
+        BTreeMap::from([("202 queued".to_owned(), 60)]),
+        "a buyer was refused while another bucket had units"
+    );
+    assert_eq!(listed(&env, &buckets).await, [0, 0, 0, 0]);
+    // One per user, across buckets: a second press names the order.
+    for user in crowd_of_bucket_0.iter().take(5) {
+        let (status, json) = env.buy(&server, *user, 1).await;
+        assert_eq!((status, json["code"].as_str()), (409, Some("duplicate")));
+    }
+    // Sold out for real, for a buyer of any bucket.
+    let other = users_of_bucket(1, 4, 3, 1)[0];
+    assert_eq!(env.buy(&server, other, 1).await.0, 410);
+
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    total_check(&env, &server, 1, 60, &ledger).await;
+    let stats = env.stats(&server, 1).await;
+    assert_eq!(
+        (stats["sold"].as_u64(), stats["consistent"].as_bool()),
+        (Some(60), Some(true)),
+        "{stats}"
+    );
+
+    // A cancel gives the unit back to its buyer's bucket (0); a buyer of bucket 3 gets it.
+    let (sn, owner, _) = env.orders(1).await.remove(0);
+    let (status, json) = env
+        .post_as(&server, &format!("/api/orders/{sn}/cancel"), owner)
+        .await;
+    assert_eq!(status, 200, "cancel: {json}");
+    eventually(
+        Duration::from_secs(5),
+        "the unit back in bucket 0",
+        || async {
+            match listed(&env, &buckets).await.as_slice() {
+                [1, 0, 0, 0] => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    eventually(
+        Duration::from_secs(3),
+        "a buyer of bucket 3 buys it",
+        || async {
+            match env.buy(&server, other, 1).await {
+                (202, _) => Ok(()),
+                answer => Err(format!("{answer:?}")),
+            }
+        },
+    )
+    .await;
+    let (status, json) = env.admin_post(&server, "/admin/items/1/reconcile").await;
+    assert_eq!(
+        (status, json["consistent"].as_bool()),
+        (200, Some(true)),
+        "{json}"
+    );
+    // The split is fixed once loaded: the orders live in those buckets.
+    let response = env
+        .admin(reqwest::Method::PUT, &server, "/admin/items/1")
+        .json(&json!({
+            "name": "hot item 1", "shop_id": 1, "total": 60, "price_cents": 100,
+            "start_at": chrono::Utc::now(), "end_at": chrono::Utc::now() + chrono::Duration::hours(1),
+            "buckets": 8,
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 409);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["code"], "buckets_fixed", "{body}");
+    server.stop().await;
+}
+
+/// The two states a transfer can be cut off in, made by running its first step(s) by
+/// hand as a dying server would: lent and never received (the sweep gives the unit back
+/// to its lender, and a late receive is refused), and received but not settled (the
+/// sweep only drops the loan). Stock is counted the same all along, no unit is lost or
+/// doubled, and the sale goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transfer_cut_off_between_its_steps_is_settled_and_never_doubles_a_unit() {
+    let env = TestEnv::new("buckets_cut").await;
+    let server = env.server(ALL_ROLES).await;
+    split_item_on_sale(&env, &server, 2, 10, 2).await;
+    let keys = Keys::new(&env.settings.namespace);
+    let item = ItemId::new(2).unwrap();
+    let (home, lender) = (
+        keys.stock(Stock::new(item, 0)),
+        keys.stock(Stock::new(item, 1)),
+    );
+    let mut conn = env.redis.clone();
+    let lend = |transfer: &'static str| {
+        let mut conn = env.redis.clone();
+        let lender = lender.clone();
+        async move {
+            let unit: Option<String> = LEND
+                .key(&lender.meta)
+                .key(&lender.tokens)
+                .key(&lender.lent)
+                .arg(transfer)
+                .arg(0)
+                .arg(chrono::Utc::now().timestamp_millis())
+                .invoke_async(&mut conn)
+                .await
+                .unwrap();
+            unit.expect("bucket 1 has units to lend")
+        }
+    };
+    let receive = |transfer: &'static str, unit: String| {
+        let mut conn = env.redis.clone();
+        let home = home.clone();
+        async move {
+            let decided: String = RECEIVE
+                .key(&home.meta)
+                .key(&home.tokens)
+                .key(&home.transfers)
+                .arg(transfer)
+                .arg(unit)
+                .invoke_async(&mut conn)
+                .await
+                .unwrap();
+            decided
+        }
+    };
+    let buckets = [home.clone(), lender.clone()];
+
+    // 1. Lent, then the server died: the unit is on no list, but counted (remaining 10).
+    let unit = lend("cut-after-lend").await;
+    assert_eq!(listed(&env, &buckets).await, [5, 4]);
+    assert_eq!(env.stats(&server, 2).await["remaining"], 10);
+    eventually(
+        Duration::from_secs(15),
+        "the sweep gives it back",
+        || async {
+            match listed(&env, &buckets).await.as_slice() {
+                [5, 5] => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let loans: u64 = conn.hlen(&lender.lent).await.unwrap();
+    assert_eq!(loans, 0);
+    // The dead server's receive, arriving late, is refused: no unit twice.
+    assert_eq!(receive("cut-after-lend", unit).await, "void");
+    assert_eq!(listed(&env, &buckets).await, [5, 5]);
+
+    // 2. Lent and received, then the server died before settling the loan.
+    let unit = lend("cut-after-receive").await;
+    assert_eq!(receive("cut-after-receive", unit.clone()).await, "in");
+    assert_eq!(listed(&env, &buckets).await, [6, 4]);
+    eventually(Duration::from_secs(15), "the sweep settles it", || async {
+        let loans: u64 = env.redis.clone().hlen(&lender.lent).await.unwrap();
+        if loans == 0 {
+            Ok(())
+        } else {
+            Err(format!("{loans} loans"))
+        }
+    })
+    .await;
+    assert_eq!(
+        listed(&env, &buckets).await,
+        [6, 4],
+        "nothing came back twice"
+    );
+    // Receiving again changes nothing either.
+    assert_eq!(receive("cut-after-receive", unit).await, "in");
+    assert_eq!(listed(&env, &buckets).await, [6, 4]);
+
+    // The sale goes on: 10 buyers of bucket 1 get the 10 units, and the stores agree.
+    let answered = AtomicU64::new(0);
+    let at = |_: u64, _: u32| server.addr;
+    let ledger = crowd(&env, 2, users_of_bucket(2, 2, 1, 10), &at, &answered).await;
+    assert_eq!(ledger.won.len(), 10, "{:?}", ledger.answers);
+    quiet(&env, &server, 2, &amqp_url(), Duration::from_secs(30)).await;
+    total_check(&env, &server, 2, 10, &ledger).await;
+    let stats = env.stats(&server, 2).await;
+    assert_eq!(stats["consistent"], true, "{stats}");
+    server.stop().await;
+}
