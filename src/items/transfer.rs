@@ -31,8 +31,20 @@ const STUCK_AFTER: Duration = Duration::from_secs(5);
 pub struct Borrowed {
     /// A unit is on the home bucket's list now.
     pub moved: bool,
+    /// A lender's replicas did not confirm its loan in time (`SECKILL_REDIS_WAIT_REPLICAS`):
+    /// the transfer is left to [`settle_stuck`], and nothing can be said yet.
+    pub stalled: bool,
     /// Buckets that had nothing to lend.
     pub empty: Vec<u8>,
+}
+
+/// Replicas that must hold a loan before its unit is received (`SECKILL_REDIS_WAIT_REPLICAS`):
+/// a lender failing over to a replica without the loan would sell the unit again.
+#[derive(Clone, Copy)]
+pub struct LoanWait<'a> {
+    pub redis: &'a RedisConns,
+    pub replicas: u32,
+    pub within: Duration,
 }
 
 /// Moves one unit into `home` from the first of `lenders` that has one.
@@ -40,6 +52,7 @@ pub async fn borrow(
     conn: &mut (impl redis::aio::ConnectionLike + Send),
     home: &ItemKeys,
     lenders: impl Iterator<Item = &ItemKeys>,
+    wait: Option<LoanWait<'_>>,
 ) -> Result<Borrowed, RedisError> {
     let mut borrowed = Borrowed::default();
     for lender in lenders {
@@ -59,6 +72,16 @@ pub async fn borrow(
             continue;
         };
         // From here a failure leaves the loan to `settle_stuck`.
+        if let Some(wait) = wait {
+            let acked = wait
+                .redis
+                .replicated(&lender.replicated, wait.replicas, wait.within)
+                .await?;
+            if acked < u64::from(wait.replicas) {
+                borrowed.stalled = true;
+                return Ok(borrowed);
+            }
+        }
         let decided: String = redis_timed(
             RECEIVE
                 .key(&home.meta)

@@ -27,7 +27,7 @@ use crate::http::extract::{ApiJson, Buyer, ClientTime};
 use crate::http::reply::{Code, envelope};
 use crate::http::request_id;
 use crate::items::catalog::CatalogItem;
-use crate::items::transfer;
+use crate::items::transfer::{self, LoanWait};
 use crate::keys::ItemKeys;
 use crate::store::{RedisConn, RedisError};
 use crate::telemetry::Meters;
@@ -130,7 +130,12 @@ pub async fn flashbuy(
     let mut conn = redis.hot().await?;
     let mut outcome = grab(&mut conn, home, user, &order.order_sn, now_ms, &order_json).await;
     if item.item.split() {
-        outcome = refill_and_grab(&mut conn, &item, user, &order, &order_json, outcome).await;
+        let wait = (settings.redis_wait_replicas > 0).then_some(LoanWait {
+            redis: &redis,
+            replicas: settings.redis_wait_replicas,
+            within: WAIT_FOR,
+        });
+        outcome = refill_and_grab(&mut conn, &item, user, &order, &order_json, outcome, wait).await;
     }
     let took = started.elapsed();
     signals.purchase(took, outcome.is_err());
@@ -203,6 +208,7 @@ async fn refill_and_grab(
     order: &OrderPlaced,
     order_json: &str,
     mut outcome: Result<GrabOutcome, RedisError>,
+    wait: Option<LoanWait<'_>>,
 ) -> Result<GrabOutcome, RedisError> {
     let home = item.home(user);
     for _ in 0..MOST_REFILLS {
@@ -217,9 +223,12 @@ async fn refill_and_grab(
             .filter(|b| b.stock != home.stock)
             .collect();
         lenders.sort_by_key(|b| std::cmp::Reverse(item.remaining_in(b.stock.bucket)));
-        let borrowed = transfer::borrow(conn, home, lenders.into_iter()).await?;
+        let borrowed = transfer::borrow(conn, home, lenders.into_iter(), wait).await?;
         for bucket in borrowed.empty {
             item.mark_empty(bucket);
+        }
+        if borrowed.stalled {
+            return Ok(GrabOutcome::StillMoving);
         }
         if !borrowed.moved {
             return outcome;

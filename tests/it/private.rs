@@ -423,11 +423,13 @@ impl PrivateRedisCluster {
     /// Kills the nodes and removes the data once this test binary has exited (a static is
     /// never dropped).
     fn watched(&self) {
-        // By the data directory in their command lines: a node restarted by a test has a
-        // pid of its own.
+        // By their ports: a node restarted by a test has a pid of its own, and redis-server
+        // retitles itself `redis-server 127.0.0.1:PORT [cluster]`.
+        let ports: Vec<String> = self.ports.iter().map(u16::to_string).collect();
         let script = format!(
-            "while kill -0 {me} 2>/dev/null; do sleep 1; done; pkill -9 -f {dir}; rm -rf {dir}",
+            "while kill -0 {me} 2>/dev/null; do sleep 1; done; pkill -9 -f '^redis-server 127.0.0.1:({ports}) '; rm -rf {dir}",
             me = std::process::id(),
+            ports = ports.join("|"),
             dir = self.dir.display(),
         );
         // In the background of a shell that exits at once (so nothing is left unwaited).

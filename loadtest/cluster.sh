@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The purchase path on a local Redis Cluster (3 masters, 3 replicas on 127.0.0.1:7000-7005,
+# started here and stopped at the end): one hot item split into K = 1, 2, 4, 8 buckets,
+# then K = 1 with SECKILL_REDIS_WAIT_REPLICAS=1. For each: grabs/s and p99 through one API
+# instance (wrk, wins and duplicates: every request reaches Redis), and what Redis spent
+# per grab — the EVALSHA time (INFO commandstats) and the whole server's CPU (INFO cpu),
+# summed over the masters, and the busiest master's share — so the README's capacity
+# model can say how many shards a sale of N presses/s needs.
+#
+#   ./loadtest/cluster.sh          (DURATION=10s CONNECTIONS=64 by default)
+#
+# Everything shares this machine's cores: the absolute rates are this VM's; the Redis
+# cost per grab and its spread over the masters are what carry over.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+duration=${DURATION:-10s}
+connections=${CONNECTIONS:-64}
+units=400000
+users=200000
+ports=(7000 7001 7002 7003 7004 7005)
+
+./dev/services.sh
+if ! command -v wrk >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
+  else
+    echo "wrk is missing: sudo apt-get install wrk" >&2
+    exit 1
+  fi
+fi
+cargo build --release --locked --bin seckill 2>&1 | tail -1
+
+out=loadtest/out
+mkdir -p "$out"
+ns=seckill_cluster_bench
+export SECKILL_NAMESPACE=$ns
+export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$ns"
+export SECKILL_REDIS_URL="redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002"
+export SECKILL_ADMIN_TOKEN=bench-admin
+export SECKILL_RATE_PER_USER=0
+export SECKILL_HTTP_ADDR=127.0.0.1:18090
+export RUST_LOG=${RUST_LOG:-warn}
+bin=target/release/seckill
+api="http://$SECKILL_HTTP_ADDR"
+pids=()
+server_pid=
+
+cleanup() {
+  for pid in "${pids[@]}" $server_pid; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$ns\`" 2>/dev/null || true
+  if command -v rabbitmqctl >/dev/null; then
+    for q in "$ns.orders" "$ns.orders.dead"; do rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true; done
+  fi
+}
+trap cleanup EXIT
+
+./dev/redis-cluster.sh 2>"$out/cluster.log" &
+pids+=("$!")
+for _ in $(seq 300); do
+  [ "$(redis-cli -p 7000 cluster info 2>/dev/null | grep -c 'cluster_state:ok')" = 1 ] \
+    && [ "$(redis-cli -p 7000 cluster nodes 2>/dev/null | grep -c connected)" = 6 ] && break
+  sleep 0.2
+done
+masters() { for p in "${ports[@]}"; do redis-cli -p "$p" role | head -1 | grep -q master && echo "$p"; done; }
+
+wait_http() { for _ in $(seq 200); do curl -fs "$1" >/dev/null && return 0; sleep 0.1; done; echo "no answer from $1" >&2; exit 1; }
+admin() { curl -fsS -X "$1" "$api$2" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" -H 'Content-Type: application/json' ${3:+-d "$3"}; }
+serve() { # wait replicas
+  [ -n "$server_pid" ] && { kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; }
+  SECKILL_REDIS_WAIT_REPLICAS=$1 "$bin" serve --roles api,scheduler >"$out/cluster-api.log" 2>&1 &
+  server_pid=$!
+  wait_http "$api/healthz"
+}
+# Sums over the masters: EVALSHA calls, their µs, and the servers' CPU seconds; and the
+# busiest master's share of the EVALSHA time.
+redis_cost() {
+  local calls=0 usec=0 cpu=0 top=0
+  for p in $(masters); do
+    local line c u s
+    line=$(redis-cli -p "$p" info commandstats | tr -d '\r' | grep '^cmdstat_evalsha:' || true)
+    c=$(sed -E 's/^cmdstat_evalsha:calls=([0-9]+),.*/\1/' <<<"${line:-cmdstat_evalsha:calls=0,}")
+    u=$(sed -E 's/.*usec=([0-9]+),.*/\1/' <<<"${line:-usec=0,}")
+    s=$(redis-cli -p "$p" info cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ {t += $2} END {print t}')
+    calls=$((calls + c)); usec=$((usec + u)); cpu=$(echo "$cpu + $s" | bc)
+    [ "$u" -gt "$top" ] && top=$u
+  done
+  echo "$calls $usec $cpu $top"
+}
+
+echo "minting $users user tokens" >&2
+"$bin" token --user 1 --count "$users" --ttl-s 7200 >"$out/tokens.txt"
+serve 0
+start=$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)
+end=$(date -u -d '+1 day' +%Y-%m-%dT%H:%M:%SZ)
+
+rows=()
+run() { # item buckets wait
+  local item=$1 buckets=$2
+  admin PUT "/admin/items/$item" "{\"name\":\"hot $item\",\"shop_id\":1,\"total\":$units,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1,\"buckets\":$buckets}" >/dev/null
+  admin POST "/admin/items/$item/warmup" >/dev/null
+  sleep 1
+  read -r c0 u0 cpu0 _ < <(redis_cost)
+  for p in $(masters); do redis-cli -p "$p" config resetstat >/dev/null; done
+  THREADS=2 TOKENS="$out/tokens.txt" ITEM=$item MODE=random wrk -t2 -c"$connections" -d"$duration" --latency \
+    -s loadtest/wrk/flashbuy.lua "$api/api/flashbuy" >"$out/cluster-k$buckets-w$3.txt"
+  read -r calls usec cpu1 top < <(redis_cost)
+  local rps p99
+  rps=$(awk '/Requests\/sec/ {print $2}' "$out/cluster-k$buckets-w$3.txt")
+  p99=$(awk '/^ +99%/ {print $2}' "$out/cluster-k$buckets-w$3.txt")
+  # CPU counters survive RESETSTAT: the difference is this run's.
+  local cpu_us_per_grab
+  cpu_us_per_grab=$(echo "scale=1; ($cpu1 - $cpu0) * 1000000 / ($calls + 1)" | bc)
+  rows+=("| $buckets | $3 | $rps | $p99 | $calls | $(echo "scale=1; $usec / ($calls + 1)" | bc) | $cpu_us_per_grab | $((100 * top / (usec + 1)))% |")
+  : "$c0" "$u0"
+}
+run 1 1 0
+run 2 2 0
+run 4 4 0
+run 8 8 0
+serve 1
+run 11 1 1
+
+cat <<REPORT
+
+seckill on a local Redis Cluster (3 masters + 3 replicas) — $(nproc) cores, $(date -u +%Y-%m-%d), wrk -t2 -c$connections -d$duration, all on this machine
+
+| buckets | WAIT | req/s | p99 | EVALSHA calls | µs per EVALSHA | Redis CPU µs per grab | busiest master |
+|---------|------|-------|-----|---------------|----------------|-----------------------|----------------|
+$(printf '%s\n' "${rows[@]}")
+REPORT
