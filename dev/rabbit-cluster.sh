@@ -28,15 +28,27 @@ for port in "${ports[@]}"; do
     RABBITMQ_MNESIA_BASE=$dir/$port/mnesia RABBITMQ_LOG_BASE=$dir/$port/log \
     rabbitmq-server -detached
   nodes+=("$node")
-  # One after the other: three Erlang VMs booting at once starve a small machine.
-  rabbitmqctl -q -n "$node" await_startup --timeout 120
+  # One after the other: three Erlang VMs booting at once starve a small machine. Booted
+  # once its AMQP port answers.
+  for try in $(seq 120); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+    [ "$try" = 120 ] && { echo "$node did not start: see $dir/$port/log" >&2; exit 1; }
+    sleep 1
+  done
 done
 for node in "${nodes[@]:1}"; do
-  rabbitmqctl -q -n "$node" stop_app
-  rabbitmqctl -q -n "$node" join_cluster "${nodes[0]}"
+  # A join cut short leaves the node half-joined: reset it and try again.
+  for try in $(seq 5); do
+    rabbitmqctl -q -n "$node" stop_app
+    rabbitmqctl -q -n "$node" reset >/dev/null 2>&1
+    rabbitmqctl -q -n "$node" join_cluster "${nodes[0]}" && break
+    [ "$try" = 5 ] && { echo "$node could not join ${nodes[0]}" >&2; exit 1; }
+    sleep 2
+  done
   rabbitmqctl -q -n "$node" start_app
 done
-rabbitmqctl -q -n "${nodes[0]}" cluster_status | sed -n '/Running Nodes/,/^$/p' >&2
+echo "running nodes:" >&2
+rabbitmqctl -q -n "${nodes[0]}" cluster_status | awk '/Running Nodes/ {on = 1; next} /Versions/ {on = 0} on && NF' >&2
 cat >&2 <<MSG
 RabbitMQ cluster up: ${nodes[*]} (AMQP on 127.0.0.1:${ports[0]}-${ports[2]}, data in $dir).
 
