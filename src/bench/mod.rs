@@ -41,6 +41,10 @@ pub struct BenchArgs {
     /// without --units, the item must already exist and be loaded. [default for a new item: 1000]
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     pub units: Option<u32>,
+    /// Spread the units over this many Redis buckets (a hot item; see the README's "A hot
+    /// item over many buckets"), when --units sets the item up.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
+    pub buckets: u8,
     /// The shop a new item belongs to (a shop not seen before is created, open).
     #[arg(long, default_value_t = 1)]
     pub shop: u64,

@@ -104,6 +104,7 @@ pub async fn prepare(
                     "start_at": start_at - chrono::Duration::milliseconds(500),
                     "end_at": start_at + chrono::Duration::hours(1),
                     "price_cents": 100,
+                    "buckets": args.buckets,
                 })),
             )
             .await?;

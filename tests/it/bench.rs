@@ -27,6 +27,49 @@ async fn bench(env: &TestEnv, server: &TestServer, args: &[&str], out: &std::pat
         .unwrap()
 }
 
+/// The rehearsal of a hot item over four buckets, a fifth of the winners cancelling (their
+/// units back in their buckets, sold again across them): every invariant holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bench_rehearses_a_hot_item_over_buckets() {
+    let env = TestEnv::new("bench_buckets").await;
+    let server = env.server(ALL_ROLES).await;
+    let out = out_dir("buckets");
+    let output = bench(
+        &env,
+        &server,
+        &[
+            "--item",
+            "704",
+            "--units",
+            "40",
+            "--buckets",
+            "4",
+            "--users",
+            "150",
+            "--requests",
+            "600",
+            "--concurrency",
+            "20",
+            "--cancel-percent",
+            "20",
+        ],
+        &out,
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for line in ["✔ 1.", "✔ 2.", "✔ 4.", "✔ 5.", "GO: every invariant held"] {
+        assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
+    }
+    let sold = env.orders(704).await;
+    assert!(sold.len() >= 40, "{} orders", sold.len());
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bench_rehearses_a_sale_and_proves_the_invariants() {
     let env = TestEnv::new("bench_ok").await;
