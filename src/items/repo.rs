@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::domain::{ItemId, Stock};
-use crate::store::{Db, DbError, mysql_timed};
+use crate::store::{Db, DbError, mysql_timed, retrying_deadlocks};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow)]
 pub struct Item {
@@ -87,8 +87,28 @@ pub async fn recent(db: &Db) -> Result<Vec<Item>, DbError> {
 }
 
 /// Creates or updates an item, creating its shop (open, no hours) when it is new.
+///
+/// Operators' scripts create items in parallel, often of one new shop: the shop's row is
+/// locked first, then the item's, always in that order; READ COMMITTED keeps the look-up
+/// of an item not there yet from locking the gap around it (under REPEATABLE READ two
+/// such look-ups lock one gap and each then waits for the other's insert: a deadlock);
+/// and a deadlock's victim anyway is run again.
 pub async fn upsert(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<Upserted, DbError> {
-    let mut tx = mysql_timed(db.begin()).await?;
+    retrying_deadlocks("item upsert", || upsert_once(db, id, draft)).await
+}
+
+async fn upsert_once(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<Upserted, DbError> {
+    let mut conn = mysql_timed(db.acquire()).await?;
+    // Without SESSION: for this connection's next transaction only.
+    mysql_timed(sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(&mut *conn))
+        .await?;
+    let mut tx = mysql_timed(sqlx::Connection::begin(&mut *conn)).await?;
+    mysql_timed(
+        sqlx::query("INSERT INTO shops (id) VALUES (?) ON DUPLICATE KEY UPDATE id = id")
+            .bind(draft.shop_id)
+            .execute(&mut *tx),
+    )
+    .await?;
     // Whether it existed, read under the row lock that the upsert takes anyway (the
     // driver's affected-rows count does not tell an unchanged row from a new one).
     let existing: Option<(u8, Option<DateTime<Utc>>)> = mysql_timed(
@@ -102,12 +122,6 @@ pub async fn upsert(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<Upserted, 
     {
         return Ok(Upserted::BucketsFixed { buckets });
     }
-    mysql_timed(
-        sqlx::query("INSERT INTO shops (id) VALUES (?) ON DUPLICATE KEY UPDATE id = id")
-            .bind(draft.shop_id)
-            .execute(&mut *tx),
-    )
-    .await?;
     mysql_timed(
         sqlx::query(
             "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets)

@@ -7,15 +7,12 @@ use std::collections::{HashMap, HashSet};
 use crate::domain::{OrderPlaced, Stock};
 use crate::keys::Keys;
 use crate::scheduler::delay::Plan;
-use crate::store::{Db, DbError, Grouped, RedisConns, RedisError, mysql_timed};
+use crate::store::{Db, DbError, Grouped, RedisConns, RedisError, mysql_timed, retrying_deadlocks};
 
 use super::repo::{self, OrderStatus};
 
 /// Rows per INSERT statement.
 const ROWS_PER_INSERT: usize = 1_000;
-
-/// How often a write that lost a deadlock is tried again.
-const DEADLOCK_RETRIES: u32 = 3;
 
 /// Writes the orders with multi-row idempotent INSERTs in one transaction (one commit,
 /// so one log flush, per batch rather than per statement): an order already there (a
@@ -25,16 +22,7 @@ const DEADLOCK_RETRIES: u32 = 3;
 /// the same order can deadlock on the unique keys; MySQL then rolls one transaction back
 /// whole, and that one is simply tried again.
 pub async fn write(db: &Db, orders: &[OrderPlaced]) -> Result<(), DbError> {
-    let mut attempt = 0;
-    loop {
-        match write_once(db, orders).await {
-            Err(e) if e.is_deadlock() && attempt < DEADLOCK_RETRIES => {
-                attempt += 1;
-                tracing::debug!(attempt, "order write lost a deadlock; trying again");
-            }
-            outcome => return outcome,
-        }
-    }
+    retrying_deadlocks("order write", || write_once(db, orders)).await
 }
 
 async fn write_once(db: &Db, orders: &[OrderPlaced]) -> Result<(), DbError> {

@@ -11,7 +11,9 @@ mod redis_conns;
 pub use self::grouped::Grouped;
 pub use self::lock::RedisLock;
 pub use self::misses::MissLimit;
-pub use self::mysql::{Db, DbError, connect_mysql, migrate, timed as mysql_timed};
+pub use self::mysql::{
+    Db, DbError, connect_mysql, migrate, retrying_deadlocks, timed as mysql_timed,
+};
 pub use self::redis_conns::{RedisConn, RedisConns, RedisError, timed as redis_timed};
 
 /// A failure of either store, for work that needs both (ending orders, the scheduler).

@@ -79,6 +79,33 @@ pub async fn timed<T>(call: impl Future<Output = Result<T, sqlx::Error>>) -> Res
         .map_err(DbError::from)
 }
 
+/// How often a transaction that lost a deadlock is run again.
+const DEADLOCK_RETRIES: u32 = 5;
+
+/// Runs a whole transaction again while MySQL picks it as a deadlock's victim (it was
+/// rolled back whole, so running it again is safe), after a short pause that grows each
+/// time so the two contenders do not meet again at once. `what` names it in the log.
+pub async fn retrying_deadlocks<T, F, Fut>(what: &str, mut once: F) -> Result<T, DbError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, DbError>>,
+{
+    let mut attempt = 0;
+    loop {
+        match once().await {
+            Err(e) if e.is_deadlock() && attempt < DEADLOCK_RETRIES => {
+                attempt += 1;
+                tracing::debug!(what, attempt, "lost a deadlock; trying again");
+                // A few ms, more each time, jittered by the clock's nanoseconds.
+                let jitter = u64::from(chrono::Utc::now().timestamp_subsec_nanos() % 5);
+                let pause = Duration::from_millis(u64::from(attempt) * 5 + jitter);
+                tokio::time::sleep(pause).await;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 /// Connects, creating the database named in the URL first when it does not exist.
 pub async fn connect_mysql(url: &str) -> anyhow::Result<MySqlPool> {
     let options =

@@ -5,6 +5,7 @@ mod admin;
 mod bench;
 mod buckets;
 mod burst;
+mod catalogue;
 mod cli;
 mod clusters;
 mod crashes;
