@@ -1,4 +1,5 @@
-//! `GET /api/items/{id}`: what a storefront shows (from the catalogue, no round trip).
+//! `GET /api/items/{id}`: what a storefront shows (from the catalogue; its stock read again
+//! when older than half a second).
 
 use axum::extract::State;
 use axum::response::Response;
@@ -17,6 +18,7 @@ pub async fn get_item(
     ApiPath(id): ApiPath<ItemId>,
 ) -> Result<Response, ApiError> {
     let entry = catalog.get(id).await?.ok_or(ApiError::ItemNotFound)?;
+    catalog.fresh_stock(&entry).await;
     let item = &entry.item;
     Ok(ok(
         "ok",

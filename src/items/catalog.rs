@@ -1,14 +1,18 @@
 //! Every instance's in-memory view of the items on sale, so the purchase path checks the
 //! sale window, the pause flag and "sold out" without a network round trip.
 //!
-//! Kept fresh in the background: every half second the definitions come from MySQL and
-//! each item's live stock from Redis (one pipelined round trip for all items), and at once
-//! when another instance announces a change on the item-events channel (a warm-up, a
-//! pause, units coming back). Pub/sub is only a hint — a lost message costs at most one
-//! refresh period — so "sold out" clears everywhere within a second of units returning.
+//! Kept fresh in the background, at a cost that does not grow with the catalogue: every
+//! half second (and at once when another instance announces a change on the item-events
+//! channel: a warm-up, a pause, units coming back, a sell-out) the definitions changed
+//! since the last look come from MySQL (all of them every half minute), and live stock
+//! from Redis for the items announced plus a window of at most [`STOCK_READS_PER_TICK`]
+//! buckets that moves round the catalogue (all of them each time while it is smaller).
+//! Pub/sub is only a hint: a lost message costs at most one trip of the window round the
+//! catalogue, and an instance that meets "sold out" in Redis itself marks it at once.
+//! `GET /api/items/{id}` reads a stock older than half a second on demand.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -28,6 +32,17 @@ use super::repo::{self, Item};
 use super::stock;
 
 const REFRESH_EVERY: Duration = Duration::from_millis(500);
+/// A full read of the definitions this often, as a safety net under the incremental ones.
+const FULL_RELOAD_EVERY: Duration = Duration::from_secs(30);
+/// How far back an incremental read reaches before the previous one: a change whose
+/// transaction committed this long after it stamped `updated_at` is still seen.
+const CHANGE_OVERLAP: Duration = Duration::from_secs(3);
+/// Buckets whose stock one refresh reads besides the announced ones.
+pub const STOCK_READS_PER_TICK: usize = 1_000;
+/// Stock older than this is read again when a storefront asks for the item...
+const STOCK_FRESH_FOR_MS: i64 = 500;
+/// ...unless Redis takes longer than this: a storefront read never waits on a slow Redis.
+const STOCK_READ_ON_DEMAND_WITHIN: Duration = Duration::from_millis(50);
 /// How long "no such item" is remembered, so unknown ids do not reach MySQL each time. A
 /// write forgets it sooner: every announced item change clears these answers everywhere.
 const UNKNOWN_FOR: Duration = Duration::from_secs(30);
@@ -50,6 +65,20 @@ struct Inner {
     /// Shares MySQL with the other look-ups of unknown ids.
     misses: MissLimit,
     wake: Notify,
+    /// What the refresh tracks between ticks.
+    progress: std::sync::Mutex<Progress>,
+}
+
+/// The refresh's place: since when definitions are known, and where the stock window is.
+#[derive(Default)]
+struct Progress {
+    /// MySQL's clock at the last read of the definitions, and when the last full read was.
+    read_at: Option<DateTime<Utc>>,
+    full_at: Option<std::time::Instant>,
+    /// Items announced since the last refresh: their stock is read first.
+    announced: std::collections::HashSet<ItemId>,
+    /// Where the stock window starts in the catalogue (ordered by id).
+    window_from: usize,
 }
 
 /// One item as the purchase path sees it.
@@ -65,6 +94,8 @@ struct LiveStock {
     loaded: AtomicBool,
     /// Per bucket.
     remaining: Box<[AtomicU64]>,
+    /// When it was read (ms since the epoch; 0: never).
+    read_at_ms: AtomicI64,
 }
 
 impl LiveStock {
@@ -72,6 +103,7 @@ impl LiveStock {
         Self {
             loaded: AtomicBool::new(false),
             remaining: (0..buckets.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            read_at_ms: AtomicI64::new(0),
         }
     }
 }
@@ -121,12 +153,14 @@ impl CatalogItem {
     }
 
     /// Remembers what `grab.lua` just found (every bucket empty), until the next refresh
-    /// says otherwise.
-    pub fn mark_sold_out(&self) {
+    /// says otherwise. Returns whether this instance thought otherwise until now.
+    pub fn mark_sold_out(&self) -> bool {
+        let news = !self.sold_out();
         self.live.loaded.store(true, Ordering::Relaxed);
         for r in &self.live.remaining {
             r.store(0, Ordering::Relaxed);
         }
+        news
     }
 
     pub fn status(&self, now: DateTime<Utc>) -> ItemStatus {
@@ -167,6 +201,7 @@ impl Catalog {
                     .build(),
                 misses,
                 wake: Notify::new(),
+                progress: std::sync::Mutex::default(),
             }),
         }
     }
@@ -216,17 +251,56 @@ impl Catalog {
         entry
     }
 
-    /// Reloads definitions from MySQL and live stock from Redis, now.
+    /// Reloads the definitions that changed from MySQL and the stock of announced items
+    /// and of the next window of the catalogue from Redis, now.
     pub async fn refresh(&self) -> Result<(), RefreshError> {
+        let (since, announced) = self.next_round();
         // MySQL down: keep the definitions we have, still refresh stock from Redis.
-        let definitions = repo::recent(&self.inner.db).await;
-        if let Ok(items) = &definitions {
+        let definitions = repo::recent(&self.inner.db, since).await;
+        if let Ok((items, read_at)) = &definitions {
             for item in items {
                 self.upsert(item.clone());
             }
+            self.read_up_to(*read_at, since.is_none());
         }
+        let entries = self.stock_to_read(&announced);
+        self.read_stock(&entries).await?;
+        let shops: std::collections::BTreeSet<u64> =
+            entries.iter().map(|e| e.item.shop_id).collect();
+        for shop in shops {
+            // From the local cache while it is fresh; any failure keeps the last known.
+            let _ = self.inner.shops.get(shop).await;
+        }
+        definitions.map(|_| ()).map_err(RefreshError::from)
+    }
+
+    /// Since when to read definitions (`None`: all of them), and the items announced since
+    /// the last round (taken).
+    fn next_round(&self) -> (Option<DateTime<Utc>>, Vec<ItemId>) {
+        let mut progress = self.progress();
+        let full_due = progress
+            .full_at
+            .is_none_or(|at| at.elapsed() >= FULL_RELOAD_EVERY);
+        let since = match progress.read_at {
+            Some(at) if !full_due => Some(at - CHANGE_OVERLAP),
+            _ => None,
+        };
+        (since, progress.announced.drain().collect())
+    }
+
+    fn read_up_to(&self, read_at: DateTime<Utc>, full: bool) {
+        let mut progress = self.progress();
+        progress.read_at = Some(read_at);
+        if full {
+            progress.full_at = Some(std::time::Instant::now());
+        }
+    }
+
+    /// The announced items, then the next window of the catalogue (ordered by id), up to
+    /// [`STOCK_READS_PER_TICK`] buckets in all; sales over for an hour are left alone.
+    fn stock_to_read(&self, announced: &[ItemId]) -> Vec<Arc<CatalogItem>> {
         let cutoff = Utc::now() - chrono::Duration::hours(1);
-        let entries: Vec<Arc<CatalogItem>> = {
+        let mut all: Vec<Arc<CatalogItem>> = {
             let items = self.inner.items.read().unwrap_or_else(|e| e.into_inner());
             items
                 .values()
@@ -234,13 +308,41 @@ impl Catalog {
                 .cloned()
                 .collect()
         };
+        let buckets: usize = all.iter().map(|e| e.buckets.len()).sum();
+        if buckets <= STOCK_READS_PER_TICK {
+            return all;
+        }
+        all.sort_unstable_by_key(|e| e.item.id);
+        let mut chosen: Vec<Arc<CatalogItem>> =
+            announced.iter().filter_map(|id| self.cached(*id)).collect();
+        let mut budget = STOCK_READS_PER_TICK;
+        let mut progress = self.progress();
+        let start = progress.window_from % all.len();
+        let mut taken = 0;
+        for entry in all.iter().cycle().skip(start).take(all.len()) {
+            if budget < entry.buckets.len() {
+                break;
+            }
+            budget -= entry.buckets.len();
+            taken += 1;
+            if !announced.contains(&entry.item.id) {
+                chosen.push(entry.clone());
+            }
+        }
+        progress.window_from = (start + taken.max(1)) % all.len();
+        chosen
+    }
+
+    /// Reads these items' stock from Redis (one round trip on one server).
+    async fn read_stock(&self, entries: &[Arc<CatalogItem>]) -> Result<(), RedisError> {
         let states = stock::live_states(
             &self.inner.redis,
             entries.iter().flat_map(|e| e.buckets.iter()),
         )
         .await?;
+        let now_ms = Utc::now().timestamp_millis();
         let mut states = states.into_iter();
-        for entry in &entries {
+        for entry in entries {
             let mut loaded = true;
             let mut levels = ItemLevels::default();
             for (remaining, state) in entry.live.remaining.iter().zip(states.by_ref()) {
@@ -252,19 +354,40 @@ impl Catalog {
                 levels.delayed += state.levels.delayed;
             }
             entry.live.loaded.store(loaded, Ordering::Relaxed);
+            entry.live.read_at_ms.store(now_ms, Ordering::Relaxed);
             self.inner.meters.item_levels(entry.item.id, levels);
         }
-        let shops: std::collections::BTreeSet<u64> =
-            entries.iter().map(|e| e.item.shop_id).collect();
-        for shop in shops {
-            // From the local cache while it is fresh; any failure keeps the last known.
-            let _ = self.inner.shops.get(shop).await;
+        Ok(())
+    }
+
+    /// The item's stock, read again from Redis when older than half a second (for
+    /// storefronts: with a large catalogue the background refresh reaches each item only
+    /// now and then). A Redis that does not answer leaves the last known.
+    pub async fn fresh_stock(&self, entry: &Arc<CatalogItem>) {
+        let read_at = entry.live.read_at_ms.load(Ordering::Relaxed);
+        if Utc::now().timestamp_millis() - read_at <= STOCK_FRESH_FOR_MS {
+            return;
         }
-        definitions.map(|_| ()).map_err(RefreshError::from)
+        let read = tokio::time::timeout(
+            STOCK_READ_ON_DEMAND_WITHIN,
+            self.read_stock(std::slice::from_ref(entry)),
+        )
+        .await;
+        if !matches!(read, Ok(Ok(()))) {
+            tracing::debug!(item = %entry.item.id, "stock read on demand failed or was slow; serving the last known");
+        }
+    }
+
+    fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
+        self.inner
+            .progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Tells every instance (this one included) that an item changed.
     pub async fn announce(&self, id: ItemId) -> Result<(), RedisError> {
+        self.progress().announced.insert(id);
         let mut conn = self.inner.redis.bulk().await?;
         announce_change(&mut conn, &self.inner.keys, id).await
     }
@@ -302,8 +425,19 @@ impl Catalog {
         let channel = self.inner.keys.item_events_channel();
         let redis = self.inner.redis.clone();
         redis
-            .listen(&channel, &shutdown, |_| {
+            .listen(&channel, &shutdown, |message| {
                 self.inner.lookups.invalidate_all();
+                let id = message
+                    .and_then(|m| m.get_payload::<u64>().ok())
+                    .and_then(ItemId::new);
+                match id {
+                    Some(id) => {
+                        self.progress().announced.insert(id);
+                    }
+                    // A fresh subscription (it may have missed some), or a message
+                    // not naming an item: everything again.
+                    None => self.progress().full_at = None,
+                }
                 self.inner.wake.notify_one();
             })
             .await;

@@ -79,11 +79,37 @@ pub async fn get(db: &Db, id: ItemId) -> Result<Option<Item>, DbError> {
 }
 
 /// Items whose sale ended less than a day ago or has not ended: what the catalogue of
-/// every instance keeps fresh.
-pub async fn recent(db: &Db) -> Result<Vec<Item>, DbError> {
-    let sql =
-        format!("SELECT {COLUMNS} FROM items WHERE end_at > UTC_TIMESTAMP(3) - INTERVAL 1 DAY");
-    mysql_timed(sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_all(db)).await
+/// every instance keeps fresh. With `changed_since`, only those changed since then.
+/// Returns them and MySQL's clock at the read (for the next `changed_since`).
+pub async fn recent(
+    db: &Db,
+    changed_since: Option<DateTime<Utc>>,
+) -> Result<(Vec<Item>, DateTime<Utc>), DbError> {
+    let mut tx = mysql_timed(db.begin()).await?;
+    let (now,): (DateTime<Utc>,) =
+        mysql_timed(sqlx::query_as("SELECT UTC_TIMESTAMP(3)").fetch_one(&mut *tx)).await?;
+    let items = match changed_since {
+        None => {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM items WHERE end_at > UTC_TIMESTAMP(3) - INTERVAL 1 DAY"
+            );
+            mysql_timed(sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_all(&mut *tx)).await?
+        }
+        Some(since) => {
+            let sql = format!(
+                "SELECT {COLUMNS} FROM items
+                 WHERE updated_at >= ? AND end_at > UTC_TIMESTAMP(3) - INTERVAL 1 DAY"
+            );
+            mysql_timed(
+                sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .bind(since)
+                    .fetch_all(&mut *tx),
+            )
+            .await?
+        }
+    };
+    mysql_timed(tx.commit()).await?;
+    Ok((items, now))
 }
 
 /// Creates or updates an item, creating its shop (open, no hours) when it is new.

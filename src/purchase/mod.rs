@@ -181,7 +181,17 @@ pub async fn flashbuy(
         }
         GrabOutcome::Duplicate(order_sn) => Err(ApiError::Duplicate { order_sn }),
         GrabOutcome::SoldOut => {
-            item.mark_sold_out();
+            if item.mark_sold_out() {
+                // Other instances learn it from the announcement rather than waiting for
+                // their refresh to come round to this item (in the background: the buyer
+                // does not wait for it).
+                let catalog = catalog.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = catalog.announce(item_id).await {
+                        tracing::debug!(error = %e, "could not announce a sell-out; other instances find it themselves");
+                    }
+                });
+            }
             Err(ApiError::SoldOut)
         }
         GrabOutcome::StillMoving => Err(ApiError::Unavailable(

@@ -60,3 +60,90 @@ async fn concurrent_scripts_create_and_warm_up_items_without_failing_on_each_oth
     second.stop().await;
     first.stop().await;
 }
+
+/// Two instances with 3,000 items on sale beside the one that sells (more buckets than a
+/// refresh reads in one tick): B learns "sold out" from A within a second (with Redis
+/// then hung, B still answers `410` from memory); a unit put back without an announcement
+/// (a lost message) is seen within a few seconds by B's refresh going round the catalogue;
+/// a pause through A is obeyed by B within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_large_catalogue_still_spreads_sold_out_returns_and_pauses_within_bounds() {
+    use redis::AsyncCommands;
+    use seckill::config::Secret;
+    use std::time::{Duration, Instant};
+
+    let env = TestEnv::new("catalogue_large").await;
+    let redis = crate::private::PrivateRedis::start().await;
+    let private = |s: &mut seckill::Settings| s.redis_url = Secret::new(redis.url());
+    let a = env.server_with(ALL_ROLES, private).await;
+    let b = env.server_with(&[seckill::Role::Api], private).await;
+    env.item_on_sale(&a, 1, 2).await;
+    sqlx::query(
+        "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at)
+         SELECT seq, 1, CONCAT('filler ', seq), 10, 100, UTC_TIMESTAMP(3) - INTERVAL 1 MINUTE,
+                UTC_TIMESTAMP(3) + INTERVAL 1 HOUR
+         FROM seq_10_to_3009",
+    )
+    .execute(&env.db)
+    .await
+    .unwrap();
+    // Both instances hold the fillers (an unknown id would be looked up on its own).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    assert_eq!(env.buy(&a, 1, 1).await.0, 202);
+    assert_eq!(env.buy(&a, 2, 1).await.0, 202);
+    assert_eq!(env.buy(&a, 3, 1).await.0, 410);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    redis.freeze();
+    let (status, json) = env.buy(&b, 4, 1).await;
+    redis.thaw();
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (410, Some("sold_out")),
+        "B did not learn the sell-out within a second: {json}"
+    );
+
+    // A unit back in Redis that nobody announces: B's refresh finds it by itself.
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let () = conn
+        .rpush(env.key(1, "tokens"), "unannounced")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    eventually(
+        Duration::from_secs(10),
+        "B sells the unannounced unit",
+        || async {
+            match env.buy(&b, 5, 1).await {
+                (202, _) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    eprintln!("an unannounced unit was seen after {:?}", started.elapsed());
+
+    // A pause through A: B refuses within a second.
+    let paused = env
+        .admin(reqwest::Method::POST, &a, "/admin/items/1/pause")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(paused.status(), 200);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // From B's memory: Redis (whose copy of the rules says paused too) is hung.
+    redis.freeze();
+    let (status, json) = env.buy(&b, 6, 1).await;
+    redis.thaw();
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (503, Some("paused")),
+        "{json}"
+    );
+    b.stop().await;
+    a.stop().await;
+}
