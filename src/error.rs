@@ -86,6 +86,11 @@ impl ApiError {
         Self::BadRequest(detail.into())
     }
 
+    /// The answer's `code` (also for one entry of a bulk answer).
+    pub fn code(&self) -> &'static str {
+        self.status_and_code().1
+    }
+
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         use ApiError::*;
         match self {
@@ -117,7 +122,7 @@ impl ApiError {
 
     /// What the client is told. Dependencies are named (operators need that) but their
     /// error text is not sent.
-    fn detail(&self) -> String {
+    pub fn detail(&self) -> String {
         match self {
             ApiError::Redis(_) => "Redis did not answer; try again shortly".into(),
             ApiError::Database(e) if e.is_unavailable() => {

@@ -27,6 +27,8 @@ pub const REQUEST_BUDGET: Duration = Duration::from_secs(1);
 const BULK_BUDGET: Duration = Duration::from_secs(120);
 /// Request bodies are a few dozen bytes; anything bigger is a mistake or an attack.
 const BODY_LIMIT: usize = 64 * 1024;
+/// The bulk item calls' bodies: 10,000 items of a few hundred bytes.
+const BULK_BODY_LIMIT: usize = 8 * 1024 * 1024;
 
 /// The public API (with health checks). Purchases are counted and timed (shed ones too);
 /// beyond `SECKILL_MAX_INFLIGHT` at once they are shed with `503 unavailable` at once
@@ -69,6 +71,14 @@ pub fn health_routes() -> Router<AppState> {
 pub fn admin_routes() -> Router<AppState> {
     use items::admin::*;
     Router::new()
+        .route(
+            "/admin/items",
+            put(items::bulk::put_items).layer(DefaultBodyLimit::max(BULK_BODY_LIMIT)),
+        )
+        .route(
+            "/admin/items/warmup",
+            post(items::bulk::warmup_items).layer(DefaultBodyLimit::max(BULK_BODY_LIMIT)),
+        )
         .route("/admin/items/{item_id}", put(put_item))
         .route("/admin/items/{item_id}/warmup", post(warmup_item))
         .route("/admin/items/{item_id}/pause", post(pause_item))
@@ -101,11 +111,13 @@ pub fn finish(routes: Router<AppState>, state: AppState) -> Router {
 }
 
 /// The contract's one second for every request, except an operator's bulk work — loading
-/// millions of units, reconciling a whole sale — which gets [`BULK_BUDGET`].
+/// millions of units, reconciling a whole sale, writing or loading thousands of items —
+/// which gets [`BULK_BUDGET`].
 async fn budget(request: Request, next: Next) -> Response {
     let path = request.uri().path();
-    let bulk = path.starts_with("/admin/items/")
-        && (path.ends_with("/warmup") || path.ends_with("/reconcile"));
+    let bulk = path == "/admin/items"
+        || (path.starts_with("/admin/items/")
+            && (path.ends_with("/warmup") || path.ends_with("/reconcile")));
     let limit = if bulk { BULK_BUDGET } else { REQUEST_BUDGET };
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,

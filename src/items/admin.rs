@@ -30,6 +30,10 @@ const MAX_PAY_TIMEOUT_S: u32 = 7 * 24 * 3600;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ItemBody {
+    /// Needed in a bulk `PUT /admin/items`; in `PUT /admin/items/{id}` it may repeat the
+    /// path's.
+    #[serde(default)]
+    id: Option<ItemId>,
     name: String,
     shop_id: u64,
     total: u32,
@@ -52,7 +56,11 @@ fn default_pay_timeout() -> u32 {
 }
 
 impl ItemBody {
-    fn validate(self) -> Result<ItemDraft, ApiError> {
+    pub(super) fn id(&self) -> Option<ItemId> {
+        self.id
+    }
+
+    pub(super) fn validate(self) -> Result<ItemDraft, ApiError> {
         let name = self.name.trim().to_owned();
         if name.is_empty() || name.chars().count() > 200 {
             return Err(ApiError::bad_request("`name`: 1 to 200 characters"));
@@ -104,6 +112,9 @@ pub async fn put_item(
     ApiPath(id): ApiPath<ItemId>,
     ApiJson(body): ApiJson<ItemBody>,
 ) -> Result<Response, ApiError> {
+    if body.id.is_some_and(|body_id| body_id != id) {
+        return Err(ApiError::bad_request("`id` differs from the path's"));
+    }
     let draft = body.validate()?;
     let (status, code) = match repo::upsert(&db, id, &draft).await? {
         Upserted::Created => (StatusCode::CREATED, "created"),
@@ -153,21 +164,26 @@ pub async fn warmup_item(
     let report = warmup
         .run(id, query.force, &|_| {})
         .await
-        .map_err(|e| match e {
-            WarmupError::NotFound => ApiError::ItemNotFound,
-            WarmupError::Busy => conflict("warmup_running", &e),
-            WarmupError::AlreadyLoaded { .. } => conflict("already_loaded", &e),
-            WarmupError::LiveSale => conflict("sale_live", &e),
-            WarmupError::InFlight(_) => conflict("orders_in_flight", &e),
-            WarmupError::OverHeld { .. } => conflict("over_held", &e),
-            WarmupError::Raced => conflict("raced", &e),
-            WarmupError::Verify { .. } => ApiError::Internal(e.into()),
-            WarmupError::Redis(e) => ApiError::Redis(e),
-            WarmupError::Database(e) => ApiError::Database(e),
-        })?;
+        .map_err(warmup_refused)?;
     // The warm-up announced itself to every instance; this one need not wait for that.
     let _ = catalog.refresh().await;
     Ok(ok("loaded", report))
+}
+
+/// How a warm-up that did not load is answered.
+pub(super) fn warmup_refused(e: WarmupError) -> ApiError {
+    match e {
+        WarmupError::NotFound => ApiError::ItemNotFound,
+        WarmupError::Busy => conflict("warmup_running", &e),
+        WarmupError::AlreadyLoaded { .. } => conflict("already_loaded", &e),
+        WarmupError::LiveSale => conflict("sale_live", &e),
+        WarmupError::InFlight(_) => conflict("orders_in_flight", &e),
+        WarmupError::OverHeld { .. } => conflict("over_held", &e),
+        WarmupError::Raced => conflict("raced", &e),
+        WarmupError::Verify { .. } => ApiError::Internal(e.into()),
+        WarmupError::Redis(e) => ApiError::Redis(e),
+        WarmupError::Database(e) => ApiError::Database(e),
+    }
 }
 
 fn conflict(code: &'static str, e: &WarmupError) -> ApiError {

@@ -443,6 +443,24 @@ impl Catalog {
             .await;
     }
 
+    /// Tells every instance (this one included) that many items changed: each reads every
+    /// definition again, and forgets its "no such item" answers.
+    pub async fn announce_all(&self) {
+        self.forget_unknown();
+        self.progress().full_at = None;
+        let published = async {
+            let mut conn = self.inner.redis.bulk().await?;
+            redis_timed(conn.publish::<_, _, ()>(self.inner.keys.item_events_channel(), "all"))
+                .await
+        };
+        if let Err(e) = published.await {
+            tracing::warn!(error = %e, "could not announce item changes; other instances read them within 30 s anyway");
+        }
+        if let Err(e) = self.refresh().await {
+            tracing::warn!(error = %crate::error::cause_chain(&e), "item catalogue refresh failed");
+        }
+    }
+
     /// Forgets the "no such item" answers now (this instance just wrote an item).
     pub fn forget_unknown(&self) {
         self.inner.lookups.invalidate_all();

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod bulk;
 pub mod catalog;
 pub mod repo;
 pub mod stock;

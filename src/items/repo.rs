@@ -2,6 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use sqlx::QueryBuilder;
 
 use crate::domain::{ItemId, Stock};
 use crate::store::{Db, DbError, mysql_timed, retrying_deadlocks};
@@ -68,6 +69,9 @@ pub enum Upserted {
 
 const COLUMNS: &str = "id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets, paused, loaded_at";
 
+/// Items written per transaction by [`upsert_many`].
+const UPSERT_CHUNK: usize = 500;
+
 pub async fn get(db: &Db, id: ItemId) -> Result<Option<Item>, DbError> {
     let sql = format!("SELECT {COLUMNS} FROM items WHERE id = ?");
     mysql_timed(
@@ -113,46 +117,103 @@ pub async fn recent(
 }
 
 /// Creates or updates an item, creating its shop (open, no hours) when it is new.
-///
-/// Operators' scripts create items in parallel, often of one new shop: the shop's row is
-/// locked first, then the item's, always in that order; READ COMMITTED keeps the look-up
-/// of an item not there yet from locking the gap around it (under REPEATABLE READ two
-/// such look-ups lock one gap and each then waits for the other's insert: a deadlock);
-/// and a deadlock's victim anyway is run again.
 pub async fn upsert(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<Upserted, DbError> {
-    retrying_deadlocks("item upsert", || upsert_once(db, id, draft)).await
+    let done = upsert_many(db, &[(id, draft.clone())]).await?;
+    Ok(done
+        .first()
+        .map_or(Upserted::Updated, |(_, outcome)| *outcome))
 }
 
-async fn upsert_once(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<Upserted, DbError> {
+/// Creates or updates many items (in id order, [`UPSERT_CHUNK`] per transaction),
+/// creating their shops. Returns what happened to each, in id order.
+///
+/// Operators' scripts write items in parallel, often of one new shop: shop rows are locked
+/// first, then item rows, each in id order, so two writers always take their locks in one
+/// order; READ COMMITTED keeps the look-up of an item not there yet from locking the gap
+/// around it (under REPEATABLE READ two such look-ups lock one gap and each then waits for
+/// the other's insert: a deadlock); and a deadlock's victim is anyway run again.
+pub async fn upsert_many(
+    db: &Db,
+    drafts: &[(ItemId, ItemDraft)],
+) -> Result<Vec<(ItemId, Upserted)>, DbError> {
+    let mut sorted: Vec<&(ItemId, ItemDraft)> = drafts.iter().collect();
+    sorted.sort_by_key(|(id, _)| *id);
+    sorted.dedup_by_key(|(id, _)| *id);
+    let mut done = Vec::with_capacity(sorted.len());
+    for chunk in sorted.chunks(UPSERT_CHUNK) {
+        done.extend(retrying_deadlocks("item upsert", || upsert_chunk(db, chunk)).await?);
+    }
+    Ok(done)
+}
+
+async fn upsert_chunk(
+    db: &Db,
+    chunk: &[&(ItemId, ItemDraft)],
+) -> Result<Vec<(ItemId, Upserted)>, DbError> {
     let mut conn = mysql_timed(db.acquire()).await?;
     // Without SESSION: for this connection's next transaction only.
     mysql_timed(sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED").execute(&mut *conn))
         .await?;
     let mut tx = mysql_timed(sqlx::Connection::begin(&mut *conn)).await?;
-    mysql_timed(
-        sqlx::query("INSERT INTO shops (id) VALUES (?) ON DUPLICATE KEY UPDATE id = id")
-            .bind(draft.shop_id)
-            .execute(&mut *tx),
-    )
-    .await?;
-    // Whether it existed, read under the row lock that the upsert takes anyway (the
+
+    let mut shops: Vec<u64> = chunk.iter().map(|(_, d)| d.shop_id).collect();
+    shops.sort_unstable();
+    shops.dedup();
+    let mut insert_shops = QueryBuilder::new("INSERT INTO shops (id) ");
+    insert_shops.push_values(&shops, |mut row, shop| {
+        row.push_bind(*shop);
+    });
+    insert_shops.push(" ON DUPLICATE KEY UPDATE id = id");
+    mysql_timed(insert_shops.build().execute(&mut *tx)).await?;
+
+    // Whether each existed, read under the row locks that the upsert takes anyway (the
     // driver's affected-rows count does not tell an unchanged row from a new one).
-    let existing: Option<(u8, Option<DateTime<Utc>>)> = mysql_timed(
-        sqlx::query_as("SELECT buckets, loaded_at FROM items WHERE id = ? FOR UPDATE")
-            .bind(id.get())
-            .fetch_optional(&mut *tx),
-    )
-    .await?;
-    if let Some((buckets, Some(_))) = existing
-        && buckets != draft.buckets
-    {
-        return Ok(Upserted::BucketsFixed { buckets });
+    let mut look = QueryBuilder::new("SELECT id, buckets, loaded_at FROM items WHERE id IN (");
+    let mut ids = look.separated(", ");
+    for (id, _) in chunk {
+        ids.push_bind(id.get());
     }
-    mysql_timed(
-        sqlx::query(
-            "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets)
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
-             ON DUPLICATE KEY UPDATE
+    look.push(") ORDER BY id FOR UPDATE");
+    let existing: Vec<(u64, u8, Option<DateTime<Utc>>)> =
+        mysql_timed(look.build_query_as().fetch_all(&mut *tx)).await?;
+    let existing: std::collections::HashMap<u64, (u8, bool)> = existing
+        .into_iter()
+        .map(|(id, buckets, loaded_at)| (id, (buckets, loaded_at.is_some())))
+        .collect();
+
+    let mut outcomes = Vec::with_capacity(chunk.len());
+    let mut writes = Vec::with_capacity(chunk.len());
+    for entry in chunk {
+        let (id, draft) = (entry.0, &entry.1);
+        let outcome = match existing.get(&id.get()) {
+            Some((buckets, true)) if *buckets != draft.buckets => {
+                Upserted::BucketsFixed { buckets: *buckets }
+            }
+            Some(_) => Upserted::Updated,
+            None => Upserted::Created,
+        };
+        if !matches!(outcome, Upserted::BucketsFixed { .. }) {
+            writes.push((id, draft));
+        }
+        outcomes.push((id, outcome));
+    }
+    if !writes.is_empty() {
+        let mut insert = QueryBuilder::new(
+            "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets) ",
+        );
+        insert.push_values(&writes, |mut row, (id, draft)| {
+            row.push_bind(id.get())
+                .push_bind(draft.shop_id)
+                .push_bind(&draft.name)
+                .push_bind(draft.total)
+                .push_bind(draft.price_cents)
+                .push_bind(draft.start_at)
+                .push_bind(draft.end_at)
+                .push_bind(draft.pay_timeout_s)
+                .push_bind(draft.buckets);
+        });
+        insert.push(
+            " ON DUPLICATE KEY UPDATE
                -- First, while end_at and pay_timeout_s still hold the old values: a sale
                -- whose end moved is reconciled again at its new end.
                reconciled_at = IF(end_at <=> VALUES(end_at) AND pay_timeout_s <=> VALUES(pay_timeout_s),
@@ -161,25 +222,11 @@ async fn upsert_once(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<Upserted,
                total = VALUES(total), price_cents = VALUES(price_cents),
                start_at = VALUES(start_at), end_at = VALUES(end_at),
                pay_timeout_s = VALUES(pay_timeout_s), buckets = VALUES(buckets)",
-        )
-        .bind(id.get())
-        .bind(draft.shop_id)
-        .bind(&draft.name)
-        .bind(draft.total)
-        .bind(draft.price_cents)
-        .bind(draft.start_at)
-        .bind(draft.end_at)
-        .bind(draft.pay_timeout_s)
-        .bind(draft.buckets)
-        .execute(&mut *tx),
-    )
-    .await?;
+        );
+        mysql_timed(insert.build().execute(&mut *tx)).await?;
+    }
     mysql_timed(tx.commit()).await?;
-    Ok(if existing.is_some() {
-        Upserted::Updated
-    } else {
-        Upserted::Created
-    })
+    Ok(outcomes)
 }
 
 /// Returns false when there is no such item. A pause keeps the moment it began (a

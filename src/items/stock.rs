@@ -7,7 +7,7 @@ use crate::keys::{ItemKeys, Keys};
 use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
 use crate::telemetry::ItemLevels;
 
-use super::repo::Item;
+use super::repo::{Item, ItemDraft};
 
 /// The Redis side of an item at one instant (read in one MULTI).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,4 +150,16 @@ pub async fn indexed(redis: &RedisConns, keys: &Keys) -> Result<Vec<Stock>, Redi
     let mut conn = redis.bulk().await?;
     let members: Vec<String> = redis_timed(conn.smembers(keys.items_index())).await?;
     Ok(members.iter().filter_map(|m| Stock::parse(m)).collect())
+}
+
+/// The sale window of a draft into a pipeline (a bulk `PUT` of items that exist).
+pub fn sync_window_in(pipe: &mut redis::Pipeline, keys: &ItemKeys, draft: &ItemDraft) {
+    pipe.hset_multiple(
+        &keys.meta,
+        &[
+            ("start_ms", draft.start_at.timestamp_millis()),
+            ("end_ms", draft.end_at.timestamp_millis()),
+        ],
+    )
+    .ignore();
 }

@@ -18,7 +18,7 @@ use chrono::Utc;
 use crate::domain::Stock;
 use crate::keys::{ItemKeys, Keys};
 use crate::lua::{LEND, RECEIVE, UNLEND};
-use crate::store::{RedisConns, RedisError, redis_timed};
+use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
 
 use super::stock;
 
@@ -125,7 +125,23 @@ async fn settle(
 /// out): each is decided at its receiver — `void` unless it is `in` already — and its
 /// lender settled to match. Returns how many it settled.
 pub async fn settle_stuck(redis: &RedisConns, keys: &Keys) -> Result<u64, RedisError> {
-    let lenders = stock::indexed(redis, keys).await?;
+    // Which buckets lent anything at all: one pipelined HLEN per thousand buckets (almost
+    // always none), before any of them is read whole.
+    let mut lenders = Vec::new();
+    for chunk in stock::indexed(redis, keys).await?.chunks(1_000) {
+        let mut grouped = Grouped::new(redis);
+        for lender in chunk {
+            grouped.group().hlen(keys.stock(*lender).lent);
+        }
+        let loans: Vec<(u64,)> = grouped.query(redis).await?;
+        lenders.extend(
+            chunk
+                .iter()
+                .zip(loans)
+                .filter(|(_, (n,))| *n > 0)
+                .map(|(lender, _)| *lender),
+        );
+    }
     settle_loans(redis, keys, lenders.into_iter(), Some(STUCK_AFTER)).await
 }
 

@@ -147,3 +147,101 @@ async fn a_large_catalogue_still_spreads_sold_out_returns_and_pauses_within_boun
     b.stop().await;
     a.stop().await;
 }
+
+/// The bulk calls: 1,000 items written in one `PUT /admin/items` and loaded in one `POST
+/// /admin/items/warmup`, every item's outcome named; a bad item refuses the whole call
+/// (naming it) and writes nothing; a second warm-up and a changed split are refused per
+/// item while the rest goes through; the items sell at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bulk_calls_write_and_load_a_thousand_items_and_name_each_outcome() {
+    let env = TestEnv::new("catalogue_bulk").await;
+    let server = env.server(ALL_ROLES).await;
+    let now = chrono::Utc::now();
+    let item = |id: u64, total: u32, buckets: u8| {
+        json!({
+            "id": id,
+            "name": format!("item {id}"),
+            "shop_id": 1 + id % 5,
+            "total": total,
+            "start_at": now - chrono::Duration::minutes(1),
+            "end_at": now + chrono::Duration::hours(1),
+            "price_cents": 100,
+            "buckets": buckets,
+        })
+    };
+    let put = |items: Vec<serde_json::Value>| {
+        env.admin(reqwest::Method::PUT, &server, "/admin/items")
+            .json(&json!({ "items": items }))
+            .send()
+    };
+
+    // A bad item refuses the call, naming it, and writes nothing.
+    let bad = put(vec![item(5, 10, 1), item(6, 0, 1)]).await.unwrap();
+    assert_eq!(bad.status(), 400);
+    let body: serde_json::Value = bad.json().await.unwrap();
+    assert!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("items[1]")),
+        "{body}"
+    );
+    assert!(env.orders(5).await.is_empty());
+    let (status, _) = env.get(&server, "/api/items/5", None).await;
+    assert_eq!(status, 404, "a refused call wrote item 5");
+
+    let written = put((10..1_010).map(|id| item(id, 5, 1)).collect())
+        .await
+        .unwrap();
+    assert_eq!(written.status(), 200);
+    let body: serde_json::Value = written.json().await.unwrap();
+    assert_eq!(
+        (body["created"].as_u64(), body["updated"].as_u64()),
+        (Some(1_000), Some(0))
+    );
+
+    let ids: Vec<u64> = (10..1_010).collect();
+    let loaded = env
+        .admin(reqwest::Method::POST, &server, "/admin/items/warmup")
+        .json(&json!({ "ids": ids }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(loaded.status(), 200);
+    let body: serde_json::Value = loaded.json().await.unwrap();
+    let refused: Vec<&serde_json::Value> = body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["code"] != "loaded")
+        .collect();
+    assert_eq!(body["loaded"].as_u64(), Some(1_000), "{refused:?}");
+
+    // Per item: a second load is refused, the others are not held up.
+    let again = env
+        .admin(reqwest::Method::POST, &server, "/admin/items/warmup")
+        .json(&json!({ "ids": [10, 3_000] }))
+        .send()
+        .await
+        .unwrap();
+    let body: serde_json::Value = again.json().await.unwrap();
+    let codes: Vec<&str> = body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(codes, ["already_loaded", "item_not_found"], "{body}");
+    // A loaded item cannot change its split; the other items of the call are written.
+    let changed = put(vec![item(11, 5, 4), item(12, 7, 1)]).await.unwrap();
+    let body: serde_json::Value = changed.json().await.unwrap();
+    let codes: Vec<&str> = body["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["code"].as_str().unwrap())
+        .collect();
+    assert_eq!(codes, ["buckets_fixed", "updated"], "{body}");
+
+    assert_eq!(env.buy(&server, 1, 1_009).await.0, 202);
+    server.stop().await;
+}

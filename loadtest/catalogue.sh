@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# What a large catalogue costs when nothing happens: one server instance (api and
+# scheduler roles) with 100, 10,000 and 100,000 items on sale and loaded (10 units each),
+# idle for 30 s — its CPU and Redis's, as shares of one core — then operators' calls on a
+# new item (PUT, warm-up, stats, pause, resume: median of 5 each) and the sold-out path.
+#
+#   ./loadtest/catalogue.sh             (SIZES="100 10000 100000" by default)
+#
+# The items beyond the first are written straight into MySQL and Redis (as a warm-up
+# leaves them) so that setting up 100,000 takes seconds. Uses the machine's services under
+# the namespace and database `seckill_catalogue_bench`, emptied before and after.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sizes=${SIZES:-100 10000 100000}
+./dev/services.sh
+if ! command -v wrk >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
+  else
+    echo "wrk is missing: sudo apt-get install wrk" >&2
+    exit 1
+  fi
+fi
+cargo build --release --locked --bin seckill 2>&1 | tail -1
+
+out=loadtest/out
+mkdir -p "$out"
+ns=seckill_catalogue_bench
+export SECKILL_NAMESPACE=$ns
+export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$ns"
+export SECKILL_ADMIN_TOKEN=bench-admin
+export SECKILL_HTTP_ADDR=127.0.0.1:18099
+export SECKILL_RATE_PER_USER=0
+export RUST_LOG=${RUST_LOG:-warn}
+bin=target/release/seckill
+api="http://$SECKILL_HTTP_ADDR"
+server_pid=
+
+cleanup() {
+  [ -n "$server_pid" ] && { kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; }
+  server_pid=
+  mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$ns\`" 2>/dev/null || true
+  redis-cli --scan --pattern "$ns:*" | xargs -r -n 1000 redis-cli del >/dev/null || true
+  if command -v rabbitmqctl >/dev/null; then
+    for q in "$ns.orders" "$ns.orders.dead"; do rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true; done
+  fi
+}
+trap cleanup EXIT
+
+wait_http() { for _ in $(seq 200); do curl -fs "$1" >/dev/null && return 0; sleep 0.1; done; echo "no answer from $1" >&2; exit 1; }
+admin() { curl -fsS -o /dev/null -w '%{time_total}\n' -X "$1" "$api$2" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" -H 'Content-Type: application/json' ${3:+-d "$3"}; }
+median() { sort -n | awk '{a[NR] = $1} END {printf "%.1f", a[int((NR + 1) / 2)] * 1000}'; }
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+redis_cpu() { redis-cli info cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ {t += $2} END {print t}'; }
+
+"$bin" token --user 1 --count 20000 --ttl-s 7200 >"$out/catalogue-tokens.txt"
+start=$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)
+end=$(date -u -d '+1 day' +%Y-%m-%dT%H:%M:%SZ)
+rows=()
+for n in $sizes; do
+  cleanup
+  "$bin" serve --roles api,scheduler >"$out/catalogue-$n.log" 2>&1 &
+  server_pid=$!
+  wait_http "$api/healthz"
+  # Item 1 the operators' way (it also creates shop 1), sold out below.
+  admin PUT /admin/items/1 "{\"name\":\"one\",\"shop_id\":1,\"total\":10,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1}" >/dev/null
+  admin POST /admin/items/1/warmup >/dev/null
+  if [ "$n" -gt 1 ]; then
+    echo "writing $((n - 1)) more items into MySQL and Redis" >&2
+    mariadb -h 127.0.0.1 -u root "$ns" -e "
+      INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, loaded_at)
+      SELECT seq, 1, CONCAT('item ', seq), 10, 100, UTC_TIMESTAMP(3) - INTERVAL 1 MINUTE,
+             UTC_TIMESTAMP(3) + INTERVAL 1 DAY, UTC_TIMESTAMP(3)
+      FROM seq_2_to_$n"
+    now_ms=$(date +%s%3N)
+    seq 2 "$n" | awk -v ns="$ns" -v now="$now_ms" -v end="$((now_ms + 86400000))" '
+      function cmd(n, args,   i, s) { s = "*" n "\r\n"; for (i = 1; i <= n; i++) s = s "$" length(args[i]) "\r\n" args[i] "\r\n"; printf "%s", s }
+      {
+        k = ns ":{item:" $1 "}:v1:"
+        split("HSET|" k "meta|loaded|" now "|total|10|sold|0|paused|0|start_ms|0|end_ms|" end, a, "|"); cmd(14, a)
+        split("RPUSH|" k "tokens|1|2|3|4|5|6|7|8|9|10", b, "|"); cmd(12, b)
+        split("SADD|" ns ":items:v1|" $1, c, "|"); cmd(3, c)
+      }' | redis-cli --pipe >/dev/null
+  fi
+  # Settle (a full read of the definitions included), then 30 s of nothing.
+  sleep 35
+  t0=$(cpu_ticks "$server_pid"); r0=$(redis_cpu); s0=$(date +%s.%N)
+  sleep 30
+  t1=$(cpu_ticks "$server_pid"); r1=$(redis_cpu); s1=$(date +%s.%N)
+  hz=$(getconf CLK_TCK)
+  server_cpu=$(echo "scale=1; 100 * ($t1 - $t0) / $hz / ($s1 - $s0)" | bc)
+  redis_share=$(echo "scale=1; 100 * ($r1 - $r0) / ($s1 - $s0)" | bc)
+  # Operators' calls on new items, five of each.
+  put=(); warm=(); stats=(); pause=(); resume=()
+  for i in 1 2 3 4 5; do
+    id=$((n + 1000 + i))
+    put+=("$(admin PUT "/admin/items/$id" "{\"name\":\"new $id\",\"shop_id\":1,\"total\":10,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1}")")
+    warm+=("$(admin POST "/admin/items/$id/warmup")")
+    stats+=("$(admin GET "/admin/items/$id/stats")")
+    pause+=("$(admin POST "/admin/items/$id/pause")")
+    resume+=("$(admin POST "/admin/items/$id/resume")")
+  done
+  # The sold-out path on item 1 (sold out first).
+  for u in $(seq 1 11); do
+    curl -s -o /dev/null -X POST "$api/api/flashbuy" -H "Authorization: Bearer $(sed -n "${u}p" "$out/catalogue-tokens.txt")" \
+      -H 'Content-Type: application/json' -H "X-Client-Time: $(date +%s%3N)" -d '{"item_id":1}'
+  done
+  sleep 1
+  rps=$(THREADS=2 TOKENS="$out/catalogue-tokens.txt" ITEM=1 MODE=random wrk -t2 -c64 -d5s \
+    -s loadtest/wrk/flashbuy.lua "$api/api/flashbuy" | awk '/Requests\/sec/ {print $2}')
+  rows+=("| $n | $server_cpu% | $redis_share% | $(printf '%s\n' "${put[@]}" | median) | $(printf '%s\n' "${warm[@]}" | median) | $(printf '%s\n' "${stats[@]}" | median) | $(printf '%s\n' "${pause[@]}" | median) | $(printf '%s\n' "${resume[@]}" | median) | $rps |")
+done
+
+cat <<REPORT
+
+seckill with a large catalogue — $(nproc) cores, $(date -u +%Y-%m-%d), one instance (api + scheduler), idle 30 s
+
+| items on sale | server CPU (of one core) | Redis CPU | PUT ms | warm-up ms | stats ms | pause ms | resume ms | sold-out path req/s |
+|---|---|---|---|---|---|---|---|---|
+$(printf '%s\n' "${rows[@]}")
+REPORT

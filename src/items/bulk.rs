@@ -1,0 +1,191 @@
+//! Operators' bulk calls for a big sale day: `PUT /admin/items` (up to 10,000 items per
+//! call, written 500 per transaction) and `POST /admin/items/warmup` (up to 10,000 ids,
+//! 4 warm-ups at a time). Each answers what happened to every item, so a script knows
+//! exactly which ones to look at; one refused item never fails the others.
+
+use axum::extract::State;
+use axum::response::Response;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::app::AppState;
+use crate::domain::{ItemId, Stock};
+use crate::error::ApiError;
+use crate::http::extract::{Admin, ApiJson};
+use crate::http::reply::ok;
+use crate::scheduler::delay::Plan;
+use crate::store::Grouped;
+
+use super::admin::{ItemBody, warmup_refused};
+use super::repo::{self, ItemDraft, Upserted};
+use super::stock;
+use super::warmup::Warmup;
+
+/// Most items one bulk call takes.
+const MOST_PER_CALL: usize = 10_000;
+/// Warm-ups a bulk call runs at once: each holds a pooled Redis connection and briefly
+/// takes a second one, and the pool (16) also serves the relay, the consumer and stats.
+const WARMUPS_AT_ONCE: usize = 4;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ItemsBody {
+    items: Vec<ItemBody>,
+}
+
+/// One item's outcome in a bulk answer.
+#[derive(Debug, Serialize)]
+struct Outcome {
+    item_id: ItemId,
+    code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<String>,
+}
+
+/// `PUT /admin/items` `{"items":[{"id":…, …as PUT /admin/items/{id}…}, …]}`: every item
+/// checked first (a bad one refuses the call, naming it), then written.
+pub async fn put_items(
+    _: Admin,
+    State(AppState {
+        db,
+        redis,
+        keys,
+        catalog,
+        ..
+    }): State<AppState>,
+    ApiJson(body): ApiJson<ItemsBody>,
+) -> Result<Response, ApiError> {
+    if body.items.is_empty() || body.items.len() > MOST_PER_CALL {
+        return Err(ApiError::bad_request(format!(
+            "`items`: 1 to {MOST_PER_CALL} items"
+        )));
+    }
+    let mut drafts: Vec<(ItemId, ItemDraft)> = Vec::with_capacity(body.items.len());
+    for (n, item) in body.items.into_iter().enumerate() {
+        let id = item
+            .id()
+            .ok_or_else(|| ApiError::bad_request(format!("items[{n}]: `id` is missing")))?;
+        let draft = item.validate().map_err(|e| match e {
+            ApiError::BadRequest(detail) => ApiError::bad_request(format!("items[{n}]: {detail}")),
+            other => other,
+        })?;
+        drafts.push((id, draft));
+    }
+    let done = repo::upsert_many(&db, &drafts).await?;
+
+    // The sale window grab.lua checks, into Redis for the items that existed (a PUT does
+    // not change the pause; new items have nothing in Redis yet).
+    let updated: std::collections::HashSet<ItemId> = done
+        .iter()
+        .filter(|(_, outcome)| *outcome == Upserted::Updated)
+        .map(|(id, _)| *id)
+        .collect();
+    let mut grouped = Grouped::new(&redis);
+    for (id, draft) in drafts.iter().filter(|(id, _)| updated.contains(id)) {
+        for bucket in Stock::all(*id, draft.buckets) {
+            stock::sync_window_in(grouped.group(), &keys.stock(bucket), draft);
+        }
+    }
+    grouped.run(&redis).await?;
+    catalog.announce_all().await;
+
+    let (mut created, mut updated) = (0, 0);
+    let outcomes: Vec<Outcome> = done
+        .iter()
+        .map(|(item_id, outcome)| match outcome {
+            Upserted::Created => {
+                created += 1;
+                Outcome {
+                    item_id: *item_id,
+                    code: "created",
+                    detail: None,
+                }
+            }
+            Upserted::Updated => {
+                updated += 1;
+                Outcome {
+                    item_id: *item_id,
+                    code: "updated",
+                    detail: None,
+                }
+            }
+            Upserted::BucketsFixed { buckets } => Outcome {
+                item_id: *item_id,
+                code: "buckets_fixed",
+                detail: Some(format!(
+                    "loaded with {buckets} bucket(s): send \"buckets\": {buckets}"
+                )),
+            },
+        })
+        .collect();
+    Ok(ok(
+        "ok",
+        json!({ "created": created, "updated": updated, "items": outcomes }),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmupsBody {
+    ids: Vec<ItemId>,
+    #[serde(default)]
+    force: bool,
+}
+
+/// `POST /admin/items/warmup` `{"ids":[…],"force":false}`: each item loaded as `POST
+/// /admin/items/{id}/warmup` would, 4 at a time; the answer lists every item's code.
+pub async fn warmup_items(
+    _: Admin,
+    State(AppState {
+        db,
+        redis,
+        broker,
+        keys,
+        catalog,
+        settings,
+        ..
+    }): State<AppState>,
+    ApiJson(body): ApiJson<WarmupsBody>,
+) -> Result<Response, ApiError> {
+    if body.ids.is_empty() || body.ids.len() > MOST_PER_CALL {
+        return Err(ApiError::bad_request(format!(
+            "`ids`: 1 to {MOST_PER_CALL} item ids"
+        )));
+    }
+    let plan = Plan::from_settings(&settings);
+    let warmup = Warmup {
+        db: &db,
+        redis: &redis,
+        broker: &broker,
+        keys: &keys,
+        plan: &plan,
+    };
+    let outcomes: Vec<Outcome> = futures::stream::iter(body.ids)
+        .map(|id| {
+            let warmup = &warmup;
+            async move {
+                match warmup.run(id, body.force, &|_| {}).await {
+                    Ok(_) => Outcome {
+                        item_id: id,
+                        code: "loaded",
+                        detail: None,
+                    },
+                    Err(e) => {
+                        let refused = warmup_refused(e);
+                        Outcome {
+                            item_id: id,
+                            code: refused.code(),
+                            detail: Some(refused.detail()),
+                        }
+                    }
+                }
+            }
+        })
+        .buffered(WARMUPS_AT_ONCE)
+        .collect()
+        .await;
+    let _ = catalog.refresh().await;
+    let loaded = outcomes.iter().filter(|o| o.code == "loaded").count();
+    Ok(ok("ok", json!({ "loaded": loaded, "items": outcomes })))
+}
