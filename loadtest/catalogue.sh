@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# What a large catalogue costs when nothing happens: one server instance (api and
-# scheduler roles) with 100, 10,000 and 100,000 items on sale and loaded (10 units each),
-# idle for 30 s — its CPU and Redis's, as shares of one core — then operators' calls on a
-# new item (PUT, warm-up, stats, pause, resume: median of 5 each) and the sold-out path.
+# What a large catalogue costs when nothing happens: an API instance and a scheduler
+# instance with 100, 10,000 and 100,000 items on sale and loaded (10 units each), idle for
+# 30 s — the CPU of each and of Redis, as shares of one core — then operators' calls on a
+# new item (PUT, warm-up, stats, pause, resume: median of 5 each), the bulk calls on 2,000
+# new items (items per second), and the sold-out path.
 #
 #   ./loadtest/catalogue.sh             (SIZES="100 10000 100000" by default)
 #
@@ -31,15 +32,17 @@ export SECKILL_NAMESPACE=$ns
 export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$ns"
 export SECKILL_ADMIN_TOKEN=bench-admin
 export SECKILL_HTTP_ADDR=127.0.0.1:18099
+scheduler_addr=127.0.0.1:18098
 export SECKILL_RATE_PER_USER=0
 export RUST_LOG=${RUST_LOG:-warn}
 bin=target/release/seckill
 api="http://$SECKILL_HTTP_ADDR"
 server_pid=
+scheduler_pid=
 
 cleanup() {
-  [ -n "$server_pid" ] && { kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; }
-  server_pid=
+  for pid in $server_pid $scheduler_pid; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  server_pid= scheduler_pid=
   mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$ns\`" 2>/dev/null || true
   redis-cli --scan --pattern "$ns:*" | xargs -r -n 1000 redis-cli del >/dev/null || true
   if command -v rabbitmqctl >/dev/null; then
@@ -60,9 +63,12 @@ end=$(date -u -d '+1 day' +%Y-%m-%dT%H:%M:%SZ)
 rows=()
 for n in $sizes; do
   cleanup
-  "$bin" serve --roles api,scheduler >"$out/catalogue-$n.log" 2>&1 &
+  "$bin" serve --roles api >"$out/catalogue-$n.log" 2>&1 &
   server_pid=$!
   wait_http "$api/healthz"
+  SECKILL_HTTP_ADDR=$scheduler_addr "$bin" serve --roles scheduler >"$out/catalogue-$n-scheduler.log" 2>&1 &
+  scheduler_pid=$!
+  wait_http "http://$scheduler_addr/healthz"
   # Item 1 the operators' way (it also creates shop 1), sold out below.
   admin PUT /admin/items/1 "{\"name\":\"one\",\"shop_id\":1,\"total\":10,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1}" >/dev/null
   admin POST /admin/items/1/warmup >/dev/null
@@ -85,11 +91,12 @@ for n in $sizes; do
   fi
   # Settle (a full read of the definitions included), then 30 s of nothing.
   sleep 35
-  t0=$(cpu_ticks "$server_pid"); r0=$(redis_cpu); s0=$(date +%s.%N)
+  t0=$(cpu_ticks "$server_pid"); q0=$(cpu_ticks "$scheduler_pid"); r0=$(redis_cpu); s0=$(date +%s.%N)
   sleep 30
-  t1=$(cpu_ticks "$server_pid"); r1=$(redis_cpu); s1=$(date +%s.%N)
+  t1=$(cpu_ticks "$server_pid"); q1=$(cpu_ticks "$scheduler_pid"); r1=$(redis_cpu); s1=$(date +%s.%N)
   hz=$(getconf CLK_TCK)
   server_cpu=$(echo "scale=1; 100 * ($t1 - $t0) / $hz / ($s1 - $s0)" | bc)
+  scheduler_cpu=$(echo "scale=1; 100 * ($q1 - $q0) / $hz / ($s1 - $s0)" | bc)
   redis_share=$(echo "scale=1; 100 * ($r1 - $r0) / ($s1 - $s0)" | bc)
   # Operators' calls on new items, five of each.
   put=(); warm=(); stats=(); pause=(); resume=()
@@ -101,6 +108,19 @@ for n in $sizes; do
     pause+=("$(admin POST "/admin/items/$id/pause")")
     resume+=("$(admin POST "/admin/items/$id/resume")")
   done
+  # The bulk calls: 2,000 new items written, then loaded.
+  first=$((n + 2000))
+  seq "$first" $((first + 1999)) | awk -v start="$start" -v end="$end" '
+    BEGIN { printf "{\"items\":[" }
+    { printf "%s{\"id\":%d,\"name\":\"bulk %d\",\"shop_id\":2,\"total\":10,\"start_at\":\"%s\",\"end_at\":\"%s\",\"price_cents\":1}", (NR > 1 ? "," : ""), $1, $1, start, end }
+    END { printf "]}" }' >"$out/catalogue-bulk.json"
+  bulk_put=$(curl -fsS -o /dev/null -w '%{time_total}' -X PUT "$api/admin/items" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" \
+    -H 'Content-Type: application/json' --data-binary @"$out/catalogue-bulk.json")
+  ids=$(seq -s, "$first" $((first + 1999)))
+  bulk_warm=$(curl -fsS -o /dev/null -w '%{time_total}' -X POST "$api/admin/items/warmup" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" \
+    -H 'Content-Type: application/json' -d "{\"ids\":[$ids]}")
+  put_rate=$(echo "2000 / $bulk_put" | bc)
+  warm_rate=$(echo "2000 / $bulk_warm" | bc)
   # The sold-out path on item 1 (sold out first).
   for u in $(seq 1 11); do
     curl -s -o /dev/null -X POST "$api/api/flashbuy" -H "Authorization: Bearer $(sed -n "${u}p" "$out/catalogue-tokens.txt")" \
@@ -109,14 +129,14 @@ for n in $sizes; do
   sleep 1
   rps=$(THREADS=2 TOKENS="$out/catalogue-tokens.txt" ITEM=1 MODE=random wrk -t2 -c64 -d5s \
     -s loadtest/wrk/flashbuy.lua "$api/api/flashbuy" | awk '/Requests\/sec/ {print $2}')
-  rows+=("| $n | $server_cpu% | $redis_share% | $(printf '%s\n' "${put[@]}" | median) | $(printf '%s\n' "${warm[@]}" | median) | $(printf '%s\n' "${stats[@]}" | median) | $(printf '%s\n' "${pause[@]}" | median) | $(printf '%s\n' "${resume[@]}" | median) | $rps |")
+  rows+=("| $n | $server_cpu% | $scheduler_cpu% | $redis_share% | $(printf '%s\n' "${put[@]}" | median) | $(printf '%s\n' "${warm[@]}" | median) | $(printf '%s\n' "${stats[@]}" | median) | $(printf '%s\n' "${pause[@]}" | median) | $(printf '%s\n' "${resume[@]}" | median) | $put_rate | $warm_rate | $rps |")
 done
 
 cat <<REPORT
 
-seckill with a large catalogue — $(nproc) cores, $(date -u +%Y-%m-%d), one instance (api + scheduler), idle 30 s
+seckill with a large catalogue — $(nproc) cores, $(date -u +%Y-%m-%d), an API instance and a scheduler instance, idle 30 s
 
-| items on sale | server CPU (of one core) | Redis CPU | PUT ms | warm-up ms | stats ms | pause ms | resume ms | sold-out path req/s |
-|---|---|---|---|---|---|---|---|---|
+| items on sale | API CPU (of one core) | scheduler CPU | Redis CPU | PUT ms | warm-up ms | stats ms | pause ms | resume ms | bulk PUT items/s | bulk warm-up items/s | sold-out path req/s |
+|---|---|---|---|---|---|---|---|---|---|---|---|
 $(printf '%s\n' "${rows[@]}")
 REPORT

@@ -76,9 +76,21 @@ impl Relay {
     }
 
     async fn pass(&self, sweep: bool) -> Result<(), RelayError> {
-        for stock in stock::indexed(&self.redis, &self.keys).await? {
+        let all = stock::indexed(&self.redis, &self.keys).await?;
+        let due = Utc::now().timestamp_millis() - RELAY_AFTER.as_millis() as i64;
+        let overdue = stock::with_work(&self.redis, &all, |pipe, stock| {
+            pipe.zcount(self.keys.outbox(stock), "-inf", due);
+        })
+        .await?;
+        for stock in overdue {
             self.relay_item(stock).await?;
-            if sweep {
+        }
+        if sweep {
+            let pending = stock::with_work(&self.redis, &all, |pipe, stock| {
+                pipe.hlen(self.keys.pending(stock));
+            })
+            .await?;
+            for stock in pending {
                 self.sweep_pending(stock).await?;
             }
         }

@@ -57,7 +57,16 @@ pub async fn run(scheduler: Scheduler, wake: Arc<Notify>, shutdown: Cancellation
 
 /// Takes and handles every due task of every item.
 pub async fn pass(scheduler: &Scheduler) -> Result<(), StoreError> {
-    for stock in stock::indexed(&scheduler.redis, &scheduler.keys).await? {
+    let all = stock::indexed(&scheduler.redis, &scheduler.keys).await?;
+    // Due tasks, or taken ones whose lease ran out: only those buckets are claimed from.
+    let now = Utc::now().timestamp_millis();
+    let keys = &scheduler.keys;
+    let due = stock::with_work(&scheduler.redis, &all, |pipe, stock| {
+        pipe.zcount(keys.due(stock), "-inf", now)
+            .zcount(keys.leased(stock), "-inf", now);
+    })
+    .await?;
+    for stock in due {
         loop {
             let claimed = {
                 let mut conn = scheduler.redis.bulk().await?;
