@@ -15,14 +15,7 @@ cd "$(dirname "$0")/.."
 
 sizes=${SIZES:-100 10000 100000}
 ./dev/services.sh
-if ! command -v wrk >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
-  else
-    echo "wrk is missing: sudo apt-get install wrk" >&2
-    exit 1
-  fi
-fi
+./dev/tools.sh wrk
 cargo build --release --locked --bin seckill 2>&1 | tail -1
 
 out=loadtest/out

@@ -21,14 +21,7 @@ users=200000
 ports=(7000 7001 7002 7003 7004 7005)
 
 ./dev/services.sh
-if ! command -v wrk >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
-  else
-    echo "wrk is missing: sudo apt-get install wrk" >&2
-    exit 1
-  fi
-fi
+./dev/tools.sh wrk
 cargo build --release --locked --bin seckill 2>&1 | tail -1
 
 out=loadtest/out

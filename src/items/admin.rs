@@ -141,33 +141,29 @@ pub struct WarmupQuery {
 
 pub async fn warmup_item(
     _: Admin,
-    State(AppState {
-        db,
-        redis,
-        broker,
-        keys,
-        catalog,
-        settings,
-        ..
-    }): State<AppState>,
+    State(state): State<AppState>,
     ApiPath(id): ApiPath<ItemId>,
     ApiQuery(query): ApiQuery<WarmupQuery>,
 ) -> Result<Response, ApiError> {
-    let plan = Plan::from_settings(&settings);
-    let warmup = Warmup {
-        db: &db,
-        redis: &redis,
-        broker: &broker,
-        keys: &keys,
-        plan: &plan,
-    };
-    let report = warmup
+    let plan = Plan::from_settings(&state.settings);
+    let report = warmup_with(&state, &plan)
         .run(id, query.force, &|_| {})
         .await
         .map_err(warmup_refused)?;
     // The warm-up announced itself to every instance; this one need not wait for that.
-    let _ = catalog.refresh().await;
+    let _ = state.catalog.refresh().await;
     Ok(ok("loaded", report))
+}
+
+/// A warm-up working with this instance's stores.
+pub(super) fn warmup_with<'a>(state: &'a AppState, plan: &'a Plan) -> Warmup<'a> {
+    Warmup {
+        db: &state.db,
+        redis: &state.redis,
+        broker: &state.broker,
+        keys: &state.keys,
+        plan,
+    }
 }
 
 /// How a warm-up that did not load is answered.

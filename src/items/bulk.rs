@@ -17,10 +17,9 @@ use crate::http::reply::ok;
 use crate::scheduler::delay::Plan;
 use crate::store::Grouped;
 
-use super::admin::{ItemBody, warmup_refused};
+use super::admin::{ItemBody, warmup_refused, warmup_with};
 use super::repo::{self, ItemDraft, Upserted};
 use super::stock;
-use super::warmup::Warmup;
 
 /// Most items one bulk call takes.
 const MOST_PER_CALL: usize = 10_000;
@@ -137,15 +136,7 @@ pub struct WarmupsBody {
 /// /admin/items/{id}/warmup` would, 4 at a time; the answer lists every item's code.
 pub async fn warmup_items(
     _: Admin,
-    State(AppState {
-        db,
-        redis,
-        broker,
-        keys,
-        catalog,
-        settings,
-        ..
-    }): State<AppState>,
+    State(state): State<AppState>,
     ApiJson(body): ApiJson<WarmupsBody>,
 ) -> Result<Response, ApiError> {
     if body.ids.is_empty() || body.ids.len() > MOST_PER_CALL {
@@ -153,14 +144,8 @@ pub async fn warmup_items(
             "`ids`: 1 to {MOST_PER_CALL} item ids"
         )));
     }
-    let plan = Plan::from_settings(&settings);
-    let warmup = Warmup {
-        db: &db,
-        redis: &redis,
-        broker: &broker,
-        keys: &keys,
-        plan: &plan,
-    };
+    let plan = Plan::from_settings(&state.settings);
+    let warmup = warmup_with(&state, &plan);
     let outcomes: Vec<Outcome> = futures::stream::iter(body.ids)
         .map(|id| {
             let warmup = &warmup;
@@ -185,7 +170,7 @@ pub async fn warmup_items(
         .buffered(WARMUPS_AT_ONCE)
         .collect()
         .await;
-    let _ = catalog.refresh().await;
+    let _ = state.catalog.refresh().await;
     let loaded = outcomes.iter().filter(|o| o.code == "loaded").count();
     Ok(ok("ok", json!({ "loaded": loaded, "items": outcomes })))
 }
