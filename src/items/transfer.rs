@@ -125,10 +125,21 @@ async fn settle(
 /// out): each is decided at its receiver — `void` unless it is `in` already — and its
 /// lender settled to match. Returns how many it settled.
 pub async fn settle_stuck(redis: &RedisConns, keys: &Keys) -> Result<u64, RedisError> {
-    // Which buckets lent anything at all: one pipelined HLEN per thousand buckets (almost
-    // always none), before any of them is read whole.
+    // Only split items lend: those with a bucket beyond the first in the index.
+    let indexed = stock::indexed(redis, keys).await?;
+    let split: std::collections::HashSet<_> = indexed
+        .iter()
+        .filter(|s| s.bucket > 0)
+        .map(|s| s.item)
+        .collect();
+    let buckets: Vec<Stock> = indexed
+        .into_iter()
+        .filter(|s| split.contains(&s.item))
+        .collect();
+    // Which of their buckets lent anything at all: one pipelined HLEN per thousand
+    // buckets (almost always none), before any of them is read whole.
     let mut lenders = Vec::new();
-    for chunk in stock::indexed(redis, keys).await?.chunks(1_000) {
+    for chunk in buckets.chunks(1_000) {
         let mut grouped = Grouped::new(redis);
         for lender in chunk {
             grouped.group().hlen(keys.stock(*lender).lent);
