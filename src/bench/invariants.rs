@@ -93,7 +93,11 @@ async fn drain(
     bar.enable_steady_tick(Duration::from_millis(100));
     let deadline = Instant::now() + limit;
     let stock = loop {
-        let stock = item_snapshot(redis, keys, stocks.clone())
+        let mut conn = redis
+            .bulk()
+            .await
+            .context("connecting to Redis to read the item's stock")?;
+        let stock = item_snapshot(&mut conn, keys, stocks.clone())
             .await
             .context("reading the item's stock in Redis")?;
         if stock.pending == 0 || Instant::now() >= deadline {

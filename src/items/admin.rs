@@ -236,7 +236,8 @@ pub async fn item_stats(
     ApiPath(id): ApiPath<ItemId>,
 ) -> Result<Response, ApiError> {
     let item = repo::get(&db, id).await?.ok_or(ApiError::ItemNotFound)?;
-    let stock = stock::item_snapshot(&redis, &keys, item.stocks()).await?;
+    let mut conn = redis.bulk().await?;
+    let stock = stock::item_snapshot(&mut conn, &keys, item.stocks()).await?;
     let counts = orders::count_by_status(&db, id).await?;
     let accounted = stock.remaining + stock.pending + counts.unpaid + counts.paid;
     Ok(ok(

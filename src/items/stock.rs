@@ -56,11 +56,14 @@ where
 /// whose master lost its data makes the item one to rebuild), `loaded_at_ms` the earliest.
 /// Each bucket is read at its own instant; while a unit moves between two buckets it is
 /// counted in the lender's `lent` until the receiver has it for sure, so never twice.
-pub async fn item_snapshot(
-    redis: &RedisConns,
+pub async fn item_snapshot<C>(
+    conn: &mut C,
     keys: &Keys,
     stocks: impl Iterator<Item = Stock>,
-) -> Result<StockSnapshot, RedisError> {
+) -> Result<StockSnapshot, RedisError>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
     let mut sum = StockSnapshot {
         loaded: true,
         loaded_at_ms: None,
@@ -68,9 +71,8 @@ pub async fn item_snapshot(
         sold: 0,
         pending: 0,
     };
-    let mut conn = redis.bulk().await?;
     for stock in stocks {
-        let one = snapshot(&mut conn, &keys.stock(stock)).await?;
+        let one = snapshot(conn, &keys.stock(stock)).await?;
         sum.loaded &= one.loaded;
         sum.loaded_at_ms = match (sum.loaded_at_ms, one.loaded_at_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),

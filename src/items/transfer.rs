@@ -73,11 +73,11 @@ pub async fn borrow(
         };
         // From here a failure leaves the loan to `settle_stuck`.
         if let Some(wait) = wait {
-            let acked = wait
+            let held = wait
                 .redis
-                .replicated(&lender.replicated, wait.replicas, wait.within)
+                .replicas_hold(&lender.replicated, wait.replicas, wait.within)
                 .await?;
-            if acked < u64::from(wait.replicas) {
+            if !held {
                 borrowed.stalled = true;
                 return Ok(borrowed);
             }

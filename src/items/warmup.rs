@@ -19,7 +19,7 @@
 //! (`orders_in_flight`), and then waits out the consumers that took what it held — only
 //! then is MySQL the whole truth.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -155,7 +155,10 @@ impl Warmup<'_> {
         progress: &(dyn Fn(Progress) + Sync),
     ) -> Result<WarmupReport, WarmupError> {
         let item = repo::get(self.db, id).await?.ok_or(WarmupError::NotFound)?;
-        let first_look = stock::item_snapshot(self.redis, self.keys, item.stocks()).await?;
+        let first_look = {
+            let mut conn = self.redis.bulk().await?;
+            stock::item_snapshot(&mut conn, self.keys, item.stocks()).await?
+        };
         if first_look.loaded && !force {
             return Err(WarmupError::AlreadyLoaded {
                 remaining: first_look.remaining,
@@ -312,12 +315,13 @@ impl Warmup<'_> {
 
         let run = ulid::Ulid::new().to_string().to_lowercase();
         let shares = spread(to_load, buckets.len());
+        let mut by_bucket: HashMap<Stock, Vec<&Holder>> = HashMap::new();
+        for holder in &holders {
+            by_bucket.entry(holder.stock(id)).or_default().push(holder);
+        }
         let mut next_unit = held;
         for ((bucket, seen), share) in buckets.iter().zip(&seen).zip(&shares) {
-            let mine: Vec<&Holder> = holders
-                .iter()
-                .filter(|h| h.stock(id) == bucket.stock)
-                .collect();
+            let mine = by_bucket.remove(&bucket.stock).unwrap_or_default();
             let loading = self.keys.loading(bucket.stock, &run);
             let before = next_unit - held;
             let report = |p: Progress| match p {
@@ -337,7 +341,7 @@ impl Warmup<'_> {
             swap_in(conn, bucket, &loading, &item, seen, meta).await?;
         }
 
-        let after = stock::item_snapshot(self.redis, self.keys, item.stocks()).await?;
+        let after = stock::item_snapshot(conn, self.keys, item.stocks()).await?;
         if after.remaining != to_load || after.sold != held {
             return Err(WarmupError::Verify {
                 expected: to_load,

@@ -286,9 +286,8 @@ async fn stored_order(state: &AppState, sn: &OrderSn, user: UserId) -> Result<Or
     let replicas = state.settings.redis_wait_replicas;
     if replicas > 0 {
         // Into MySQL only what a Redis failover cannot take back (as the publisher does).
-        let item = state.keys.replicated(sn.stock());
-        let acked = state.redis.replicated(&item, replicas, WAIT_FOR).await?;
-        if acked < u64::from(replicas) {
+        let key = state.keys.replicated(sn.stock());
+        if !state.redis.replicas_hold(&key, replicas, WAIT_FOR).await? {
             return Err(ApiError::Unavailable(
                 "the order is not yet safe on Redis's replicas; try again shortly".into(),
             ));

@@ -149,12 +149,13 @@ impl Relay {
             };
             if self.wait_replicas > 0 {
                 // As a purchase does: what a failover could still undo is not sent.
-                let acked = self
+                let key = self.keys.replicated(stock);
+                if !self
                     .redis
-                    .replicated(&self.keys.replicated(stock), self.wait_replicas, WAIT_FOR)
-                    .await?;
-                if acked < u64::from(self.wait_replicas) {
-                    tracing::debug!(%stock, acked, "relay: replicas behind; sending later");
+                    .replicas_hold(&key, self.wait_replicas, WAIT_FOR)
+                    .await?
+                {
+                    tracing::debug!(%stock, "relay: replicas behind; sending later");
                     return Ok(());
                 }
             }

@@ -157,10 +157,10 @@ pub async fn flashbuy(
                 // it: a failover could otherwise put the unit back on sale while MySQL
                 // gets its order. What is not confirmed in time stays in Redis: if it
                 // survives, pressing again answers 409 with it, and the relay sends it.
-                let acked = redis
-                    .replicated(&home.replicated, settings.redis_wait_replicas, WAIT_FOR)
+                let held = redis
+                    .replicas_hold(&home.replicated, settings.redis_wait_replicas, WAIT_FOR)
                     .await;
-                if !acked.is_ok_and(|n| n >= u64::from(settings.redis_wait_replicas)) {
+                if !held.is_ok_and(|held| held) {
                     return Err(ApiError::Unavailable(
                         "your unit may not be safe yet; press again to learn whether you hold it"
                             .into(),

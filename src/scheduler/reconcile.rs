@@ -158,7 +158,10 @@ async fn check(
     stocks: &[Stock],
     total: u64,
 ) -> Result<Report, ReconcileError> {
-    let snapshot = stock::item_snapshot(redis, keys, stocks.iter().copied()).await?;
+    let snapshot = {
+        let mut conn = redis.bulk().await?;
+        stock::item_snapshot(&mut conn, keys, stocks.iter().copied()).await?
+    };
     let orders = repo::count_by_status(db, item).await?;
     let held = snapshot.pending + orders.unpaid + orders.paid;
     Ok(Report {

@@ -213,13 +213,13 @@ impl RedisConns {
 
     /// Bumps `key` (which must live on the master to be covered: the item's own), then
     /// waits up to `within` for `replicas` replicas to hold every write made on that master
-    /// until then. Returns how many did.
-    pub async fn replicated(
+    /// until then. Returns whether that many did.
+    pub async fn replicas_hold(
         &self,
         key: &str,
         replicas: u32,
         within: Duration,
-    ) -> Result<u64, RedisError> {
+    ) -> Result<bool, RedisError> {
         let mut pipe = redis::pipe();
         pipe.incr(key, 1)
             .ignore()
@@ -243,7 +243,7 @@ impl RedisConns {
                 timed(pipe.query_async(&mut conn.clone())).await?
             }
         };
-        Ok(acked)
+        Ok(acked >= u64::from(replicas))
     }
 
     /// `INFO server` of the server that holds `key` (on a cluster, the master of its slot).
