@@ -22,7 +22,6 @@ use crate::items::catalog::Catalog;
 use crate::keys::Keys;
 use crate::orders::consumer::Consumer;
 use crate::outbox::publisher::OrderPublisher;
-use crate::outbox::relay::Relay;
 use crate::scheduler::Scheduler;
 use crate::scheduler::delay::Plan;
 use crate::shops::cache::Shops;
@@ -235,15 +234,6 @@ impl Server {
             background.spawn(consumer.run(workers.clone()));
         }
         if roles.contains(&Role::Scheduler) {
-            let relay = Relay {
-                broker: state.broker.clone(),
-                redis: state.redis.clone(),
-                db: state.db.clone(),
-                keys: state.keys.clone(),
-                meters: state.meters.clone(),
-                wait_replicas: state.settings.redis_wait_replicas,
-            };
-            background.spawn(relay.run(workers.clone()));
             let scheduler = Scheduler {
                 db: state.db.clone(),
                 redis: state.redis.clone(),

@@ -43,7 +43,7 @@ impl Keys {
             outbox: self.outbox(stock),
             due: self.due(stock),
             replicated: self.replicated(stock),
-            lent: self.stock_key(stock, "lent"),
+            lent: self.lent(stock),
             transfers: self.stock_key(stock, "transfers"),
             buyers: shards("buyers"),
             buyer_orders: shards("buyer_orders"),
@@ -63,6 +63,11 @@ impl Keys {
     /// [`ItemKeys::due`] alone.
     pub fn due(&self, stock: Stock) -> String {
         self.stock_key(stock, "due")
+    }
+
+    /// [`ItemKeys::lent`] alone.
+    pub fn lent(&self, stock: Stock) -> String {
+        self.stock_key(stock, "lent")
     }
 
     /// ZSET of cancels begun: `order_sn` → when (ms). Written before the `UPDATE` that
@@ -118,6 +123,12 @@ impl Keys {
     /// `ID.B` for a further bucket of a split item); the relay and the scheduler walk it.
     pub fn items_index(&self) -> String {
         format!("{}:items:v1", self.namespace)
+    }
+
+    /// ZSET of the buckets a kind of background work must look at: bucket (as
+    /// [`Stock`] displays it) → when (ms; 0 = at once). See `src/marks.rs`.
+    pub fn marks(&self, work: crate::marks::Work) -> String {
+        format!("{}:marks:v1:{}", self.namespace, work.name())
     }
 
     /// STRING: a shop as JSON (the Redis layer of the shop status).

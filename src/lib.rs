@@ -17,6 +17,7 @@ pub mod http;
 pub mod items;
 pub mod keys;
 pub mod lua;
+pub mod marks;
 pub mod orders;
 pub mod outbox;
 pub mod purchase;

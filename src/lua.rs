@@ -52,6 +52,14 @@ pub static RECEIVE: LazyLock<Script> =
 pub static UNLEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/unlend.lua")));
 
+/// Takes the buckets due for a kind of background work: see `lua/marks_take.lua`.
+pub static MARKS_TAKE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/marks_take.lua")));
+
+/// Sets when each bucket a pass took next needs a look: see `lua/marks_settle.lua`.
+pub static MARKS_SETTLE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/marks_settle.lua")));
+
 /// Loads every script into Redis's cache ahead of the first request.
 pub async fn preload<C>(conn: &mut C) -> Result<(), RedisError>
 where
@@ -69,6 +77,8 @@ where
         &*LEND,
         &*RECEIVE,
         &*UNLEND,
+        &*MARKS_TAKE,
+        &*MARKS_SETTLE,
     ] {
         redis_timed(script.prepare_invoke().load_async(conn)).await?;
     }

@@ -300,13 +300,6 @@ pub async fn mark_loaded(db: &Db, id: ItemId) -> Result<(), DbError> {
     Ok(())
 }
 
-/// Every item id (the compensation scan looks at each item's orders in turn).
-pub async fn all_ids(db: &Db) -> Result<Vec<ItemId>, DbError> {
-    let ids: Vec<u64> =
-        mysql_timed(sqlx::query_scalar("SELECT id FROM items").fetch_all(db)).await?;
-    Ok(ids.into_iter().filter_map(ItemId::new).collect())
-}
-
 /// Items whose sale ended at least their pay timeout ago and that were not reconciled yet.
 pub async fn due_for_reconcile(db: &Db) -> Result<Vec<ItemId>, DbError> {
     let ids: Vec<u64> = mysql_timed(

@@ -146,40 +146,6 @@ where
     .await
 }
 
-/// Of these buckets, those where the commands `count` puts on a pipeline (each answering
-/// a number) add up to more than zero — one pipelined round trip per thousand buckets, so
-/// a background pass over a large catalogue works only on the buckets that have work.
-pub async fn with_work(
-    redis: &RedisConns,
-    stocks: &[Stock],
-    count: impl Fn(&mut redis::Pipeline, Stock),
-) -> Result<Vec<Stock>, RedisError> {
-    let mut busy = Vec::new();
-    for chunk in stocks.chunks(1_000) {
-        let mut grouped = Grouped::new(redis);
-        for stock in chunk {
-            count(grouped.group(), *stock);
-        }
-        let counts: Vec<Vec<u64>> = grouped.query(redis).await?;
-        busy.extend(
-            chunk
-                .iter()
-                .zip(counts)
-                .filter(|(_, n)| n.iter().sum::<u64>() > 0)
-                .map(|(stock, _)| *stock),
-        );
-    }
-    Ok(busy)
-}
-
-/// Every bucket with state in Redis (the items index), for background work that walks them
-/// all: the relay, the delay queue, the sweeps.
-pub async fn indexed(redis: &RedisConns, keys: &Keys) -> Result<Vec<Stock>, RedisError> {
-    let mut conn = redis.bulk().await?;
-    let members: Vec<String> = redis_timed(conn.smembers(keys.items_index())).await?;
-    Ok(members.iter().filter_map(|m| Stock::parse(m)).collect())
-}
-
 /// The sale window of a draft into a pipeline (a bulk `PUT` of items that exist).
 pub fn sync_window_in(pipe: &mut redis::Pipeline, keys: &ItemKeys, draft: &ItemDraft) {
     pipe.hset_multiple(

@@ -18,9 +18,8 @@ use chrono::Utc;
 use crate::domain::Stock;
 use crate::keys::{ItemKeys, Keys};
 use crate::lua::{LEND, RECEIVE, UNLEND};
+use crate::marks::{self, Work};
 use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
-
-use super::stock;
 
 /// A transfer still not settled this long after its loan was cut off (a purchase takes
 /// well under a second; its store calls time out sooner).
@@ -38,11 +37,14 @@ pub struct Borrowed {
     pub empty: Vec<u8>,
 }
 
-/// Replicas that must hold a loan before its unit is received (`SECKILL_REDIS_WAIT_REPLICAS`):
-/// a lender failing over to a replica without the loan would sell the unit again.
+/// What a loan needs besides the buckets: the replicas that must hold it before its unit
+/// is received (`SECKILL_REDIS_WAIT_REPLICAS`; a lender failing over to a replica without
+/// the loan would sell the unit again), and the keys to mark a loan left unsettled.
 #[derive(Clone, Copy)]
-pub struct LoanWait<'a> {
+pub struct Lending<'a> {
     pub redis: &'a RedisConns,
+    pub keys: &'a Keys,
+    /// 0: no wait.
     pub replicas: u32,
     pub within: Duration,
 }
@@ -52,7 +54,7 @@ pub async fn borrow(
     conn: &mut (impl redis::aio::ConnectionLike + Send),
     home: &ItemKeys,
     lenders: impl Iterator<Item = &ItemKeys>,
-    wait: Option<LoanWait<'_>>,
+    lending: Lending<'_>,
 ) -> Result<Borrowed, RedisError> {
     let mut borrowed = Borrowed::default();
     for lender in lenders {
@@ -71,34 +73,58 @@ pub async fn borrow(
             borrowed.empty.push(lender.stock.bucket);
             continue;
         };
-        // From here a failure leaves the loan to `settle_stuck`.
-        if let Some(wait) = wait {
-            let held = wait
-                .redis
-                .replicas_hold(&lender.replicated, wait.replicas, wait.within)
-                .await?;
-            if !held {
+        let moved = receive(conn, home, lender, &transfer, &unit, lending).await;
+        if !matches!(moved, Ok(Some(_))) {
+            // Left to `settle_stuck`: the lender is marked for it (best effort; the
+            // scheduler's safety sweep finds the loan otherwise).
+            let _ = marks::mark(conn, lending.keys, Work::Loans, [lender.stock]).await;
+        }
+        match moved? {
+            None => {
                 borrowed.stalled = true;
                 return Ok(borrowed);
             }
-        }
-        let decided: String = redis_timed(
-            RECEIVE
-                .key(&home.meta)
-                .key(&home.tokens)
-                .key(&home.transfers)
-                .arg(&transfer)
-                .arg(&unit)
-                .invoke_async(conn),
-        )
-        .await?;
-        settle(conn, lender, &transfer, &decided).await?;
-        if decided == "in" {
-            borrowed.moved = true;
-            return Ok(borrowed);
+            Some(decided) if decided == "in" => {
+                borrowed.moved = true;
+                return Ok(borrowed);
+            }
+            Some(_) => {}
         }
     }
     Ok(borrowed)
+}
+
+/// The steps of a transfer after the loan: the receiver decides it, the lender settles.
+/// `None` when the lender's replicas did not confirm the loan in time.
+async fn receive(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    home: &ItemKeys,
+    lender: &ItemKeys,
+    transfer: &str,
+    unit: &str,
+    lending: Lending<'_>,
+) -> Result<Option<String>, RedisError> {
+    if lending.replicas > 0 {
+        let held = lending
+            .redis
+            .replicas_hold(&lender.replicated, lending.replicas, lending.within)
+            .await?;
+        if !held {
+            return Ok(None);
+        }
+    }
+    let decided: String = redis_timed(
+        RECEIVE
+            .key(&home.meta)
+            .key(&home.tokens)
+            .key(&home.transfers)
+            .arg(transfer)
+            .arg(unit)
+            .invoke_async(conn),
+    )
+    .await?;
+    settle(conn, lender, transfer, &decided).await?;
+    Ok(Some(decided))
 }
 
 /// The lender's side of a decided transfer.
@@ -121,39 +147,34 @@ async fn settle(
     Ok(())
 }
 
-/// Finishes transfers cut off between their steps (a process died, a store call timed
-/// out): each is decided at its receiver — `void` unless it is `in` already — and its
-/// lender settled to match. Returns how many it settled.
-pub async fn settle_stuck(redis: &RedisConns, keys: &Keys) -> Result<u64, RedisError> {
-    // Only split items lend: those with a bucket beyond the first in the index.
-    let indexed = stock::indexed(redis, keys).await?;
-    let split: std::collections::HashSet<_> = indexed
-        .iter()
-        .filter(|s| s.bucket > 0)
-        .map(|s| s.item)
-        .collect();
-    let buckets: Vec<Stock> = indexed
-        .into_iter()
-        .filter(|s| split.contains(&s.item))
-        .collect();
-    // Which of their buckets lent anything at all: one pipelined HLEN per thousand
-    // buckets (almost always none), before any of them is read whole.
-    let mut lenders = Vec::new();
-    for chunk in buckets.chunks(1_000) {
-        let mut grouped = Grouped::new(redis);
-        for lender in chunk {
-            grouped.group().hlen(keys.stock(*lender).lent);
-        }
-        let loans: Vec<(u64,)> = grouped.query(redis).await?;
-        lenders.extend(
-            chunk
-                .iter()
-                .zip(loans)
-                .filter(|(_, (n,))| *n > 0)
-                .map(|(lender, _)| *lender),
-        );
+/// Finishes transfers of these lenders cut off between their steps (a process died, a
+/// store call timed out): each is decided at its receiver — `void` unless it is `in`
+/// already — and its lender settled to match. Returns how many it settled.
+pub async fn settle_stuck(
+    redis: &RedisConns,
+    keys: &Keys,
+    lenders: &[Stock],
+) -> Result<u64, RedisError> {
+    settle_loans(redis, keys, lenders.iter().copied(), Some(STUCK_AFTER)).await
+}
+
+/// When each of these lenders next needs the stuck-transfer pass: [`STUCK_AFTER`] from
+/// now while it has loans outstanding.
+pub async fn next_look(
+    redis: &RedisConns,
+    keys: &Keys,
+    lenders: &[Stock],
+) -> Result<Vec<Option<i64>>, RedisError> {
+    let mut grouped = Grouped::new(redis);
+    for lender in lenders {
+        grouped.group().hlen(keys.lent(*lender));
     }
-    settle_loans(redis, keys, lenders.into_iter(), Some(STUCK_AFTER)).await
+    let loans: Vec<(u64,)> = grouped.query(redis).await?;
+    let later = Utc::now().timestamp_millis() + STUCK_AFTER.as_millis() as i64;
+    Ok(loans
+        .into_iter()
+        .map(|(n,)| (n > 0).then_some(later))
+        .collect())
 }
 
 /// Decides and settles the loans of these lenders older than `older_than` (all of them

@@ -31,6 +31,7 @@ use crate::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
 use crate::keys::Keys;
 use crate::keys::{ItemKeys, LoadingKeys};
 use crate::lua::SWAP;
+use crate::marks::{self, Work};
 use crate::orders::repo as orders;
 use crate::scheduler::delay::Plan;
 use crate::store::{
@@ -356,6 +357,7 @@ impl Warmup<'_> {
                 self.plan.schedule(&mut grouped, self.keys, chunk);
                 grouped.run(self.redis).await?;
             }
+            marks::mark(conn, self.keys, Work::Deadlines, item.stocks()).await?;
         }
         Ok(WarmupReport {
             item_id: id,

@@ -15,9 +15,10 @@ use std::time::Duration;
 use chrono::Utc;
 
 use crate::domain::{OrderSn, Stock, UserId};
-use crate::items::{catalog, stock};
+use crate::items::catalog;
 use crate::keys::Keys;
 use crate::lua::{FORGET, RELEASE};
+use crate::marks::{self, Work};
 use crate::store::{Db, Grouped, RedisConns, RedisError, StoreError, redis_timed};
 
 use super::repo::{self, CancelReason, OrderRow, OrderStatus};
@@ -117,13 +118,15 @@ pub async fn begin(redis: &RedisConns, keys: &Keys, sns: &[&OrderSn]) -> Result<
             .push((now, sn.as_str()));
     }
     let mut grouped = Grouped::new(redis);
-    for (stock, members) in by_stock {
+    for (stock, members) in &by_stock {
         grouped
             .group()
-            .zadd_multiple(keys.ending(stock), &members)
+            .zadd_multiple(keys.ending(*stock), members)
             .ignore();
     }
-    grouped.run(redis).await
+    grouped.run(redis).await?;
+    let mut conn = redis.bulk().await?;
+    marks::mark(&mut conn, keys, Work::CutOff, by_stock.into_keys()).await
 }
 
 /// These cancels ended without a unit to return (the order was paid, still unpaid, or
@@ -183,66 +186,74 @@ pub async fn cancel_overdue(
 
 /// A cancel begun this long ago has finished or was cut off: its request's budget and a
 /// scheduler's store calls are long over.
-const CUT_OFF_AFTER: Duration = Duration::from_secs(5);
-/// Records looked at per item and sweep.
+pub const CUT_OFF_AFTER: Duration = Duration::from_secs(5);
+/// Records looked at per bucket and sweep.
 const SWEEP_BATCH: isize = 500;
 
-/// Finishes cancels that were cut off between MySQL and Redis: for every record older
-/// than [`CUT_OFF_AFTER`], an order MySQL has cancelled gets its unit back; any other
-/// record is dropped. Returns how many units came back.
-pub async fn finish_cut_off(db: &Db, redis: &RedisConns, keys: &Keys) -> Result<u64, StoreError> {
+/// Finishes cancels of these buckets that were cut off between MySQL and Redis: for every
+/// record older than [`CUT_OFF_AFTER`], an order MySQL has cancelled gets its unit back;
+/// any other record is dropped. Returns how many units came back.
+pub async fn finish_cut_off(
+    db: &Db,
+    redis: &RedisConns,
+    keys: &Keys,
+    stocks: &[Stock],
+) -> Result<u64, StoreError> {
     let cutoff = Utc::now().timestamp_millis() - CUT_OFF_AFTER.as_millis() as i64;
-    let stocks = stock::indexed(redis, keys).await?;
+    let mut grouped = Grouped::new(redis);
+    for stock in stocks {
+        grouped
+            .group()
+            .zrangebyscore_limit(keys.ending(*stock), "-inf", cutoff, 0, SWEEP_BATCH);
+    }
+    let found: Vec<(Vec<String>,)> = grouped.query(redis).await?;
     let mut released = 0;
-    for chunk in stocks.chunks(1_000) {
-        let mut grouped = Grouped::new(redis);
-        for stock in chunk {
-            grouped.group().zrangebyscore_limit(
-                keys.ending(*stock),
-                "-inf",
-                cutoff,
-                0,
-                SWEEP_BATCH,
-            );
-        }
-        let found: Vec<(Vec<String>,)> = grouped.query(redis).await?;
-        for (stock, (sns,)) in chunk.iter().zip(found) {
-            if sns.is_empty() {
-                continue;
-            }
-            let refs: Vec<&str> = sns.iter().map(String::as_str).collect();
-            let rows = repo::find_many(db, &refs).await?;
-            let cancelled: Vec<Held> = rows
-                .iter()
-                .filter(|r| r.status == OrderStatus::Cancelled)
-                .map(Held::from)
-                .collect();
-            let back = release(redis, keys, &cancelled).await?.len() as u64;
-            if back > 0 {
-                tracing::warn!(%stock, units = back, "finished cancels that were cut off between MySQL and Redis");
-            }
-            released += back;
-            // Not cancelled (paid, still unpaid, unknown): nothing to return. Dropped only
-            // if not written again since (a newer cancel of the same order).
-            let cancelled_sns: HashSet<&str> =
-                cancelled.iter().map(|h| h.order_sn.as_str()).collect();
-            let moot: Vec<&str> = refs
-                .iter()
-                .copied()
-                .filter(|sn| !cancelled_sns.contains(sn))
-                .collect();
-            if !moot.is_empty() {
-                let mut conn = redis.bulk().await?;
-                redis_timed(
-                    FORGET
-                        .key(keys.ending(*stock))
-                        .arg(cutoff)
-                        .arg(&moot)
-                        .invoke_async::<i64>(&mut conn),
-                )
-                .await?;
-            }
+    for (stock, (sns,)) in stocks.iter().zip(found) {
+        if !sns.is_empty() {
+            released += finish_records(db, redis, keys, *stock, cutoff, &sns).await?;
         }
     }
     Ok(released)
+}
+
+/// One bucket's cut-off records: units back for those MySQL cancelled, the rest dropped.
+async fn finish_records(
+    db: &Db,
+    redis: &RedisConns,
+    keys: &Keys,
+    stock: Stock,
+    cutoff: i64,
+    sns: &[String],
+) -> Result<u64, StoreError> {
+    let refs: Vec<&str> = sns.iter().map(String::as_str).collect();
+    let rows = repo::find_many(db, &refs).await?;
+    let cancelled: Vec<Held> = rows
+        .iter()
+        .filter(|r| r.status == OrderStatus::Cancelled)
+        .map(Held::from)
+        .collect();
+    let back = release(redis, keys, &cancelled).await?.len() as u64;
+    if back > 0 {
+        tracing::warn!(%stock, units = back, "finished cancels that were cut off between MySQL and Redis");
+    }
+    // Not cancelled (paid, still unpaid, unknown): nothing to return. Dropped only if not
+    // written again since (a newer cancel of the same order).
+    let cancelled_sns: HashSet<&str> = cancelled.iter().map(|h| h.order_sn.as_str()).collect();
+    let moot: Vec<&str> = refs
+        .iter()
+        .copied()
+        .filter(|sn| !cancelled_sns.contains(sn))
+        .collect();
+    if !moot.is_empty() {
+        let mut conn = redis.bulk().await?;
+        redis_timed(
+            FORGET
+                .key(keys.ending(stock))
+                .arg(cutoff)
+                .arg(&moot)
+                .invoke_async::<i64>(&mut conn),
+        )
+        .await?;
+    }
+    Ok(back)
 }

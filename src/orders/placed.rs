@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::domain::{OrderPlaced, Stock};
 use crate::keys::Keys;
+use crate::marks::{self, Work};
 use crate::scheduler::delay::Plan;
 use crate::store::{Db, DbError, Grouped, RedisConns, RedisError, mysql_timed, retrying_deadlocks};
 
@@ -60,7 +61,8 @@ async fn write_once(db: &Db, orders: &[OrderPlaced]) -> Result<(), DbError> {
 }
 
 /// The orders are in MySQL: they leave Redis's `pending` hash and their deadline and
-/// reminders go into the delay queue, in one round trip.
+/// reminders go into the delay queue, in one round trip (then their buckets are marked for
+/// the deadline pass, in a second).
 pub async fn settle_in_redis(
     redis: &RedisConns,
     keys: &Keys,
@@ -76,8 +78,11 @@ pub async fn settle_in_redis(
             .or_default()
             .push(order.order_sn.as_str());
     }
-    for (stock, sns) in by_stock {
-        grouped.group().hdel(keys.pending(stock), sns).ignore();
+    for (stock, sns) in &by_stock {
+        grouped.group().hdel(keys.pending(*stock), sns).ignore();
     }
-    grouped.run(redis).await
+    grouped.run(redis).await?;
+    // After the tasks are written: the deadline pass reads them when it takes the mark.
+    let mut conn = redis.bulk().await?;
+    marks::mark(&mut conn, keys, Work::Deadlines, by_stock.into_keys()).await
 }

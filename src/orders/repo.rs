@@ -193,6 +193,24 @@ pub async fn overdue_unpaid(
     .await
 }
 
+/// Items with an unpaid order whose deadline is more than `grace` behind: one probe per
+/// item that has orders at all (a loose scan of `idx_orders_item_status`), not per item.
+pub async fn items_with_overdue(
+    db: &Db,
+    grace: std::time::Duration,
+) -> Result<Vec<ItemId>, DbError> {
+    let ids: Vec<u64> = mysql_timed(
+        sqlx::query_scalar(
+            "SELECT item_id FROM orders WHERE status = 'unpaid' GROUP BY item_id
+             HAVING MIN(pay_deadline) <= UTC_TIMESTAMP(3) - INTERVAL ? MICROSECOND",
+        )
+        .bind(grace.as_micros() as u64)
+        .fetch_all(db),
+    )
+    .await?;
+    Ok(ids.into_iter().filter_map(ItemId::new).collect())
+}
+
 /// Orders of an item by status.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct StatusCounts {

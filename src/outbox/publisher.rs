@@ -8,7 +8,8 @@
 //! purchase path ran at 7k/s; with one, 9.6k/s). At most [`BUFFER`] orders wait in memory;
 //! a full buffer, or no broker, leaves the order in the Redis outbox for the relay.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -16,7 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::breaker::auto::Signals;
 use crate::broker::{Broker, Outgoing, publish_confirmed};
+use crate::domain::Stock;
 use crate::keys::Keys;
+use crate::marks::{self, Work};
 use crate::store::RedisConns;
 use crate::telemetry::Meters;
 
@@ -32,18 +35,27 @@ const CONNECT_WAIT: Duration = Duration::from_secs(1);
 pub const HOLDS_AT_MOST: Duration =
     Duration::from_secs(CONNECT_WAIT.as_secs() + crate::broker::CONFIRM_TIMEOUT.as_secs());
 
+/// How often buckets of orders the full buffer turned away are marked for the relay.
+const MARK_DROPPED_EVERY: Duration = Duration::from_secs(1);
+
 /// The purchase handlers' end of the publisher.
 #[derive(Clone)]
 pub struct OrderPublisher {
     tx: mpsc::Sender<Outgoing>,
+    /// Buckets of orders turned away by a full buffer, to be marked for the relay.
+    dropped: Arc<Mutex<HashSet<Stock>>>,
 }
 
 impl OrderPublisher {
     /// Hands an order over without waiting. If the buffer is full the order simply stays
     /// in the outbox, where the relay finds it.
     pub fn offer(&self, order: Outgoing) {
-        if self.tx.try_send(order).is_err() {
+        if let Err(refused) = self.tx.try_send(order) {
             tracing::debug!("publisher buffer full; the relay will send this order");
+            let stock = refused.into_inner().order_sn.stock();
+            if let Ok(mut dropped) = self.dropped.lock() {
+                dropped.insert(stock);
+            }
         }
     }
 
@@ -57,16 +69,50 @@ impl OrderPublisher {
         shutdown: CancellationToken,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(BUFFER);
-        let task = tokio::spawn(run(rx, broker, redis, keys, signals, meters, shutdown));
-        (Self { tx }, task)
+        let dropped = Arc::new(Mutex::new(HashSet::new()));
+        let outboxes = Outboxes {
+            redis,
+            keys,
+            dropped: dropped.clone(),
+        };
+        let task = tokio::spawn(run(rx, broker, outboxes, signals, meters, shutdown));
+        (Self { tx, dropped }, task)
+    }
+}
+
+/// The Redis side of the publisher: the won orders' outboxes.
+struct Outboxes {
+    redis: RedisConns,
+    keys: Keys,
+    dropped: Arc<Mutex<HashSet<Stock>>>,
+}
+
+impl Outboxes {
+    /// Marks the buckets of won orders for the relay, before they are sent: should this
+    /// process die before the broker confirms them, a scheduler's relay looks there.
+    async fn mark(&self, batch: &[Outgoing]) {
+        let mut stocks: HashSet<Stock> = batch.iter().map(|o| o.order_sn.stock()).collect();
+        if let Ok(mut dropped) = self.dropped.lock() {
+            stocks.extend(dropped.drain());
+        }
+        if stocks.is_empty() {
+            return;
+        }
+        let marked = async {
+            let mut conn = self.redis.bulk().await?;
+            marks::mark(&mut conn, &self.keys, Work::Relay, stocks).await
+        };
+        if let Err(e) = marked.await {
+            // The scheduler's safety sweep finds these outboxes without the marks.
+            tracing::warn!(error = %e, "could not mark won orders' buckets for the relay");
+        }
     }
 }
 
 async fn run(
     mut rx: mpsc::Receiver<Outgoing>,
     broker: Broker,
-    redis: RedisConns,
-    keys: Keys,
+    outboxes: Outboxes,
     signals: Arc<Signals>,
     meters: Arc<Meters>,
     shutdown: CancellationToken,
@@ -76,6 +122,10 @@ async fn run(
         batch.clear();
         let received = tokio::select! {
             n = rx.recv_many(&mut batch, BATCH) => n,
+            () = tokio::time::sleep(MARK_DROPPED_EVERY) => {
+                outboxes.mark(&[]).await;
+                continue;
+            }
             () = shutdown.cancelled() => {
                 // Send what is buffered, then stop; anything left is in the outbox anyway.
                 rx.close();
@@ -83,8 +133,10 @@ async fn run(
             }
         };
         if received == 0 {
+            outboxes.mark(&[]).await;
             return;
         }
+        outboxes.mark(&batch).await;
         let Some(channel) = broker.publish_channel_within(CONNECT_WAIT).await else {
             tracing::debug!(
                 orders = batch.len(),
@@ -117,7 +169,7 @@ async fn run(
             .iter()
             .zip(&confirmed)
             .filter_map(|(order, ok)| ok.then_some(order));
-        if let Err(e) = super::clear_confirmed(&redis, &keys, sent).await {
+        if let Err(e) = super::clear_confirmed(&outboxes.redis, &outboxes.keys, sent).await {
             // Harmless: the relay will send these again and the insert is idempotent.
             tracing::warn!(error = %e, "could not clear confirmed orders from the outbox");
         }

@@ -13,8 +13,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, Outgoing, publish_confirmed};
 use crate::domain::{OrderPlaced, OrderSn, Stock};
-use crate::items::stock;
 use crate::keys::Keys;
+use crate::marks::{self, Work};
 use crate::orders::repo as orders;
 use crate::purchase::WAIT_FOR;
 use crate::store::{Db, RedisConns, RedisError, redis_timed};
@@ -23,6 +23,8 @@ use crate::telemetry::Meters;
 /// An outbox entry younger than this is left to the in-process publisher.
 pub const RELAY_AFTER: Duration = Duration::from_secs(3);
 const EVERY: Duration = Duration::from_secs(1);
+/// How long a pass holds the buckets it took (one that dies leaves them for this long).
+const LEASE: Duration = Duration::from_secs(10);
 const BATCH: isize = 1_000;
 /// A pending order older than this, no longer in the outbox, is checked against MySQL.
 const PENDING_STALE_AFTER: Duration = Duration::from_secs(60);
@@ -30,8 +32,6 @@ const PENDING_STALE_AFTER: Duration = Duration::from_secs(60);
 const PENDING_LOST_AFTER: Duration = Duration::from_secs(300);
 /// Pending entries looked at per round trip (and order numbers per MySQL query).
 const SWEEP_CHUNK: usize = 1_000;
-/// The pending sweep runs every this many relay passes.
-const SWEEP_EVERY_PASSES: u32 = 30;
 
 #[derive(Clone)]
 pub struct Relay {
@@ -55,16 +55,13 @@ pub enum RelayError {
 
 impl Relay {
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut pass = 0u32;
         let mut failing = false;
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(EVERY) => {}
             }
-            pass = pass.wrapping_add(1);
-            let sweep = pass.is_multiple_of(SWEEP_EVERY_PASSES);
-            match self.pass(sweep).await {
+            match self.pass().await {
                 Ok(()) => failing = false,
                 Err(e) if !failing => {
                     tracing::warn!(error = %crate::error::cause_chain(&e), "outbox relay pass failed; retrying");
@@ -75,26 +72,23 @@ impl Relay {
         }
     }
 
-    async fn pass(&self, sweep: bool) -> Result<(), RelayError> {
-        let all = stock::indexed(&self.redis, &self.keys).await?;
-        let due = Utc::now().timestamp_millis() - RELAY_AFTER.as_millis() as i64;
-        let overdue = stock::with_work(&self.redis, &all, |pipe, stock| {
-            pipe.zcount(self.keys.outbox(stock), "-inf", due);
-        })
-        .await?;
-        for stock in overdue {
-            self.relay_item(stock).await?;
-        }
-        if sweep {
-            let pending = stock::with_work(&self.redis, &all, |pipe, stock| {
-                pipe.hlen(self.keys.pending(stock));
-            })
-            .await?;
-            for stock in pending {
-                self.sweep_pending(stock).await?;
-            }
-        }
-        Ok(())
+    /// Relays the outboxes marked for it (`src/marks.rs`); each is looked at again when
+    /// its oldest entry becomes overdue.
+    async fn pass(&self) -> Result<(), RelayError> {
+        marks::work_through(
+            &self.redis,
+            &self.keys,
+            Work::Relay,
+            LEASE,
+            |stocks| async move {
+                for stock in &stocks {
+                    self.relay_item(*stock).await?;
+                }
+                let outbox = |stock| vec![self.keys.outbox(stock)];
+                Ok(marks::earliest(&self.redis, &stocks, outbox, RELAY_AFTER).await?)
+            },
+        )
+        .await
     }
 
     /// Sends the bucket's overdue outbox entries again.
@@ -281,6 +275,9 @@ impl Relay {
             }
         }
         redis_timed(pipe.query_async::<()>(&mut conn)).await?;
+        if requeue {
+            marks::mark(&mut conn, &self.keys, Work::Relay, [stock]).await?;
+        }
         tracing::warn!(
             %stock,
             cleared = written.len(),

@@ -27,7 +27,7 @@ use crate::http::extract::{ApiJson, Buyer, ClientTime};
 use crate::http::reply::{Code, envelope};
 use crate::http::request_id;
 use crate::items::catalog::CatalogItem;
-use crate::items::transfer::{self, LoanWait};
+use crate::items::transfer::{self, Lending};
 use crate::keys::ItemKeys;
 use crate::store::{RedisConn, RedisError};
 use crate::telemetry::Meters;
@@ -74,6 +74,7 @@ pub async fn flashbuy(
         signals,
         meters,
         shops,
+        keys,
         ..
     }): State<AppState>,
     Buyer(user): Buyer,
@@ -130,12 +131,22 @@ pub async fn flashbuy(
     let mut conn = redis.hot().await?;
     let mut outcome = grab(&mut conn, home, user, &order.order_sn, now_ms, &order_json).await;
     if item.item.split() {
-        let wait = (settings.redis_wait_replicas > 0).then_some(LoanWait {
+        let lending = Lending {
             redis: &redis,
+            keys: &keys,
             replicas: settings.redis_wait_replicas,
             within: WAIT_FOR,
-        });
-        outcome = refill_and_grab(&mut conn, &item, user, &order, &order_json, outcome, wait).await;
+        };
+        outcome = refill_and_grab(
+            &mut conn,
+            &item,
+            user,
+            &order,
+            &order_json,
+            outcome,
+            lending,
+        )
+        .await;
     }
     let took = started.elapsed();
     signals.purchase(took, outcome.is_err());
@@ -218,7 +229,7 @@ async fn refill_and_grab(
     order: &OrderPlaced,
     order_json: &str,
     mut outcome: Result<GrabOutcome, RedisError>,
-    wait: Option<LoanWait<'_>>,
+    lending: Lending<'_>,
 ) -> Result<GrabOutcome, RedisError> {
     let home = item.home(user);
     for _ in 0..MOST_REFILLS {
@@ -233,7 +244,7 @@ async fn refill_and_grab(
             .filter(|b| b.stock != home.stock)
             .collect();
         lenders.sort_by_key(|b| std::cmp::Reverse(item.remaining_in(b.stock.bucket)));
-        let borrowed = transfer::borrow(conn, home, lenders.into_iter(), wait).await?;
+        let borrowed = transfer::borrow(conn, home, lenders.into_iter(), lending).await?;
         for bucket in borrowed.empty {
             item.mark_empty(bucket);
         }

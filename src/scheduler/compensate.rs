@@ -7,7 +7,6 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::ItemId;
-use crate::items;
 use crate::orders::repo::{self, OrderRow};
 use crate::store::{Grouped, StoreError};
 
@@ -33,7 +32,8 @@ pub async fn run(scheduler: Scheduler, shutdown: CancellationToken) {
 }
 
 async fn scan(scheduler: &Scheduler) -> Result<(), StoreError> {
-    for item in items::repo::all_ids(&scheduler.db).await? {
+    // Only items that have an overdue unpaid order: one query, not one per item.
+    for item in repo::items_with_overdue(&scheduler.db, GRACE).await? {
         scan_item(scheduler, item).await?;
     }
     Ok(())

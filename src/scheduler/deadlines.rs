@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Event, publish_events};
 use crate::domain::Stock;
-use crate::items::stock;
+use crate::marks::{self, Work};
 use crate::orders::repo::{self, OrderStatus};
 use crate::store::StoreError;
 
@@ -55,38 +55,41 @@ pub async fn run(scheduler: Scheduler, wake: Arc<Notify>, shutdown: Cancellation
     }
 }
 
-/// Takes and handles every due task of every item.
+/// Takes and handles the due tasks of the buckets marked for it (`src/marks.rs`); each
+/// is looked at again when its next task falls due or its lease runs out.
 pub async fn pass(scheduler: &Scheduler) -> Result<(), StoreError> {
-    let all = stock::indexed(&scheduler.redis, &scheduler.keys).await?;
-    // Due tasks, or taken ones whose lease ran out: only those buckets are claimed from.
-    let now = Utc::now().timestamp_millis();
-    let keys = &scheduler.keys;
-    let due = stock::with_work(&scheduler.redis, &all, |pipe, stock| {
-        pipe.zcount(keys.due(stock), "-inf", now)
-            .zcount(keys.leased(stock), "-inf", now);
+    let (redis, keys) = (&scheduler.redis, &scheduler.keys);
+    let lease = Duration::from_millis(scheduler.settings.scheduler_lease_ms);
+    marks::work_through(redis, keys, Work::Deadlines, lease, |stocks| async move {
+        for stock in &stocks {
+            work_bucket(scheduler, *stock).await?;
+        }
+        let queues = |stock| vec![keys.due(stock), keys.leased(stock)];
+        Ok::<_, StoreError>(marks::earliest(redis, &stocks, queues, Duration::ZERO).await?)
     })
-    .await?;
-    for stock in due {
-        loop {
-            let claimed = {
-                let mut conn = scheduler.redis.bulk().await?;
-                delay::claim(
-                    &mut conn,
-                    &scheduler.keys,
-                    stock,
-                    scheduler.settings.scheduler_lease_ms,
-                    CLAIM_LIMIT,
-                )
-                .await?
-            };
-            let full = claimed.tasks.len() == CLAIM_LIMIT;
-            handle(scheduler, stock, claimed).await?;
-            if !full {
-                break;
-            }
+    .await
+}
+
+/// Claims and handles the bucket's due tasks, a batch at a time.
+async fn work_bucket(scheduler: &Scheduler, stock: Stock) -> Result<(), StoreError> {
+    loop {
+        let claimed = {
+            let mut conn = scheduler.redis.bulk().await?;
+            delay::claim(
+                &mut conn,
+                &scheduler.keys,
+                stock,
+                scheduler.settings.scheduler_lease_ms,
+                CLAIM_LIMIT,
+            )
+            .await?
+        };
+        let full = claimed.tasks.len() == CLAIM_LIMIT;
+        handle(scheduler, stock, claimed).await?;
+        if !full {
+            return Ok(());
         }
     }
-    Ok(())
 }
 
 async fn handle(scheduler: &Scheduler, stock: Stock, claimed: Claimed) -> Result<(), StoreError> {

@@ -1,6 +1,8 @@
 //! The scheduler role's work after the win: pay deadlines and reminders from the delay
 //! queue, cancels cut off before their unit came back, the compensation scan, and
-//! end-of-sale reconciliation. (The outbox relay runs beside it in the same role.)
+//! end-of-sale reconciliation, and the outbox relay. The per-bucket passes look only at
+//! the buckets marked for them (`src/marks.rs`); a slow safety sweep puts back marks lost
+//! with a process.
 //!
 //! Any number of schedulers may run on one namespace: delay-queue entries are taken under
 //! a lease, every change of an order is a conditional update, and giving a unit back is
@@ -12,8 +14,10 @@ pub mod reconcile;
 pub mod wake;
 
 mod compensate;
+mod sweep;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -23,8 +27,10 @@ use crate::broker::Broker;
 use crate::config::Settings;
 use crate::items::transfer;
 use crate::keys::Keys;
+use crate::marks::{self, Work};
 use crate::orders::ending::{self, Cancelled, cancel_overdue};
 use crate::orders::repo::CancelReason;
+use crate::outbox::relay::Relay;
 use crate::store::{Db, RedisConns, StoreError};
 use crate::telemetry::Meters;
 
@@ -32,6 +38,8 @@ use crate::telemetry::Meters;
 const END_OF_SALE_EVERY: Duration = Duration::from_secs(2);
 /// How often cancels cut off between MySQL and Redis are looked for.
 const CUT_OFF_EVERY: Duration = Duration::from_secs(1);
+/// How long the cut-off pass holds the buckets it took.
+const MARK_LEASE: Duration = Duration::from_secs(30);
 
 #[derive(Clone)]
 pub struct Scheduler {
@@ -65,6 +73,16 @@ impl Scheduler {
                 "keyspace notifications off (SECKILL_KEYSPACE_EVENTS=false): polling the delay queue"
             );
         }
+        let relay = Relay {
+            broker: self.broker.clone(),
+            redis: self.redis.clone(),
+            db: self.db.clone(),
+            keys: self.keys.clone(),
+            meters: self.meters.clone(),
+            wait_replicas: self.settings.redis_wait_replicas,
+        };
+        tasks.spawn(relay.clone().run(shutdown.clone()));
+        tasks.spawn(sweep::run(self.clone(), relay, shutdown.clone()));
         tasks.spawn(compensate::run(self.clone(), shutdown.clone()));
         tasks.spawn(self.clone().end_of_sale(shutdown.clone()));
         tasks.spawn(self.clone().finish_cut_off(shutdown.clone()));
@@ -87,7 +105,8 @@ impl Scheduler {
     }
 
     /// Returns the units of cancels cut off between MySQL and Redis, and settles
-    /// transfers between buckets cut off between their steps, within seconds.
+    /// transfers between buckets cut off between their steps, within seconds: in the
+    /// buckets marked for each (`src/marks.rs`).
     async fn finish_cut_off(self, shutdown: CancellationToken) {
         let mut failing = false;
         loop {
@@ -95,12 +114,7 @@ impl Scheduler {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(CUT_OFF_EVERY) => {}
             }
-            let swept = async {
-                let released = ending::finish_cut_off(&self.db, &self.redis, &self.keys).await?;
-                transfer::settle_stuck(&self.redis, &self.keys).await?;
-                Ok::<_, StoreError>(released)
-            };
-            match swept.await {
+            match self.cut_off_pass().await {
                 Ok(released) => {
                     self.meters.cancelled_units_recovered(released);
                     if failing {
@@ -115,6 +129,27 @@ impl Scheduler {
                 Err(_) => {}
             }
         }
+    }
+
+    /// One pass over the marked cut-off cancels and loans; returns the units that came back.
+    async fn cut_off_pass(&self) -> Result<u64, StoreError> {
+        let (db, redis, keys) = (&self.db, &self.redis, &self.keys);
+        let released = AtomicU64::new(0);
+        let released_ref = &released;
+        marks::work_through(redis, keys, Work::CutOff, MARK_LEASE, |stocks| async move {
+            let back = ending::finish_cut_off(db, redis, keys, &stocks).await?;
+            released_ref.fetch_add(back, Ordering::Relaxed);
+            let ending = |stock| vec![keys.ending(stock)];
+            let next = marks::earliest(redis, &stocks, ending, ending::CUT_OFF_AFTER).await?;
+            Ok::<_, StoreError>(next)
+        })
+        .await?;
+        marks::work_through(redis, keys, Work::Loans, MARK_LEASE, |lenders| async move {
+            transfer::settle_stuck(redis, keys, &lenders).await?;
+            transfer::next_look(redis, keys, &lenders).await
+        })
+        .await?;
+        Ok(released.into_inner())
     }
 
     /// Reconciles each sale once its end and pay timeout have passed.
