@@ -5,6 +5,7 @@ pub mod admin;
 pub mod api;
 pub mod bulk;
 pub mod catalog;
+pub mod fresh;
 pub mod repo;
 pub mod stock;
 pub mod transfer;

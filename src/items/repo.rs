@@ -82,6 +82,20 @@ pub async fn get(db: &Db, id: ItemId) -> Result<Option<Item>, DbError> {
     .await
 }
 
+/// These items (those that exist), in one query.
+pub async fn get_many(db: &Db, ids: &[ItemId]) -> Result<Vec<Item>, DbError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut query = QueryBuilder::new(format!("SELECT {COLUMNS} FROM items WHERE id IN ("));
+    let mut list = query.separated(", ");
+    for id in ids {
+        list.push_bind(id.get());
+    }
+    query.push(")");
+    mysql_timed(query.build_query_as().fetch_all(db)).await
+}
+
 /// Items whose sale ended less than a day ago or has not ended: what the catalogue of
 /// every instance keeps fresh. With `changed_since`, only those changed since then.
 /// Returns them and MySQL's clock at the read (for the next `changed_since`).
@@ -301,6 +315,23 @@ pub async fn mark_loaded(db: &Db, id: ItemId) -> Result<(), DbError> {
 }
 
 /// Items whose sale ended at least their pay timeout ago and that were not reconciled yet.
+/// [`mark_loaded`] for many items, in one statement.
+pub async fn mark_loaded_many(db: &Db, ids: &[ItemId]) -> Result<(), DbError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut query = QueryBuilder::new(
+        "UPDATE items SET loaded_at = UTC_TIMESTAMP(3), updated_at = updated_at WHERE id IN (",
+    );
+    let mut list = query.separated(", ");
+    for id in ids {
+        list.push_bind(id.get());
+    }
+    query.push(")");
+    mysql_timed(query.build().execute(db)).await?;
+    Ok(())
+}
+
 pub async fn due_for_reconcile(db: &Db) -> Result<Vec<ItemId>, DbError> {
     let ids: Vec<u64> = mysql_timed(
         sqlx::query_scalar(

@@ -46,9 +46,9 @@ use super::transfer;
 const BATCH: u64 = 1_000;
 const BATCHES_PER_TRIP: u64 = 20;
 /// Longest a warm-up may hold its item's lock: the operators' budget for bulk work.
-const LOCK_FOR: Duration = Duration::from_secs(130);
+pub(super) const LOCK_FOR: Duration = Duration::from_secs(130);
 /// A run's side list is garbage after this long (its run died before the swap).
-const SIDE_LIST_TTL: Duration = Duration::from_secs(600);
+pub(super) const SIDE_LIST_TTL: Duration = Duration::from_secs(600);
 /// A won order can still be in an API instance's publisher this long after the sale
 /// stopped (its batch waits for a connection, then for its confirms), plus the time every
 /// instance takes to see the pause.
@@ -62,7 +62,7 @@ const CONSUMERS_DONE_AFTER: Duration =
 const QUEUE_EMPTY_WITHIN: Duration = Duration::from_secs(5);
 /// The meta fields `swap.lua` guards: a change of any of them since the warm-up read them
 /// (a sale, a release, a pause, a resume) aborts the swap.
-const GUARDED: [&str; 5] = ["loaded", "sold", "paused", "start_ms", "end_ms"];
+pub(super) const GUARDED: [&str; 5] = ["loaded", "sold", "paused", "start_ms", "end_ms"];
 /// A Redis that started this close before a load (its uptime is in whole seconds) counts
 /// as having restarted after it.
 const RESTART_SLACK_MS: i64 = 2_000;
@@ -440,7 +440,7 @@ impl Holder {
 }
 
 /// `units` spread over `buckets`, the first ones taking one more when it does not divide.
-fn spread(units: u64, buckets: usize) -> Vec<u64> {
+pub(super) fn spread(units: u64, buckets: usize) -> Vec<u64> {
     let n = buckets.max(1) as u64;
     (0..n)
         .map(|b| units / n + u64::from(b < units % n))
@@ -448,10 +448,10 @@ fn spread(units: u64, buckets: usize) -> Vec<u64> {
 }
 
 /// What a bucket's meta says after a load.
-struct BucketMeta {
+pub(super) struct BucketMeta {
     /// Units in the bucket: sold, plus on sale.
-    total: u64,
-    sold: u64,
+    pub total: u64,
+    pub sold: u64,
 }
 
 async fn fill_side_list(
@@ -528,14 +528,40 @@ async fn swap_in(
     seen: &[Option<String>],
     after: BucketMeta,
 ) -> Result<(), WarmupError> {
-    let mut call = SWAP.key(&item_keys.meta);
-    call.key(&item_keys.tokens).key(&loading.tokens);
-    for key in item_keys.all_buyer_keys().chain(loading.all_buyer_keys()) {
+    let (keys, args) = swap_parts(item_keys, loading, item, seen, &after);
+    let mut call = SWAP.prepare_invoke();
+    for key in keys {
         call.key(key);
     }
-    for value in seen {
-        call.arg(value.as_deref().unwrap_or_default());
+    for arg in args {
+        call.arg(arg);
     }
+    let outcome: String = redis_timed(call.invoke_async(conn)).await?;
+    match outcome.as_str() {
+        "ok" => Ok(()),
+        _ => Err(WarmupError::Raced),
+    }
+}
+
+/// `swap.lua`'s KEYS and ARGV for a bucket: its live keys and this run's copies, the guarded
+/// meta fields as `seen`, and the meta after the load.
+pub(super) fn swap_parts<'k>(
+    item_keys: &'k ItemKeys,
+    loading: &'k LoadingKeys,
+    item: &Item,
+    seen: &[Option<String>],
+    after: &BucketMeta,
+) -> (Vec<&'k str>, Vec<String>) {
+    let mut keys = vec![
+        item_keys.meta.as_str(),
+        item_keys.tokens.as_str(),
+        loading.tokens.as_str(),
+    ];
+    keys.extend(item_keys.all_buyer_keys().chain(loading.all_buyer_keys()));
+    let mut args: Vec<String> = seen
+        .iter()
+        .map(|value| value.clone().unwrap_or_default())
+        .collect();
     let meta = [
         ("loaded", Utc::now().timestamp_millis()),
         ("total", after.total as i64),
@@ -545,11 +571,8 @@ async fn swap_in(
         ("paused", i64::from(item.paused)),
     ];
     for (field, value) in meta {
-        call.arg(field).arg(value);
+        args.push(field.to_owned());
+        args.push(value.to_string());
     }
-    let outcome: String = redis_timed(call.invoke_async(conn)).await?;
-    match outcome.as_str() {
-        "ok" => Ok(()),
-        _ => Err(WarmupError::Raced),
-    }
+    (keys, args)
 }

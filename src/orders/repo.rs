@@ -211,6 +211,21 @@ pub async fn items_with_overdue(
     Ok(ids.into_iter().filter_map(ItemId::new).collect())
 }
 
+/// Which of these items have any order at all (of any status).
+pub async fn items_having_orders(db: &Db, items: &[ItemId]) -> Result<Vec<ItemId>, DbError> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut query = QueryBuilder::new("SELECT DISTINCT item_id FROM orders WHERE item_id IN (");
+    let mut list = query.separated(", ");
+    for item in items {
+        list.push_bind(item.get());
+    }
+    query.push(")");
+    let ids: Vec<u64> = mysql_timed(query.build_query_scalar().fetch_all(db)).await?;
+    Ok(ids.into_iter().filter_map(ItemId::new).collect())
+}
+
 /// Orders of an item by status.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct StatusCounts {

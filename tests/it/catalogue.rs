@@ -189,7 +189,9 @@ async fn bulk_calls_write_and_load_a_thousand_items_and_name_each_outcome() {
     let (status, _) = env.get(&server, "/api/items/5", None).await;
     assert_eq!(status, 404, "a refused call wrote item 5");
 
-    let written = put((10..1_010).map(|id| item(id, 5, 1)).collect())
+    // Every tenth item split over three buckets (the bulk warm-up loads those fresh too).
+    let buckets = |id: u64| if id.is_multiple_of(10) { 3 } else { 1 };
+    let written = put((10..1_010).map(|id| item(id, 5, buckets(id))).collect())
         .await
         .unwrap();
     assert_eq!(written.status(), 200);
@@ -197,6 +199,21 @@ async fn bulk_calls_write_and_load_a_thousand_items_and_name_each_outcome() {
     assert_eq!(
         (body["created"].as_u64(), body["updated"].as_u64()),
         (Some(1_000), Some(0))
+    );
+
+    let twice = env
+        .admin(reqwest::Method::POST, &server, "/admin/items/warmup")
+        .json(&json!({ "ids": [10, 11, 10] }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(twice.status(), 400);
+    let body: serde_json::Value = twice.json().await.unwrap();
+    assert!(
+        body["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("item 10 is listed twice")),
+        "{body}"
     );
 
     let ids: Vec<u64> = (10..1_010).collect();
@@ -215,6 +232,28 @@ async fn bulk_calls_write_and_load_a_thousand_items_and_name_each_outcome() {
         .filter(|o| o["code"] != "loaded")
         .collect();
     assert_eq!(body["loaded"].as_u64(), Some(1_000), "{refused:?}");
+    // Each bucket holds its share, and MySQL says loaded.
+    let keys = seckill::keys::Keys::new(&env.settings.namespace);
+    let mut redis = env.redis.clone();
+    for id in [10u64, 11, 1_000] {
+        let mut units = 0;
+        for bucket in 0..buckets(id) {
+            let stock =
+                seckill::domain::Stock::new(seckill::domain::ItemId::new(id).unwrap(), bucket);
+            let listed: u64 = redis::AsyncCommands::llen(&mut redis, keys.stock(stock).tokens)
+                .await
+                .unwrap();
+            units += listed;
+        }
+        assert_eq!(units, 5, "item {id}");
+    }
+    let (unloaded,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM items WHERE id BETWEEN 10 AND 1009 AND loaded_at IS NULL",
+    )
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    assert_eq!(unloaded, 0);
 
     // Per item: a second load is refused, the others are not held up.
     let again = env
@@ -243,5 +282,13 @@ async fn bulk_calls_write_and_load_a_thousand_items_and_name_each_outcome() {
     assert_eq!(codes, ["buckets_fixed", "updated"], "{body}");
 
     assert_eq!(env.buy(&server, 1, 1_009).await.0, 202);
+    for user in 1..=5 {
+        assert_eq!(
+            env.buy(&server, user, 1_000).await.0,
+            202,
+            "user {user}, split item"
+        );
+    }
+    assert_eq!(env.buy(&server, 6, 1_000).await.0, 410);
     server.stop().await;
 }

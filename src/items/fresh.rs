@@ -1,0 +1,210 @@
+//! The bulk warm-up's fast path: items never loaded, without orders and with nothing in
+//! Redis are loaded a few hundred at a time — one MySQL read, their locks at once, one
+//! pipelined round trip to check their Redis side, one to load and swap them in, one to
+//! read them back, one `UPDATE`. Anything else (loaded before, with orders, a large
+//! stock, something found in Redis) goes the one-item way, where reloads and rebuilds are
+//! decided. README: "A large catalogue".
+
+use std::collections::{HashMap, HashSet};
+
+use futures::future::join_all;
+use redis::{AsyncCommands, Value};
+
+use crate::domain::ItemId;
+use crate::keys::ItemKeys;
+use crate::lua::SWAP;
+use crate::orders::repo as orders;
+use crate::store::{Grouped, RedisLock, redis_timed};
+
+use super::repo::{self, Item};
+use super::warmup::{
+    BucketMeta, GUARDED, LOCK_FOR, SIDE_LIST_TTL, Warmup, WarmupError, spread, swap_parts,
+};
+
+/// Items per round of the fast path.
+pub const CHUNK: usize = 500;
+/// Items with more units than this go the one-item way (its load is paged).
+const MOST_UNITS: u32 = 10_000;
+
+/// What the fast path did with a chunk of ids.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// Items it decided: loaded (`Ok`), or refused.
+    pub decided: Vec<(ItemId, Result<(), WarmupError>)>,
+    /// Items that are not fresh: for the one-item way.
+    pub not_fresh: Vec<ItemId>,
+}
+
+/// Loads those of `ids` that are fresh; says which were not.
+pub async fn load(warmup: &Warmup<'_>, ids: &[ItemId]) -> Result<Loaded, WarmupError> {
+    let mut out = Loaded::default();
+    let found: HashMap<ItemId, Item> = repo::get_many(warmup.db, ids)
+        .await?
+        .into_iter()
+        .map(|item| (item.id, item))
+        .collect();
+    let with_orders: HashSet<ItemId> = orders::items_having_orders(warmup.db, ids)
+        .await?
+        .into_iter()
+        .collect();
+    let mut fresh = Vec::new();
+    for id in ids {
+        match found.get(id) {
+            None => out.decided.push((*id, Err(WarmupError::NotFound))),
+            Some(item)
+                if item.loaded_at.is_none()
+                    && !with_orders.contains(id)
+                    && item.total <= MOST_UNITS =>
+            {
+                fresh.push(item)
+            }
+            Some(_) => out.not_fresh.push(*id),
+        }
+    }
+    // Each item's warm-up lock, all at once.
+    let locks =
+        join_all(fresh.iter().map(|item| {
+            RedisLock::try_take(warmup.redis, warmup.keys.warmup_lock(item.id), LOCK_FOR)
+        }))
+        .await;
+    let mut locked = Vec::new();
+    for (item, lock) in fresh.into_iter().zip(locks) {
+        match lock {
+            Ok(Some(lock)) => locked.push((item, lock)),
+            Ok(None) => out.decided.push((item.id, Err(WarmupError::Busy))),
+            Err(e) => out.decided.push((item.id, Err(e.into()))),
+        }
+    }
+    let result = load_locked(warmup, &locked, &mut out).await;
+    for (item, lock) in locked {
+        if let Err(e) = lock.release(warmup.redis).await {
+            tracing::warn!(item = %item.id, error = %e, "could not release the warm-up lock; it expires by itself");
+        }
+    }
+    result.map(|()| out)
+}
+
+/// One bucket of an item being loaded.
+struct Bucket<'a> {
+    item: &'a Item,
+    keys: ItemKeys,
+    seen: Vec<Option<String>>,
+    units: u64,
+}
+
+async fn load_locked(
+    warmup: &Warmup<'_>,
+    locked: &[(&Item, RedisLock)],
+    out: &mut Loaded,
+) -> Result<(), WarmupError> {
+    let (redis, keys) = (warmup.redis, warmup.keys);
+    // Their Redis side: nothing loaded, pending or lent, or they go the one-item way.
+    let mut buckets = Vec::new();
+    for (item, _) in locked {
+        let shares = spread(u64::from(item.total), usize::from(item.buckets));
+        for (stock, units) in item.stocks().zip(shares) {
+            buckets.push(Bucket {
+                item,
+                keys: keys.stock(stock),
+                seen: Vec::new(),
+                units,
+            });
+        }
+    }
+    let mut grouped = Grouped::new(redis);
+    for bucket in &buckets {
+        grouped
+            .group()
+            .cmd("HMGET")
+            .arg(&bucket.keys.meta)
+            .arg(&GUARDED)
+            .hlen(&bucket.keys.pending)
+            .hlen(&bucket.keys.lent);
+    }
+    let states: Vec<(Vec<Option<String>>, u64, u64)> = grouped.query(redis).await?;
+    let mut not_fresh = HashSet::new();
+    for (bucket, (seen, pending, lent)) in buckets.iter_mut().zip(states) {
+        if seen[0].is_some() || pending > 0 || lent > 0 {
+            not_fresh.insert(bucket.item.id);
+        }
+        bucket.seen = seen;
+    }
+    buckets.retain(|b| !not_fresh.contains(&b.item.id));
+    out.not_fresh.extend(not_fresh);
+    if buckets.is_empty() {
+        return Ok(());
+    }
+
+    // In the index first: a bucket there with nothing loaded costs the sweeps nothing.
+    let members: Vec<String> = buckets.iter().map(|b| b.keys.stock.to_string()).collect();
+    let mut conn = redis.bulk().await?;
+    redis_timed(conn.sadd::<_, _, ()>(keys.items_index(), &members)).await?;
+    redis_timed(SWAP.prepare_invoke().load_async(&mut conn)).await?;
+
+    // Each bucket: its units into a side list of this run, then swap.lua puts it in place.
+    let run = ulid::Ulid::new().to_string().to_lowercase();
+    let mut grouped = Grouped::new(redis);
+    let loading: Vec<_> = buckets
+        .iter()
+        .map(|b| keys.loading(b.keys.stock, &run))
+        .collect();
+    for (bucket, loading) in buckets.iter().zip(&loading) {
+        let pipe = grouped.group();
+        if bucket.units > 0 {
+            pipe.rpush(&loading.tokens, (1..=bucket.units).collect::<Vec<u64>>())
+                .pexpire(&loading.tokens, SIDE_LIST_TTL.as_millis() as i64);
+        }
+        let meta = BucketMeta {
+            total: bucket.units,
+            sold: 0,
+        };
+        let (swap_keys, args) = swap_parts(&bucket.keys, loading, bucket.item, &bucket.seen, &meta);
+        pipe.cmd("EVALSHA")
+            .arg(SWAP.get_hash())
+            .arg(swap_keys.len())
+            .arg(swap_keys)
+            .arg(args);
+    }
+    if let Err(e) = grouped.query::<Vec<Value>>(redis).await {
+        // Some swaps may have happened: what Redis holds now is read back below.
+        tracing::warn!(error = %e, "bulk warm-up: a load round trip failed; reading back what it did");
+    }
+
+    // Read back: an item is loaded when every bucket holds its units, under this load.
+    let mut grouped = Grouped::new(redis);
+    for bucket in &buckets {
+        grouped
+            .group()
+            .hget(&bucket.keys.meta, "total")
+            .llen(&bucket.keys.tokens);
+    }
+    let back: Vec<(Option<u64>, u64)> = grouped.query(redis).await?;
+    let mut outcomes: Vec<(ItemId, Result<(), WarmupError>)> = Vec::new();
+    for (bucket, (total, listed)) in buckets.iter().zip(back) {
+        let id = bucket.item.id;
+        if outcomes.last().is_none_or(|(last, _)| *last != id) {
+            outcomes.push((id, Ok(())));
+        }
+        let Some((_, outcome)) = outcomes.last_mut() else {
+            continue;
+        };
+        *outcome = match (total, &outcome) {
+            // The swap refused: the item changed since its read (a pause, say).
+            (None, _) => Err(WarmupError::Raced),
+            (_, Err(_)) => continue,
+            (Some(total), Ok(())) if total == bucket.units && listed == bucket.units => Ok(()),
+            (Some(_), Ok(())) => Err(WarmupError::Verify {
+                expected: bucket.units,
+                found: listed,
+            }),
+        };
+    }
+    let loaded: Vec<ItemId> = outcomes
+        .iter()
+        .filter(|(_, outcome)| outcome.is_ok())
+        .map(|(id, _)| *id)
+        .collect();
+    repo::mark_loaded_many(warmup.db, &loaded).await?;
+    out.decided.extend(outcomes);
+    Ok(())
+}
