@@ -2,7 +2,7 @@
 # What a large catalogue costs when nothing happens: an API instance and a scheduler
 # instance with 100, 10,000 and 100,000 items on sale and loaded (10 units each), idle for
 # 30 s — the CPU of each and of Redis, as shares of one core — then operators' calls on a
-# new item (PUT, warm-up, stats, pause, resume: median of 5 each), the bulk calls on 2,000
+# new item (PUT, warm-up, stats, pause, resume: median of 5 each), the bulk calls on 10,000
 # new items (items per second), and the sold-out path.
 #
 #   ./loadtest/catalogue.sh             (SIZES="100 10000 100000" by default)
@@ -101,19 +101,20 @@ for n in $sizes; do
     pause+=("$(admin POST "/admin/items/$id/pause")")
     resume+=("$(admin POST "/admin/items/$id/resume")")
   done
-  # The bulk calls: 2,000 new items written, then loaded.
+  # The bulk calls: 10,000 new items written, then loaded.
+  bulk=10000
   first=$((n + 2000))
-  seq "$first" $((first + 1999)) | awk -v start="$start" -v end="$end" '
+  seq "$first" $((first + bulk - 1)) | awk -v start="$start" -v end="$end" '
     BEGIN { printf "{\"items\":[" }
     { printf "%s{\"id\":%d,\"name\":\"bulk %d\",\"shop_id\":2,\"total\":10,\"start_at\":\"%s\",\"end_at\":\"%s\",\"price_cents\":1}", (NR > 1 ? "," : ""), $1, $1, start, end }
     END { printf "]}" }' >"$out/catalogue-bulk.json"
   bulk_put=$(curl -fsS -o /dev/null -w '%{time_total}' -X PUT "$api/admin/items" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" \
     -H 'Content-Type: application/json' --data-binary @"$out/catalogue-bulk.json")
-  ids=$(seq -s, "$first" $((first + 1999)))
+  ids=$(seq -s, "$first" $((first + bulk - 1)))
   bulk_warm=$(curl -fsS -o /dev/null -w '%{time_total}' -X POST "$api/admin/items/warmup" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" \
     -H 'Content-Type: application/json' -d "{\"ids\":[$ids]}")
-  put_rate=$(echo "2000 / $bulk_put" | bc)
-  warm_rate=$(echo "2000 / $bulk_warm" | bc)
+  put_rate=$(echo "$bulk / $bulk_put" | bc)
+  warm_rate=$(echo "$bulk / $bulk_warm" | bc)
   # The sold-out path on item 1 (sold out first).
   for u in $(seq 1 11); do
     curl -s -o /dev/null -X POST "$api/api/flashbuy" -H "Authorization: Bearer $(sed -n "${u}p" "$out/catalogue-tokens.txt")" \

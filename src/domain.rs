@@ -13,6 +13,8 @@ pub struct ItemId(u64);
 
 impl ItemId {
     pub const MAX: u64 = 9_999_999_999_999;
+    /// The smallest id.
+    pub const MIN: Self = Self(1);
 
     pub fn new(id: u64) -> Option<Self> {
         (1..=Self::MAX).contains(&id).then_some(Self(id))

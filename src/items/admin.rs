@@ -151,7 +151,7 @@ pub async fn warmup_item(
         .await
         .map_err(warmup_refused)?;
     // The warm-up announced itself to every instance; this one need not wait for that.
-    let _ = state.catalog.refresh().await;
+    let _ = state.catalog.refresh_item(id).await;
     Ok(ok("loaded", report))
 }
 
@@ -306,7 +306,7 @@ async fn refresh_everywhere(catalog: &Catalog, id: ItemId) {
     if let Err(e) = catalog.announce(id).await {
         tracing::warn!(error = %e, "could not announce an item change; other instances catch up within a second");
     }
-    if let Err(e) = catalog.refresh().await {
+    if let Err(e) = catalog.refresh_item(id).await {
         tracing::warn!(error = %crate::error::cause_chain(&e), "item catalogue refresh failed");
     }
 }

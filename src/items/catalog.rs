@@ -11,7 +11,7 @@
 //! catalogue, and an instance that meets "sold out" in Redis itself marks it at once.
 //! `GET /api/items/{id}` reads a stock older than half a second on demand.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -60,6 +60,8 @@ struct Inner {
     /// The shops of the items, kept loaded for the purchase path.
     shops: Shops,
     items: RwLock<HashMap<ItemId, Arc<CatalogItem>>>,
+    /// The ids of `items` in order, for the stock window's walk.
+    ids: RwLock<BTreeSet<ItemId>>,
     /// Coalesced MySQL look-ups of items not (yet) in `items`, remembered briefly.
     lookups: moka::future::Cache<ItemId, Option<Item>>,
     /// Shares MySQL with the other look-ups of unknown ids.
@@ -76,9 +78,9 @@ struct Progress {
     read_at: Option<DateTime<Utc>>,
     full_at: Option<std::time::Instant>,
     /// Items announced since the last refresh: their stock is read first.
-    announced: std::collections::HashSet<ItemId>,
-    /// Where the stock window starts in the catalogue (ordered by id).
-    window_from: usize,
+    announced: HashSet<ItemId>,
+    /// The id the stock window starts from (it walks the catalogue by id).
+    window_from: u64,
 }
 
 /// One item as the purchase path sees it.
@@ -195,6 +197,7 @@ impl Catalog {
                 meters,
                 shops,
                 items: RwLock::new(HashMap::new()),
+                ids: RwLock::new(BTreeSet::new()),
                 lookups: moka::future::Cache::builder()
                     .max_capacity(100_000)
                     .time_to_live(UNKNOWN_FOR)
@@ -247,7 +250,10 @@ impl Catalog {
             buckets,
             live,
         });
-        items.insert(entry.item.id, entry.clone());
+        if items.insert(entry.item.id, entry.clone()).is_none() {
+            let mut ids = self.inner.ids.write().unwrap_or_else(|e| e.into_inner());
+            ids.insert(entry.item.id);
+        }
         entry
     }
 
@@ -274,6 +280,17 @@ impl Catalog {
         definitions.map(|_| ()).map_err(RefreshError::from)
     }
 
+    /// This one item, now: its definition from MySQL and its stock from Redis — after an
+    /// operator's change, without waiting for the next round or paying for a whole one.
+    pub async fn refresh_item(&self, id: ItemId) -> Result<(), RefreshError> {
+        if let Some(item) = repo::get(&self.inner.db, id).await? {
+            let entry = self.upsert(item);
+            self.read_stock(std::slice::from_ref(&entry)).await?;
+            let _ = self.inner.shops.get(entry.item.shop_id).await;
+        }
+        Ok(())
+    }
+
     /// Since when to read definitions (`None`: all of them), and the items announced since
     /// the last round (taken).
     fn next_round(&self) -> (Option<DateTime<Utc>>, Vec<ItemId>) {
@@ -296,40 +313,42 @@ impl Catalog {
         }
     }
 
-    /// The announced items, then the next window of the catalogue (ordered by id), up to
+    /// The announced items, then the next window of the catalogue (walked by id), up to
     /// [`STOCK_READS_PER_TICK`] buckets in all; sales over for an hour are left alone.
+    /// Its cost is the window's, whatever the catalogue's size.
     fn stock_to_read(&self, announced: &[ItemId]) -> Vec<Arc<CatalogItem>> {
         let cutoff = Utc::now() - chrono::Duration::hours(1);
-        let mut all: Vec<Arc<CatalogItem>> = {
-            let items = self.inner.items.read().unwrap_or_else(|e| e.into_inner());
-            items
-                .values()
-                .filter(|e| e.item.end_at > cutoff)
-                .cloned()
-                .collect()
-        };
-        let buckets: usize = all.iter().map(|e| e.buckets.len()).sum();
-        if buckets <= STOCK_READS_PER_TICK {
-            return all;
+        let items = self.inner.items.read().unwrap_or_else(|e| e.into_inner());
+        let current = |e: &&Arc<CatalogItem>| e.item.end_at > cutoff;
+        if items.len() <= STOCK_READS_PER_TICK {
+            let all: Vec<Arc<CatalogItem>> = items.values().filter(current).cloned().collect();
+            if all.iter().map(|e| e.buckets.len()).sum::<usize>() <= STOCK_READS_PER_TICK {
+                return all;
+            }
         }
-        all.sort_unstable_by_key(|e| e.item.id);
-        let mut chosen: Vec<Arc<CatalogItem>> =
-            announced.iter().filter_map(|id| self.cached(*id)).collect();
+        let announced: HashSet<ItemId> = announced.iter().copied().collect();
+        let mut chosen: Vec<Arc<CatalogItem>> = announced
+            .iter()
+            .filter_map(|id| items.get(id).cloned())
+            .collect();
         let mut budget = STOCK_READS_PER_TICK;
         let mut progress = self.progress();
-        let start = progress.window_from % all.len();
-        let mut taken = 0;
-        for entry in all.iter().cycle().skip(start).take(all.len()) {
-            if budget < entry.buckets.len() {
-                break;
+        // Past the largest id, round to the start.
+        let from = ItemId::new(progress.window_from).unwrap_or(ItemId::MIN);
+        let ids = self.inner.ids.read().unwrap_or_else(|e| e.into_inner());
+        for id in ids.range(from..).chain(ids.range(..from)) {
+            let Some(entry) = items.get(id) else { continue };
+            if current(&entry) {
+                if budget < entry.buckets.len() {
+                    break;
+                }
+                budget -= entry.buckets.len();
+                if !announced.contains(id) {
+                    chosen.push(entry.clone());
+                }
             }
-            budget -= entry.buckets.len();
-            taken += 1;
-            if !announced.contains(&entry.item.id) {
-                chosen.push(entry.clone());
-            }
+            progress.window_from = id.get() + 1;
         }
-        progress.window_from = (start + taken.max(1)) % all.len();
         chosen
     }
 
