@@ -1,7 +1,8 @@
 //! The relay (scheduler role): sends again every order that stayed in an outbox longer
 //! than [`RELAY_AFTER`] — the broker was down, the publisher's buffer was full, or the
-//! process that won it died — and repairs pending entries that outlived their order's
-//! journey (a message lost after its confirm, say by a purged queue).
+//! process that won it died — in the buckets marked for it (`src/marks.rs`), and repairs
+//! pending entries that outlived their order's journey (a message lost after its confirm,
+//! say by a purged queue; the scheduler's safety sweep asks for that).
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -779,3 +779,39 @@ async fn keyspace_notifications_wake_a_scheduler_that_would_not_poll_yet() {
     env.assert_invariants(&server, 1, 3, &all).await;
     server.stop().await;
 }
+
+/// Marks lost with a process that died between writing its work and marking the bucket
+/// (here: every mark deleted by hand) are put back by the safety sweep: the unpaid order
+/// is still cancelled by its deadline, not left to the compensation scan a minute later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn work_whose_marks_were_lost_is_found_by_the_safety_sweep() {
+    let env = &TestEnv::new("lost_marks").await;
+    let server = env.server_with(ALL_ROLES, quick).await;
+    env.item_paying_within(&server, 1, 2, 4).await;
+    let won = buy_all(env, &server, 1, 1..=1).await;
+    let keys = seckill::keys::Keys::new(&env.settings.namespace);
+    let deadlines = keys.marks(seckill::marks::Work::Deadlines);
+    // Once the consumer has scheduled the deadline and marked the bucket, the marks go.
+    eventually(Duration::from_secs(5), "the deadline marked", || {
+        let mut redis = env.redis.clone();
+        let deadlines = deadlines.clone();
+        async move {
+            let score: Option<f64> = redis.zscore(&deadlines, "1").await.unwrap();
+            score.ok_or("not marked yet")
+        }
+    })
+    .await;
+    let mut redis = env.redis.clone();
+    for work in seckill::marks::Work::ALL {
+        let _: () = redis.del(keys.marks(work)).await.unwrap();
+    }
+    wait_cancelled(env, 1, 1, Duration::from_secs(20)).await;
+    let reason: Option<String> =
+        sqlx::query_scalar("SELECT cancel_reason FROM orders WHERE order_sn = ?")
+            .bind(&won[&1])
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(reason.as_deref(), Some("timeout"));
+    server.stop().await;
+}
