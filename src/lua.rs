@@ -29,6 +29,11 @@ pub static FINISH: LazyLock<Script> =
 /// Puts a warm-up's units, buyer records and meta in place: see `lua/swap.lua`.
 pub static SWAP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/swap.lua")));
 
+/// Loads a fresh bucket's units and meta (the bulk warm-up's fast path): see
+/// `lua/load_fresh.lua`.
+pub static LOAD_FRESH: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/load_fresh.lua")));
+
 /// Takes due delay-queue entries under a lease: see `lua/claim.lua`.
 pub static CLAIM: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/claim.lua")));
@@ -69,6 +74,7 @@ where
         &*GRAB,
         &*RELEASE,
         &*SWAP,
+        &*LOAD_FRESH,
         &*FORGET,
         &*CLAIM,
         &*FINISH,

@@ -1,7 +1,7 @@
 //! The bulk warm-up's fast path: items never loaded, without orders and with nothing in
-//! Redis are loaded a few hundred at a time — one MySQL read, their locks at once, one
-//! pipelined round trip to check their Redis side, one to load and swap them in, one to
-//! read them back, one `UPDATE`. Anything else (loaded before, with orders, a large
+//! Redis are loaded 500 at a time — one MySQL read, their locks at once, one pipelined
+//! round trip to check their Redis side, one to load them (`lua/load_fresh.lua` per
+//! bucket), one to read them back, one `UPDATE`. Anything else (loaded before, with orders, a large
 //! stock, something found in Redis) goes the one-item way, where reloads and rebuilds are
 //! decided. README: "A large catalogue".
 
@@ -12,14 +12,12 @@ use redis::{AsyncCommands, Value};
 
 use crate::domain::ItemId;
 use crate::keys::ItemKeys;
-use crate::lua::SWAP;
+use crate::lua::LOAD_FRESH;
 use crate::orders::repo as orders;
 use crate::store::{Grouped, RedisLock, redis_timed};
 
 use super::repo::{self, Item};
-use super::warmup::{
-    BucketMeta, GUARDED, LOCK_FOR, SIDE_LIST_TTL, Warmup, WarmupError, spread, swap_parts,
-};
+use super::warmup::{BucketMeta, GUARDED, LOCK_FOR, Warmup, WarmupError, meta_after, spread};
 
 /// Items per round of the fast path.
 pub const CHUNK: usize = 500;
@@ -76,9 +74,15 @@ pub async fn load(warmup: &Warmup<'_>, ids: &[ItemId]) -> Result<Loaded, WarmupE
         }
     }
     let result = load_locked(warmup, &locked, &mut out).await;
-    for (item, lock) in locked {
-        if let Err(e) = lock.release(warmup.redis).await {
-            tracing::warn!(item = %item.id, error = %e, "could not release the warm-up lock; it expires by itself");
+    let released = join_all(
+        locked
+            .into_iter()
+            .map(|(item, lock)| async move { (item.id, lock.release(warmup.redis).await) }),
+    )
+    .await;
+    for (item, result) in released {
+        if let Err(e) = result {
+            tracing::warn!(%item, error = %e, "could not release the warm-up lock; it expires by itself");
         }
     }
     result.map(|()| out)
@@ -89,6 +93,8 @@ struct Bucket<'a> {
     item: &'a Item,
     keys: ItemKeys,
     seen: Vec<Option<String>>,
+    /// Its units are numbered after this many.
+    first: u64,
     units: u64,
 }
 
@@ -98,33 +104,39 @@ async fn load_locked(
     out: &mut Loaded,
 ) -> Result<(), WarmupError> {
     let (redis, keys) = (warmup.redis, warmup.keys);
-    // Their Redis side: nothing loaded, pending or lent, or they go the one-item way.
     let mut buckets = Vec::new();
     for (item, _) in locked {
-        let shares = spread(u64::from(item.total), usize::from(item.buckets));
-        for (stock, units) in item.stocks().zip(shares) {
+        let mut first = 0;
+        for (stock, units) in item
+            .stocks()
+            .zip(spread(u64::from(item.total), usize::from(item.buckets)))
+        {
             buckets.push(Bucket {
                 item,
                 keys: keys.stock(stock),
                 seen: Vec::new(),
+                first,
                 units,
             });
+            first += units;
         }
     }
+    // Their Redis side: nothing loaded, pending, lent, listed or bought, or they go the
+    // one-item way.
     let mut grouped = Grouped::new(redis);
     for bucket in &buckets {
-        grouped
-            .group()
-            .cmd("HMGET")
-            .arg(&bucket.keys.meta)
-            .arg(&GUARDED)
-            .hlen(&bucket.keys.pending)
-            .hlen(&bucket.keys.lent);
+        let pipe = grouped.group();
+        pipe.cmd("HMGET").arg(&bucket.keys.meta).arg(&GUARDED);
+        pipe.cmd("EXISTS")
+            .arg(&bucket.keys.pending)
+            .arg(&bucket.keys.lent)
+            .arg(&bucket.keys.tokens)
+            .arg(bucket.keys.all_buyer_keys().collect::<Vec<_>>());
     }
-    let states: Vec<(Vec<Option<String>>, u64, u64)> = grouped.query(redis).await?;
+    let states: Vec<(Vec<Option<String>>, u64)> = grouped.query(redis).await?;
     let mut not_fresh = HashSet::new();
-    for (bucket, (seen, pending, lent)) in buckets.iter_mut().zip(states) {
-        if seen[0].is_some() || pending > 0 || lent > 0 {
+    for (bucket, (seen, holding)) in buckets.iter_mut().zip(states) {
+        if seen[0].is_some() || holding > 0 {
             not_fresh.insert(bucket.item.id);
         }
         bucket.seen = seen;
@@ -139,34 +151,31 @@ async fn load_locked(
     let members: Vec<String> = buckets.iter().map(|b| b.keys.stock.to_string()).collect();
     let mut conn = redis.bulk().await?;
     redis_timed(conn.sadd::<_, _, ()>(keys.items_index(), &members)).await?;
-    redis_timed(SWAP.prepare_invoke().load_async(&mut conn)).await?;
+    redis_timed(LOAD_FRESH.prepare_invoke().load_async(&mut conn)).await?;
 
-    // Each bucket: its units into a side list of this run, then swap.lua puts it in place.
-    let run = ulid::Ulid::new().to_string().to_lowercase();
+    // Each bucket in one call of load_fresh.lua (units and meta, guarded by `seen`).
     let mut grouped = Grouped::new(redis);
-    let loading: Vec<_> = buckets
-        .iter()
-        .map(|b| keys.loading(b.keys.stock, &run))
-        .collect();
-    for (bucket, loading) in buckets.iter().zip(&loading) {
-        let pipe = grouped.group();
-        if bucket.units > 0 {
-            pipe.rpush(&loading.tokens, (1..=bucket.units).collect::<Vec<u64>>())
-                .pexpire(&loading.tokens, SIDE_LIST_TTL.as_millis() as i64);
-        }
+    for bucket in &buckets {
         let meta = BucketMeta {
             total: bucket.units,
             sold: 0,
         };
-        let (swap_keys, args) = swap_parts(&bucket.keys, loading, bucket.item, &bucket.seen, &meta);
+        let pipe = grouped.group();
         pipe.cmd("EVALSHA")
-            .arg(SWAP.get_hash())
-            .arg(swap_keys.len())
-            .arg(swap_keys)
-            .arg(args);
+            .arg(LOAD_FRESH.get_hash())
+            .arg(2)
+            .arg(&bucket.keys.meta)
+            .arg(&bucket.keys.tokens);
+        for value in &bucket.seen {
+            pipe.arg(value.as_deref().unwrap_or_default());
+        }
+        pipe.arg(bucket.first).arg(bucket.units);
+        for (field, value) in meta_after(bucket.item, &meta) {
+            pipe.arg(field).arg(value);
+        }
     }
     if let Err(e) = grouped.query::<Vec<Value>>(redis).await {
-        // Some swaps may have happened: what Redis holds now is read back below.
+        // Some loads may have happened: what Redis holds now is read back below.
         tracing::warn!(error = %e, "bulk warm-up: a load round trip failed; reading back what it did");
     }
 
@@ -189,7 +198,7 @@ async fn load_locked(
             continue;
         };
         *outcome = match (total, &outcome) {
-            // The swap refused: the item changed since its read (a pause, say).
+            // The load refused: the item changed since its read (a pause, say).
             (None, _) => Err(WarmupError::Raced),
             (_, Err(_)) => continue,
             (Some(total), Ok(())) if total == bucket.units && listed == bucket.units => Ok(()),

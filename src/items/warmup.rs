@@ -48,7 +48,7 @@ const BATCHES_PER_TRIP: u64 = 20;
 /// Longest a warm-up may hold its item's lock: the operators' budget for bulk work.
 pub(super) const LOCK_FOR: Duration = Duration::from_secs(130);
 /// A run's side list is garbage after this long (its run died before the swap).
-pub(super) const SIDE_LIST_TTL: Duration = Duration::from_secs(600);
+const SIDE_LIST_TTL: Duration = Duration::from_secs(600);
 /// A won order can still be in an API instance's publisher this long after the sale
 /// stopped (its batch waits for a connection, then for its confirms), plus the time every
 /// instance takes to see the pause.
@@ -545,7 +545,7 @@ async fn swap_in(
 
 /// `swap.lua`'s KEYS and ARGV for a bucket: its live keys and this run's copies, the guarded
 /// meta fields as `seen`, and the meta after the load.
-pub(super) fn swap_parts<'k>(
+fn swap_parts<'k>(
     item_keys: &'k ItemKeys,
     loading: &'k LoadingKeys,
     item: &Item,
@@ -562,17 +562,21 @@ pub(super) fn swap_parts<'k>(
         .iter()
         .map(|value| value.clone().unwrap_or_default())
         .collect();
-    let meta = [
+    for (field, value) in meta_after(item, after) {
+        args.push(field.to_owned());
+        args.push(value.to_string());
+    }
+    (keys, args)
+}
+
+/// A bucket's meta fields once loaded.
+pub(super) fn meta_after(item: &Item, after: &BucketMeta) -> [(&'static str, i64); 6] {
+    [
         ("loaded", Utc::now().timestamp_millis()),
         ("total", after.total as i64),
         ("sold", after.sold as i64),
         ("start_ms", item.start_at.timestamp_millis()),
         ("end_ms", item.end_at.timestamp_millis()),
         ("paused", i64::from(item.paused)),
-    ];
-    for (field, value) in meta {
-        args.push(field.to_owned());
-        args.push(value.to_string());
-    }
-    (keys, args)
+    ]
 }

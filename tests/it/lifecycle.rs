@@ -797,7 +797,7 @@ async fn work_whose_marks_were_lost_is_found_by_the_safety_sweep() {
         let deadlines = deadlines.clone();
         async move {
             let score: Option<f64> = redis.zscore(&deadlines, "1").await.unwrap();
-            score.ok_or("not marked yet")
+            score.ok_or_else(|| "not marked yet".to_owned())
         }
     })
     .await;
