@@ -7,7 +7,6 @@
 
 use std::collections::{HashMap, HashSet};
 
-use futures::future::join_all;
 use redis::{AsyncCommands, Value};
 
 use crate::domain::ItemId;
@@ -60,30 +59,23 @@ pub async fn load(warmup: &Warmup<'_>, ids: &[ItemId]) -> Result<Loaded, WarmupE
         }
     }
     // Each item's warm-up lock, all at once.
-    let locks =
-        join_all(fresh.iter().map(|item| {
-            RedisLock::try_take(warmup.redis, warmup.keys.warmup_lock(item.id), LOCK_FOR)
-        }))
-        .await;
+    let lock_keys = fresh
+        .iter()
+        .map(|item| warmup.keys.warmup_lock(item.id))
+        .collect();
+    let locks = RedisLock::try_take_many(warmup.redis, lock_keys, LOCK_FOR).await?;
     let mut locked = Vec::new();
     for (item, lock) in fresh.into_iter().zip(locks) {
         match lock {
-            Ok(Some(lock)) => locked.push((item, lock)),
-            Ok(None) => out.decided.push((item.id, Err(WarmupError::Busy))),
-            Err(e) => out.decided.push((item.id, Err(e.into()))),
+            Some(lock) => locked.push((item, lock)),
+            None => out.decided.push((item.id, Err(WarmupError::Busy))),
         }
     }
-    let result = load_locked(warmup, &locked, &mut out).await;
-    let released = join_all(
-        locked
-            .into_iter()
-            .map(|(item, lock)| async move { (item.id, lock.release(warmup.redis).await) }),
-    )
-    .await;
-    for (item, result) in released {
-        if let Err(e) = result {
-            tracing::warn!(%item, error = %e, "could not release the warm-up lock; it expires by itself");
-        }
+    let items: Vec<&Item> = locked.iter().map(|(item, _)| *item).collect();
+    let result = load_locked(warmup, &items, &mut out).await;
+    let locks = locked.into_iter().map(|(_, lock)| lock).collect();
+    if let Err(e) = RedisLock::release_many(warmup.redis, locks).await {
+        tracing::warn!(error = %e, "could not release bulk warm-up locks; they expire by themselves");
     }
     result.map(|()| out)
 }
@@ -100,12 +92,12 @@ struct Bucket<'a> {
 
 async fn load_locked(
     warmup: &Warmup<'_>,
-    locked: &[(&Item, RedisLock)],
+    locked: &[&Item],
     out: &mut Loaded,
 ) -> Result<(), WarmupError> {
     let (redis, keys) = (warmup.redis, warmup.keys);
     let mut buckets = Vec::new();
-    for (item, _) in locked {
+    for item in locked {
         let mut first = 0;
         for (stock, units) in item
             .stocks()

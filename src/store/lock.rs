@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::lua::UNLOCK;
 
-use super::{RedisConns, RedisError, redis_timed};
+use super::{Grouped, RedisConns, RedisError, redis_timed};
 
 /// How often a waiting taker tries again.
 const RETRY_EVERY: Duration = Duration::from_millis(20);
@@ -60,6 +60,59 @@ impl RedisLock {
             }
             tokio::time::sleep(RETRY_EVERY).await;
         }
+    }
+
+    /// Takes many locks at once (one pipelined round trip): each `None` where somebody
+    /// holds it.
+    pub async fn try_take_many(
+        redis: &RedisConns,
+        keys: Vec<String>,
+        hold_for: Duration,
+    ) -> Result<Vec<Option<Self>>, RedisError> {
+        let locks: Vec<Self> = keys
+            .into_iter()
+            .map(|key| Self {
+                key,
+                token: ulid::Ulid::new().to_string(),
+            })
+            .collect();
+        let mut grouped = Grouped::new(redis);
+        for lock in &locks {
+            grouped
+                .group()
+                .cmd("SET")
+                .arg(&lock.key)
+                .arg(&lock.token)
+                .arg("NX")
+                .arg("PX")
+                .arg(hold_for.as_millis() as u64);
+        }
+        let taken: Vec<(Option<String>,)> = grouped.query(redis).await?;
+        Ok(locks
+            .into_iter()
+            .zip(taken)
+            .map(|(lock, (taken,))| taken.map(|_| lock))
+            .collect())
+    }
+
+    /// Releases many locks at once (one pipelined round trip), each only if still ours.
+    pub async fn release_many(redis: &RedisConns, locks: Vec<Self>) -> Result<(), RedisError> {
+        if locks.is_empty() {
+            return Ok(());
+        }
+        let mut conn = redis.bulk().await?;
+        redis_timed(UNLOCK.prepare_invoke().load_async(&mut conn)).await?;
+        let mut grouped = Grouped::new(redis);
+        for lock in &locks {
+            grouped
+                .group()
+                .cmd("EVALSHA")
+                .arg(UNLOCK.get_hash())
+                .arg(1)
+                .arg(&lock.key)
+                .arg(&lock.token);
+        }
+        grouped.run(redis).await
     }
 
     /// Releases the lock if it is still ours (it may have expired and been taken by
