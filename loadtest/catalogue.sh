@@ -3,7 +3,8 @@
 # instance with 100, 10,000 and 100,000 items on sale and loaded (10 units each), idle for
 # 30 s — the CPU of each and of Redis, as shares of one core — then operators' calls on a
 # new item (PUT, warm-up, stats, pause, resume: median of 5 each), the bulk calls on 10,000
-# new items (items per second), and the sold-out path.
+# new items (items per second), and the sold-out path; last, a sale day's set-up the bulk
+# way: 100,000 new items (SETUP_ITEMS) written and loaded, 10,000 per call.
 #
 #   ./loadtest/catalogue.sh             (SIZES="100 10000 100000" by default)
 #
@@ -126,6 +127,27 @@ for n in $sizes; do
   rows+=("| $n | $server_cpu% | $scheduler_cpu% | $redis_share% | $(printf '%s\n' "${put[@]}" | median) | $(printf '%s\n' "${warm[@]}" | median) | $(printf '%s\n' "${stats[@]}" | median) | $(printf '%s\n' "${pause[@]}" | median) | $(printf '%s\n' "${resume[@]}" | median) | $put_rate | $warm_rate | $rps |")
 done
 
+# A sale day's set-up the bulk way: 100,000 new items written and loaded, 10,000 per call.
+cleanup
+"$bin" serve --roles api >"$out/catalogue-setup.log" 2>&1 &
+server_pid=$!
+wait_http "$api/healthz"
+setup_items=${SETUP_ITEMS:-100000}
+setup_start=$(date +%s.%N)
+for first in $(seq 1 10000 "$setup_items"); do
+  last=$((first + 9999 > setup_items ? setup_items : first + 9999))
+  seq "$first" "$last" | awk -v start="$start" -v end="$end" '
+    BEGIN { printf "{\"items\":[" }
+    { printf "%s{\"id\":%d,\"name\":\"item %d\",\"shop_id\":%d,\"total\":100,\"start_at\":\"%s\",\"end_at\":\"%s\",\"price_cents\":1}", (NR > 1 ? "," : ""), $1, $1, 1 + $1 % 50, start, end }
+    END { printf "]}" }' >"$out/catalogue-bulk.json"
+  curl -fsS -o /dev/null -X PUT "$api/admin/items" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" \
+    -H 'Content-Type: application/json' --data-binary @"$out/catalogue-bulk.json"
+  loaded=$(curl -fsS -X POST "$api/admin/items/warmup" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" \
+    -H 'Content-Type: application/json' -d "{\"ids\":[$(seq -s, "$first" "$last")]}" | grep -o '"loaded":[0-9]*')
+  echo "items $first-$last: $loaded" >&2
+done
+setup_s=$(echo "$(date +%s.%N) - $setup_start" | bc)
+
 cat <<REPORT
 
 seckill with a large catalogue — $(nproc) cores, $(date -u +%Y-%m-%d), an API instance and a scheduler instance, idle 30 s
@@ -133,4 +155,6 @@ seckill with a large catalogue — $(nproc) cores, $(date -u +%Y-%m-%d), an API 
 | items on sale | API CPU (of one core) | scheduler CPU | Redis CPU | PUT ms | warm-up ms | stats ms | pause ms | resume ms | bulk PUT items/s | bulk warm-up items/s | sold-out path req/s |
 |---|---|---|---|---|---|---|---|---|---|---|---|
 $(printf '%s\n' "${rows[@]}")
+
+$setup_items new items (100 units each, 50 shops) written and loaded with 10,000-item bulk calls: $(printf '%.1f' "$setup_s") s
 REPORT

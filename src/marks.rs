@@ -69,13 +69,16 @@ where
 
 /// Buckets taken per round trip.
 const BATCH: usize = 1_000;
+/// A batch whose work failed (a store down) is looked at again after this long.
+const AGAIN_AFTER_FAILURE: Duration = Duration::from_secs(1);
 /// Batches per pass at most: buckets whose work cannot be done yet (a broker down) are due
 /// again at once, and must not keep one pass going round them.
 const MOST_BATCHES: usize = 10;
 
 /// One pass of `work`: takes the due buckets a thousand at a time under `lease`, lets
 /// `each` work a batch and say when each of its buckets next needs a look, and settles
-/// them so. A failed batch stays taken until its lease runs out.
+/// them so. A failed batch is looked at again a second later (or, if even that cannot
+/// be written, when its lease runs out).
 pub async fn work_through<E, F, Fut>(
     redis: &RedisConns,
     keys: &Keys,
@@ -93,7 +96,16 @@ where
         if taken.stocks.is_empty() {
             break;
         }
-        let next = each(taken.stocks.clone()).await?;
+        let next = match each(taken.stocks.clone()).await {
+            Ok(next) => next,
+            Err(e) => {
+                // Looked at again soon, not only when the lease runs out (best effort).
+                let again = Utc::now().timestamp_millis() + AGAIN_AFTER_FAILURE.as_millis() as i64;
+                let again = taken.stocks.iter().map(|stock| (*stock, Some(again)));
+                let _ = taken.settle(redis, keys, again).await;
+                return Err(e);
+            }
+        };
         taken
             .settle(redis, keys, taken.stocks.iter().copied().zip(next))
             .await?;
