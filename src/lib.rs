@@ -7,6 +7,7 @@
 
 pub mod app;
 pub mod auth;
+pub mod background;
 pub mod bench;
 pub mod breaker;
 pub mod broker;

@@ -10,6 +10,7 @@ use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use crate::background::{Schedule, repeat};
 use crate::keys::Keys;
 use crate::lua::BREAKER_AUTO;
 use crate::store::{Db, DbError, RedisConn, RedisConns, RedisError, mysql_timed, redis_timed};
@@ -226,32 +227,31 @@ pub async fn follow(
                 .await
         })
     };
-    let mut failing = false;
-    let mut shown: HashSet<Scope> = HashSet::from([Scope::Global]);
-    loop {
-        match load_all(&redis, &keys).await {
-            Ok(settings) => {
-                let levels = levels(&settings);
-                breakers.set_all(&levels);
-                // The gauge of a breaker that closed goes back to 0, not away.
-                shown.extend(levels.keys().copied());
-                for scope in &shown {
-                    let level = levels.get(scope).copied().unwrap_or(Level::Closed);
-                    meters.breaker_level(scope.field(), level as u8);
-                }
-                failing = false;
+    // Every breaker ever shown: the gauge of one that closed goes back to 0, not away.
+    let shown = std::sync::Mutex::new(HashSet::from([Scope::Global]));
+    let (breakers, redis, keys, meters, shown) = (&breakers, &redis, &keys, &meters, &shown);
+    let schedule = Schedule {
+        every: REFRESH_EVERY,
+        wake: Some(&wake),
+        at_start: true,
+    };
+    // Failing, the last known levels stay.
+    repeat(
+        "reading breaker levels",
+        schedule,
+        &shutdown,
+        || async move {
+            let levels = levels(&load_all(redis, keys).await?);
+            breakers.set_all(&levels);
+            let mut shown = shown.lock().unwrap_or_else(|e| e.into_inner());
+            shown.extend(levels.keys().copied());
+            for scope in shown.iter() {
+                let level = levels.get(scope).copied().unwrap_or(Level::Closed);
+                meters.breaker_level(scope.field(), level as u8);
             }
-            Err(e) if !failing => {
-                tracing::warn!(error = %e, "cannot read breaker levels; keeping the last known");
-                failing = true;
-            }
-            Err(_) => {}
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            () = tokio::time::sleep(REFRESH_EVERY) => {}
-            () = wake.notified() => {}
-        }
-    }
+            Ok::<_, RedisError>(())
+        },
+    )
+    .await;
     let _ = listener.await;
 }

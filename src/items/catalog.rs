@@ -22,6 +22,7 @@ use serde::Serialize;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::background::{Schedule, repeat};
 use crate::domain::{ItemId, UserId};
 use crate::keys::{ItemKeys, Keys};
 use crate::shops::cache::Shops;
@@ -414,26 +415,16 @@ impl Catalog {
     /// The background refresh: periodic, and at once on an item event.
     pub async fn run(self, shutdown: CancellationToken) {
         let listener = tokio::spawn(self.clone().listen(shutdown.clone()));
-        let mut failing = false;
-        loop {
-            match self.refresh().await {
-                Ok(()) if failing => {
-                    tracing::info!("item catalogue refresh works again");
-                    failing = false;
-                }
-                Ok(()) => {}
-                Err(e) if !failing => {
-                    tracing::warn!(error = %crate::error::cause_chain(&e), "item catalogue refresh failed; serving the last known state");
-                    failing = true;
-                }
-                Err(_) => {}
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(REFRESH_EVERY) => {}
-                () = self.inner.wake.notified() => {}
-            }
-        }
+        // Failing, it serves the last known state.
+        let schedule = Schedule {
+            every: REFRESH_EVERY,
+            wake: Some(&self.inner.wake),
+            at_start: true,
+        };
+        repeat("item catalogue refresh", schedule, &shutdown, || {
+            self.refresh()
+        })
+        .await;
         let _ = listener.await;
     }
 

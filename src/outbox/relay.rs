@@ -12,6 +12,7 @@ use chrono::Utc;
 use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
+use crate::background::{Schedule, repeat};
 use crate::broker::{Broker, Outgoing, publish_confirmed};
 use crate::domain::{OrderPlaced, OrderSn, Stock};
 use crate::keys::Keys;
@@ -56,21 +57,13 @@ pub enum RelayError {
 
 impl Relay {
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut failing = false;
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(EVERY) => {}
-            }
-            match self.pass().await {
-                Ok(()) => failing = false,
-                Err(e) if !failing => {
-                    tracing::warn!(error = %crate::error::cause_chain(&e), "outbox relay pass failed; retrying");
-                    failing = true;
-                }
-                Err(_) => {}
-            }
-        }
+        repeat(
+            "outbox relay pass",
+            Schedule::every(EVERY),
+            &shutdown,
+            || self.pass(),
+        )
+        .await;
     }
 
     /// Relays the outboxes marked for it (`src/marks.rs`); each is looked at again when

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::background::{Schedule, repeat};
 use crate::domain::ItemId;
 use crate::orders::repo::{self, OrderRow};
 use crate::store::{Grouped, StoreError};
@@ -20,15 +21,13 @@ const BATCH: u32 = 1_000;
 
 pub async fn run(scheduler: Scheduler, shutdown: CancellationToken) {
     let every = Duration::from_secs(scheduler.settings.compensate_every_s);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
-        }
-        if let Err(e) = scan(&scheduler).await {
-            tracing::warn!(error = %crate::error::cause_chain(&e), "compensation scan failed; next one in {every:?}");
-        }
-    }
+    repeat(
+        "compensation scan",
+        Schedule::every(every),
+        &shutdown,
+        || scan(&scheduler),
+    )
+    .await;
 }
 
 async fn scan(scheduler: &Scheduler) -> Result<(), StoreError> {

@@ -11,6 +11,7 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::background::{Schedule, repeat};
 use crate::broker::{Event, publish_events};
 use crate::domain::Stock;
 use crate::marks::{self, Work};
@@ -31,28 +32,13 @@ pub const REMIND: &str = "order.remind";
 /// Polls every `SECKILL_SCHEDULER_POLL_MS`, and at once when a keyspace notification
 /// says something falls due.
 pub async fn run(scheduler: Scheduler, wake: Arc<Notify>, shutdown: CancellationToken) {
-    let poll = Duration::from_millis(scheduler.settings.scheduler_poll_ms);
-    let mut failing = false;
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(poll) => {}
-            () = wake.notified() => {}
-        }
-        match pass(&scheduler).await {
-            Ok(()) if failing => {
-                tracing::info!("delay queue: working again");
-                failing = false;
-            }
-            Ok(()) => {}
-            // What was taken stays leased and comes back when the lease runs out.
-            Err(e) if !failing => {
-                tracing::warn!(error = %crate::error::cause_chain(&e), "delay queue pass failed; retrying");
-                failing = true;
-            }
-            Err(_) => {}
-        }
-    }
+    let schedule = Schedule {
+        every: Duration::from_millis(scheduler.settings.scheduler_poll_ms),
+        wake: Some(&wake),
+        at_start: false,
+    };
+    // A failed pass's tasks stay leased and come back when the lease runs out.
+    repeat("delay queue pass", schedule, &shutdown, || pass(&scheduler)).await;
 }
 
 /// Takes and handles the due tasks of the buckets marked for it (`src/marks.rs`); each

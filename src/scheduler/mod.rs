@@ -23,6 +23,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::background::{Schedule, repeat};
 use crate::broker::Broker;
 use crate::config::Settings;
 use crate::items::transfer;
@@ -108,27 +109,18 @@ impl Scheduler {
     /// transfers between buckets cut off between their steps, within seconds: in the
     /// buckets marked for each (`src/marks.rs`).
     async fn finish_cut_off(self, shutdown: CancellationToken) {
-        let mut failing = false;
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(CUT_OFF_EVERY) => {}
-            }
-            match self.cut_off_pass().await {
-                Ok(released) => {
-                    self.meters.cancelled_units_recovered(released);
-                    if failing {
-                        tracing::info!("cut-off cancels: sweeping again");
-                        failing = false;
-                    }
-                }
-                Err(e) if !failing => {
-                    tracing::warn!(error = %crate::error::cause_chain(&e), "cut-off cancels: sweep failed; retrying");
-                    failing = true;
-                }
-                Err(_) => {}
-            }
-        }
+        let this = &self;
+        repeat(
+            "cut-off pass",
+            Schedule::every(CUT_OFF_EVERY),
+            &shutdown,
+            || async move {
+                let released = this.cut_off_pass().await?;
+                this.meters.cancelled_units_recovered(released);
+                Ok::<_, StoreError>(())
+            },
+        )
+        .await;
     }
 
     /// One pass over the marked cut-off cancels and loans; returns the units that came back.
@@ -154,34 +146,30 @@ impl Scheduler {
 
     /// Reconciles each sale once its end and pay timeout have passed.
     async fn end_of_sale(self, shutdown: CancellationToken) {
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(END_OF_SALE_EVERY) => {}
-            }
-            let due = match crate::items::repo::due_for_reconcile(&self.db).await {
-                Ok(due) => due,
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot look for ended sales now");
-                    continue;
+        let schedule = Schedule::every(END_OF_SALE_EVERY);
+        repeat("looking for ended sales", schedule, &shutdown, || {
+            self.reconcile_ended()
+        })
+        .await;
+    }
+
+    /// Reconciles the sales due (each failure said, and tried again on the next look).
+    async fn reconcile_ended(&self) -> Result<(), crate::store::DbError> {
+        for item in crate::items::repo::due_for_reconcile(&self.db).await? {
+            match reconcile::reconcile(&self.db, &self.redis, &self.keys, &self.meters, item).await
+            {
+                Ok(report) => {
+                    if let Err(e) = crate::items::repo::mark_reconciled(&self.db, item).await {
+                        tracing::warn!(%item, error = %e, "reconciled, but could not record it; it runs again");
+                    }
+                    tracing::info!(%item, ?report, "end-of-sale reconciliation done");
                 }
-            };
-            for item in due {
-                match reconcile::reconcile(&self.db, &self.redis, &self.keys, &self.meters, item)
-                    .await
-                {
-                    Ok(report) => {
-                        if let Err(e) = crate::items::repo::mark_reconciled(&self.db, item).await {
-                            tracing::warn!(%item, error = %e, "reconciled, but could not record it; it runs again");
-                        }
-                        tracing::info!(%item, ?report, "end-of-sale reconciliation done");
-                    }
-                    Err(reconcile::ReconcileError::Busy) => {}
-                    Err(e) => {
-                        tracing::warn!(%item, error = %crate::error::cause_chain(&e), "end-of-sale reconciliation failed; retrying");
-                    }
+                Err(reconcile::ReconcileError::Busy) => {}
+                Err(e) => {
+                    tracing::warn!(%item, error = %crate::error::cause_chain(&e), "end-of-sale reconciliation failed; retrying");
                 }
             }
         }
+        Ok(())
     }
 }

@@ -6,10 +6,12 @@
 //! Its cost per second is bounded whatever the catalogue; a lost mark is found within one
 //! trip round the index (100 s at 100,000 buckets; every second below 1,000).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::background::{Schedule, repeat};
 use crate::domain::Stock;
 use crate::marks::{self, Work};
 use crate::outbox::relay::{Relay, RelayError};
@@ -22,25 +24,19 @@ const EVERY: Duration = Duration::from_secs(1);
 const PER_VISIT: usize = 1_000;
 
 pub async fn run(scheduler: Scheduler, relay: Relay, shutdown: CancellationToken) {
-    let mut cursor = 0u64;
-    let mut failing = false;
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(EVERY) => {}
-        }
-        match visit(&scheduler, &relay, cursor).await {
-            Ok(next) => {
-                cursor = next;
-                failing = false;
-            }
-            Err(e) if !failing => {
-                tracing::warn!(error = %crate::error::cause_chain(&e), "safety sweep failed; retrying");
-                failing = true;
-            }
-            Err(_) => {}
-        }
-    }
+    let cursor = AtomicU64::new(0);
+    let (scheduler, relay, cursor) = (&scheduler, &relay, &cursor);
+    repeat(
+        "safety sweep",
+        Schedule::every(EVERY),
+        &shutdown,
+        || async move {
+            let next = visit(scheduler, relay, cursor.load(Ordering::Relaxed)).await?;
+            cursor.store(next, Ordering::Relaxed);
+            Ok::<_, RelayError>(())
+        },
+    )
+    .await;
 }
 
 /// One step of the walk round the index, from `cursor`; returns the next cursor.

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::background::{Schedule, repeat};
 use crate::broker::Broker;
 use crate::keys::Keys;
 use crate::store::{Db, RedisConns, StoreError};
@@ -28,25 +29,18 @@ pub async fn push_stale(
     broker: Broker,
     shutdown: CancellationToken,
 ) {
-    let mut failing = false;
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(PUSH_STALE_EVERY) => {}
-        }
-        match push_stale_once(&shops, &db, &redis, &keys, &broker).await {
-            Ok(_) if failing => {
-                tracing::info!("shop changes reach Redis again");
-                failing = false;
-            }
-            Ok(_) => {}
-            Err(e) if !failing => {
-                tracing::warn!(error = %crate::error::cause_chain(&e), "cannot push shop changes to Redis yet; retrying");
-                failing = true;
-            }
-            Err(_) => {}
-        }
-    }
+    let schedule = Schedule::every(PUSH_STALE_EVERY);
+    repeat(
+        "pushing shop changes to Redis",
+        schedule,
+        &shutdown,
+        || async {
+            push_stale_once(&shops, &db, &redis, &keys, &broker)
+                .await
+                .map(drop)
+        },
+    )
+    .await;
 }
 
 /// Pushes every shop flagged in MySQL to Redis (under its lock, so never over a newer
@@ -93,15 +87,10 @@ pub async fn run(
     every: Duration,
     shutdown: CancellationToken,
 ) {
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
-        }
-        if let Err(e) = repair_all(&shops, &db, &broker).await {
-            tracing::warn!(error = %crate::error::cause_chain(&e), "shop repair failed; next one in {every:?}");
-        }
-    }
+    repeat("shop repair", Schedule::every(every), &shutdown, || async {
+        repair_all(&shops, &db, &broker).await.map(drop)
+    })
+    .await;
 }
 
 /// Compares and repairs every shop; returns how many layers were repaired.
