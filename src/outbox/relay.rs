@@ -19,7 +19,7 @@ use crate::keys::Keys;
 use crate::marks::{self, Work};
 use crate::orders::repo as orders;
 use crate::purchase::WAIT_FOR;
-use crate::store::{Db, RedisConns, RedisError, redis_timed};
+use crate::store::{Db, RedisConns, StoreError, redis_timed};
 use crate::telemetry::Meters;
 
 /// An outbox entry younger than this is left to the in-process publisher.
@@ -47,14 +47,6 @@ pub struct Relay {
     pub wait_replicas: u32,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum RelayError {
-    #[error(transparent)]
-    Redis(#[from] RedisError),
-    #[error(transparent)]
-    Database(#[from] crate::store::DbError),
-}
-
 impl Relay {
     pub async fn run(self, shutdown: CancellationToken) {
         repeat(
@@ -68,7 +60,7 @@ impl Relay {
 
     /// Relays the outboxes marked for it (`src/marks.rs`); each is looked at again when
     /// its oldest entry becomes overdue.
-    async fn pass(&self) -> Result<(), RelayError> {
+    async fn pass(&self) -> Result<(), StoreError> {
         marks::work_through(
             &self.redis,
             &self.keys,
@@ -86,7 +78,7 @@ impl Relay {
     }
 
     /// Sends the bucket's overdue outbox entries again.
-    async fn relay_item(&self, stock: Stock) -> Result<(), RelayError> {
+    async fn relay_item(&self, stock: Stock) -> Result<(), StoreError> {
         let (outbox, pending) = (self.keys.outbox(stock), self.keys.pending(stock));
         let mut conn = self.redis.bulk().await?;
         loop {
@@ -184,7 +176,7 @@ impl Relay {
     /// queue holds messages the consumer is merely behind, and nothing is sent again.)
     /// The hash is walked with HSCAN, a thousand entries at a time, so neither Redis nor
     /// MySQL ever gets one huge request.
-    pub async fn sweep_pending(&self, stock: Stock) -> Result<(), RelayError> {
+    pub async fn sweep_pending(&self, stock: Stock) -> Result<(), StoreError> {
         let pending = self.keys.pending(stock);
         let mut cursor = 0u64;
         loop {
@@ -217,7 +209,7 @@ impl Relay {
         &self,
         stock: Stock,
         entries: &[(&str, &str)],
-    ) -> Result<(), RelayError> {
+    ) -> Result<(), StoreError> {
         if entries.is_empty() {
             return Ok(());
         }

@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 use crate::background::{Schedule, repeat};
 use crate::domain::Stock;
 use crate::marks::{self, Work};
-use crate::outbox::relay::{Relay, RelayError};
-use crate::store::{Grouped, redis_timed};
+use crate::outbox::relay::Relay;
+use crate::store::{Grouped, StoreError, redis_timed};
 
 use super::Scheduler;
 
@@ -33,14 +33,14 @@ pub async fn run(scheduler: Scheduler, relay: Relay, shutdown: CancellationToken
         || async move {
             let next = visit(scheduler, relay, cursor.load(Ordering::Relaxed)).await?;
             cursor.store(next, Ordering::Relaxed);
-            Ok::<_, RelayError>(())
+            Ok::<_, StoreError>(())
         },
     )
     .await;
 }
 
 /// One step of the walk round the index, from `cursor`; returns the next cursor.
-async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64, RelayError> {
+async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64, StoreError> {
     let (redis, keys) = (&scheduler.redis, &scheduler.keys);
     let (next, members): (u64, Vec<String>) = {
         let mut conn = redis.bulk().await?;
