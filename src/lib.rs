@@ -12,6 +12,7 @@ pub mod bench;
 pub mod breaker;
 pub mod broker;
 pub mod config;
+pub mod delay_queue;
 pub mod domain;
 pub mod error;
 pub mod http;

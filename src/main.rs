@@ -12,10 +12,10 @@ use tokio_util::sync::CancellationToken;
 use seckill::auth::Jwt;
 use seckill::bench::BenchArgs;
 use seckill::broker::{Broker, Topology};
+use seckill::delay_queue::Plan;
 use seckill::domain::{ItemId, UserId};
 use seckill::items::warmup::{Progress, Warmup};
 use seckill::keys::Keys;
-use seckill::scheduler::delay::Plan;
 use seckill::store::{RedisConns, connect_mysql, migrate};
 use seckill::{Role, Server, Settings, telemetry};
 

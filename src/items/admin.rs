@@ -8,14 +8,14 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::app::AppState;
+use crate::delay_queue::Plan;
 use crate::domain::{ItemId, Stock};
 use crate::error::ApiError;
 use crate::http::extract::{Admin, ApiJson, ApiPath, ApiQuery};
 use crate::http::reply::{envelope, ok};
 use crate::keys::Keys;
+use crate::orders::reconcile::{ReconcileError, reconcile};
 use crate::orders::repo as orders;
-use crate::scheduler::delay::Plan;
-use crate::scheduler::reconcile::{ReconcileError, reconcile};
 use crate::store::{Db, RedisConns};
 
 use super::catalog::Catalog;

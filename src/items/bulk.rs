@@ -12,11 +12,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::app::AppState;
+use crate::delay_queue::Plan;
 use crate::domain::{ItemId, Stock};
 use crate::error::ApiError;
 use crate::http::extract::{Admin, ApiJson};
 use crate::http::reply::ok;
-use crate::scheduler::delay::Plan;
 use crate::store::Grouped;
 
 use super::admin::{ItemBody, warmup_refused, warmup_with};

@@ -27,13 +27,13 @@ use redis::AsyncCommands;
 use serde::Serialize;
 
 use crate::broker::Broker;
+use crate::delay_queue::Plan;
 use crate::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
 use crate::keys::Keys;
 use crate::keys::{ItemKeys, LoadingKeys};
 use crate::lua::SWAP;
 use crate::marks::{self, Work};
 use crate::orders::repo as orders;
-use crate::scheduler::delay::Plan;
 use crate::store::{
     Db, DbError, Grouped, RedisConn, RedisConns, RedisError, RedisLock, redis_timed,
 };

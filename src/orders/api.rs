@@ -22,7 +22,7 @@ use crate::http::request_id;
 use crate::purchase::WAIT_FOR;
 use crate::store::{RedisError, redis_timed};
 
-use crate::scheduler::delay::Plan;
+use crate::delay_queue::Plan;
 
 use super::ending::{self, Held};
 use super::placed;

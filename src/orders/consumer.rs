@@ -24,9 +24,9 @@ use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, DeadLetter, publish_dead_letters};
+use crate::delay_queue::Plan;
 use crate::domain::{OrderPlaced, OrderSn};
 use crate::keys::Keys;
-use crate::scheduler::delay::Plan;
 use crate::store::{Db, DbError, RedisConns, RedisError};
 use crate::telemetry::Meters;
 

@@ -1,8 +1,10 @@
 //! Orders: their rows in MySQL, the consumer that writes them, the owner's view and
-//! actions (pay, cancel), and ending orders with their units given back.
+//! actions (pay, cancel), ending orders with their units given back, and reconciling a
+//! sale's orders with its Redis state.
 
 pub mod api;
 pub mod consumer;
 pub mod ending;
 pub mod placed;
+pub mod reconcile;
 pub mod repo;

@@ -4,10 +4,10 @@
 
 use std::collections::{HashMap, HashSet};
 
+use crate::delay_queue::Plan;
 use crate::domain::{OrderPlaced, Stock};
 use crate::keys::Keys;
 use crate::marks::{self, Work};
-use crate::scheduler::delay::Plan;
 use crate::store::{Db, DbError, Grouped, RedisConns, RedisError, mysql_timed, retrying_deadlocks};
 
 use super::repo::{self, OrderStatus};

@@ -12,7 +12,7 @@ use crate::orders::repo::{self, OrderRow};
 use crate::store::{Grouped, StoreError};
 
 use super::Scheduler;
-use super::delay::Task;
+use crate::delay_queue::Task;
 
 /// An order is only looked at once its deadline is this far behind, so the delay queue
 /// has had its chance.

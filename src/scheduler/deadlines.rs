@@ -19,7 +19,7 @@ use crate::orders::repo::{self, OrderStatus};
 use crate::store::StoreError;
 
 use super::Scheduler;
-use super::delay::{self, Claimed, Task};
+use crate::delay_queue::{self as delay, Claimed, Task};
 
 /// Tasks taken per claim.
 const CLAIM_LIMIT: usize = 500;

@@ -9,8 +9,6 @@
 //! idempotent, so two of them never do one thing twice.
 
 pub mod deadlines;
-pub mod delay;
-pub mod reconcile;
 pub mod wake;
 
 mod compensate;
@@ -156,7 +154,14 @@ impl Scheduler {
     /// Reconciles the sales due (each failure said, and tried again on the next look).
     async fn reconcile_ended(&self) -> Result<(), crate::store::DbError> {
         for item in crate::items::repo::due_for_reconcile(&self.db).await? {
-            match reconcile::reconcile(&self.db, &self.redis, &self.keys, &self.meters, item).await
+            match crate::orders::reconcile::reconcile(
+                &self.db,
+                &self.redis,
+                &self.keys,
+                &self.meters,
+                item,
+            )
+            .await
             {
                 Ok(report) => {
                     if let Err(e) = crate::items::repo::mark_reconciled(&self.db, item).await {
@@ -164,7 +169,7 @@ impl Scheduler {
                     }
                     tracing::info!(%item, ?report, "end-of-sale reconciliation done");
                 }
-                Err(reconcile::ReconcileError::Busy) => {}
+                Err(crate::orders::reconcile::ReconcileError::Busy) => {}
                 Err(e) => {
                     tracing::warn!(%item, error = %crate::error::cause_chain(&e), "end-of-sale reconciliation failed; retrying");
                 }

@@ -14,8 +14,8 @@ use lapin::{Connection, ExchangeKind};
 use redis::AsyncCommands;
 use seckill::Role;
 use seckill::config::RemindStages;
+use seckill::delay_queue as delay;
 use seckill::domain::{ItemId, Stock};
-use seckill::scheduler::delay;
 use serde_json::Value;
 
 use crate::helpers::*;

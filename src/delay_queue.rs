@@ -1,5 +1,6 @@
-//! The delay queue: one sorted set per item (per bucket of a split item), task → when it is due (ms), plus the set of
-//! tasks a scheduler has taken under a lease (`lua/claim.lua`).
+//! The delay queue: one sorted set per bucket of an item, task → when it is due (ms), plus
+//! the set of tasks a scheduler has taken under a lease (`lua/claim.lua`). A capability of
+//! its own: orders schedule into it, the scheduler works it.
 //!
 //! Tasks are added when an order reaches MySQL (by the consumer, or by a pay or cancel of
 //! a still-pending order), never before: a due task's order is always in MySQL.
