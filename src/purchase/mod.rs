@@ -65,18 +65,7 @@ pub async fn count(
 }
 
 pub async fn flashbuy(
-    State(AppState {
-        settings,
-        catalog,
-        redis,
-        publisher,
-        breakers,
-        signals,
-        meters,
-        shops,
-        keys,
-        ..
-    }): State<AppState>,
+    State(state): State<AppState>,
     Buyer(user): Buyer,
     _: ClientTime,
     ApiJson(request): ApiJson<FlashbuyRequest>,
@@ -89,68 +78,122 @@ pub async fn flashbuy(
         item_id = item_id.get(),
         "flashbuy_start"
     );
-
     let now = Utc::now();
-    let item = catalog.get(item_id).await?.ok_or(ApiError::ItemNotFound)?;
-    if now < item.item.start_at {
-        return Err(ApiError::NotStarted("the sale has not opened yet"));
-    }
-    if now >= item.item.end_at {
-        return Err(ApiError::Ended);
-    }
-    if item.item.paused {
-        return Err(ApiError::Paused);
-    }
-    if item.sold_out() {
-        return Err(ApiError::SoldOut);
+    let item = state
+        .catalog
+        .get(item_id)
+        .await?
+        .ok_or(ApiError::ItemNotFound)?;
+    if let Some(refused) = from_memory(&item, now) {
+        return Err(refusal(refused, &item));
     }
     // From this instance's cache (filled from Redis on a miss).
-    if !shops.open_now(item.item.shop_id).await {
+    if !state.shops.open_now(item.item.shop_id).await {
         return Err(ApiError::ShopClosed);
     }
     // After "sold out", so that a throttle's budget goes to purchases that can still win.
-    breakers.admit(item_id, Action::Purchase)?;
+    state.breakers.admit(item_id, Action::Purchase)?;
 
     // Into the request span only now: every line logged from here on carries them, and a
     // request refused from memory (which logs nothing at info) skips the cost (measured:
     // the log formatter re-encodes the span's fields, about 13% of that path).
     request_id::record_user(user, Some(item_id));
+    let order = order_for(&item, user, now.timestamp_millis());
+    let order_json = serde_json::to_string(&order).map_err(anyhow::Error::from)?;
+    match run_grab(&state, &item, user, &order, &order_json).await? {
+        GrabOutcome::Won => accept(&state, &item, order, order_json).await,
+        GrabOutcome::SoldOut => {
+            if item.mark_sold_out() {
+                // Other instances learn it from the announcement rather than waiting for
+                // their refresh to come round to this item (in the background: the buyer
+                // does not wait for it).
+                let catalog = state.catalog.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = catalog.announce(item_id).await {
+                        tracing::debug!(error = %e, "could not announce a sell-out; other instances find it themselves");
+                    }
+                });
+            }
+            Err(ApiError::SoldOut)
+        }
+        other => Err(refusal(other, &item)),
+    }
+}
 
-    let now_ms = now.timestamp_millis();
-    // Every purchase of this user goes to one bucket: "one per user" is decided there.
-    let home = item.home(user);
-    let order = OrderPlaced {
-        order_sn: OrderSn::generate(home.stock, item.item.split()),
-        item_id,
+/// What the catalogue already says no to: the window, the pause, the sold-out flag.
+fn from_memory(item: &CatalogItem, now: chrono::DateTime<Utc>) -> Option<GrabOutcome> {
+    if now < item.item.start_at {
+        Some(GrabOutcome::NotStarted)
+    } else if now >= item.item.end_at {
+        Some(GrabOutcome::Ended)
+    } else if item.item.paused {
+        Some(GrabOutcome::Paused)
+    } else if item.sold_out() {
+        Some(GrabOutcome::SoldOut)
+    } else {
+        None
+    }
+}
+
+/// The answer to every outcome but a win, whether memory or `grab.lua` decided it.
+fn refusal(outcome: GrabOutcome, item: &CatalogItem) -> ApiError {
+    match outcome {
+        GrabOutcome::Duplicate(order_sn) => ApiError::Duplicate { order_sn },
+        GrabOutcome::SoldOut => ApiError::SoldOut,
+        GrabOutcome::StillMoving => {
+            ApiError::Unavailable("units are moving between the item's buckets; press again".into())
+        }
+        GrabOutcome::Paused => ApiError::Paused,
+        // Loaded once and gone: Redis lost it, and an operator has to rebuild it. The buyer
+        // did nothing wrong, and pressing again later may well work.
+        GrabOutcome::NotLoaded if item.item.loaded_at.is_some() => {
+            ApiError::Unavailable("the item's units are being restored; try again shortly".into())
+        }
+        GrabOutcome::NotLoaded => ApiError::NotStarted("the item's units are not loaded yet"),
+        GrabOutcome::NotStarted => ApiError::NotStarted("the sale has not opened yet"),
+        GrabOutcome::Ended => ApiError::Ended,
+        GrabOutcome::Won => ApiError::Internal(anyhow::anyhow!("a win answered as a refusal")),
+    }
+}
+
+/// The order the buyer gets if they win: numbered in their home bucket, where every
+/// purchase of theirs goes ("one per user" is decided there).
+fn order_for(item: &CatalogItem, user: UserId, now_ms: i64) -> OrderPlaced {
+    OrderPlaced {
+        order_sn: OrderSn::generate(item.home(user).stock, item.item.split()),
+        item_id: item.item.id,
         user_id: user,
         created_at_ms: now_ms,
         pay_deadline_ms: now_ms + i64::from(item.item.pay_timeout_s) * 1000,
-    };
-    let order_json = serde_json::to_string(&order).map_err(anyhow::Error::from)?;
+    }
+}
+
+/// The Redis step: `grab.lua` in the buyer's bucket (borrowing from the others of a split
+/// item while it is empty), timed, counted and logged.
+async fn run_grab(
+    state: &AppState,
+    item: &CatalogItem,
+    user: UserId,
+    order: &OrderPlaced,
+    order_json: &str,
+) -> Result<GrabOutcome, ApiError> {
     let started = Instant::now();
-    let mut conn = redis.hot().await?;
-    let mut outcome = grab(&mut conn, home, user, &order.order_sn, now_ms, &order_json).await;
+    let mut conn = state.redis.hot().await?;
+    let home = item.home(user);
+    let now_ms = order.created_at_ms;
+    let mut outcome = grab(&mut conn, home, user, &order.order_sn, now_ms, order_json).await;
     if item.item.split() {
         let lending = Lending {
-            redis: &redis,
-            keys: &keys,
-            replicas: settings.redis_wait_replicas,
+            redis: &state.redis,
+            keys: &state.keys,
+            replicas: state.settings.redis_wait_replicas,
             within: WAIT_FOR,
         };
-        outcome = refill_and_grab(
-            &mut conn,
-            &item,
-            user,
-            &order,
-            &order_json,
-            outcome,
-            lending,
-        )
-        .await;
+        outcome = refill_and_grab(&mut conn, item, user, order, order_json, outcome, lending).await;
     }
     let took = started.elapsed();
-    signals.purchase(took, outcome.is_err());
-    meters.redis_grab_seconds.record(took);
+    state.signals.purchase(took, outcome.is_err());
+    state.meters.redis_grab_seconds.record(took);
     let duration_ms = took.as_secs_f64() * 1e3;
     // Every unit sold leaves an info line (as many as the stock); the crowd of refusals
     // does not flood the log unless asked for (`RUST_LOG=seckill=debug`).
@@ -160,64 +203,45 @@ pub async fn flashbuy(
         // The failure itself is logged once, at the edge (`ApiError`), with its cause.
         Err(_) => tracing::debug!(outcome = "error", duration_ms, "redis_grab"),
     }
+    Ok(outcome?)
+}
 
-    match outcome? {
-        GrabOutcome::Won => {
-            if settings.redis_wait_replicas > 0 {
-                // Not answered, and not handed to the publisher, before the replicas hold
-                // it: a failover could otherwise put the unit back on sale while MySQL
-                // gets its order. What is not confirmed in time stays in Redis: if it
-                // survives, pressing again answers 409 with it, and the relay sends it.
-                let held = redis
-                    .replicas_hold(&home.replicated, settings.redis_wait_replicas, WAIT_FOR)
-                    .await;
-                if !held.is_ok_and(|held| held) {
-                    return Err(ApiError::Unavailable(
-                        "your unit may not be safe yet; press again to learn whether you hold it"
-                            .into(),
-                    ));
-                }
-            }
-            meters.won.increment(1);
-            let order_sn = order.order_sn;
-            publisher.offer(Outgoing {
-                order_sn: order_sn.clone(),
-                payload: order_json,
-            });
-            Ok(envelope(
-                StatusCode::ACCEPTED,
-                "queued",
-                json!({ "order_sn": order_sn, "item_id": item_id }),
-            ))
+/// A win: once its replicas hold it (with `SECKILL_REDIS_WAIT_REPLICAS`), the order goes
+/// to the publisher and the buyer hears `202`.
+async fn accept(
+    state: &AppState,
+    item: &CatalogItem,
+    order: OrderPlaced,
+    order_json: String,
+) -> Result<Response, ApiError> {
+    let replicas = state.settings.redis_wait_replicas;
+    if replicas > 0 {
+        // Not answered, and not handed to the publisher, before the replicas hold it: a
+        // failover could otherwise put the unit back on sale while MySQL gets its order.
+        // What is not confirmed in time stays in Redis: if it survives, pressing again
+        // answers 409 with it, and the relay sends it.
+        let home = item.home(order.user_id);
+        let held = state
+            .redis
+            .replicas_hold(&home.replicated, replicas, WAIT_FOR)
+            .await;
+        if !held.is_ok_and(|held| held) {
+            return Err(ApiError::Unavailable(
+                "your unit may not be safe yet; press again to learn whether you hold it".into(),
+            ));
         }
-        GrabOutcome::Duplicate(order_sn) => Err(ApiError::Duplicate { order_sn }),
-        GrabOutcome::SoldOut => {
-            if item.mark_sold_out() {
-                // Other instances learn it from the announcement rather than waiting for
-                // their refresh to come round to this item (in the background: the buyer
-                // does not wait for it).
-                let catalog = catalog.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = catalog.announce(item_id).await {
-                        tracing::debug!(error = %e, "could not announce a sell-out; other instances find it themselves");
-                    }
-                });
-            }
-            Err(ApiError::SoldOut)
-        }
-        GrabOutcome::StillMoving => Err(ApiError::Unavailable(
-            "units are moving between the item's buckets; press again".into(),
-        )),
-        GrabOutcome::Paused => Err(ApiError::Paused),
-        // Loaded once and gone: Redis lost it, and an operator has to rebuild it. The buyer
-        // did nothing wrong, and pressing again later may well work.
-        GrabOutcome::NotLoaded if item.item.loaded_at.is_some() => Err(ApiError::Unavailable(
-            "the item's units are being restored; try again shortly".into(),
-        )),
-        GrabOutcome::NotLoaded => Err(ApiError::NotStarted("the item's units are not loaded yet")),
-        GrabOutcome::NotStarted => Err(ApiError::NotStarted("the sale has not opened yet")),
-        GrabOutcome::Ended => Err(ApiError::Ended),
     }
+    state.meters.won.increment(1);
+    let order_sn = order.order_sn;
+    state.publisher.offer(Outgoing {
+        order_sn: order_sn.clone(),
+        payload: order_json,
+    });
+    Ok(envelope(
+        StatusCode::ACCEPTED,
+        "queued",
+        json!({ "order_sn": order_sn, "item_id": order.item_id }),
+    ))
 }
 
 /// Borrows from a split item's other buckets while the buyer's own bucket is empty, and
