@@ -1,7 +1,7 @@
 //! Background work that repeats until shutdown. Every periodic task of the server — the
 //! catalogue refresh, the scheduler's passes, the relay, the repairs — runs through
 //! [`repeat`], which says once when its step starts failing and once when it works again,
-//! rather than a line a second while a store is down.
+//! rather than a line a second while a store is down, and stops at shutdown even mid-step.
 
 use std::future::Future;
 use std::time::Duration;
@@ -63,7 +63,14 @@ pub async fn repeat<E, F, Fut>(
             return;
         }
         wait = true;
-        match step().await {
+        // A step cut off by shutdown is a crash as far as it can tell, which every step is
+        // built to survive (leases, marks, idempotent writes); a stop does not wait for a
+        // store that hangs.
+        let result = tokio::select! {
+            result = step() => result,
+            () = shutdown.cancelled() => return,
+        };
+        match result {
             Ok(()) if failing => {
                 tracing::info!("{what} works again");
                 failing = false;
