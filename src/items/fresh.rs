@@ -1,9 +1,9 @@
 //! The bulk warm-up's fast path: items never loaded, without orders and with nothing in
 //! Redis are loaded 500 at a time — one MySQL read, their locks at once, one pipelined
 //! round trip to check their Redis side, one to load them (`lua/load_fresh.lua` per
-//! bucket), one to read them back, one `UPDATE`. Anything else (loaded before, with orders, a large
-//! stock, something found in Redis) goes the one-item way, where reloads and rebuilds are
-//! decided. README: "A large catalogue".
+//! bucket), one to read them back, one `UPDATE`. Anything else (loaded before, with
+//! orders, a large stock, something found in Redis) goes the one-item way, where reloads
+//! and rebuilds are decided. README: "A large catalogue".
 
 use std::collections::{HashMap, HashSet};
 
@@ -205,7 +205,7 @@ async fn load_locked(
         .filter(|(_, outcome)| outcome.is_ok())
         .map(|(id, _)| *id)
         .collect();
-    repo::mark_loaded_many(warmup.db, &loaded).await?;
+    repo::mark_loaded(warmup.db, &loaded).await?;
     out.decided.extend(outcomes);
     Ok(())
 }

@@ -301,22 +301,10 @@ pub async fn history(db: &Db, id: ItemId) -> Result<SaleHistory, DbError> {
     })
 }
 
-/// Records that a warm-up loaded the item (without counting as a change of its record).
-pub async fn mark_loaded(db: &Db, id: ItemId) -> Result<(), DbError> {
-    mysql_timed(
-        sqlx::query(
-            "UPDATE items SET loaded_at = UTC_TIMESTAMP(3), updated_at = updated_at WHERE id = ?",
-        )
-        .bind(id.get())
-        .execute(db),
-    )
-    .await?;
-    Ok(())
-}
-
 /// Items whose sale ended at least their pay timeout ago and that were not reconciled yet.
-/// [`mark_loaded`] for many items, in one statement.
-pub async fn mark_loaded_many(db: &Db, ids: &[ItemId]) -> Result<(), DbError> {
+/// Records that a warm-up loaded these items (without counting as a change of their
+/// records), in one statement.
+pub async fn mark_loaded(db: &Db, ids: &[ItemId]) -> Result<(), DbError> {
     if ids.is_empty() {
         return Ok(());
     }

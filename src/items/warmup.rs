@@ -177,7 +177,7 @@ impl Warmup<'_> {
         let report = self.load_and_swap(&mut conn, id, rebuild, progress).await?;
         let members: Vec<String> = item.stocks().map(|s| s.to_string()).collect();
         redis_timed(conn.sadd::<_, _, ()>(self.keys.items_index(), members)).await?;
-        repo::mark_loaded(self.db, id).await?;
+        repo::mark_loaded(self.db, &[id]).await?;
         super::catalog::announce_change(&mut conn, self.keys, id).await?;
         Ok(report)
     }
