@@ -85,14 +85,11 @@ async fn a_consumer_killed_mid_batch_leaves_every_order_exactly_once() {
     // 4,000 before the kill.
     let slow_mysql = TcpProxy::start(mysql_addr()).await;
     slow_mysql.set_delay(Duration::from_millis(20));
-    let (mut first, _server, _lines, _reader) = serve(
-        seckill(&env)
-            .args(["serve", "--roles", "consumer"])
-            .env(
-                "SECKILL_DATABASE_URL",
-                env.database_url_via(slow_mysql.addr).expose(),
-            ),
-    );
+    let (mut first, _server, _lines, _reader) =
+        serve(seckill(&env).args(["serve", "--roles", "consumer"]).env(
+            "SECKILL_DATABASE_URL",
+            env.database_url_via(slow_mysql.addr).expose(),
+        ));
     eventually(Duration::from_secs(30), "some orders written", || async {
         let written = env.orders(1).await.len();
         if written >= 200 {
