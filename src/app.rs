@@ -25,30 +25,10 @@ use crate::orders::consumer::Consumer;
 use crate::outbox::publisher::OrderPublisher;
 use crate::scheduler::Scheduler;
 use crate::shops::cache::Shops;
-use crate::store::{Db, MissLimit, RedisConns, connect_mysql, migrate};
+use crate::state::AppState;
+use crate::store::{MissLimit, RedisConns, connect_mysql, migrate};
 use crate::telemetry::Meters;
-use crate::{http, lua};
-
-/// Everything a handler may need; each field is cheap to clone.
-#[derive(Clone)]
-pub struct AppState {
-    pub settings: Arc<Settings>,
-    pub keys: Keys,
-    pub db: Db,
-    pub redis: RedisConns,
-    pub broker: Broker,
-    pub catalog: Catalog,
-    pub publisher: OrderPublisher,
-    pub jwt: Arc<Jwt>,
-    pub limits: Arc<RateLimits>,
-    pub breakers: Breakers,
-    /// What purchases and publishes measured, for the automatic breaker.
-    pub signals: Arc<Signals>,
-    /// Permits for purchases in flight (`SECKILL_MAX_INFLIGHT`).
-    pub inflight: Arc<Semaphore>,
-    pub meters: Arc<Meters>,
-    pub shops: Shops,
-}
+use crate::{http, items, lua, orders, purchase, shops, warmup};
 
 /// A server that has connected, migrated and bound its listeners, ready to [`Server::run`].
 pub struct Server {
@@ -285,23 +265,29 @@ impl Server {
     }
 }
 
-/// The main router and, when the admin API has a listener of its own, the admin router.
+/// The main router and, when the admin API has a listener of its own, the admin router:
+/// every feature's routes, merged here and nowhere else.
 fn routers(state: &AppState, roles: &HashSet<Role>, admin_apart: bool) -> (Router, Option<Router>) {
-    let main = if roles.contains(&Role::Api) {
-        http::api_routes(state)
-    } else {
-        http::health_routes()
-    };
+    let mut main = http::health::router();
+    if roles.contains(&Role::Api) {
+        main = main
+            .merge(purchase::api::router(state))
+            .merge(orders::api::router())
+            .merge(items::api::router())
+            .merge(shops::api::router());
+    }
+    let admin = Router::new()
+        .merge(items::admin::router())
+        .merge(warmup::admin::router())
+        .merge(orders::admin::router())
+        .merge(shops::admin::router())
+        .merge(breaker::admin::router())
+        .merge(http::health::metrics_router());
+    let finish = |routes| http::finish(routes, state.clone());
     if admin_apart {
-        (
-            http::finish(main, state.clone()),
-            Some(http::finish(http::admin_routes(), state.clone())),
-        )
+        (finish(main), Some(finish(admin)))
     } else {
-        (
-            http::finish(main.merge(http::admin_routes()), state.clone()),
-            None,
-        )
+        (finish(main.merge(admin)), None)
     }
 }
 

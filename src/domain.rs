@@ -112,6 +112,10 @@ impl fmt::Display for Stock {
     }
 }
 
+/// How many buyer sets an item's buyers are spread over (`crc32(user) % BUYER_SHARDS`), so
+/// that no single Redis value grows with the whole crowd.
+pub const BUYER_SHARDS: u32 = 16;
+
 /// A buyer, as named by the `sub` claim of their token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -134,7 +138,7 @@ impl UserId {
         s.parse().ok().map(Self)
     }
 
-    /// Which of the [`crate::keys::BUYER_SHARDS`] buyer shards records this user.
+    /// Which of the [`BUYER_SHARDS`] buyer shards records this user.
     pub fn shard(self, shards: u32) -> u32 {
         crc32fast::hash(self.0.to_string().as_bytes()) % shards
     }
@@ -144,7 +148,7 @@ impl UserId {
     /// every shard.
     pub fn bucket(self, buckets: u8) -> u8 {
         let hash = crc32fast::hash(self.0.to_string().as_bytes());
-        ((hash / crate::keys::BUYER_SHARDS) % u32::from(buckets.max(1))) as u8
+        ((hash / BUYER_SHARDS) % u32::from(buckets.max(1))) as u8
     }
 }
 

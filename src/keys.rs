@@ -5,11 +5,7 @@
 //! item live in one slot (one Lua script may touch them all) while items spread over the
 //! cluster; `v1` lets a later layout migrate key by key.
 
-use crate::domain::{ItemId, Stock, UserId};
-
-/// How many buyer sets an item's buyers are spread over (`crc32(user) % BUYER_SHARDS`), so
-/// that no single Redis value grows with the whole crowd.
-pub const BUYER_SHARDS: u32 = 16;
+use crate::domain::{BUYER_SHARDS, ItemId, Stock, UserId};
 
 /// Cheap to clone (it is part of every handler's state).
 #[derive(Clone, Debug)]
@@ -127,8 +123,8 @@ impl Keys {
 
     /// ZSET of the buckets a kind of background work must look at: bucket (as
     /// [`Stock`] displays it) → when (ms; 0 = at once). See `src/marks.rs`.
-    pub fn marks(&self, work: crate::marks::Work) -> String {
-        format!("{}:marks:v1:{}", self.namespace, work.name())
+    pub fn marks(&self, work: &str) -> String {
+        format!("{}:marks:v1:{}", self.namespace, work)
     }
 
     /// STRING: a shop as JSON (the Redis layer of the shop status).

@@ -25,8 +25,11 @@ pub mod outbox;
 pub mod purchase;
 pub mod scheduler;
 pub mod shops;
+pub mod state;
 pub mod store;
 pub mod telemetry;
+pub mod warmup;
 
-pub use app::{AppState, Server};
+pub use app::Server;
 pub use config::{Role, Settings};
+pub use state::AppState;

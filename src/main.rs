@@ -14,9 +14,9 @@ use seckill::bench::BenchArgs;
 use seckill::broker::{Broker, Topology};
 use seckill::delay_queue::Plan;
 use seckill::domain::{ItemId, UserId};
-use seckill::items::warmup::{Progress, Warmup};
 use seckill::keys::Keys;
 use seckill::store::{RedisConns, connect_mysql, migrate};
+use seckill::warmup::{Progress, Warmup};
 use seckill::{Role, Server, Settings, telemetry};
 
 /// Every request allocates and frees dozens of small buffers: glibc's malloc and free were

@@ -33,6 +33,11 @@ pub enum Work {
 impl Work {
     pub const ALL: [Work; 4] = [Work::Relay, Work::Deadlines, Work::CutOff, Work::Loans];
 
+    /// The sorted set of this kind of work's marks.
+    pub fn key(self, keys: &Keys) -> String {
+        keys.marks(self.name())
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Work::Relay => "relay",
@@ -60,7 +65,7 @@ where
         return Ok(());
     }
     let mut zadd = redis::cmd("ZADD");
-    zadd.arg(keys.marks(work));
+    zadd.arg(work.key(keys));
     for member in members {
         zadd.arg(0).arg(member);
     }
@@ -138,7 +143,7 @@ async fn take(
     let mut conn = redis.bulk().await?;
     let members: Vec<String> = redis_timed(
         MARKS_TAKE
-            .key(keys.marks(work))
+            .key(work.key(keys))
             .arg(now)
             .arg(marker)
             .arg(limit)
@@ -168,7 +173,7 @@ impl Taken {
         keys: &Keys,
         next: impl IntoIterator<Item = (Stock, Option<i64>)>,
     ) -> Result<(), RedisError> {
-        let mut call = MARKS_SETTLE.key(keys.marks(self.work));
+        let mut call = MARKS_SETTLE.key(self.work.key(keys));
         call.arg(self.marker);
         let mut any = false;
         for (stock, at) in next {

@@ -2,24 +2,34 @@
 //! `POST /admin/circuit/close?item=ID` (no `item`: the global breaker). Optional `by` and
 //! `reason` parameters go into the audit log.
 
+use axum::Router;
 use axum::extract::State;
 use axum::response::Response;
+use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::app::AppState;
 use crate::domain::ItemId;
 use crate::error::ApiError;
 use crate::http::extract::{Admin, ApiQuery};
 use crate::http::reply::ok;
+use crate::state::AppState;
 
 use super::store::{self, Setting};
 use super::{Level, Scope};
 
 const MAX_TEXT: usize = 500;
 
+/// The operators' breaker switches.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/admin/circuit", get(list))
+        .route("/admin/circuit/open", post(open))
+        .route("/admin/circuit/close", post(close))
+}
+
 /// `GET /admin/circuit`: the global breaker, and every item breaker that is not closed.
-pub async fn list(
+async fn list(
     _: Admin,
     State(AppState { redis, keys, .. }): State<AppState>,
 ) -> Result<Response, ApiError> {
@@ -63,7 +73,7 @@ pub struct CloseQuery {
 }
 
 /// `POST /admin/circuit/open?item=ID&level=N`
-pub async fn open(
+async fn open(
     _: Admin,
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<OpenQuery>,
@@ -80,7 +90,7 @@ pub async fn open(
 }
 
 /// `POST /admin/circuit/close?item=ID`
-pub async fn close(
+async fn close(
     _: Admin,
     State(state): State<AppState>,
     ApiQuery(query): ApiQuery<CloseQuery>,

@@ -10,10 +10,10 @@ use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use serde::de::DeserializeOwned;
 
-use crate::app::AppState;
 use crate::auth::{admin_token_matches, bearer};
 use crate::domain::UserId;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 use super::rate_limit::{Limited, client_ip};
 

@@ -1,20 +1,34 @@
 //! `/healthz` (the process answers), `/readyz` (its dependencies answer) and `/metrics`.
 
+use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
+use axum::routing::get;
 use serde_json::json;
 
-use crate::app::AppState;
+use crate::state::AppState;
 use crate::store::mysql_timed;
 
 use super::reply::{envelope, ok};
 
-pub async fn healthz() -> Response {
+/// Health checks: what every process serves, a worker-only one (no `api` role) too.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+}
+
+/// `/metrics`, which moves with the operators' API to `SECKILL_ADMIN_ADDR`.
+pub fn metrics_router() -> Router<AppState> {
+    Router::new().route("/metrics", get(metrics))
+}
+
+async fn healthz() -> Response {
     ok("ok", json!({}))
 }
 
-pub async fn readyz(
+async fn readyz(
     State(AppState {
         db, redis, broker, ..
     }): State<AppState>,
@@ -53,7 +67,7 @@ pub async fn readyz(
 }
 
 /// `GET /metrics`: Prometheus text format.
-pub async fn metrics() -> impl axum::response::IntoResponse {
+async fn metrics() -> impl axum::response::IntoResponse {
     (
         [(
             axum::http::header::CONTENT_TYPE,

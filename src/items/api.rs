@@ -1,18 +1,25 @@
 //! `GET /api/items/{id}`: what a storefront shows (from the catalogue; its stock read again
 //! when older than half a second).
 
+use axum::Router;
 use axum::extract::State;
 use axum::response::Response;
+use axum::routing::get;
 use chrono::Utc;
 use serde_json::json;
 
-use crate::app::AppState;
 use crate::domain::ItemId;
 use crate::error::ApiError;
 use crate::http::extract::{ApiPath, Reader};
 use crate::http::reply::ok;
+use crate::state::AppState;
 
-pub async fn get_item(
+/// What a storefront shows of an item.
+pub fn router() -> Router<AppState> {
+    Router::new().route("/api/items/{item_id}", get(get_item))
+}
+
+async fn get_item(
     _: Reader,
     State(AppState { catalog, .. }): State<AppState>,
     ApiPath(id): ApiPath<ItemId>,

@@ -6,21 +6,22 @@
 //! changes nothing), so every change of state is one conditional `UPDATE` on the row, and
 //! a pay racing a cancel ends in exactly one of the two.
 
+use axum::Router;
 use axum::extract::State;
 use axum::response::Response;
+use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use redis::AsyncCommands;
 use serde::Serialize;
 
-use crate::app::AppState;
 use crate::breaker::Action;
 use crate::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
 use crate::error::ApiError;
 use crate::http::extract::{ApiPath, AuthUser, OrderSeeker};
 use crate::http::reply::ok;
 use crate::http::request_id;
-use crate::purchase::WAIT_FOR;
-use crate::store::{RedisError, redis_timed};
+use crate::state::AppState;
+use crate::store::{RedisError, WAIT_FOR_REPLICAS, redis_timed};
 
 use crate::delay_queue::Plan;
 
@@ -46,7 +47,16 @@ struct OrderView {
     pay_deadline: DateTime<Utc>,
 }
 
-pub async fn get_order(
+/// The owner's order, its payment and cancel, and a buyer's order for an item.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/orders/{order_sn}", get(get_order))
+        .route("/api/orders/{order_sn}/pay", post(pay_order))
+        .route("/api/orders/{order_sn}/cancel", post(cancel_order))
+        .route("/api/items/{item_id}/my-order", get(my_order))
+}
+
+async fn get_order(
     State(AppState {
         db, redis, keys, ..
     }): State<AppState>,
@@ -73,7 +83,7 @@ pub async fn get_order(
 /// `GET /api/items/{item_id}/my-order`: the order the user holds of the item (the buyer
 /// record in Redis names it; `pending` included), or else their latest one in MySQL — so
 /// a buyer whose `202` was lost, and who hears `410` after the sell-out, finds it.
-pub async fn my_order(
+async fn my_order(
     State(AppState {
         db,
         redis,
@@ -162,7 +172,7 @@ impl From<OrderRow> for OrderView {
 
 /// `POST /api/orders/{order_sn}/pay`: `200 paid` (again on a repeat); `409 order_cancelled`
 /// for a cancelled order or one whose pay deadline has passed (which is then cancelled).
-pub async fn pay_order(
+async fn pay_order(
     State(state): State<AppState>,
     AuthUser(user): AuthUser,
     ApiPath(order_sn): ApiPath<String>,
@@ -199,7 +209,7 @@ pub async fn pay_order(
 
 /// `POST /api/orders/{order_sn}/cancel`: `200 cancelled` (again on a repeat) with the unit
 /// back on sale at once; `409 order_paid` for a paid order.
-pub async fn cancel_order(
+async fn cancel_order(
     State(state): State<AppState>,
     AuthUser(user): AuthUser,
     ApiPath(order_sn): ApiPath<String>,
@@ -287,7 +297,11 @@ async fn stored_order(state: &AppState, sn: &OrderSn, user: UserId) -> Result<Or
     if replicas > 0 {
         // Into MySQL only what a Redis failover cannot take back (as the publisher does).
         let key = state.keys.replicated(sn.stock());
-        if !state.redis.replicas_hold(&key, replicas, WAIT_FOR).await? {
+        if !state
+            .redis
+            .replicas_hold(&key, replicas, WAIT_FOR_REPLICAS)
+            .await?
+        {
             return Err(ApiError::Unavailable(
                 "the order is not yet safe on Redis's replicas; try again shortly".into(),
             ));

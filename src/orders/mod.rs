@@ -2,6 +2,7 @@
 //! actions (pay, cancel), ending orders with their units given back, and reconciling a
 //! sale's orders with its Redis state.
 
+pub mod admin;
 pub mod api;
 pub mod consumer;
 pub mod ending;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::domain::{ItemId, Stock, UserId};
+use crate::error::ApiError;
 use crate::items::stock;
 use crate::keys::Keys;
 use crate::orders::ending::{self, Held};
@@ -34,6 +35,19 @@ pub enum ReconcileError {
     Busy,
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// How a reconciliation that did not run is answered.
+impl From<ReconcileError> for ApiError {
+    fn from(e: ReconcileError) -> Self {
+        match e {
+            ReconcileError::Busy => ApiError::Conflict {
+                code: "reconciling",
+                detail: e.to_string(),
+            },
+            ReconcileError::Store(e) => e.into(),
+        }
+    }
 }
 
 impl From<DbError> for ReconcileError {

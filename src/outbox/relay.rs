@@ -18,8 +18,7 @@ use crate::domain::{OrderPlaced, OrderSn, Stock};
 use crate::keys::Keys;
 use crate::marks::{self, Work};
 use crate::orders::repo as orders;
-use crate::purchase::WAIT_FOR;
-use crate::store::{Db, RedisConns, StoreError, redis_timed};
+use crate::store::{Db, RedisConns, StoreError, WAIT_FOR_REPLICAS, redis_timed};
 use crate::telemetry::Meters;
 
 /// An outbox entry younger than this is left to the in-process publisher.
@@ -132,7 +131,7 @@ impl Relay {
                 let key = self.keys.replicated(stock);
                 if !self
                     .redis
-                    .replicas_hold(&key, self.wait_replicas, WAIT_FOR)
+                    .replicas_hold(&key, self.wait_replicas, WAIT_FOR_REPLICAS)
                     .await?
                 {
                     tracing::debug!(%stock, "relay: replicas behind; sending later");

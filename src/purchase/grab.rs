@@ -15,7 +15,7 @@ pub enum GrabOutcome {
     NotStarted,
     Ended,
     /// A split item's buyer kept losing borrowed units to others of their bucket: there
-    /// may still be units, so not "sold out" (see `purchase::refill_and_grab`).
+    /// may still be units, so not "sold out" (see `api::refill_and_grab`).
     StillMoving,
 }
 

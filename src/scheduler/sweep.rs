@@ -77,7 +77,7 @@ async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64,
         grouped
             .group()
             .cmd("ZMSCORE")
-            .arg(keys.marks(work))
+            .arg(work.key(keys))
             .arg(&members);
     }
     let marked: Vec<(Vec<Option<f64>>,)> = grouped.query(redis).await?;

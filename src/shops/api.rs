@@ -1,25 +1,25 @@
-//! `GET /api/shops/{id}/status`, and the operators' `PUT /admin/shops/{id}/hours`,
-//! `PUT /admin/shops/{id}/status` and `POST /admin/shops/{id}/refresh`.
+//! `GET /api/shops/{id}/status`: whether a shop is open now, from the nearest layer.
 
+use axum::Router;
 use axum::extract::State;
 use axum::response::Response;
-use chrono::{DateTime, Utc};
-use serde::Deserialize;
+use axum::routing::get;
+use chrono::Utc;
 use serde_json::json;
 
-use crate::app::AppState;
 use crate::error::ApiError;
-use crate::http::extract::{Admin, ApiJson, ApiPath, Reader};
+use crate::http::extract::{ApiPath, Reader};
 use crate::http::reply::ok;
+use crate::state::AppState;
 
-use super::changes::{self, announce};
-use super::hours::{Hours, Override};
-use super::repo::{self, Shop};
+use super::repo::Shop;
 
-const MAX_REASON: usize = 500;
+pub fn router() -> Router<AppState> {
+    Router::new().route("/api/shops/{shop_id}/status", get(status))
+}
 
 /// `GET /api/shops/{id}/status`: `{"shop_id","open","updated_at"}` from the nearest layer.
-pub async fn status(
+async fn status(
     _: Reader,
     State(AppState { shops, .. }): State<AppState>,
     ApiPath(id): ApiPath<u64>,
@@ -32,159 +32,11 @@ pub async fn status(
     Ok(ok("ok", view(&shop)))
 }
 
-fn view(shop: &Shop) -> serde_json::Value {
+/// A shop as both the public and the operators' calls show it.
+pub(super) fn view(shop: &Shop) -> serde_json::Value {
     json!({
         "shop_id": shop.id,
         "open": shop.open_at(Utc::now()),
         "updated_at": shop.updated_at,
     })
-}
-
-/// `PUT /admin/shops/{id}/hours`
-pub async fn put_hours(
-    _: Admin,
-    State(state): State<AppState>,
-    ApiPath(id): ApiPath<u64>,
-    ApiJson(hours): ApiJson<Hours>,
-) -> Result<Response, ApiError> {
-    if let Some(problem) = hours.problem() {
-        return Err(ApiError::bad_request(problem));
-    }
-    let after = change(&state, id, "hours", "admin", "hours set", |db| async move {
-        repo::set_hours(&db, id, &hours).await
-    })
-    .await?;
-    Ok(ok("updated", view(&after)))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StatusBody {
-    /// `null` clears the override.
-    open: Option<bool>,
-    #[serde(default)]
-    until: Option<DateTime<Utc>>,
-    #[serde(default)]
-    reason: Option<String>,
-    #[serde(default)]
-    by: Option<String>,
-}
-
-/// `PUT /admin/shops/{id}/status`: an operator's override, or `{"open":null}` to clear it.
-pub async fn put_status(
-    _: Admin,
-    State(state): State<AppState>,
-    ApiPath(id): ApiPath<u64>,
-    ApiJson(body): ApiJson<StatusBody>,
-) -> Result<Response, ApiError> {
-    let reason = body.reason.unwrap_or_default().trim().to_owned();
-    let by = body.by.unwrap_or_default().trim().to_owned();
-    if reason.chars().count() > MAX_REASON || by.chars().count() > 100 {
-        return Err(ApiError::bad_request(
-            "`reason`: at most 500 characters; `by`: at most 100",
-        ));
-    }
-    if body.until.is_some_and(|until| until <= Utc::now()) {
-        return Err(ApiError::bad_request("`until` is in the past"));
-    }
-    let value = body.open.map(|open| Override {
-        open,
-        until: body.until,
-        reason: reason.clone(),
-    });
-    let by = if by.is_empty() {
-        "admin".to_owned()
-    } else {
-        by
-    };
-    let why = if reason.is_empty() {
-        "status set by hand".to_owned()
-    } else {
-        reason
-    };
-    let after = change(&state, id, "status", &by, &why, |db| async move {
-        repo::set_override(&db, id, value.as_ref()).await
-    })
-    .await?;
-    Ok(ok("updated", view(&after)))
-}
-
-/// `POST /admin/shops/{id}/refresh`: recompute from MySQL and push it everywhere.
-pub async fn refresh(
-    _: Admin,
-    State(state): State<AppState>,
-    ApiPath(id): ApiPath<u64>,
-) -> Result<Response, ApiError> {
-    if repo::load(&state.db, id).await?.is_none() {
-        return Err(ApiError::ShopNotFound);
-    }
-    let after = change(
-        &state,
-        id,
-        "refresh",
-        "admin",
-        "refreshed by hand",
-        |db| async move { repo::mark_redis_stale(&db, id).await },
-    )
-    .await?;
-    Ok(ok("refreshed", view(&after)))
-}
-
-/// One change under the shop's lock: `write` to MySQL (which flags the shop for Redis),
-/// the log, then Redis, then the announcement. Returns the shop after it; or, when Redis
-/// did not take it, an error that says so — the change stands in MySQL and is pushed to
-/// Redis by a scheduler as soon as Redis answers, but until then instances that read
-/// Redis may show the old status, and an operator must not take it for done.
-async fn change<F, Fut>(
-    state: &AppState,
-    id: u64,
-    what: &str,
-    by: &str,
-    reason: &str,
-    write: F,
-) -> Result<Shop, ApiError>
-where
-    F: FnOnce(crate::store::Db) -> Fut,
-    Fut: std::future::Future<Output = Result<(), crate::store::DbError>>,
-{
-    let Some(lock) = changes::lock(&state.redis, &state.keys, id).await? else {
-        return Err(ApiError::Conflict {
-            code: "shop_busy",
-            detail: "another change of this shop is in progress; try again".into(),
-        });
-    };
-    let result = async {
-        let now = Utc::now();
-        let before = repo::load(&state.db, id).await?;
-        write(state.db.clone()).await?;
-        let after = repo::load(&state.db, id)
-            .await?
-            .ok_or(ApiError::ShopNotFound)?;
-        let (old, new) = (
-            before.as_ref().is_none_or(|s| s.open_at(now)),
-            after.open_at(now),
-        );
-        repo::log_change(&state.db, id, what, old, new, by, reason).await?;
-        let pushed = changes::push(&state.shops, &state.db, &after).await;
-        Ok::<_, ApiError>((after, pushed))
-    }
-    .await;
-    if let Err(e) = lock.release(&state.redis).await {
-        tracing::warn!(shop = id, error = %e, "could not release the shop lock; it expires by itself");
-    }
-    let (after, pushed) = result?;
-    // Whatever Redis did: instances reload the shop from MySQL when told.
-    state.shops.reload(id).await;
-    announce(&state.broker, id).await;
-    let open = after.open_at(Utc::now());
-    if let Err(e) = pushed {
-        tracing::warn!(shop = id, what, by, reason, open, error = %crate::error::cause_chain(&e), "shop changed in MySQL, not yet in Redis");
-        return Err(ApiError::Unavailable(format!(
-            "the change is saved in MySQL and logged, but Redis did not take it: instances that \
-             read Redis may show the old status until it does (a scheduler pushes it within a \
-             second of Redis answering; GET /api/shops/{id}/status shows when it has)"
-        )));
-    }
-    tracing::info!(shop = id, what, by, reason, open, "shop changed");
-    Ok(after)
 }

@@ -28,3 +28,7 @@ pub enum StoreError {
 /// How long one store call may take before the request gives up on it, leaving room in the
 /// contract's one-second budget for everything else.
 pub const STORE_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// How long a write may wait for its replicas (`SECKILL_REDIS_WAIT_REPLICAS`) before it
+/// counts as not held: a won unit's buyer is told `503` well inside the one second.
+pub const WAIT_FOR_REPLICAS: Duration = Duration::from_millis(300);

@@ -790,7 +790,7 @@ async fn work_whose_marks_were_lost_is_found_by_the_safety_sweep() {
     env.item_paying_within(&server, 1, 2, 4).await;
     let won = buy_all(env, &server, 1, 1..=1).await;
     let keys = seckill::keys::Keys::new(&env.settings.namespace);
-    let deadlines = keys.marks(seckill::marks::Work::Deadlines);
+    let deadlines = seckill::marks::Work::Deadlines.key(&keys);
     // Once the consumer has scheduled the deadline and marked the bucket, the marks go.
     eventually(Duration::from_secs(5), "the deadline marked", || {
         let mut redis = env.redis.clone();
@@ -803,7 +803,7 @@ async fn work_whose_marks_were_lost_is_found_by_the_safety_sweep() {
     .await;
     let mut redis = env.redis.clone();
     for work in seckill::marks::Work::ALL {
-        let _: () = redis.del(keys.marks(work)).await.unwrap();
+        let _: () = redis.del(work.key(&keys)).await.unwrap();
     }
     wait_cancelled(env, 1, 1, Duration::from_secs(20)).await;
     let reason: Option<String> =

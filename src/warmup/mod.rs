@@ -1,5 +1,6 @@
-//! Loading an item's units into Redis before its sale (the admin endpoint and
-//! `seckill warmup` both come here), and rebuilding them after Redis lost them.
+//! Loading an item's units into Redis before its sale (the admin endpoints in
+//! [`admin`] and `seckill warmup` come here), and rebuilding them after Redis lost them.
+//! Above items and orders: it counts the orders holding units.
 //!
 //! One warm-up per item at a time (a Redis lock; another answers `warmup_running`). The
 //! units go into a side list of this run's own in pipelined batches, are counted, and
@@ -18,6 +19,9 @@
 //! bounded time), refuses while RabbitMQ's order queue cannot be seen empty
 //! (`orders_in_flight`), and then waits out the consumers that took what it held — only
 //! then is MySQL the whole truth.
+
+pub mod admin;
+mod fresh;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -38,9 +42,11 @@ use crate::store::{
     Db, DbError, Grouped, RedisConn, RedisConns, RedisError, RedisLock, redis_timed,
 };
 
-use super::repo::{self, Item};
-use super::stock::{self, StockSnapshot};
-use super::transfer;
+use crate::error::ApiError;
+use crate::items::repo::{self, Item};
+use crate::items::stock::{self, StockSnapshot};
+use crate::items::transfer;
+use crate::state::AppState;
 
 /// Units per RPUSH, and RPUSHes per round trip.
 const BATCH: u64 = 1_000;
@@ -76,6 +82,19 @@ pub struct Warmup<'a> {
     pub keys: &'a Keys,
     /// The deadlines and reminders a rebuild schedules again for unpaid orders.
     pub plan: &'a Plan,
+}
+
+impl<'a> Warmup<'a> {
+    /// A warm-up working with this instance's stores.
+    pub fn with(state: &'a AppState, plan: &'a Plan) -> Self {
+        Warmup {
+            db: &state.db,
+            redis: &state.redis,
+            broker: &state.broker,
+            keys: &state.keys,
+            plan,
+        }
+    }
 }
 
 /// Where a warm-up is, for a progress display.
@@ -128,6 +147,28 @@ pub enum WarmupError {
     Database(#[from] DbError),
 }
 
+/// How a warm-up that did not load is answered.
+impl From<WarmupError> for ApiError {
+    fn from(e: WarmupError) -> Self {
+        let conflict = |code| ApiError::Conflict {
+            code,
+            detail: e.to_string(),
+        };
+        match e {
+            WarmupError::NotFound => ApiError::ItemNotFound,
+            WarmupError::Busy => conflict("warmup_running"),
+            WarmupError::AlreadyLoaded { .. } => conflict("already_loaded"),
+            WarmupError::LiveSale => conflict("sale_live"),
+            WarmupError::InFlight(_) => conflict("orders_in_flight"),
+            WarmupError::OverHeld { .. } => conflict("over_held"),
+            WarmupError::Raced => conflict("raced"),
+            WarmupError::Verify { .. } => ApiError::Internal(e.into()),
+            WarmupError::Redis(e) => ApiError::Redis(e),
+            WarmupError::Database(e) => ApiError::Database(e),
+        }
+    }
+}
+
 impl Warmup<'_> {
     /// Loads (or rebuilds) the item's units. `progress` hears where it is.
     pub async fn run(
@@ -178,7 +219,7 @@ impl Warmup<'_> {
         let members: Vec<String> = item.stocks().map(|s| s.to_string()).collect();
         redis_timed(conn.sadd::<_, _, ()>(self.keys.items_index(), members)).await?;
         repo::mark_loaded(self.db, &[id]).await?;
-        super::catalog::announce_change(&mut conn, self.keys, id).await?;
+        crate::items::catalog::announce_change(&mut conn, self.keys, id).await?;
         Ok(report)
     }
 

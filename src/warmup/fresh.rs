@@ -15,8 +15,9 @@ use crate::lua::LOAD_FRESH;
 use crate::orders::repo as orders;
 use crate::store::{Grouped, RedisLock, redis_timed};
 
-use super::repo::{self, Item};
-use super::warmup::{BucketMeta, GUARDED, LOCK_FOR, Warmup, WarmupError, meta_after, spread};
+use crate::items::repo::{self, Item};
+
+use super::{BucketMeta, GUARDED, LOCK_FOR, Warmup, WarmupError, meta_after, spread};
 
 /// Items per round of the fast path.
 pub const CHUNK: usize = 500;

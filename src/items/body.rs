@@ -1,0 +1,85 @@
+//! What an operator sends for an item (`PUT /admin/items/{id}`, and each of a bulk
+//! `PUT /admin/items`), and its checks: a bad field is named and nothing is written.
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+
+use crate::domain::{ItemId, Stock};
+use crate::error::ApiError;
+
+use super::repo::ItemDraft;
+
+/// The most units one item may have (a million units is about 60 MB of Redis).
+const MAX_TOTAL: u32 = 10_000_000;
+const MAX_PAY_TIMEOUT_S: u32 = 7 * 24 * 3600;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ItemBody {
+    /// Needed in a bulk `PUT /admin/items`; in `PUT /admin/items/{id}` it may repeat the
+    /// path's.
+    #[serde(default)]
+    id: Option<ItemId>,
+    name: String,
+    shop_id: u64,
+    total: u32,
+    start_at: DateTime<Utc>,
+    end_at: DateTime<Utc>,
+    price_cents: u64,
+    #[serde(default = "default_pay_timeout")]
+    pay_timeout_s: u32,
+    /// Redis buckets for a hot item (1–64).
+    #[serde(default = "default_buckets")]
+    buckets: u8,
+}
+
+fn default_buckets() -> u8 {
+    1
+}
+
+fn default_pay_timeout() -> u32 {
+    1800
+}
+
+impl ItemBody {
+    pub fn id(&self) -> Option<ItemId> {
+        self.id
+    }
+
+    pub fn validate(self) -> Result<ItemDraft, ApiError> {
+        let name = self.name.trim().to_owned();
+        if name.is_empty() || name.chars().count() > 200 {
+            return Err(ApiError::bad_request("`name`: 1 to 200 characters"));
+        }
+        if self.shop_id == 0 {
+            return Err(ApiError::bad_request("`shop_id`: must be positive"));
+        }
+        if !(1..=MAX_TOTAL).contains(&self.total) {
+            return Err(ApiError::bad_request(format!("`total`: 1 to {MAX_TOTAL}")));
+        }
+        if self.start_at >= self.end_at {
+            return Err(ApiError::bad_request("`end_at` must be after `start_at`"));
+        }
+        if !(1..=MAX_PAY_TIMEOUT_S).contains(&self.pay_timeout_s) {
+            return Err(ApiError::bad_request(format!(
+                "`pay_timeout_s`: 1 to {MAX_PAY_TIMEOUT_S}"
+            )));
+        }
+        if !(1..=Stock::MAX_BUCKETS).contains(&self.buckets) {
+            return Err(ApiError::bad_request(format!(
+                "`buckets`: 1 to {}",
+                Stock::MAX_BUCKETS
+            )));
+        }
+        Ok(ItemDraft {
+            name,
+            shop_id: self.shop_id,
+            total: self.total,
+            start_at: self.start_at,
+            end_at: self.end_at,
+            price_cents: self.price_cents,
+            pay_timeout_s: self.pay_timeout_s,
+            buckets: self.buckets,
+        })
+    }
+}

@@ -1,0 +1,40 @@
+//! What every handler may reach: the process's connections, caches and limits, built once
+//! by [`crate::app::Server::build`] and cloned into each request.
+
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
+
+use crate::auth::Jwt;
+use crate::breaker::Breakers;
+use crate::breaker::auto::Signals;
+use crate::broker::Broker;
+use crate::config::Settings;
+use crate::http::rate_limit::RateLimits;
+use crate::items::catalog::Catalog;
+use crate::keys::Keys;
+use crate::outbox::publisher::OrderPublisher;
+use crate::shops::cache::Shops;
+use crate::store::{Db, RedisConns};
+use crate::telemetry::Meters;
+
+/// Everything a handler may need; each field is cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub settings: Arc<Settings>,
+    pub keys: Keys,
+    pub db: Db,
+    pub redis: RedisConns,
+    pub broker: Broker,
+    pub catalog: Catalog,
+    pub publisher: OrderPublisher,
+    pub jwt: Arc<Jwt>,
+    pub limits: Arc<RateLimits>,
+    pub breakers: Breakers,
+    /// What purchases and publishes measured, for the automatic breaker.
+    pub signals: Arc<Signals>,
+    /// Permits for purchases in flight (`SECKILL_MAX_INFLIGHT`).
+    pub inflight: Arc<Semaphore>,
+    pub meters: Arc<Meters>,
+    pub shops: Shops,
+}

@@ -1,0 +1,140 @@
+//! The operators' warm-ups: `POST /admin/items/{id}/warmup[?force=true]`, and
+//! `POST /admin/items/warmup` for many items (fresh ones through [`super::fresh`]).
+
+use std::collections::HashMap;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::response::Response;
+use axum::routing::post;
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::delay_queue::Plan;
+use crate::domain::ItemId;
+use crate::error::ApiError;
+use crate::http::extract::{Admin, ApiJson, ApiPath, ApiQuery};
+use crate::http::reply::ok;
+use crate::items::bulk::{self, MOST_PER_CALL, Outcome, first_repeated};
+use crate::state::AppState;
+
+use super::{Warmup, WarmupError, fresh};
+
+/// Warm-ups a bulk call runs at once: each holds a pooled Redis connection and briefly
+/// takes a second one, and the pool (16) also serves the relay, the consumer and stats.
+const WARMUPS_AT_ONCE: usize = 4;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/admin/items/warmup",
+            post(warmup_items).layer(DefaultBodyLimit::max(bulk::BODY_LIMIT)),
+        )
+        .route("/admin/items/{item_id}/warmup", post(warmup_item))
+}
+
+/// `POST /admin/items/{id}/warmup[?force=true]`
+#[derive(Debug, Deserialize)]
+pub struct WarmupQuery {
+    #[serde(default)]
+    force: bool,
+}
+
+async fn warmup_item(
+    _: Admin,
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<ItemId>,
+    ApiQuery(query): ApiQuery<WarmupQuery>,
+) -> Result<Response, ApiError> {
+    let plan = Plan::from_settings(&state.settings);
+    let report = Warmup::with(&state, &plan)
+        .run(id, query.force, &|_| {})
+        .await?;
+    // The warm-up announced itself to every instance; this one need not wait for that.
+    let _ = state.catalog.refresh_item(id).await;
+    Ok(ok("loaded", report))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmupsBody {
+    ids: Vec<ItemId>,
+    #[serde(default)]
+    force: bool,
+}
+
+/// `POST /admin/items/warmup` `{"ids":[…],"force":false}`: fresh items (never loaded, no
+/// orders) go the fast path, 500 at a time (`fresh.rs`); every other item is loaded as
+/// `POST /admin/items/{id}/warmup` would, 4 at a time. The answer lists every item's code,
+/// in the order asked.
+async fn warmup_items(
+    _: Admin,
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<WarmupsBody>,
+) -> Result<Response, ApiError> {
+    if body.ids.is_empty() || body.ids.len() > MOST_PER_CALL {
+        return Err(ApiError::bad_request(format!(
+            "`ids`: 1 to {MOST_PER_CALL} item ids"
+        )));
+    }
+    if let Some(id) = first_repeated(body.ids.iter().copied()) {
+        return Err(ApiError::bad_request(format!(
+            "`ids`: item {id} is listed twice"
+        )));
+    }
+    let plan = Plan::from_settings(&state.settings);
+    let warmup = Warmup::with(&state, &plan);
+    let mut decided: HashMap<ItemId, Outcome> = HashMap::new();
+    let mut one_by_one = Vec::new();
+    let mut fresh_loaded = false;
+    for chunk in body.ids.chunks(fresh::CHUNK) {
+        let loaded = fresh::load(&warmup, chunk).await?;
+        for (id, result) in loaded.decided {
+            fresh_loaded |= result.is_ok();
+            decided.insert(id, outcome(id, result.map(drop)));
+        }
+        one_by_one.extend(loaded.not_fresh);
+    }
+    let outcomes: Vec<Outcome> = futures::stream::iter(one_by_one)
+        .map(|id| {
+            let warmup = &warmup;
+            async move { outcome(id, warmup.run(id, body.force, &|_| {}).await.map(drop)) }
+        })
+        .buffer_unordered(WARMUPS_AT_ONCE)
+        .collect()
+        .await;
+    decided.extend(outcomes.into_iter().map(|o| (o.item_id, o)));
+    if fresh_loaded {
+        // The fast path announces nothing per item: every instance reads everything again.
+        state.catalog.announce_all().await;
+    } else {
+        let _ = state.catalog.refresh().await;
+    }
+    let outcomes: Vec<Outcome> = body
+        .ids
+        .iter()
+        .filter_map(|id| decided.remove(id))
+        .collect();
+    let loaded = outcomes.iter().filter(|o| o.code == "loaded").count();
+    Ok(ok("ok", json!({ "loaded": loaded, "items": outcomes })))
+}
+
+/// One warm-up's outcome as the bulk answer names it.
+fn outcome(item_id: ItemId, result: Result<(), WarmupError>) -> Outcome {
+    match result {
+        Ok(()) => Outcome {
+            item_id,
+            code: "loaded",
+            detail: None,
+        },
+        Err(e) => {
+            let refused = ApiError::from(e);
+            Outcome {
+                item_id,
+                code: refused.code(),
+                detail: Some(refused.detail()),
+            }
+        }
+    }
+}
