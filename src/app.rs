@@ -26,7 +26,7 @@ use crate::outbox::publisher::OrderPublisher;
 use crate::scheduler::Scheduler;
 use crate::shops::cache::Shops;
 use crate::state::AppState;
-use crate::store::{MissLimit, RedisConns, connect_mysql, migrate};
+use crate::store::{Db, MissLimit, RedisConns, connect_mysql, migrate};
 use crate::telemetry::Meters;
 use crate::{http, items, lua, orders, purchase, shops, warmup};
 
@@ -43,46 +43,19 @@ pub struct Server {
 
 impl Server {
     pub async fn build(settings: Settings, roles: &[Role]) -> anyhow::Result<Self> {
-        if settings.jwt_secret.expose() == DEV_JWT_SECRET {
-            tracing::warn!(
-                "SECKILL_JWT_SECRET is not set: using the built-in development secret; anyone can mint tokens"
-            );
-        }
-        if settings.admin_token.is_none() {
-            tracing::warn!("SECKILL_ADMIN_TOKEN is not set: the admin API answers 401");
-        }
+        warn_of_defaults(&settings);
         // Before anything records a metric.
         let meters = Arc::new(Meters::new(&settings.namespace));
         let db = connect_mysql(settings.database_url.expose()).await?;
         migrate(&db).await?;
 
-        let redis = RedisConns::new(settings.redis_url.expose())
-            .context("SECKILL_REDIS_URL is not a Redis URL")?;
-        let preloaded = async { lua::preload(&mut redis.hot().await?).await }.await;
-        if let Err(e) = preloaded {
-            tracing::warn!(error = %e, "cannot preload Lua scripts yet (Redis down?); they load on first use");
-        }
+        let redis = connect_redis(&settings).await?;
         let keys = Keys::new(&settings.namespace);
         let broker = Broker::new(
             settings.amqp_url.expose(),
             Topology::new(&settings.namespace).with_queue_type(settings.queue_type),
         );
-        let misses = MissLimit::default();
-        let shops = Shops::new(
-            db.clone(),
-            redis.clone(),
-            keys.clone(),
-            meters.clone(),
-            misses.clone(),
-        );
-        let catalog = Catalog::new(
-            db.clone(),
-            redis.clone(),
-            keys.clone(),
-            meters.clone(),
-            shops.clone(),
-            misses,
-        );
+        let (shops, catalog) = caches(&db, &redis, &keys, &meters);
         let roles: HashSet<Role> = roles.iter().copied().collect();
         if roles.contains(&Role::Api)
             && let Err(e) = catalog.refresh().await
@@ -108,13 +81,7 @@ impl Server {
         );
         let breakers = Breakers::new(settings.breaker_throttle_rps);
         if roles.contains(&Role::Api) {
-            // A restarted instance obeys the levels from its first request.
-            match breaker::store::load_all(&redis, &keys).await {
-                Ok(settings) => breakers.set_all(&breaker::store::levels(&settings)),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot read breaker levels yet; following them in the background")
-                }
-            }
+            obey_stored_levels(&breakers, &redis, &keys).await;
         }
         let state = AppState {
             breakers,
@@ -174,70 +141,13 @@ impl Server {
         let mut background = JoinSet::new();
         background.spawn(crate::telemetry::upkeep(workers.clone()));
         if roles.contains(&Role::Api) {
-            background.spawn(state.catalog.clone().run(workers.clone()));
-            background.spawn(state.shops.clone().flush_stale(workers.clone()));
-            background.spawn(crate::shops::changes::follow(
-                state.broker.clone(),
-                state.shops.clone(),
-                workers.clone(),
-            ));
-            background.spawn(breaker::store::follow(
-                state.breakers.clone(),
-                state.redis.clone(),
-                state.keys.clone(),
-                state.meters.clone(),
-                workers.clone(),
-            ));
-            if state.settings.breaker_auto {
-                background.spawn(breaker::auto::control(
-                    state.signals.clone(),
-                    state.settings.clone(),
-                    state.redis.clone(),
-                    state.db.clone(),
-                    state.keys.clone(),
-                    workers.clone(),
-                ));
-            }
-            let limits = state.limits.clone();
-            let stop = workers.clone();
-            background.spawn(async move { limits.housekeeping(stop).await });
+            spawn_api_upkeep(&state, &workers, &mut background);
         }
         if roles.contains(&Role::Consumer) {
-            let consumer = Consumer {
-                broker: state.broker.clone(),
-                db: state.db.clone(),
-                redis: state.redis.clone(),
-                keys: state.keys.clone(),
-                plan: Plan::from_settings(&state.settings),
-                meters: state.meters.clone(),
-            };
-            background.spawn(consumer.run(workers.clone()));
+            spawn_consumer(&state, &workers, &mut background);
         }
         if roles.contains(&Role::Scheduler) {
-            let scheduler = Scheduler {
-                db: state.db.clone(),
-                redis: state.redis.clone(),
-                keys: state.keys.clone(),
-                broker: state.broker.clone(),
-                settings: state.settings.clone(),
-                meters: state.meters.clone(),
-            };
-            background.spawn(scheduler.run(workers.clone()));
-            background.spawn(crate::shops::repair::push_stale(
-                state.shops.clone(),
-                state.db.clone(),
-                state.redis.clone(),
-                state.keys.clone(),
-                state.broker.clone(),
-                workers.clone(),
-            ));
-            background.spawn(crate::shops::repair::run(
-                state.shops.clone(),
-                state.db.clone(),
-                state.broker.clone(),
-                Duration::from_secs(state.settings.shop_repair_every_s),
-                workers.clone(),
-            ));
+            spawn_scheduler(&state, &workers, &mut background);
         }
 
         let (main, admin) = routers(&state, &roles, admin_listener.is_some());
@@ -263,6 +173,134 @@ impl Server {
         tracing::info!("stopped");
         result
     }
+}
+
+/// Redis, with the Lua scripts loaded when it answers (else they load on first use).
+async fn connect_redis(settings: &Settings) -> anyhow::Result<RedisConns> {
+    let redis = RedisConns::new(settings.redis_url.expose())
+        .context("SECKILL_REDIS_URL is not a Redis URL")?;
+    let preloaded = async { lua::preload(&mut redis.hot().await?).await }.await;
+    if let Err(e) = preloaded {
+        tracing::warn!(error = %e, "cannot preload Lua scripts yet (Redis down?); they load on first use");
+    }
+    Ok(redis)
+}
+
+/// The in-memory shops and item catalogue, sharing one limit on look-ups of unknown ids.
+fn caches(db: &Db, redis: &RedisConns, keys: &Keys, meters: &Arc<Meters>) -> (Shops, Catalog) {
+    let misses = MissLimit::default();
+    let shops = Shops::new(
+        db.clone(),
+        redis.clone(),
+        keys.clone(),
+        meters.clone(),
+        misses.clone(),
+    );
+    let catalog = Catalog::new(
+        db.clone(),
+        redis.clone(),
+        keys.clone(),
+        meters.clone(),
+        shops.clone(),
+        misses,
+    );
+    (shops, catalog)
+}
+
+/// Says what runs on a development default.
+fn warn_of_defaults(settings: &Settings) {
+    if settings.jwt_secret.expose() == DEV_JWT_SECRET {
+        tracing::warn!(
+            "SECKILL_JWT_SECRET is not set: using the built-in development secret; anyone can mint tokens"
+        );
+    }
+    if settings.admin_token.is_none() {
+        tracing::warn!("SECKILL_ADMIN_TOKEN is not set: the admin API answers 401");
+    }
+}
+
+/// A restarted instance obeys the breaker levels from its first request.
+async fn obey_stored_levels(breakers: &Breakers, redis: &RedisConns, keys: &Keys) {
+    match breaker::store::load_all(redis, keys).await {
+        Ok(settings) => breakers.set_all(&breaker::store::levels(&settings)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read breaker levels yet; following them in the background")
+        }
+    }
+}
+
+/// What an API instance keeps up to date in the background: the catalogue, shops, breaker
+/// levels (and the automatic breaker), and the rate limiters' memory.
+fn spawn_api_upkeep(state: &AppState, workers: &CancellationToken, background: &mut JoinSet<()>) {
+    background.spawn(state.catalog.clone().run(workers.clone()));
+    background.spawn(state.shops.clone().flush_stale(workers.clone()));
+    background.spawn(crate::shops::changes::follow(
+        state.broker.clone(),
+        state.shops.clone(),
+        workers.clone(),
+    ));
+    background.spawn(breaker::store::follow(
+        state.breakers.clone(),
+        state.redis.clone(),
+        state.keys.clone(),
+        state.meters.clone(),
+        workers.clone(),
+    ));
+    if state.settings.breaker_auto {
+        background.spawn(breaker::auto::control(
+            state.signals.clone(),
+            state.settings.clone(),
+            state.redis.clone(),
+            state.db.clone(),
+            state.keys.clone(),
+            workers.clone(),
+        ));
+    }
+    let limits = state.limits.clone();
+    let stop = workers.clone();
+    background.spawn(async move { limits.housekeeping(stop).await });
+}
+
+/// The `consumer` role: orders from RabbitMQ into MySQL.
+fn spawn_consumer(state: &AppState, workers: &CancellationToken, background: &mut JoinSet<()>) {
+    let consumer = Consumer {
+        broker: state.broker.clone(),
+        db: state.db.clone(),
+        redis: state.redis.clone(),
+        keys: state.keys.clone(),
+        plan: Plan::from_settings(&state.settings),
+        meters: state.meters.clone(),
+    };
+    background.spawn(consumer.run(workers.clone()));
+}
+
+/// The `scheduler` role: deadlines, the relay, sweeps and reconciliation, and the shops'
+/// repairs.
+fn spawn_scheduler(state: &AppState, workers: &CancellationToken, background: &mut JoinSet<()>) {
+    let scheduler = Scheduler {
+        db: state.db.clone(),
+        redis: state.redis.clone(),
+        keys: state.keys.clone(),
+        broker: state.broker.clone(),
+        settings: state.settings.clone(),
+        meters: state.meters.clone(),
+    };
+    background.spawn(scheduler.run(workers.clone()));
+    background.spawn(crate::shops::repair::push_stale(
+        state.shops.clone(),
+        state.db.clone(),
+        state.redis.clone(),
+        state.keys.clone(),
+        state.broker.clone(),
+        workers.clone(),
+    ));
+    background.spawn(crate::shops::repair::run(
+        state.shops.clone(),
+        state.db.clone(),
+        state.broker.clone(),
+        Duration::from_secs(state.settings.shop_repair_every_s),
+        workers.clone(),
+    ));
 }
 
 /// The main router and, when the admin API has a listener of its own, the admin router:

@@ -174,10 +174,23 @@ async fn orders(db: &Db, item: ItemId, run: &Run) -> anyhow::Result<Orders> {
 }
 
 fn judge(stock: &StockSnapshot, orders: &Orders, run: &Run, drain_timeout: Duration) -> Vec<Check> {
-    let live = orders.unpaid + orders.paid;
-    let mut checks = Vec::with_capacity(5);
+    vec![
+        no_oversell(stock, orders),
+        no_double_purchase(orders),
+        nothing_lost(stock, orders, run, drain_timeout),
+        stock_adds_up(stock, orders),
+        cancelled_units_come_back(stock, orders, run),
+    ]
+}
 
-    checks.push(check(
+/// Orders that hold a unit (unpaid or paid).
+fn live(orders: &Orders) -> u64 {
+    orders.unpaid + orders.paid
+}
+
+fn no_oversell(stock: &StockSnapshot, orders: &Orders) -> Check {
+    let live = live(orders);
+    check(
         1,
         "no oversell",
         live + stock.pending <= orders.total,
@@ -185,9 +198,11 @@ fn judge(stock: &StockSnapshot, orders: &Orders, run: &Run, drain_timeout: Durat
             "{live} unpaid or paid + {} pending ≤ {} units",
             stock.pending, orders.total
         ),
-    ));
+    )
+}
 
-    checks.push(check(
+fn no_double_purchase(orders: &Orders) -> Check {
+    check(
         2,
         "no double purchase",
         orders.doubled.is_empty(),
@@ -196,8 +211,16 @@ fn judge(stock: &StockSnapshot, orders: &Orders, run: &Run, drain_timeout: Durat
         } else {
             format!("users holding two live orders: {:?}", orders.doubled)
         },
-    ));
+    )
+}
 
+/// Every `202` is a row, once; rows nobody was told of are named (not a failure).
+fn nothing_lost(
+    stock: &StockSnapshot,
+    orders: &Orders,
+    run: &Run,
+    drain_timeout: Duration,
+) -> Check {
     let answered: HashSet<&str> = run.won.iter().map(String::as_str).collect();
     let twice = run.won.len() - answered.len();
     let missing: Vec<&str> = answered
@@ -227,14 +250,12 @@ fn judge(stock: &StockSnapshot, orders: &Orders, run: &Run, drain_timeout: Durat
             "; {unseen} rows whose 202 never reached the bench (an answer lost on the way)"
         );
     }
-    checks.push(check(
-        3,
-        "nothing lost",
-        twice == 0 && missing.is_empty(),
-        detail,
-    ));
+    check(3, "nothing lost", twice == 0 && missing.is_empty(), detail)
+}
 
-    checks.push(check(
+fn stock_adds_up(stock: &StockSnapshot, orders: &Orders) -> Check {
+    let live = live(orders);
+    check(
         4,
         "stock adds up",
         stock.pending == 0 && stock.remaining + live == orders.total,
@@ -247,35 +268,35 @@ fn judge(stock: &StockSnapshot, orders: &Orders, run: &Run, drain_timeout: Durat
             orders.total,
             stock.pending
         ),
-    ));
+    )
+}
 
-    checks.push(if run.cancelled.is_empty() {
-        Check {
+fn cancelled_units_come_back(stock: &StockSnapshot, orders: &Orders, run: &Run) -> Check {
+    if run.cancelled.is_empty() {
+        return Check {
             number: 5,
             name: "cancelled units come back",
             outcome: Outcome::NotExercised,
             detail: "this run cancelled nothing (--cancel-percent does)".to_owned(),
-        }
-    } else {
-        let not_cancelled = run
-            .cancelled
-            .iter()
-            .filter(|sn| !orders.cancelled_found.contains(*sn))
-            .count();
-        // With invariant 4, a cancelled order's unit is counted in `remaining` (or sold again).
-        check(
-            5,
-            "cancelled units come back",
-            not_cancelled == 0 && stock.remaining + live == orders.total,
-            format!(
-                "{} orders cancelled by the crowd, {} of them cancelled in MySQL; their units \
-                 are back in the count of invariant 4",
-                run.cancelled.len(),
-                run.cancelled.len() - not_cancelled
-            ),
-        )
-    });
-    checks
+        };
+    }
+    let not_cancelled = run
+        .cancelled
+        .iter()
+        .filter(|sn| !orders.cancelled_found.contains(*sn))
+        .count();
+    // With invariant 4, a cancelled order's unit is counted in `remaining` (or sold again).
+    check(
+        5,
+        "cancelled units come back",
+        not_cancelled == 0 && stock.remaining + live(orders) == orders.total,
+        format!(
+            "{} orders cancelled by the crowd, {} of them cancelled in MySQL; their units \
+             are back in the count of invariant 4",
+            run.cancelled.len(),
+            run.cancelled.len() - not_cancelled
+        ),
+    )
 }
 
 #[cfg(test)]

@@ -10,7 +10,6 @@ mod topology;
 
 pub use self::link::Broker;
 pub use self::publish::{
-    CONFIRM_TIMEOUT, DeadLetter, Event, Outgoing, publish_confirmed, publish_dead_letters,
-    publish_events,
+    CONFIRM_TIMEOUT, DeadLetter, Event, Outbound, Outgoing, publish, publish_orders,
 };
 pub use self::topology::Topology;

@@ -1,4 +1,5 @@
-//! Publishing orders with confirms: the only way a message leaves this server.
+//! Publishing to RabbitMQ: one typed message ([`Outbound`]) and one [`publish`], the only
+//! way a message leaves this server.
 
 use std::time::Duration;
 
@@ -28,34 +29,6 @@ pub struct Outgoing {
 /// broker's share small while a message stays well under 100 KB.
 pub const ORDERS_PER_MESSAGE: usize = 100;
 
-/// Publishes orders (pipelined: every message is sent before any confirm is awaited), up
-/// to [`ORDERS_PER_MESSAGE`] per message as a JSON array, and tells, order by order,
-/// whether the broker confirmed it.
-pub async fn publish_confirmed(
-    channel: &Channel,
-    topology: &Topology,
-    orders: &[Outgoing],
-) -> Vec<bool> {
-    let messages: Vec<&[Outgoing]> = orders.chunks(ORDERS_PER_MESSAGE).collect();
-    let confirmed = publish_pipelined(
-        channel,
-        messages.iter().map(|orders| Message {
-            exchange: &topology.orders_exchange,
-            routing_key: ORDER_PLACED,
-            // Mandatory: a message no queue takes comes back instead of vanishing.
-            mandatory: true,
-            body: json_array(orders),
-            properties: persistent_json(),
-        }),
-    )
-    .await;
-    messages
-        .iter()
-        .zip(confirmed)
-        .flat_map(|(message, ok)| std::iter::repeat_n(ok, message.len()))
-        .collect()
-}
-
 /// An event for other services (reminders, …) on the topic exchange `{namespace}.events`.
 #[derive(Clone, Debug)]
 pub struct Event {
@@ -66,22 +39,6 @@ pub struct Event {
     pub body: Vec<u8>,
 }
 
-/// Publishes events (pipelined, persistent, confirmed) and tells which the broker took.
-/// Not mandatory: an event nobody listens to yet is not an error.
-pub async fn publish_events(channel: &Channel, topology: &Topology, events: &[Event]) -> Vec<bool> {
-    publish_pipelined(
-        channel,
-        events.iter().map(|event| Message {
-            exchange: &topology.events_exchange,
-            routing_key: event.routing_key,
-            mandatory: false,
-            body: event.body.clone(),
-            properties: persistent_json().with_message_id(event.message_id.as_str().into()),
-        }),
-    )
-    .await
-}
-
 /// A message set aside for a human, with why.
 #[derive(Clone, Debug)]
 pub struct DeadLetter {
@@ -90,60 +47,81 @@ pub struct DeadLetter {
     pub reason: String,
 }
 
-/// Publishes dead letters to the dead-letter exchange (persistent, confirmed) and tells
-/// whether the broker took all of them.
-pub async fn publish_dead_letters(
-    channel: &Channel,
-    topology: &Topology,
-    letters: &[DeadLetter],
-) -> bool {
-    let confirmed = publish_pipelined(
-        channel,
-        letters.iter().map(|letter| {
-            let mut headers = FieldTable::default();
-            headers.insert(
-                ShortString::from("x-seckill-reason"),
-                AMQPValue::LongString(letter.reason.as_str().into()),
-            );
-            Message {
-                exchange: &topology.dead_exchange,
+/// Everything that leaves this server for RabbitMQ.
+#[derive(Clone, Copy, Debug)]
+pub enum Outbound<'a> {
+    /// Up to [`ORDERS_PER_MESSAGE`] won orders as one JSON array: persistent, and
+    /// mandatory (a message no queue takes comes back instead of vanishing).
+    Orders(&'a [Outgoing]),
+    /// An event for other services: persistent, not mandatory (an event nobody listens
+    /// to yet is not an error).
+    Event(&'a Event),
+    /// A message set aside for a human, with why, to the dead-letter exchange.
+    DeadLetter(&'a DeadLetter),
+    /// A hint to every instance that a shop changed: not persistent and not waited for
+    /// (a lost one costs at most the shops cache's one second).
+    ShopChanged(u64),
+}
+
+impl Outbound<'_> {
+    fn message<'t>(&self, topology: &'t Topology) -> Message<'t> {
+        match self {
+            Outbound::Orders(orders) => Message {
+                exchange: &topology.orders_exchange,
+                routing_key: ORDER_PLACED,
+                mandatory: true,
+                body: json_array(orders),
+                properties: persistent_json(),
+            },
+            Outbound::Event(event) => Message {
+                exchange: &topology.events_exchange,
+                routing_key: event.routing_key,
+                mandatory: false,
+                body: event.body.clone(),
+                properties: persistent_json().with_message_id(event.message_id.as_str().into()),
+            },
+            Outbound::DeadLetter(letter) => {
+                let mut headers = FieldTable::default();
+                headers.insert(
+                    ShortString::from("x-seckill-reason"),
+                    AMQPValue::LongString(letter.reason.as_str().into()),
+                );
+                Message {
+                    exchange: &topology.dead_exchange,
+                    routing_key: "",
+                    mandatory: false,
+                    body: letter.body.clone(),
+                    properties: persistent_json().with_headers(headers),
+                }
+            }
+            Outbound::ShopChanged(shop) => Message {
+                exchange: &topology.shops_exchange,
                 routing_key: "",
                 mandatory: false,
-                body: letter.body.clone(),
-                properties: persistent_json().with_headers(headers),
-            }
-        }),
-    )
-    .await;
-    confirmed.into_iter().all(|ok| ok)
+                body: shop.to_string().into_bytes(),
+                properties: BasicProperties::default(),
+            },
+        }
+    }
+
+    /// Whether the sender waits for the broker to confirm it.
+    fn awaits_confirm(&self) -> bool {
+        !matches!(self, Outbound::ShopChanged(_))
+    }
 }
 
-/// One AMQP message to send.
-struct Message<'a> {
-    exchange: &'a str,
-    routing_key: &'a str,
-    mandatory: bool,
-    body: Vec<u8>,
-    properties: BasicProperties,
-}
-
-/// Persistent (the broker writes it to disk before it confirms), JSON.
-fn persistent_json() -> BasicProperties {
-    BasicProperties::default()
-        .with_delivery_mode(2)
-        .with_content_type("application/json".into())
-}
-
-/// Sends every message before awaiting any confirm, and tells, message by message,
-/// whether the broker confirmed it (within [`CONFIRM_TIMEOUT`]). After a send fails the
-/// channel is broken: the rest are not sent and count as not confirmed.
-async fn publish_pipelined<'a>(
+/// Publishes messages — every one sent before any confirm is awaited — and tells, message
+/// by message, whether the broker took it (confirmed within [`CONFIRM_TIMEOUT`], and not
+/// returned). After a send fails the channel is broken: the rest are not sent and count
+/// as not taken. The one way a message leaves this server.
+pub async fn publish(
     channel: &Channel,
-    messages: impl ExactSizeIterator<Item = Message<'a>>,
+    topology: &Topology,
+    outbound: &[Outbound<'_>],
 ) -> Vec<bool> {
-    let count = messages.len();
-    let mut confirms = Vec::with_capacity(count);
-    for message in messages {
+    let mut confirms = Vec::with_capacity(outbound.len());
+    for item in outbound {
+        let message = item.message(topology);
         let sent = channel
             .basic_publish(
                 message.exchange.into(),
@@ -157,29 +135,71 @@ async fn publish_pipelined<'a>(
             )
             .await;
         match sent {
-            Ok(confirm) => confirms.push(Some(confirm)),
+            Ok(confirm) => confirms.push(Sent::Confirm(confirm, item.awaits_confirm())),
             Err(e) => {
                 tracing::debug!(error = %e, exchange = message.exchange, "publish failed");
                 break;
             }
         }
     }
-    confirms.resize_with(count, || None);
+    confirms.resize_with(outbound.len(), || Sent::Not);
     await_confirms(confirms).await
 }
 
-/// Waits for each publish's confirm (up to [`CONFIRM_TIMEOUT`]); `None`: never sent.
-async fn await_confirms(confirms: Vec<Option<PublisherConfirm>>) -> Vec<bool> {
-    join_all(confirms.into_iter().map(|confirm| async move {
-        let Some(confirm) = confirm else {
-            return false;
-        };
-        // Acked and not returned. A returned mandatory message is *also* acked
-        // (`Ack(Some(returned))`): unroutable, so not delivered.
-        matches!(
-            tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await,
-            Ok(Ok(Confirmation::Ack(None)))
-        )
+/// Publishes orders, [`ORDERS_PER_MESSAGE`] to a message, and tells, order by order,
+/// whether the broker took it.
+pub async fn publish_orders(
+    channel: &Channel,
+    topology: &Topology,
+    orders: &[Outgoing],
+) -> Vec<bool> {
+    let messages: Vec<Outbound> = orders
+        .chunks(ORDERS_PER_MESSAGE)
+        .map(Outbound::Orders)
+        .collect();
+    let taken = publish(channel, topology, &messages).await;
+    orders
+        .chunks(ORDERS_PER_MESSAGE)
+        .zip(taken)
+        .flat_map(|(message, ok)| std::iter::repeat_n(ok, message.len()))
+        .collect()
+}
+
+/// One AMQP message to send.
+struct Message<'a> {
+    exchange: &'a str,
+    routing_key: &'a str,
+    mandatory: bool,
+    body: Vec<u8>,
+    properties: BasicProperties,
+}
+
+/// A publish as sent: its confirm, and whether to wait for it; or never sent.
+enum Sent {
+    Confirm(PublisherConfirm, bool),
+    Not,
+}
+
+/// Persistent (the broker writes it to disk before it confirms), JSON.
+fn persistent_json() -> BasicProperties {
+    BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_content_type("application/json".into())
+}
+
+/// Waits for each publish's confirm where one is awaited (up to [`CONFIRM_TIMEOUT`]).
+async fn await_confirms(sent: Vec<Sent>) -> Vec<bool> {
+    join_all(sent.into_iter().map(|sent| async move {
+        match sent {
+            Sent::Not => false,
+            Sent::Confirm(_, false) => true,
+            // Acked and not returned. A returned mandatory message is *also* acked
+            // (`Ack(Some(returned))`): unroutable, so not delivered.
+            Sent::Confirm(confirm, true) => matches!(
+                tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await,
+                Ok(Ok(Confirmation::Ack(None)))
+            ),
+        }
     }))
     .await
 }

@@ -23,7 +23,7 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, Bas
 use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{Broker, DeadLetter, publish_dead_letters};
+use crate::broker::{Broker, DeadLetter, Outbound, publish};
 use crate::delay_queue::Plan;
 use crate::domain::{OrderPlaced, OrderSn};
 use crate::keys::Keys;
@@ -296,7 +296,11 @@ impl Consumer {
         let Some(channel) = self.broker.publish_channel() else {
             return false;
         };
-        publish_dead_letters(&channel, self.broker.topology(), letters).await
+        let letters: Vec<Outbound> = letters.iter().map(Outbound::DeadLetter).collect();
+        publish(&channel, self.broker.topology(), &letters)
+            .await
+            .into_iter()
+            .all(|taken| taken)
     }
 }
 

@@ -11,14 +11,87 @@ pub mod publisher;
 pub mod relay;
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
-use crate::broker::Outgoing;
+use lapin::Channel;
+
+use crate::broker::{Broker, Outgoing, publish_orders};
 use crate::domain::Stock;
 use crate::keys::Keys;
 use crate::store::{Grouped, RedisConns, RedisError};
+use crate::telemetry::Meters;
+
+/// Where orders are sent from, for the log and the meters.
+#[derive(Clone, Copy, Debug)]
+pub enum Via {
+    Publisher,
+    Relay,
+}
+
+impl Via {
+    fn name(self) -> &'static str {
+        match self {
+            Via::Publisher => "publisher",
+            Via::Relay => "relay",
+        }
+    }
+}
+
+/// What one send did.
+#[derive(Debug)]
+pub struct Sent {
+    pub orders: usize,
+    /// How many the broker confirmed (these are out of their outboxes).
+    pub confirmed: usize,
+    pub took: Duration,
+    /// Confirmed orders still in the outbox (Redis did not answer the clean-up): harmless,
+    /// the relay sends them again and the insert is idempotent.
+    pub not_cleared: Option<RedisError>,
+}
+
+/// The one way orders are sent: published with confirms, counted, logged, and the
+/// confirmed ones taken out of their outboxes.
+pub async fn send(
+    channel: &Channel,
+    broker: &Broker,
+    outboxes: (&RedisConns, &Keys),
+    meters: &Meters,
+    via: Via,
+    orders: &[Outgoing],
+) -> Sent {
+    let started = Instant::now();
+    let confirmed = publish_orders(channel, broker.topology(), orders).await;
+    let took = started.elapsed();
+    let ok = confirmed.iter().filter(|c| **c).count();
+    meters.mq_publish_seconds.record(took);
+    meters.published.increment(ok as u64);
+    tracing::info!(
+        via = via.name(),
+        orders = orders.len(),
+        confirmed = ok,
+        outcome = if ok == orders.len() {
+            "confirmed"
+        } else {
+            "partly_confirmed"
+        },
+        duration_ms = took.as_secs_f64() * 1e3,
+        "mq_publish"
+    );
+    let sent = orders
+        .iter()
+        .zip(&confirmed)
+        .filter_map(|(order, ok)| ok.then_some(order));
+    let (redis, keys) = outboxes;
+    Sent {
+        orders: orders.len(),
+        confirmed: ok,
+        took,
+        not_cleared: clear_confirmed(redis, keys, sent).await.err(),
+    }
+}
 
 /// Takes confirmed orders out of their items' outboxes, in one round trip.
-pub async fn clear_confirmed<'a>(
+async fn clear_confirmed<'a>(
     redis: &RedisConns,
     keys: &Keys,
     confirmed: impl Iterator<Item = &'a Outgoing>,

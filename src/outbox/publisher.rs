@@ -10,18 +10,20 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::breaker::auto::Signals;
-use crate::broker::{Broker, Outgoing, publish_confirmed};
+use crate::broker::{Broker, Outgoing};
 use crate::domain::Stock;
 use crate::keys::Keys;
 use crate::marks::{self, Work};
 use crate::store::RedisConns;
 use crate::telemetry::Meters;
+
+use super::Via;
 
 const BUFFER: usize = 20_000;
 /// Orders per batch, at most.
@@ -146,30 +148,17 @@ async fn run(
             // sales go on (the relay delivers them later).
             continue;
         };
-        let started = Instant::now();
-        let confirmed = publish_confirmed(&channel, broker.topology(), &batch).await;
-        let ok = confirmed.iter().filter(|c| **c).count();
-        let took = started.elapsed();
-        meters.mq_publish_seconds.record(took);
-        meters.published.increment(ok as u64);
-        signals.published(took, ok < batch.len());
-        tracing::info!(
-            via = "publisher",
-            orders = batch.len(),
-            confirmed = ok,
-            outcome = if ok == batch.len() {
-                "confirmed"
-            } else {
-                "partly_confirmed"
-            },
-            duration_ms = started.elapsed().as_secs_f64() * 1e3,
-            "mq_publish"
-        );
-        let sent = batch
-            .iter()
-            .zip(&confirmed)
-            .filter_map(|(order, ok)| ok.then_some(order));
-        if let Err(e) = super::clear_confirmed(&outboxes.redis, &outboxes.keys, sent).await {
+        let sent = super::send(
+            &channel,
+            &broker,
+            (&outboxes.redis, &outboxes.keys),
+            &meters,
+            Via::Publisher,
+            &batch,
+        )
+        .await;
+        signals.published(sent.took, sent.confirmed < sent.orders);
+        if let Some(e) = sent.not_cleared {
             // Harmless: the relay will send these again and the insert is idempotent.
             tracing::warn!(error = %e, "could not clear confirmed orders from the outbox");
         }

@@ -6,20 +6,22 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::Utc;
 use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
 use crate::background::{Schedule, repeat};
-use crate::broker::{Broker, Outgoing, publish_confirmed};
+use crate::broker::{Broker, Outgoing};
 use crate::domain::{OrderPlaced, OrderSn, Stock};
 use crate::keys::Keys;
 use crate::marks::{self, Work};
 use crate::orders::repo as orders;
 use crate::store::{Db, RedisConns, StoreError, WAIT_FOR_REPLICAS, redis_timed};
 use crate::telemetry::Meters;
+
+use super::Via;
 
 /// An outbox entry younger than this is left to the in-process publisher.
 pub const RELAY_AFTER: Duration = Duration::from_secs(3);
@@ -138,30 +140,19 @@ impl Relay {
                     return Ok(());
                 }
             }
-            let started = Instant::now();
-            let confirmed = publish_confirmed(&channel, self.broker.topology(), &outgoing).await;
-            let sent = confirmed.iter().filter(|c| **c).count();
-            self.meters.mq_publish_seconds.record(started.elapsed());
-            self.meters.published.increment(sent as u64);
-            tracing::info!(
-                via = "relay",
-                %stock,
-                orders = outgoing.len(),
-                confirmed = sent,
-                outcome = if sent == outgoing.len() { "confirmed" } else { "partly_confirmed" },
-                duration_ms = started.elapsed().as_secs_f64() * 1e3,
-                "mq_publish"
-            );
-            super::clear_confirmed(
-                &self.redis,
-                &self.keys,
-                outgoing
-                    .iter()
-                    .zip(&confirmed)
-                    .filter_map(|(o, ok)| ok.then_some(o)),
+            let sent = super::send(
+                &channel,
+                &self.broker,
+                (&self.redis, &self.keys),
+                &self.meters,
+                Via::Relay,
+                &outgoing,
             )
-            .await?;
-            if sent < outgoing.len() {
+            .await;
+            if let Some(e) = sent.not_cleared {
+                return Err(e.into());
+            }
+            if sent.confirmed < sent.orders {
                 // The broker is struggling; try again next pass.
                 return Ok(());
             }

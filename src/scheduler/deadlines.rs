@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::background::{Schedule, repeat};
-use crate::broker::{Event, publish_events};
+use crate::broker::{Event, Outbound, publish};
 use crate::domain::Stock;
 use crate::marks::{self, Work};
 use crate::orders::repo::{self, OrderStatus};
@@ -172,7 +172,10 @@ async fn remind(
     }
     let events: Vec<Event> = to_send.iter().map(|(_, e)| e.clone()).collect();
     let confirmed = match scheduler.broker.publish_channel() {
-        Some(channel) => publish_events(&channel, scheduler.broker.topology(), &events).await,
+        Some(channel) => {
+            let events: Vec<Outbound> = events.iter().map(Outbound::Event).collect();
+            publish(&channel, scheduler.broker.topology(), &events).await
+        }
         None => vec![false; events.len()],
     };
     let mut later = Vec::new();

@@ -5,15 +5,11 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use lapin::BasicProperties;
-use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, QueueBindOptions,
-    QueueDeclareOptions,
-};
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::Broker;
+use crate::broker::{Broker, Outbound, publish};
 use crate::keys::Keys;
 use crate::store::{Db, RedisConns, RedisError, RedisLock, StoreError};
 
@@ -53,17 +49,9 @@ pub async fn announce(broker: &Broker, shop: u64) {
         );
         return;
     };
-    let sent = channel
-        .basic_publish(
-            broker.topology().shops_exchange.as_str().into(),
-            "".into(),
-            BasicPublishOptions::default(),
-            shop.to_string().as_bytes(),
-            BasicProperties::default(),
-        )
-        .await;
-    if let Err(e) = sent {
-        tracing::warn!(shop, error = %e, "could not announce a shop change");
+    let sent = publish(&channel, broker.topology(), &[Outbound::ShopChanged(shop)]).await;
+    if sent != [true] {
+        tracing::warn!(shop, "could not announce a shop change");
     }
 }
 
