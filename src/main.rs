@@ -126,48 +126,7 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             item,
             force,
             settings,
-        } => {
-            let db = connect_mysql(settings.database_url.expose()).await?;
-            migrate(&db).await?;
-            let redis = RedisConns::new(settings.redis_url.expose())?;
-            // A rebuild asks RabbitMQ whether orders still wait in its queue.
-            let broker = Broker::new(
-                settings.amqp_url.expose(),
-                Topology::new(&settings.namespace).with_queue_type(settings.queue_type),
-            );
-            let broker_stop = CancellationToken::new();
-            let broker_task = tokio::spawn(broker.clone().run(broker_stop.clone()));
-            let bar = ProgressBar::new(0).with_style(
-                ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} units ({eta})")
-                    .context("progress bar template")?
-                    .progress_chars("=> "),
-            );
-            bar.set_message(format!("item {item}"));
-            bar.enable_steady_tick(Duration::from_millis(200));
-            let warmup = Warmup {
-                db: &db,
-                redis: &redis,
-                broker: &broker,
-                keys: &Keys::new(&settings.namespace),
-                plan: &Plan::from_settings(&settings),
-            };
-            let report = warmup
-                .run(item, force, &|progress| match progress {
-                    Progress::Waiting(why) => bar.set_message(format!("item {item}: {why}")),
-                    Progress::Loading { done, of } => {
-                        bar.set_message(format!("item {item}"));
-                        bar.set_length(of);
-                        bar.set_position(done);
-                    }
-                })
-                .await;
-            bar.finish_and_clear();
-            broker_stop.cancel();
-            let _ = broker_task.await;
-            let report = report?;
-            println!("{}", serde_json::to_string_pretty(&report)?);
-            Ok(())
-        }
+        } => warmup(item, force, &settings).await,
         Command::Token {
             user,
             ttl_s,
@@ -192,6 +151,50 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
         }
     }?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `seckill warmup ITEM`: loads the item with a progress bar, and prints the report.
+async fn warmup(item: ItemId, force: bool, settings: &Settings) -> anyhow::Result<()> {
+    let db = connect_mysql(settings.database_url.expose()).await?;
+    migrate(&db).await?;
+    let redis = RedisConns::new(settings.redis_url.expose())?;
+    // A rebuild asks RabbitMQ whether orders still wait in its queue.
+    let broker = Broker::new(
+        settings.amqp_url.expose(),
+        Topology::new(&settings.namespace).with_queue_type(settings.queue_type),
+    );
+    let broker_stop = CancellationToken::new();
+    let broker_task = tokio::spawn(broker.clone().run(broker_stop.clone()));
+    let bar = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} units ({eta})")
+            .context("progress bar template")?
+            .progress_chars("=> "),
+    );
+    bar.set_message(format!("item {item}"));
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let warmup = Warmup {
+        db: &db,
+        redis: &redis,
+        broker: &broker,
+        keys: &Keys::new(&settings.namespace),
+        plan: &Plan::from_settings(settings),
+    };
+    let report = warmup
+        .run(item, force, &|progress| match progress {
+            Progress::Waiting(why) => bar.set_message(format!("item {item}: {why}")),
+            Progress::Loading { done, of } => {
+                bar.set_message(format!("item {item}"));
+                bar.set_length(of);
+                bar.set_position(done);
+            }
+        })
+        .await;
+    bar.finish_and_clear();
+    broker_stop.cancel();
+    let _ = broker_task.await;
+    let report = report?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
 }
 
 /// Cancels `shutdown` on SIGINT or SIGTERM.

@@ -65,64 +65,71 @@ impl Topology {
 
     /// Declares everything (idempotent; run on every connect).
     pub async fn declare(&self, channel: &Channel) -> lapin::Result<()> {
-        let durable = ExchangeDeclareOptions {
+        let exchanges = [
+            (&self.orders_exchange, ExchangeKind::Direct),
+            (&self.dead_exchange, ExchangeKind::Fanout),
+            (&self.events_exchange, ExchangeKind::Topic),
+            (&self.shops_exchange, ExchangeKind::Fanout),
+        ];
+        for (name, kind) in exchanges {
+            channel
+                .exchange_declare(
+                    name.as_str().into(),
+                    kind,
+                    ExchangeDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+        }
+        self.declare_bound(
+            channel,
+            &self.dead_queue,
+            self.queue_args(),
+            &self.dead_exchange,
+            "",
+        )
+        .await?;
+        self.declare_bound(
+            channel,
+            &self.orders_queue,
+            self.orders_queue_args(),
+            &self.orders_exchange,
+            ORDER_PLACED,
+        )
+        .await
+    }
+
+    /// A durable queue, bound to `exchange` with `routing_key`.
+    async fn declare_bound(
+        &self,
+        channel: &Channel,
+        queue: &str,
+        args: FieldTable,
+        exchange: &str,
+        routing_key: &str,
+    ) -> lapin::Result<()> {
+        let durable = QueueDeclareOptions {
             durable: true,
             ..Default::default()
         };
-        channel
-            .exchange_declare(
-                self.orders_exchange.as_str().into(),
-                ExchangeKind::Direct,
-                durable,
-                FieldTable::default(),
-            )
-            .await?;
-        channel
-            .exchange_declare(
-                self.dead_exchange.as_str().into(),
-                ExchangeKind::Fanout,
-                durable,
-                FieldTable::default(),
-            )
-            .await?;
-        channel
-            .exchange_declare(
-                self.events_exchange.as_str().into(),
-                ExchangeKind::Topic,
-                durable,
-                FieldTable::default(),
-            )
-            .await?;
-        channel
-            .exchange_declare(
-                self.shops_exchange.as_str().into(),
-                ExchangeKind::Fanout,
-                durable,
-                FieldTable::default(),
-            )
-            .await?;
-        let durable_queue = QueueDeclareOptions {
-            durable: true,
-            ..Default::default()
-        };
-        channel
-            .queue_declare(
-                self.dead_queue.as_str().into(),
-                durable_queue,
-                self.queue_args(),
-            )
-            .await?;
+        channel.queue_declare(queue.into(), durable, args).await?;
         channel
             .queue_bind(
-                self.dead_queue.as_str().into(),
-                self.dead_exchange.as_str().into(),
-                "".into(),
+                queue.into(),
+                exchange.into(),
+                routing_key.into(),
                 QueueBindOptions::default(),
                 FieldTable::default(),
             )
-            .await?;
-        // A message the consumer rejects goes to the dead-letter exchange instead of being
-        // redelivered forever.
+            .await
+    }
+
+    /// The order queue's arguments: a message the consumer rejects goes to the dead-letter
+    /// exchange instead of being redelivered forever.
+    fn orders_queue_args(&self) -> FieldTable {
         let mut args = self.queue_args();
         args.insert(
             ShortString::from("x-dead-letter-exchange"),
@@ -145,18 +152,6 @@ impl Topology {
                 AMQPValue::LongString("reject-publish".into()),
             );
         }
-        channel
-            .queue_declare(self.orders_queue.as_str().into(), durable_queue, args)
-            .await?;
-        channel
-            .queue_bind(
-                self.orders_queue.as_str().into(),
-                self.orders_exchange.as_str().into(),
-                ORDER_PLACED.into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
-        Ok(())
+        args
     }
 }

@@ -92,35 +92,11 @@ pub(super) async fn put_items(
     grouped.run(&redis).await?;
     catalog.announce_all().await;
 
-    let (mut created, mut updated) = (0, 0);
-    let outcomes: Vec<Outcome> = done
-        .iter()
-        .map(|(item_id, outcome)| match outcome {
-            Upserted::Created => {
-                created += 1;
-                Outcome {
-                    item_id: *item_id,
-                    code: "created",
-                    detail: None,
-                }
-            }
-            Upserted::Updated => {
-                updated += 1;
-                Outcome {
-                    item_id: *item_id,
-                    code: "updated",
-                    detail: None,
-                }
-            }
-            Upserted::BucketsFixed { buckets } => Outcome {
-                item_id: *item_id,
-                code: "buckets_fixed",
-                detail: Some(format!(
-                    "loaded with {buckets} bucket(s): send \"buckets\": {buckets}"
-                )),
-            },
-        })
-        .collect();
+    let (created, updated) = (
+        count(&done, Upserted::Created),
+        count(&done, Upserted::Updated),
+    );
+    let outcomes: Vec<Outcome> = done.iter().map(written).collect();
     Ok(ok(
         "ok",
         json!({ "created": created, "updated": updated, "items": outcomes }),
@@ -131,4 +107,27 @@ pub(super) async fn put_items(
 pub fn first_repeated(ids: impl Iterator<Item = ItemId>) -> Option<ItemId> {
     let mut seen = std::collections::HashSet::new();
     ids.into_iter().find(|id| !seen.insert(*id))
+}
+
+fn count(done: &[(ItemId, Upserted)], what: Upserted) -> usize {
+    done.iter().filter(|(_, outcome)| *outcome == what).count()
+}
+
+/// One written item's outcome as the bulk answer names it.
+fn written((item_id, outcome): &(ItemId, Upserted)) -> Outcome {
+    let (code, detail) = match outcome {
+        Upserted::Created => ("created", None),
+        Upserted::Updated => ("updated", None),
+        Upserted::BucketsFixed { buckets } => (
+            "buckets_fixed",
+            Some(format!(
+                "loaded with {buckets} bucket(s): send \"buckets\": {buckets}"
+            )),
+        ),
+    };
+    Outcome {
+        item_id: *item_id,
+        code,
+        detail,
+    }
 }

@@ -172,49 +172,13 @@ impl Consumer {
                 .collect()
         };
 
-        if !orders.is_empty() {
-            let Some(written) = retry("mysql", shutdown, || self.insert(&orders)).await else {
-                return Ok(false);
-            };
-            if written == Written::Refused {
-                // Some order MySQL will never take: find it, message by message and then
-                // order by order, so that every other one lands.
-                let Some(refused) = retry("mysql", shutdown, || self.isolate(&messages)).await
-                else {
-                    return Ok(false);
-                };
-                for (message, refused) in messages.iter_mut().zip(refused) {
-                    message.refused.extend(refused);
-                }
-            }
-            let refused: HashSet<&OrderSn> = messages
-                .iter()
-                .flat_map(|m| m.refused.iter().map(|(o, _)| &o.order_sn))
-                .collect();
-            let landed: Cow<[OrderPlaced]> = if refused.is_empty() {
-                Cow::Borrowed(&orders)
-            } else {
-                orders
-                    .iter()
-                    .filter(|o| !refused.contains(&o.order_sn))
-                    .cloned()
-                    .collect()
-            };
-            self.meters.mysql_insert_seconds.record(started.elapsed());
-            self.meters.written.increment(landed.len() as u64);
-            tracing::info!(
-                orders = landed.len(),
-                messages = messages.len(),
-                outcome = "committed",
-                duration_ms = started.elapsed().as_secs_f64() * 1e3,
-                "mysql_insert"
-            );
-            if retry("redis", shutdown, || self.settle(&landed))
+        if !orders.is_empty()
+            && self
+                .land(&mut messages, &orders, started, shutdown)
                 .await
                 .is_none()
-            {
-                return Ok(false);
-            }
+        {
+            return Ok(false);
         }
 
         let letters: Vec<DeadLetter> = messages.iter().flat_map(Message::dead_letters).collect();
@@ -241,6 +205,49 @@ impl Consumer {
                 .await?;
         }
         Ok(true)
+    }
+
+    /// Writes the batch's orders to MySQL (each refused one set aside in its message) and
+    /// settles the landed ones in Redis. `None`: shutting down before that was done.
+    async fn land(
+        &self,
+        messages: &mut [Message],
+        orders: &[OrderPlaced],
+        started: Instant,
+        shutdown: &CancellationToken,
+    ) -> Option<()> {
+        let written = retry("mysql", shutdown, || self.insert(orders)).await?;
+        if written == Written::Refused {
+            // Some order MySQL will never take: find it, message by message and then
+            // order by order, so that every other one lands.
+            let refused = retry("mysql", shutdown, || self.isolate(messages)).await?;
+            for (message, refused) in messages.iter_mut().zip(refused) {
+                message.refused.extend(refused);
+            }
+        }
+        let refused: HashSet<&OrderSn> = messages
+            .iter()
+            .flat_map(|m| m.refused.iter().map(|(o, _)| &o.order_sn))
+            .collect();
+        let landed: Cow<[OrderPlaced]> = if refused.is_empty() {
+            Cow::Borrowed(orders)
+        } else {
+            orders
+                .iter()
+                .filter(|o| !refused.contains(&o.order_sn))
+                .cloned()
+                .collect()
+        };
+        self.meters.mysql_insert_seconds.record(started.elapsed());
+        self.meters.written.increment(landed.len() as u64);
+        tracing::info!(
+            orders = landed.len(),
+            messages = messages.len(),
+            outcome = "committed",
+            duration_ms = started.elapsed().as_secs_f64() * 1e3,
+            "mysql_insert"
+        );
+        retry("redis", shutdown, || self.settle(&landed)).await
     }
 
     /// Writes the orders in one transaction; `Refused` when MySQL refused some of the data

@@ -10,12 +10,11 @@ use std::collections::{HashMap, HashSet};
 use redis::{AsyncCommands, Value};
 
 use crate::domain::ItemId;
-use crate::keys::ItemKeys;
+use crate::items::repo::{self, Item};
+use crate::keys::{ItemKeys, Keys};
 use crate::lua::LOAD_FRESH;
 use crate::orders::repo as orders;
-use crate::store::{Grouped, RedisLock, redis_timed};
-
-use crate::items::repo::{self, Item};
+use crate::store::{Grouped, RedisConns, RedisLock, redis_timed};
 
 use super::{BucketMeta, GUARDED, LOCK_FOR, Warmup, WarmupError, meta_after, spread};
 
@@ -96,9 +95,27 @@ async fn load_locked(
     locked: &[&Item],
     out: &mut Loaded,
 ) -> Result<(), WarmupError> {
-    let (redis, keys) = (warmup.redis, warmup.keys);
+    let buckets = buckets_of(locked, warmup.keys);
+    let buckets = fresh_only(warmup.redis, buckets, out).await?;
+    if buckets.is_empty() {
+        return Ok(());
+    }
+    load_buckets(warmup.redis, warmup.keys, &buckets).await?;
+    let outcomes = read_back(warmup.redis, &buckets).await?;
+    let loaded: Vec<ItemId> = outcomes
+        .iter()
+        .filter(|(_, outcome)| outcome.is_ok())
+        .map(|(id, _)| *id)
+        .collect();
+    repo::mark_loaded(warmup.db, &loaded).await?;
+    out.decided.extend(outcomes);
+    Ok(())
+}
+
+/// The items' buckets, each with its share of the units (numbered on across buckets).
+fn buckets_of<'i>(items: &[&'i Item], keys: &Keys) -> Vec<Bucket<'i>> {
     let mut buckets = Vec::new();
-    for item in locked {
+    for item in items {
         let mut first = 0;
         for (stock, units) in item
             .stocks()
@@ -114,8 +131,16 @@ async fn load_locked(
             first += units;
         }
     }
-    // Their Redis side: nothing loaded, pending, lent, listed or bought, or they go the
-    // one-item way.
+    buckets
+}
+
+/// The buckets of items whose Redis side is empty — nothing loaded, pending, lent, listed
+/// or bought — with what their load is guarded by; the other items go the one-item way.
+async fn fresh_only<'i>(
+    redis: &RedisConns,
+    mut buckets: Vec<Bucket<'i>>,
+    out: &mut Loaded,
+) -> Result<Vec<Bucket<'i>>, WarmupError> {
     let mut grouped = Grouped::new(redis);
     for bucket in &buckets {
         let pipe = grouped.group();
@@ -136,19 +161,24 @@ async fn load_locked(
     }
     buckets.retain(|b| !not_fresh.contains(&b.item.id));
     out.not_fresh.extend(not_fresh);
-    if buckets.is_empty() {
-        return Ok(());
-    }
+    Ok(buckets)
+}
 
-    // In the index first: a bucket there with nothing loaded costs the sweeps nothing.
+/// Each bucket in one call of `load_fresh.lua` (units and meta, guarded by `seen`), after
+/// putting them in the items index: a bucket there with nothing loaded costs the sweeps
+/// nothing.
+async fn load_buckets(
+    redis: &RedisConns,
+    keys: &Keys,
+    buckets: &[Bucket<'_>],
+) -> Result<(), WarmupError> {
     let members: Vec<String> = buckets.iter().map(|b| b.keys.stock.to_string()).collect();
     let mut conn = redis.bulk().await?;
     redis_timed(conn.sadd::<_, _, ()>(keys.items_index(), &members)).await?;
     redis_timed(LOAD_FRESH.prepare_invoke().load_async(&mut conn)).await?;
 
-    // Each bucket in one call of load_fresh.lua (units and meta, guarded by `seen`).
     let mut grouped = Grouped::new(redis);
-    for bucket in &buckets {
+    for bucket in buckets {
         let meta = BucketMeta {
             total: bucket.units,
             sold: 0,
@@ -168,13 +198,19 @@ async fn load_locked(
         }
     }
     if let Err(e) = grouped.query::<Vec<Value>>(redis).await {
-        // Some loads may have happened: what Redis holds now is read back below.
+        // Some loads may have happened: what Redis holds now is read back next.
         tracing::warn!(error = %e, "bulk warm-up: a load round trip failed; reading back what it did");
     }
+    Ok(())
+}
 
-    // Read back: an item is loaded when every bucket holds its units, under this load.
+/// Each item's outcome: loaded when every bucket holds its units, under this load.
+async fn read_back(
+    redis: &RedisConns,
+    buckets: &[Bucket<'_>],
+) -> Result<Vec<(ItemId, Result<(), WarmupError>)>, WarmupError> {
     let mut grouped = Grouped::new(redis);
-    for bucket in &buckets {
+    for bucket in buckets {
         grouped
             .group()
             .hget(&bucket.keys.meta, "total")
@@ -201,12 +237,5 @@ async fn load_locked(
             }),
         };
     }
-    let loaded: Vec<ItemId> = outcomes
-        .iter()
-        .filter(|(_, outcome)| outcome.is_ok())
-        .map(|(id, _)| *id)
-        .collect();
-    repo::mark_loaded(warmup.db, &loaded).await?;
-    out.decided.extend(outcomes);
-    Ok(())
+    Ok(outcomes)
 }

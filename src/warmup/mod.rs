@@ -324,17 +324,7 @@ impl Warmup<'_> {
     ) -> Result<WarmupReport, WarmupError> {
         let item = repo::get(self.db, id).await?.ok_or(WarmupError::NotFound)?;
         let buckets: Vec<ItemKeys> = item.stocks().map(|s| self.keys.stock(s)).collect();
-        let mut seen = Vec::with_capacity(buckets.len());
-        for bucket in &buckets {
-            let fields: Vec<Option<String>> = redis_timed(
-                redis::cmd("HMGET")
-                    .arg(&bucket.meta)
-                    .arg(&GUARDED)
-                    .query_async(conn),
-            )
-            .await?;
-            seen.push(fields);
-        }
+        let seen = guarded_fields(conn, &buckets).await?;
         // Read again under the record's current rules: a resume while a rebuild waited
         // is a live sale again.
         let item = repo::get(self.db, id).await?.ok_or(WarmupError::NotFound)?;
@@ -391,14 +381,7 @@ impl Warmup<'_> {
             });
         }
         if rebuild {
-            // Deadlines and reminders went with Redis: due again as they were.
-            let unpaid: Vec<OrderPlaced> = holders.iter().filter_map(Holder::unpaid).collect();
-            for chunk in unpaid.chunks(1_000) {
-                let mut grouped = Grouped::new(self.redis);
-                self.plan.schedule(&mut grouped, self.keys, chunk);
-                grouped.run(self.redis).await?;
-            }
-            marks::mark(conn, self.keys, Work::Deadlines, item.stocks()).await?;
+            self.schedule_again(conn, &holders, &item).await?;
         }
         Ok(WarmupReport {
             item_id: id,
@@ -408,6 +391,24 @@ impl Warmup<'_> {
             sold: after.sold,
             rebuilt: rebuild,
         })
+    }
+
+    /// After a rebuild: the unpaid orders' deadlines and reminders went with Redis, so they
+    /// are due again as they were.
+    async fn schedule_again(
+        &self,
+        conn: &mut RedisConn,
+        holders: &[Holder],
+        item: &Item,
+    ) -> Result<(), WarmupError> {
+        let unpaid: Vec<OrderPlaced> = holders.iter().filter_map(Holder::unpaid).collect();
+        for chunk in unpaid.chunks(1_000) {
+            let mut grouped = Grouped::new(self.redis);
+            self.plan.schedule(&mut grouped, self.keys, chunk);
+            grouped.run(self.redis).await?;
+        }
+        marks::mark(conn, self.keys, Work::Deadlines, item.stocks()).await?;
+        Ok(())
     }
 
     /// Every order holding a unit: live in MySQL or pending in Redis.
@@ -493,6 +494,25 @@ pub(super) struct BucketMeta {
     /// Units in the bucket: sold, plus on sale.
     pub total: u64,
     pub sold: u64,
+}
+
+/// Each bucket's [`GUARDED`] meta fields as they are now: what its swap is guarded by.
+async fn guarded_fields(
+    conn: &mut RedisConn,
+    buckets: &[ItemKeys],
+) -> Result<Vec<Vec<Option<String>>>, RedisError> {
+    let mut seen = Vec::with_capacity(buckets.len());
+    for bucket in buckets {
+        let fields: Vec<Option<String>> = redis_timed(
+            redis::cmd("HMGET")
+                .arg(&bucket.meta)
+                .arg(&GUARDED)
+                .query_async(conn),
+        )
+        .await?;
+        seen.push(fields);
+    }
+    Ok(seen)
 }
 
 async fn fill_side_list(
