@@ -26,7 +26,7 @@ use crate::background::{Schedule, repeat};
 use crate::domain::{ItemId, UserId};
 use crate::keys::{ItemKeys, Keys};
 use crate::shops::cache::Shops;
-use crate::store::{Db, DbError, MissLimit, RedisConns, RedisError, redis_timed};
+use crate::store::{Db, DbError, MissLimit, RedisConns, RedisError, StoreError, redis_timed};
 use crate::telemetry::{ItemLevels, Meters};
 
 use super::repo::{self, Item};
@@ -260,7 +260,7 @@ impl Catalog {
 
     /// Reloads the definitions that changed from MySQL and the stock of announced items
     /// and of the next window of the catalogue from Redis, now.
-    pub async fn refresh(&self) -> Result<(), RefreshError> {
+    pub async fn refresh(&self) -> Result<(), StoreError> {
         let (since, announced) = self.next_round();
         // MySQL down: keep the definitions we have, still refresh stock from Redis.
         let definitions = repo::recent(&self.inner.db, since).await;
@@ -278,12 +278,12 @@ impl Catalog {
             // From the local cache while it is fresh; any failure keeps the last known.
             let _ = self.inner.shops.get(shop).await;
         }
-        definitions.map(|_| ()).map_err(RefreshError::from)
+        definitions.map(|_| ()).map_err(StoreError::from)
     }
 
     /// This one item, now: its definition from MySQL and its stock from Redis — after an
     /// operator's change, without waiting for the next round or paying for a whole one.
-    pub async fn refresh_item(&self, id: ItemId) -> Result<(), RefreshError> {
+    pub async fn refresh_item(&self, id: ItemId) -> Result<(), StoreError> {
         if let Some(item) = repo::get(&self.inner.db, id).await? {
             let entry = self.upsert(item);
             self.read_stock(std::slice::from_ref(&entry)).await?;
@@ -483,12 +483,4 @@ where
     C: redis::aio::ConnectionLike + Send + Sync,
 {
     redis_timed(conn.publish::<_, _, ()>(keys.item_events_channel(), id.get())).await
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RefreshError {
-    #[error("reading items from MySQL")]
-    Database(#[from] DbError),
-    #[error("reading stock from Redis")]
-    Redis(#[from] RedisError),
 }

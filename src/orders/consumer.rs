@@ -27,7 +27,7 @@ use crate::broker::{Broker, DeadLetter, Outbound, publish};
 use crate::delay_queue::Plan;
 use crate::domain::{OrderPlaced, OrderSn};
 use crate::keys::Keys;
-use crate::store::{Db, DbError, RedisConns, RedisError};
+use crate::store::{Db, RedisConns, StoreError};
 use crate::telemetry::Meters;
 
 use super::placed;
@@ -252,7 +252,7 @@ impl Consumer {
 
     /// Writes the orders in one transaction; `Refused` when MySQL refused some of the data
     /// (nothing was written then).
-    async fn insert(&self, orders: &[OrderPlaced]) -> Result<Written, ConsumeError> {
+    async fn insert(&self, orders: &[OrderPlaced]) -> Result<Written, StoreError> {
         match placed::write(&self.db, orders).await {
             Ok(()) => Ok(Written::All),
             Err(e) if e.is_refusal() => {
@@ -265,7 +265,7 @@ impl Consumer {
 
     /// Writes each message's orders on its own, and the orders of a refused message one by
     /// one: the orders MySQL refused, with its reason, message by message.
-    async fn isolate(&self, messages: &[Message]) -> Result<Vec<Refused>, ConsumeError> {
+    async fn isolate(&self, messages: &[Message]) -> Result<Vec<Refused>, StoreError> {
         let mut refused_by_message = Vec::with_capacity(messages.len());
         for message in messages {
             let mut refused = Vec::new();
@@ -294,7 +294,7 @@ impl Consumer {
         Ok(refused_by_message)
     }
 
-    async fn settle(&self, orders: &[OrderPlaced]) -> Result<(), ConsumeError> {
+    async fn settle(&self, orders: &[OrderPlaced]) -> Result<(), StoreError> {
         Ok(placed::settle_in_redis(&self.redis, &self.keys, &self.plan, orders).await?)
     }
 
@@ -443,20 +443,12 @@ fn parse(data: &[u8]) -> Parsed {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-enum ConsumeError {
-    #[error("writing orders")]
-    Write(#[from] DbError),
-    #[error("clearing pending orders and scheduling their deadlines")]
-    Redis(#[from] RedisError),
-}
-
 /// Runs `step` until it succeeds, pausing longer after each failure (up to
 /// [`MAX_BACKOFF`]); `None` if shutdown came first.
 async fn retry<T, F, Fut>(what: &str, shutdown: &CancellationToken, mut step: F) -> Option<T>
 where
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, ConsumeError>>,
+    Fut: Future<Output = Result<T, StoreError>>,
 {
     let mut pause = Duration::from_millis(100);
     let mut failures = 0u32;

@@ -11,12 +11,14 @@
 //! too, the last value this instance knew is served (and a warning logged).
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
+use crate::background::{Schedule, repeat};
 use crate::keys::Keys;
 use crate::store::{Db, DbError, MissLimit, RedisConns, RedisError, redis_timed};
 use crate::telemetry::Meters;
@@ -282,28 +284,29 @@ impl Shops {
 
     /// Reloads the stale shops whose announcements have calmed down, until shutdown.
     pub async fn flush_stale(self, shutdown: CancellationToken) {
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(FLUSH_EVERY) => {}
-            }
-            let now = Instant::now();
-            let stale: Vec<u64> = {
-                let mut stale = self.inner.stale.lock().unwrap_or_else(|e| e.into_inner());
-                let due: Vec<u64> = stale
-                    .iter()
-                    .filter(|(_, (first, last))| now - *last >= QUIET || now - *first >= AT_MOST)
-                    .map(|(id, _)| *id)
-                    .collect();
-                for id in &due {
-                    stale.remove(id);
-                }
-                due
-            };
-            for id in stale {
+        let every = Schedule::every(FLUSH_EVERY);
+        repeat("shop reloads", every, &shutdown, || async {
+            for id in self.calmed_down() {
                 // Now, so the purchase path's view follows at once.
                 self.reload(id).await;
             }
+            Ok::<_, Infallible>(())
+        })
+        .await;
+    }
+
+    /// The stale shops whose announcements have calmed down, taken off the stale list.
+    fn calmed_down(&self) -> Vec<u64> {
+        let now = Instant::now();
+        let mut stale = self.inner.stale.lock().unwrap_or_else(|e| e.into_inner());
+        let due: Vec<u64> = stale
+            .iter()
+            .filter(|(_, (first, last))| now - *last >= QUIET || now - *first >= AT_MOST)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &due {
+            stale.remove(id);
         }
+        due
     }
 }
