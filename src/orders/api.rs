@@ -21,7 +21,7 @@ use crate::http::extract::{ApiPath, AuthUser, OrderSeeker};
 use crate::http::reply::ok;
 use crate::http::request_id;
 use crate::state::AppState;
-use crate::store::{RedisError, WAIT_FOR_REPLICAS, redis_timed};
+use crate::store::{WAIT_FOR_REPLICAS, redis_timed};
 
 use crate::delay_queue::Plan;
 
@@ -66,7 +66,7 @@ async fn get_order(
     request_id::record_user(user, None);
     // Not even an order number: unknown, like any order that is not yours.
     let sn = OrderSn::parse(&order_sn).ok_or(ApiError::OrderNotFound)?;
-    let pending = pending_order(&redis, &keys, &sn).await?;
+    let pending = placed::pending(&redis, &keys, &sn).await?;
     let view = match pending {
         Some(order) => OrderView::pending(order),
         None => repo::find(&db, &sn)
@@ -103,7 +103,7 @@ async fn my_order(
         let sn: Option<String> =
             redis_timed(conn.hget(item_keys.buyer_orders(user), user.get())).await?;
         match sn.as_deref().and_then(OrderSn::parse) {
-            Some(sn) => pending_order(&redis, &keys, &sn)
+            Some(sn) => placed::pending(&redis, &keys, &sn)
                 .await
                 .map(|pending| pending.map(OrderView::pending)),
             None => Ok(None),
@@ -126,22 +126,6 @@ async fn my_order(
         return Err(ApiError::OrderNotFound);
     }
     Ok(ok("ok", view))
-}
-
-/// The order as Redis's `pending` hash holds it (won, not yet in MySQL), if it does.
-async fn pending_order(
-    redis: &crate::store::RedisConns,
-    keys: &crate::keys::Keys,
-    sn: &OrderSn,
-) -> Result<Option<OrderPlaced>, RedisError> {
-    let mut conn = redis.hot().await?;
-    let json: Option<String> =
-        redis_timed(conn.hget(keys.pending(sn.stock()), sn.as_str())).await?;
-    json.map(|json| {
-        serde_json::from_str(&json)
-            .map_err(|e| RedisError::Unexpected(format!("pending order JSON: {e}")))
-    })
-    .transpose()
 }
 
 impl OrderView {
@@ -280,7 +264,7 @@ async fn stored_order(state: &AppState, sn: &OrderSn, user: UserId) -> Result<Or
     if let Some(row) = repo::find(&state.db, sn).await? {
         return owned(row);
     }
-    let order = match pending_order(&state.redis, &state.keys, sn).await? {
+    let order = match placed::pending(&state.redis, &state.keys, sn).await? {
         Some(order) => order,
         // Written by the consumer between the two reads, or unknown.
         None => {

@@ -1,14 +1,19 @@
 //! Won orders arriving in MySQL: the idempotent write, then the Redis follow-up (no longer
 //! pending; deadline and reminders scheduled). The consumer does this for every order; a
-//! pay or cancel of an order still on its way does it for that one order first.
+//! pay or cancel of an order still on its way does it for that one order first. Reading
+//! an order still pending is here too.
 
 use std::collections::{HashMap, HashSet};
 
+use redis::AsyncCommands;
+
 use crate::delay_queue::Plan;
-use crate::domain::{OrderPlaced, Stock};
+use crate::domain::{OrderPlaced, OrderSn, Stock};
 use crate::keys::Keys;
 use crate::marks::{self, Work};
-use crate::store::{Db, DbError, Grouped, RedisConns, RedisError, mysql_timed, retrying_deadlocks};
+use crate::store::{
+    Db, DbError, Grouped, RedisConns, RedisError, mysql_timed, redis_timed, retrying_deadlocks,
+};
 
 use super::repo::{self, OrderStatus};
 
@@ -85,4 +90,20 @@ pub async fn settle_in_redis(
     // After the tasks are written: the deadline pass reads them when it takes the mark.
     let mut conn = redis.bulk().await?;
     marks::mark(&mut conn, keys, Work::Deadlines, by_stock.into_keys()).await
+}
+
+/// The order as Redis's `pending` hash holds it (won, not yet in MySQL), if it does.
+pub async fn pending(
+    redis: &RedisConns,
+    keys: &Keys,
+    sn: &OrderSn,
+) -> Result<Option<OrderPlaced>, RedisError> {
+    let mut conn = redis.hot().await?;
+    let json: Option<String> =
+        redis_timed(conn.hget(keys.pending(sn.stock()), sn.as_str())).await?;
+    json.map(|json| {
+        serde_json::from_str(&json)
+            .map_err(|e| RedisError::Unexpected(format!("pending order JSON: {e}")))
+    })
+    .transpose()
 }
