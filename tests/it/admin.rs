@@ -3,7 +3,7 @@
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::helpers::*;
+use crate::support::*;
 
 #[tokio::test]
 async fn the_admin_api_wants_its_token() {
@@ -130,7 +130,7 @@ async fn warmup_loads_once_verifies_and_reloads_only_when_safe() {
         .unwrap();
     assert_eq!(missing.status(), 404);
 
-    env.create_item(&server, 1, 25_000).await;
+    env.item(1, 25_000).put(&server).await;
     let report = env.warmup(&server, 1).await;
     assert_eq!(report["code"], "loaded");
     assert_eq!(
@@ -166,7 +166,7 @@ async fn warmup_loads_once_verifies_and_reloads_only_when_safe() {
         .send()
         .await
         .unwrap();
-    env.create_item(&server, 1, 10).await;
+    env.item(1, 10).put(&server).await;
     let reloaded = env
         .admin(Method::POST, &server, "/admin/items/1/warmup?force=true")
         .send()
@@ -238,7 +238,7 @@ async fn the_admin_api_can_listen_apart() {
 async fn a_warmup_of_millions_of_units_is_not_cut_off_by_the_purchase_budget() {
     let env = TestEnv::new("bigwarmup").await;
     let server = env.server(&[seckill::Role::Api]).await;
-    env.create_item(&server, 1, 2_000_000).await;
+    env.item(1, 2_000_000).put(&server).await;
     // About 2.3 s on the 2-core CI machine: more than a purchase's one-second budget.
     let report = env.warmup(&server, 1).await;
     assert_eq!(report["remaining"], 2_000_000, "{report}");

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use crate::helpers::*;
+use crate::support::*;
 
 fn out_dir(env_name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!(
@@ -156,7 +156,7 @@ async fn bench_rehearses_a_sale_and_proves_the_invariants() {
 async fn bench_says_no_go_when_the_stock_does_not_add_up() {
     let env = TestEnv::new("bench_broken").await;
     let server = env.server(ALL_ROLES).await;
-    env.item_on_sale(&server, 702, 20).await;
+    env.item(702, 20).on_sale(&server).await;
     // An order MySQL holds that Redis never sold: one unit too many.
     sqlx::query(
         "INSERT INTO orders (order_sn, item_id, user_id, status, created_at, pay_deadline) \

@@ -13,35 +13,8 @@ use seckill::domain::{ItemId, Stock, UserId};
 use seckill::keys::{ItemKeys, Keys};
 use seckill::lua::{LEND, RECEIVE};
 
-use crate::helpers::*;
 use crate::history::*;
-
-/// `PUT` an item on sale now for an hour with `buckets` buckets, and warm it up.
-pub async fn split_item_on_sale(
-    env: &TestEnv,
-    server: &TestServer,
-    id: u64,
-    total: u32,
-    buckets: u8,
-) -> Value {
-    let now = chrono::Utc::now();
-    let response = env
-        .admin(reqwest::Method::PUT, server, &format!("/admin/items/{id}"))
-        .json(&json!({
-            "name": format!("hot item {id}"),
-            "shop_id": 1,
-            "total": total,
-            "start_at": now - chrono::Duration::minutes(1),
-            "end_at": now + chrono::Duration::hours(1),
-            "price_cents": 100,
-            "buckets": buckets,
-        }))
-        .send()
-        .await
-        .unwrap();
-    assert!(response.status().is_success(), "PUT: {}", response.status());
-    env.warmup(server, id).await
-}
+use crate::support::*;
 
 /// Users whose home bucket of an item split into `buckets` is `bucket`.
 pub fn users_of_bucket(item: u64, buckets: u8, bucket: u8, count: usize) -> Vec<u64> {
@@ -69,7 +42,7 @@ async fn listed(env: &TestEnv, buckets: &[ItemKeys]) -> Vec<u64> {
 async fn buyers_of_one_bucket_get_every_unit_of_a_split_item_and_one_each() {
     let env = TestEnv::new("buckets_burst").await;
     let server = env.server(ALL_ROLES).await;
-    let report = split_item_on_sale(&env, &server, 1, 60, 4).await;
+    let report = env.item(1, 60).buckets(4).on_sale(&server).await;
     assert_eq!(
         (report["remaining"].as_u64(), report["sold"].as_u64()),
         (Some(60), Some(0)),
@@ -169,7 +142,7 @@ async fn buyers_of_one_bucket_get_every_unit_of_a_split_item_and_one_each() {
 async fn a_transfer_cut_off_between_its_steps_is_settled_and_never_doubles_a_unit() {
     let env = TestEnv::new("buckets_cut").await;
     let server = env.server(ALL_ROLES).await;
-    split_item_on_sale(&env, &server, 2, 10, 2).await;
+    env.item(2, 10).buckets(2).on_sale(&server).await;
     let keys = Keys::new(&env.settings.namespace);
     let item = ItemId::new(2).unwrap();
     let (home, lender) = (

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
-use crate::helpers::*;
+use crate::support::*;
 
 const UNITS: u32 = 1_000;
 const USERS: u64 = 5_000;
@@ -18,7 +18,7 @@ const CONCURRENCY: usize = 256;
 async fn a_burst_sells_exactly_the_stock_and_loses_nothing() {
     let env = TestEnv::new("burst").await;
     let server = env.server(ALL_ROLES).await;
-    env.item_on_sale(&server, 1, UNITS).await;
+    env.item(1, UNITS).on_sale(&server).await;
 
     let tokens: Arc<Vec<String>> = Arc::new((1..=USERS).map(|u| env.token(u)).collect());
     let permits = Arc::new(Semaphore::new(CONCURRENCY));

@@ -3,7 +3,7 @@
 use futures::StreamExt;
 use serde_json::json;
 
-use crate::helpers::*;
+use crate::support::*;
 
 /// Eight operators' scripts at once on a fresh database, each creating items of shops no
 /// one has seen (two scripts share each new shop) and warming each up right after, half
@@ -73,11 +73,11 @@ async fn a_large_catalogue_still_spreads_sold_out_returns_and_pauses_within_boun
     use std::time::{Duration, Instant};
 
     let env = TestEnv::new("catalogue_large").await;
-    let redis = crate::private::PrivateRedis::start().await;
+    let redis = crate::support::PrivateRedis::start().await;
     let private = |s: &mut seckill::Settings| s.redis_url = Secret::new(redis.url());
     let a = env.server_with(ALL_ROLES, private).await;
     let b = env.server_with(&[seckill::Role::Api], private).await;
-    env.item_on_sale(&a, 1, 2).await;
+    env.item(1, 2).on_sale(&a).await;
     sqlx::query(
         "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at)
          SELECT seq, 1, CONCAT('filler ', seq), 10, 100, UTC_TIMESTAMP(3) - INTERVAL 1 MINUTE,
@@ -110,7 +110,7 @@ async fn a_large_catalogue_still_spreads_sold_out_returns_and_pauses_within_boun
         .await
         .unwrap();
     let () = conn
-        .rpush(env.key(1, "tokens"), "unannounced")
+        .rpush(env.item_keys(1).tokens, "unannounced")
         .await
         .unwrap();
     let started = Instant::now();

@@ -8,7 +8,7 @@ use serde_json::Value;
 use seckill::auth::Jwt;
 use seckill::domain::UserId;
 
-use crate::helpers::*;
+use crate::support::*;
 
 #[tokio::test]
 async fn token_migrate_and_warmup_commands() {
@@ -65,7 +65,7 @@ async fn token_migrate_and_warmup_commands() {
 
     // warmup loads once, and says why it will not load twice.
     let server = env.server(&[seckill::Role::Api]).await;
-    env.create_item(&server, 9, 2_500).await;
+    env.item(9, 2_500).put(&server).await;
     let out = seckill(&env)
         .args(["warmup", "--item", "9"])
         .output()
@@ -103,7 +103,7 @@ async fn serve_logs_json_lines_with_the_request_span_and_stops_on_sigterm() {
     let env = TestEnv::new("process").await;
     let (child, server, lines, reader) = serve(seckill(&env).arg("serve"));
 
-    env.item_on_sale(&server, 1, 5).await;
+    env.item(1, 5).on_sale(&server).await;
     let (status, won) = env.buy(&server, 7, 1).await;
     assert_eq!(status, 202, "{won}");
     env.wait_for_orders(&server, 1, 1, Duration::from_secs(20))
@@ -156,7 +156,7 @@ async fn a_redis_that_refuses_config_is_named_in_the_log_and_deadlines_still_pas
             .env("SECKILL_REDIS_URL", redis.url())
             .env("SECKILL_SCHEDULER_POLL_MS", "200"),
     );
-    env.item_paying_within(&server, 1, 2, 1).await;
+    env.item(1, 2).paying_within(1).on_sale(&server).await;
     let (status, won) = env.buy(&server, 7, 1).await;
     assert_eq!(status, 202, "{won}");
     let sn = won["order_sn"].as_str().unwrap().to_owned();

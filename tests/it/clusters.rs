@@ -3,8 +3,8 @@
 
 use seckill::config::{QueueType, Secret};
 
-use crate::helpers::*;
 use crate::history::*;
+use crate::support::*;
 
 /// Three RabbitMQ nodes, the orders in a quorum queue (replicated on all three): the node
 /// the server is connected to is killed mid-burst. The server moves to another node, the
@@ -50,7 +50,7 @@ async fn the_server_runs_on_a_redis_cluster() {
         .await;
 
     // A burst: 600 units, 2,000 buyers.
-    env.item_on_sale(&server, 1, 600).await;
+    env.item(1, 600).on_sale(&server).await;
     let answered = std::sync::atomic::AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
     let ledger = crowd(&env, 1, 1..2_001, &at, &answered).await;
@@ -89,7 +89,7 @@ async fn the_server_runs_on_a_redis_cluster() {
     );
 
     // Unpaid orders time out; their units sell again.
-    env.item_paying_within(&server, 2, 20, 1).await;
+    env.item(2, 20).paying_within(1).on_sale(&server).await;
     let second = crowd(&env, 2, 1..21, &at, &answered).await;
     assert_eq!(second.won.len(), 20);
     eventually(std::time::Duration::from_secs(15), "units back", || async {
@@ -189,8 +189,8 @@ async fn failover_mid_burst(wait_replicas: u32) -> (TestEnv, TestServer, Ledger,
             s.scheduler_poll_ms = 200;
         })
         .await;
-    env.item_on_sale(&server, 1, 300).await;
-    let master = cluster.lock().unwrap().master_of(&env.key(1, "meta"));
+    env.item(1, 300).on_sale(&server).await;
+    let master = cluster.lock().unwrap().master_of(&env.item_keys(1).meta);
     let answered = std::sync::atomic::AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
     let (mut ledger, _) = tokio::join!(
@@ -294,7 +294,7 @@ async fn a_hot_item_over_eight_buckets_sells_on_several_masters() {
             s.redis_wait_replicas = 1;
         })
         .await;
-    crate::buckets::split_item_on_sale(&env, &server, 1, 400, 8).await;
+    env.item(1, 400).buckets(8).on_sale(&server).await;
     let keys = seckill::keys::Keys::new(&env.settings.namespace);
     let masters: std::collections::BTreeSet<u16> =
         seckill::domain::Stock::all(seckill::domain::ItemId::new(1).unwrap(), 8)

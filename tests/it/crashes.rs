@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use seckill::Role;
 use seckill::config::Secret;
 
-use crate::helpers::*;
 use crate::history::*;
+use crate::support::*;
 
 /// An API process killed (SIGKILL) mid-burst while units still sell: its buyers press
 /// again at the other instance; what it had won and not yet published is sent by the
@@ -30,7 +30,7 @@ async fn an_api_instance_killed_mid_burst_loses_nothing() {
         serve(seckill(&env).args(["serve", "--roles", "api"]));
     let (survivor, b, _lines_b, reader_b) = serve(seckill(&env).args(["serve", "--roles", "api"]));
     const UNITS: u32 = 400;
-    env.item_on_sale(&b, 1, UNITS).await;
+    env.item(1, UNITS).on_sale(&b).await;
 
     let answered = AtomicU64::new(0);
     let killed = AtomicU64::new(0);
@@ -62,7 +62,7 @@ async fn a_consumer_killed_mid_batch_leaves_every_order_exactly_once() {
     let env = TestEnv::new("crash_consumer").await;
     let api = env.server(&[Role::Api, Role::Scheduler]).await;
     const UNITS: u32 = 4_000;
-    env.item_on_sale(&api, 1, UNITS).await;
+    env.item(1, UNITS).on_sale(&api).await;
     let answered = AtomicU64::new(0);
     let at = |_: u64, _: u32| api.addr;
     let mut ledger = crowd(&env, 1, 1..4_001, &at, &answered).await;
@@ -70,9 +70,10 @@ async fn a_consumer_killed_mid_batch_leaves_every_order_exactly_once() {
     // Every order confirmed by RabbitMQ, none written: thousands wait in the queue.
     eventually(Duration::from_secs(20), "every order queued", || async {
         let stats = env.stats(&api, 1).await;
-        let outbox: u64 = redis::AsyncCommands::zcard(&mut env.redis.clone(), env.key(1, "outbox"))
-            .await
-            .unwrap();
+        let outbox: u64 =
+            redis::AsyncCommands::zcard(&mut env.redis.clone(), env.item_keys(1).outbox)
+                .await
+                .unwrap();
         if outbox == 0 {
             Ok(())
         } else {
@@ -123,7 +124,7 @@ async fn a_scheduler_killed_mid_pass_returns_every_unit_exactly_once() {
     let env = TestEnv::new("crash_scheduler").await;
     let api = env.server(&[Role::Api, Role::Consumer]).await;
     const UNITS: u32 = 1_000;
-    env.item_paying_within(&api, 1, UNITS, 1).await;
+    env.item(1, UNITS).paying_within(1).on_sale(&api).await;
     let answered = AtomicU64::new(0);
     let at = |_: u64, _: u32| api.addr;
     let ledger = crowd(&env, 1, 1..1_001, &at, &answered).await;
@@ -223,7 +224,7 @@ async fn mariadb_killed_mid_drain_loses_nothing() {
     let env = TestEnv::on_mysql("crash_mariadb", &mariadb.url()).await;
     let server = env.server(ALL_ROLES).await;
     const UNITS: u32 = 3_000;
-    env.item_on_sale(&server, 1, UNITS).await;
+    env.item(1, UNITS).on_sale(&server).await;
     let answered = AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
     let (mut ledger, began) = tokio::join!(crowd(&env, 1, 1..3_001, &at, &answered), async {
@@ -311,7 +312,7 @@ async fn redis_flushed_mid_sale_is_recovered_by_the_procedure() {
         .server_with(ALL_ROLES, |s| s.redis_url = Secret::new(&url))
         .await;
     const UNITS: u32 = 500;
-    env.item_on_sale(&server, 1, UNITS).await;
+    env.item(1, UNITS).on_sale(&server).await;
     let answered = AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
     let (mut ledger, began) = tokio::join!(
@@ -422,7 +423,7 @@ async fn soak() {
         let fault = FAULTS[(dice % FAULTS.len() as u64) as usize];
         let after = (dice >> 8) % 600;
         const UNITS: u32 = 300;
-        env.item_on_sale(&api[1].server, item, UNITS).await;
+        env.item(item, UNITS).on_sale(&api[1].server).await;
         let answered = AtomicU64::new(0);
         let targets: std::sync::Mutex<[SocketAddr; 2]> =
             std::sync::Mutex::new([api[0].server.addr, api[1].server.addr]);

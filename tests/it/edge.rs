@@ -11,7 +11,7 @@ use chrono::Utc;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use crate::helpers::*;
+use crate::support::*;
 
 const NGINX_DETAIL: &str = "too many requests from this user or address";
 
@@ -85,7 +85,7 @@ async fn nginx_serves_the_storefront_itself_and_passes_the_api_on() {
     let env = TestEnv::new("edge_static").await;
     // The server's own per-user limit is off: every 429 below is the edge's.
     let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
-    env.item_on_sale(&server, 801, 5).await;
+    env.item(801, 5).on_sale(&server).await;
     let nginx = Nginx::start(server.addr, server.addr).await;
 
     // The page and its assets come from disk through nginx, with their cache policy; the
@@ -195,7 +195,7 @@ async fn the_client_address_reaches_the_server_and_the_edge_limits_each_address(
             s.read_rate_per_ip = 0;
         })
         .await;
-    env.item_on_sale(&server, 802, 50).await;
+    env.item(802, 50).on_sale(&server).await;
     let nginx = Nginx::start(server.addr, server.addr).await;
 
     // Six presses from 127.0.0.2 (six users): the server limits that address...
@@ -254,7 +254,7 @@ async fn a_burst_through_nginx_loses_nothing_when_an_instance_dies() {
     const UNITS: u32 = 600;
     const USERS: u64 = 3000;
     const IN_FLIGHT: usize = 32;
-    env.item_on_sale(&a, 803, UNITS).await;
+    env.item(803, UNITS).on_sale(&a).await;
 
     // 3,000 buyers through nginx, 32 at a time; a buyer whose answer is a 503 presses again
     // (as the page says to), up to five times. Instance B dies after 300 answers, while

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use seckill::config::Secret;
 
-use crate::helpers::*;
+use crate::support::*;
 
 /// A server on a private Redis, item 1 on sale with 10 units, and user 1 holding one.
 async fn on_private_redis(name: &str) -> (TestEnv, PrivateRedis, TestServer) {
@@ -14,7 +14,7 @@ async fn on_private_redis(name: &str) -> (TestEnv, PrivateRedis, TestServer) {
     let server = env
         .server_with(ALL_ROLES, |s| s.redis_url = Secret::new(redis.url()))
         .await;
-    env.item_on_sale(&server, 1, 10).await;
+    env.item(1, 10).on_sale(&server).await;
     assert_eq!(env.buy(&server, 1, 1).await.0, 202);
     (env, redis, server)
 }
@@ -41,15 +41,13 @@ async fn a_hung_or_dead_redis_turns_into_503_within_the_budget_and_readyz_names_
     assert_eq!(ready["dependencies"]["mysql"], "up");
 
     redis.thaw();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (status, json) = env.buy(&server, 3, 1).await;
-        if status == 202 {
-            break;
+    eventually(Duration::from_secs(10), "recovered after thaw", || async {
+        match env.buy(&server, 3, 1).await {
+            (202, _) => Ok(()),
+            (_, json) => Err(json.to_string()),
         }
-        assert!(Instant::now() < deadline, "no recovery after thaw: {json}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await;
     let (status, ready) = env.get(&server, "/readyz", None).await;
     assert_eq!((status, ready["code"].as_str()), (200, Some("ready")));
 
@@ -80,7 +78,7 @@ async fn sold_out_is_answered_from_memory_everywhere_and_forgotten_when_units_re
     let private = |s: &mut seckill::Settings| s.redis_url = Secret::new(redis.url());
     let a = env.server_with(ALL_ROLES, private).await;
     let b = env.server_with(&[seckill::Role::Api], private).await;
-    env.item_on_sale(&a, 1, 2).await;
+    env.item(1, 2).on_sale(&a).await;
     assert_eq!(env.buy(&a, 1, 1).await.0, 202);
     assert_eq!(env.buy(&a, 2, 1).await.0, 202);
     assert_eq!(env.buy(&a, 3, 1).await.0, 410);
@@ -110,7 +108,7 @@ async fn sold_out_is_answered_from_memory_everywhere_and_forgotten_when_units_re
     // Units come back (the operator raises the total and reloads): every instance sells again.
     let admin = |path: &str| env.admin(reqwest::Method::POST, &a, path).send();
     admin("/admin/items/1/pause").await.unwrap();
-    env.create_item(&a, 1, 5).await;
+    env.item(1, 5).put(&a).await;
     assert_eq!(
         admin("/admin/items/1/warmup?force=true")
             .await
@@ -139,10 +137,10 @@ async fn a_corrupt_sold_count_refuses_the_purchase_without_taking_a_unit() {
     use redis::AsyncCommands;
     let env = TestEnv::new("badsold").await;
     let server = env.server(ALL_ROLES).await;
-    env.item_on_sale(&server, 1, 5).await;
+    env.item(1, 5).on_sale(&server).await;
     let mut redis = env.redis.clone();
     redis
-        .hset::<_, _, _, ()>(env.key(1, "meta"), "sold", "garbage")
+        .hset::<_, _, _, ()>(env.item_keys(1).meta, "sold", "garbage")
         .await
         .unwrap();
     let (status, json) = env.buy(&server, 1, 1).await;
@@ -152,10 +150,10 @@ async fn a_corrupt_sold_count_refuses_the_purchase_without_taking_a_unit() {
         "{json}"
     );
     assert_eq!(env.remaining(1).await, 5, "a unit was taken");
-    let pending: u64 = redis.hlen(env.key(1, "pending")).await.unwrap();
+    let pending: u64 = redis.hlen(env.item_keys(1).pending).await.unwrap();
     assert_eq!(pending, 0);
     redis
-        .hset::<_, _, _, ()>(env.key(1, "meta"), "sold", 0)
+        .hset::<_, _, _, ()>(env.item_keys(1).meta, "sold", 0)
         .await
         .unwrap();
     assert_eq!(env.buy(&server, 1, 1).await.0, 202);

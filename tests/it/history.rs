@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use serde_json::Value;
 
-use crate::helpers::*;
+use crate::support::*;
 
 /// What the buyers were told: a Jepsen-style history, reduced to what the check needs.
 #[derive(Default, Debug)]
@@ -294,7 +294,7 @@ pub async fn fault_mid_burst(
     name: &str,
     fault: impl std::future::Future<Output = ()>,
 ) -> Ledger {
-    env.item_on_sale(server, 1, BURST_UNITS).await;
+    env.item(1, BURST_UNITS).on_sale(server).await;
     let answered = AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
     let (mut ledger, began) = tokio::join!(

@@ -18,7 +18,7 @@ use seckill::delay_queue as delay;
 use seckill::domain::{ItemId, Stock};
 use serde_json::Value;
 
-use crate::helpers::*;
+use crate::support::*;
 
 /// Quick schedulers for short pay timeouts.
 fn quick(s: &mut seckill::Settings) {
@@ -78,7 +78,7 @@ async fn unpaid_orders_time_out_and_their_units_sell_again_everywhere() {
     let a = env.server_with(ALL_ROLES, quick).await;
     let b_server = env.server(&[Role::Api]).await;
     let b = &b_server;
-    env.item_paying_within(&a, 1, 3, 2).await;
+    env.item(1, 3).paying_within(2).on_sale(&a).await;
     let won = &buy_all(env, &a, 1, 1..=3).await;
     assert_eq!(env.buy(b, 4, 1).await.0, 410);
     let (status, paid) = env
@@ -144,7 +144,7 @@ async fn pay_and_cancel_answer_as_the_contract_says_even_for_pending_orders() {
     let env = &TestEnv::new("paycancel").await;
     // No consumer: every order stays pending (in Redis) until paid or cancelled.
     let api = env.server(&[Role::Api]).await;
-    env.item_paying_within(&api, 1, 5, 600).await;
+    env.item(1, 5).paying_within(600).on_sale(&api).await;
     let won = buy_all(env, &api, 1, 1..=3).await;
     let path = |user: u64, action: &str| format!("/api/orders/{}/{action}", won[&user]);
     let (_, view) = env
@@ -241,7 +241,7 @@ async fn pay_and_cancel_answer_as_the_contract_says_even_for_pending_orders() {
 async fn paying_after_the_deadline_is_refused_and_cancels_the_order() {
     let env = &TestEnv::new("paylate").await;
     let api = env.server(&[Role::Api, Role::Consumer]).await;
-    env.item_paying_within(&api, 1, 2, 1).await;
+    env.item(1, 2).paying_within(1).on_sale(&api).await;
     let won = buy_all(env, &api, 1, 1..=1).await;
     env.wait_for_orders(&api, 1, 1, Duration::from_secs(10))
         .await;
@@ -266,7 +266,7 @@ async fn paying_after_the_deadline_is_refused_and_cancels_the_order() {
 async fn pay_and_cancel_raced_on_200_orders_each_end_one_way() {
     let env = &TestEnv::new("race").await;
     let server = env.server(&[Role::Api, Role::Consumer]).await;
-    env.item_paying_within(&server, 1, 200, 600).await;
+    env.item(1, 200).paying_within(600).on_sale(&server).await;
     let won = buy_all(env, &server, 1, 1..=200).await;
     env.wait_for_orders(&server, 1, 200, Duration::from_secs(20))
         .await;
@@ -310,7 +310,7 @@ async fn pay_and_cancel_raced_on_200_orders_each_end_one_way() {
 async fn two_schedulers_cancel_each_of_1000_due_orders_once() {
     let env = &TestEnv::new("twosched").await;
     let api = env.server(&[Role::Api, Role::Consumer]).await;
-    env.item_paying_within(&api, 1, 1000, 2).await;
+    env.item(1, 1000).paying_within(2).on_sale(&api).await;
     let won = buy_all(env, &api, 1, 1..=1000).await;
     env.wait_for_orders(&api, 1, 1000, Duration::from_secs(30))
         .await;
@@ -337,7 +337,7 @@ async fn two_schedulers_cancel_each_of_1000_due_orders_once() {
     let tokens: Vec<String> = env
         .redis
         .clone()
-        .lrange(env.key(1, "tokens"), 0, -1)
+        .lrange(env.item_keys(1).tokens, 0, -1)
         .await
         .unwrap();
     let distinct: HashSet<&String> = tokens.iter().collect();
@@ -359,7 +359,7 @@ async fn two_schedulers_cancel_each_of_1000_due_orders_once() {
 async fn entries_of_a_scheduler_killed_after_claiming_are_handled_after_its_lease() {
     let env = &TestEnv::new("lease").await;
     let api = env.server(&[Role::Api, Role::Consumer]).await;
-    env.item_paying_within(&api, 1, 10, 1).await;
+    env.item(1, 10).paying_within(1).on_sale(&api).await;
     let won = buy_all(env, &api, 1, 1..=10).await;
     env.wait_for_orders(&api, 1, 10, Duration::from_secs(10))
         .await;
@@ -410,7 +410,7 @@ async fn a_cancel_cut_off_between_mysql_and_redis_gives_the_unit_back_within_sec
         s.redis_url = seckill::config::Secret::new(format!("redis://{}", proxy.addr))
     };
     let server = env.server_with(ALL_ROLES, via_proxy).await;
-    env.item_on_sale(&server, 1, 1).await;
+    env.item(1, 1).on_sale(&server).await;
     let won = buy_all(env, &server, 1, 1..=1).await;
     let sn = won[&1].clone();
     env.wait_for_orders(&server, 1, 1, Duration::from_secs(10))
@@ -450,7 +450,7 @@ async fn a_cancel_cut_off_between_mysql_and_redis_gives_the_unit_back_within_sec
 async fn a_scheduler_that_overran_its_lease_never_ends_another_schedulers_hold() {
     let env = &TestEnv::new("overrun").await;
     let api = env.server(&[Role::Api, Role::Consumer]).await;
-    env.item_paying_within(&api, 1, 3, 1).await;
+    env.item(1, 3).paying_within(1).on_sale(&api).await;
     buy_all(env, &api, 1, 1..=3).await;
     env.wait_for_orders(&api, 1, 3, Duration::from_secs(10))
         .await;
@@ -483,7 +483,7 @@ async fn a_scheduler_that_overran_its_lease_never_ends_another_schedulers_hold()
         .await
         .unwrap();
     assert_eq!(mine, 0);
-    let held: u64 = conn.zcard(env.key(1, "leased")).await.unwrap();
+    let held: u64 = conn.zcard(env.keys().leased(env.stock(1))).await.unwrap();
     assert_eq!(held, 6, "the second scheduler's hold was taken away");
     // Putting back is refused the same way.
     let mine = delay::finish(
@@ -497,13 +497,13 @@ async fn a_scheduler_that_overran_its_lease_never_ends_another_schedulers_hold()
     .await
     .unwrap();
     assert_eq!(mine, 0);
-    let due: u64 = conn.zcard(env.key(1, "due")).await.unwrap();
+    let due: u64 = conn.zcard(env.item_keys(1).due).await.unwrap();
     assert_eq!(due, 0);
     let mine = delay::finish(&mut conn, &keys, item, second.lease_end_ms, &members, None)
         .await
         .unwrap();
     assert_eq!(mine, 6);
-    let held: u64 = conn.zcard(env.key(1, "leased")).await.unwrap();
+    let held: u64 = conn.zcard(env.keys().leased(env.stock(1))).await.unwrap();
     assert_eq!(held, 0);
     api.stop().await;
 }
@@ -518,13 +518,13 @@ async fn with_the_delay_queue_lost_the_compensation_scan_still_cancels_overdue_o
     let api = env
         .server_with(&[Role::Api, Role::Consumer], no_hints)
         .await;
-    env.item_paying_within(&api, 1, 20, 1).await;
+    env.item(1, 20).paying_within(1).on_sale(&api).await;
     let won = buy_all(env, &api, 1, 1..=20).await;
     env.wait_for_orders(&api, 1, 20, Duration::from_secs(10))
         .await;
     // The delay queue is gone (flushed, deleted by hand, …).
     let mut redis = env.redis.clone();
-    let _: () = redis.del(env.key(1, "due")).await.unwrap();
+    let _: () = redis.del(env.item_keys(1).due).await.unwrap();
 
     let scheduler = env.server_with(&[Role::Scheduler], no_hints).await;
     wait_cancelled(env, 1, 20, Duration::from_secs(15)).await;
@@ -585,7 +585,7 @@ async fn reminders_arrive_once_per_unpaid_order_and_stage() {
 
     let server = env.server_with(ALL_ROLES, stages).await;
     let second = env.server_with(&[Role::Scheduler], stages).await;
-    env.item_paying_within(&server, 1, 10, 4).await;
+    env.item(1, 10).paying_within(4).on_sale(&server).await;
     let won = buy_all(env, &server, 1, 1..=10).await;
     // Two pay at once (while pending): they get no reminder.
     for user in [1, 2] {
@@ -639,15 +639,14 @@ async fn reconciliation_returns_what_can_no_longer_be_paid_and_reports_disagreem
     // No scheduler yet: the reconciliation is run by hand first.
     let api = env.server(&[Role::Api, Role::Consumer]).await;
     let now = Utc::now();
-    env.put_item_paying_within(
-        &api,
-        1,
-        10,
-        now - chrono::Duration::seconds(5),
-        now + chrono::Duration::seconds(4),
-        3,
-    )
-    .await;
+    env.item(1, 10)
+        .window(
+            now - chrono::Duration::seconds(5),
+            now + chrono::Duration::seconds(4),
+        )
+        .paying_within(3)
+        .put(&api)
+        .await;
     env.warmup(&api, 1).await;
     let bought = std::time::Instant::now();
     let won = buy_all(env, &api, 1, 1..=8).await;
@@ -709,7 +708,7 @@ async fn reconciliation_returns_what_can_no_longer_be_paid_and_reports_disagreem
 
     // A unit that appears from nowhere is reported, not overwritten.
     let mut redis = env.redis.clone();
-    let _: () = redis.rpush(env.key(1, "tokens"), "stray").await.unwrap();
+    let _: () = redis.rpush(env.item_keys(1).tokens, "stray").await.unwrap();
     let report = reconcile().await;
     assert_eq!(report["consistent"], false, "{report}");
     assert_eq!(env.remaining(1).await, 8);
@@ -722,7 +721,10 @@ async fn reconciliation_returns_what_can_no_longer_be_paid_and_reports_disagreem
         metrics.lines().any(|l| l == mismatch),
         "{mismatch} not in:\n{metrics}"
     );
-    let _: () = redis.lrem(env.key(1, "tokens"), 1, "stray").await.unwrap();
+    let _: () = redis
+        .lrem(env.item_keys(1).tokens, 1, "stray")
+        .await
+        .unwrap();
 
     // Unknown item, and the admin token is required.
     let response = env
@@ -772,7 +774,7 @@ async fn keyspace_notifications_wake_a_scheduler_that_would_not_poll_yet() {
             s.remind_at_percent = RemindStages::default();
         })
         .await;
-    env.item_paying_within(&server, 1, 3, 1).await;
+    env.item(1, 3).paying_within(1).on_sale(&server).await;
     let won = buy_all(env, &server, 1, 1..=3).await;
     wait_cancelled(env, 1, 3, Duration::from_secs(10)).await;
     let all: Vec<String> = won.into_values().collect();
@@ -787,7 +789,7 @@ async fn keyspace_notifications_wake_a_scheduler_that_would_not_poll_yet() {
 async fn work_whose_marks_were_lost_is_found_by_the_safety_sweep() {
     let env = &TestEnv::new("lost_marks").await;
     let server = env.server_with(ALL_ROLES, quick).await;
-    env.item_paying_within(&server, 1, 2, 4).await;
+    env.item(1, 2).paying_within(4).on_sale(&server).await;
     let won = buy_all(env, &server, 1, 1..=1).await;
     let keys = seckill::keys::Keys::new(&env.settings.namespace);
     let deadlines = seckill::marks::Work::Deadlines.key(&keys);

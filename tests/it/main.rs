@@ -1,5 +1,5 @@
 //! Integration tests against the real Redis, MariaDB and RabbitMQ. One binary, so it
-//! compiles once; every test isolates itself (see `helpers`).
+//! compiles once; every test isolates itself (see `support`).
 
 mod admin;
 mod bench;
@@ -11,12 +11,10 @@ mod clusters;
 mod crashes;
 mod edge;
 mod faults;
-mod helpers;
 mod history;
 mod lifecycle;
 mod operations;
 mod plans;
-mod private;
 mod protection;
 mod purchase;
 mod queue;
@@ -24,3 +22,4 @@ mod recovery;
 mod setup;
 mod shops;
 mod storefront;
+mod support;

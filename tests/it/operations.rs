@@ -8,7 +8,7 @@ use futures::StreamExt;
 use prometheus_parse::{Sample, Scrape, Value as Metric};
 use serde_json::Value;
 
-use crate::helpers::*;
+use crate::support::*;
 
 async fn scrape(env: &TestEnv, server: &TestServer) -> (String, Scrape) {
     let response = env.http.get(server.url("/metrics")).send().await.unwrap();
@@ -42,7 +42,7 @@ fn value(scrape: &Scrape, namespace: &str, metric: &str, labels: &[(&str, &str)]
 async fn metrics_parse_as_prometheus_text_and_count_what_a_burst_did() {
     let env = &TestEnv::new("metrics").await;
     let server = env.server(ALL_ROLES).await;
-    env.item_on_sale(&server, 1, 50).await;
+    env.item(1, 50).on_sale(&server).await;
     // 80 users, 100 requests: wins, duplicates and sold-outs.
     let answers: Vec<(u16, Value)> = futures::stream::iter((0..100u64).map(|i| 1 + i % 80))
         .map(|user| env.buy(&server, user, 1))
@@ -172,7 +172,7 @@ async fn the_dashboard_parses_and_asks_only_for_exported_metrics() {
     // found a mismatch (a stray unit) in a reconciliation.
     let env = &TestEnv::new("dashboard").await;
     let server = env.server(ALL_ROLES).await;
-    env.item_on_sale(&server, 1, 5).await;
+    env.item(1, 5).on_sale(&server).await;
     let (status, json) = env.buy(&server, 1, 1).await;
     assert_eq!(status, 202, "{json}");
     env.wait_for_orders(&server, 1, 1, Duration::from_secs(20))
@@ -182,9 +182,10 @@ async fn the_dashboard_parses_and_asks_only_for_exported_metrics() {
         .post_as(&server, &format!("/api/orders/{sn}/cancel"), 1)
         .await;
     assert_eq!(status, 200);
-    let _: () = redis::AsyncCommands::rpush(&mut env.redis.clone(), env.key(1, "tokens"), "stray")
-        .await
-        .unwrap();
+    let _: () =
+        redis::AsyncCommands::rpush(&mut env.redis.clone(), env.item_keys(1).tokens, "stray")
+            .await
+            .unwrap();
     let report = env
         .admin(reqwest::Method::POST, &server, "/admin/items/1/reconcile")
         .send()

@@ -9,7 +9,7 @@ use serde_json::Value;
 use seckill::Role;
 use seckill::config::Secret;
 
-use crate::helpers::*;
+use crate::support::*;
 
 async fn circuit(env: &TestEnv, server: &TestServer, action: &str, query: &str) -> (u16, Value) {
     let response = env
@@ -50,8 +50,8 @@ async fn breaker_levels_hold_purchases_back_globally_and_per_item() {
             s.breaker_auto = false;
         })
         .await;
-    env.item_on_sale(&server, 1, 100).await;
-    env.item_on_sale(&server, 2, 100).await;
+    env.item(1, 100).on_sale(&server).await;
+    env.item(2, 100).on_sale(&server).await;
     let (status, early) = env.buy(&server, 1, 1).await;
     assert_eq!(status, 202, "{early}");
     let early = early["order_sn"].as_str().unwrap().to_owned();
@@ -184,7 +184,7 @@ async fn a_level_set_through_one_instance_is_obeyed_by_another_and_survives_a_re
     let no_auto = |s: &mut seckill::Settings| s.breaker_auto = false;
     let a = env.server_with(ALL_ROLES, no_auto).await;
     let b = env.server_with(&[Role::Api], no_auto).await;
-    env.item_on_sale(&a, 1, 100).await;
+    env.item(1, 100).on_sale(&a).await;
     assert_eq!(env.buy(&b, 1, 1).await.0, 202);
 
     circuit(env, &a, "open", "item=1&level=2").await;
@@ -250,7 +250,7 @@ async fn the_global_breaker_trips_on_a_slow_redis_and_closes_through_half_open()
             s.rate_per_user = 0;
         })
         .await;
-    env.item_on_sale(&server, 1, 100_000).await;
+    env.item(1, 100_000).on_sale(&server).await;
     let mut user = 0u64;
     let mut won = Vec::new();
     // Buys with new users until `done` says so; returns what it saw last.
@@ -336,7 +336,7 @@ async fn purchases_beyond_the_limit_are_shed_at_once_and_nothing_is_lost() {
             s.breaker_auto = false;
         })
         .await;
-    env.item_on_sale(&server, 1, 1_000).await;
+    env.item(1, 1_000).on_sale(&server).await;
     proxy.set_delay(Duration::from_millis(300));
 
     let answers: Vec<(u16, Value, Duration)> = futures::stream::iter(1..=40u64)
@@ -455,7 +455,7 @@ async fn a_flood_of_unknown_ids_cannot_take_the_database_from_buyers() {
             s.read_rate_per_ip = 0;
         })
         .await;
-    env.item_on_sale(&server, 1, 5).await;
+    env.item(1, 5).on_sale(&server).await;
     let (_, won) = env.buy(&server, 1, 1).await;
     let sn = won["order_sn"].as_str().unwrap().to_owned();
     env.wait_for_orders(&server, 1, 1, Duration::from_secs(10))
@@ -492,7 +492,7 @@ async fn a_flood_of_unknown_ids_cannot_take_the_database_from_buyers() {
 async fn reads_without_a_token_are_limited_per_client_address() {
     let env = TestEnv::new("readrate").await;
     let server = env.server_with(ALL_ROLES, |s| s.read_rate_per_ip = 5).await;
-    env.item_on_sale(&server, 1, 5).await;
+    env.item(1, 5).on_sale(&server).await;
     let answers =
         futures::future::join_all((0..30).map(|_| env.get(&server, "/api/items/1", None))).await;
     let limited: Vec<_> = answers.iter().filter(|(s, _)| *s == 429).collect();

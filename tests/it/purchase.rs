@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use seckill::Role;
 
-use crate::helpers::*;
+use crate::support::*;
 
 /// Sends a purchase with full control over its parts.
 async fn raw(
@@ -43,7 +43,7 @@ fn now_ms() -> String {
 async fn malformed_requests_get_400_naming_the_problem_and_touch_nothing() {
     let env = TestEnv::new("malformed").await;
     let server = env.server(ALL_ROLES).await;
-    env.item_on_sale(&server, 1, 5).await;
+    env.item(1, 5).on_sale(&server).await;
     let token = env.token(1);
     let now = now_ms();
     let cases: &[(Option<&str>, &str, &str, &str)] = &[
@@ -110,7 +110,7 @@ async fn malformed_requests_get_400_naming_the_problem_and_touch_nothing() {
 async fn bad_tokens_get_401() {
     let env = TestEnv::new("tokens").await;
     let server = env.server(ALL_ROLES).await;
-    env.item_on_sale(&server, 1, 5).await;
+    env.item(1, 5).on_sale(&server).await;
     let forged = seckill::auth::Jwt::new(&seckill::config::Secret::new("not-the-secret"))
         .mint(seckill::domain::UserId::new(1), Duration::from_secs(60))
         .unwrap();
@@ -145,7 +145,7 @@ async fn bad_tokens_get_401() {
 async fn the_sale_answers_win_duplicate_sold_out_and_window() {
     let env = TestEnv::new("answers").await;
     let server = env.server(ALL_ROLES).await;
-    env.item_on_sale(&server, 7, 2).await;
+    env.item(7, 2).on_sale(&server).await;
 
     let (status, first) = env.buy(&server, 1, 7).await;
     assert_eq!(status, 202, "{first}");
@@ -171,25 +171,23 @@ async fn the_sale_answers_win_duplicate_sold_out_and_window() {
         (404, Some("item_not_found"))
     );
     let now = Utc::now();
-    env.put_item(
-        &server,
-        8,
-        5,
-        now + chrono::Duration::hours(1),
-        now + chrono::Duration::hours(2),
-    )
-    .await;
+    env.item(8, 5)
+        .window(
+            now + chrono::Duration::hours(1),
+            now + chrono::Duration::hours(2),
+        )
+        .put(&server)
+        .await;
     env.warmup(&server, 8).await;
     let (status, json) = env.buy(&server, 4, 8).await;
     assert_eq!((status, json["code"].as_str()), (403, Some("not_started")));
-    env.put_item(
-        &server,
-        9,
-        5,
-        now - chrono::Duration::hours(2),
-        now - chrono::Duration::hours(1),
-    )
-    .await;
+    env.item(9, 5)
+        .window(
+            now - chrono::Duration::hours(2),
+            now - chrono::Duration::hours(1),
+        )
+        .put(&server)
+        .await;
     let (status, json) = env.buy(&server, 4, 9).await;
     assert_eq!((status, json["code"].as_str()), (403, Some("ended")));
 
@@ -231,7 +229,7 @@ async fn a_pending_order_reads_as_pending() {
     let env = TestEnv::new("pending").await;
     // No consumer: the order stays on its way to MySQL.
     let server = env.server(&[seckill::Role::Api]).await;
-    env.item_on_sale(&server, 1, 3).await;
+    env.item(1, 3).on_sale(&server).await;
     let (_, won) = env.buy(&server, 5, 1).await;
     let sn = won["order_sn"].as_str().unwrap();
     let (_, order) = env
@@ -251,7 +249,7 @@ async fn rate_limits_answer_429_with_retry_after() {
             s.rate_per_ip = 0;
         })
         .await;
-    env.item_on_sale(&server, 1, 100).await;
+    env.item(1, 100).on_sale(&server).await;
     // A burst of twice the rate passes (a win, then a duplicate); the next is refused.
     for expected in [202, 409] {
         assert_eq!(env.buy(&server, 1, 1).await.0, expected);
@@ -296,7 +294,7 @@ async fn rate_limits_answer_429_with_retry_after() {
 async fn a_paused_sale_answers_503_paused_until_resumed() {
     let env = TestEnv::new("paused").await;
     let server = env.server(ALL_ROLES).await;
-    env.item_on_sale(&server, 1, 5).await;
+    env.item(1, 5).on_sale(&server).await;
     let paused = env
         .admin(reqwest::Method::POST, &server, "/admin/items/1/pause")
         .send()
@@ -378,7 +376,7 @@ async fn my_order_finds_the_buyers_order_whatever_became_of_the_answer() {
     let api = env
         .server_with(&[Role::Api, Role::Scheduler], |s| s.rate_per_user = 2)
         .await;
-    env.item_on_sale(&api, 1, 1).await;
+    env.item(1, 1).on_sale(&api).await;
     let (_, won) = env.buy(&api, 1, 1).await;
     let sn = won["order_sn"].as_str().unwrap().to_owned();
     let (status, json) = env.get(&api, "/api/items/1/my-order", Some(1)).await;

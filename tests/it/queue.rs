@@ -7,7 +7,7 @@ use lapin::{BasicProperties, Connection};
 use seckill::Role;
 use seckill::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
 
-use crate::helpers::*;
+use crate::support::*;
 
 async fn buy_many(
     env: &TestEnv,
@@ -25,18 +25,14 @@ async fn buy_many(
 }
 
 async fn wait_for_depth(queue: &str, expected: u32) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let depth = queue_depth(queue).await;
-        if depth == Some(expected) {
-            return;
+    let what = format!("{expected} messages in {queue}");
+    eventually(Duration::from_secs(20), &what, || async {
+        match queue_depth(queue).await {
+            Some(depth) if depth == expected => Ok(()),
+            depth => Err(format!("it holds {depth:?}")),
         }
-        assert!(
-            Instant::now() < deadline,
-            "queue {queue} holds {depth:?}, want {expected}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -51,7 +47,7 @@ async fn with_the_broker_down_purchases_still_win_and_the_relay_delivers_them_la
             ));
         })
         .await;
-    env.item_on_sale(&api, 1, 50).await;
+    env.item(1, 50).on_sale(&api).await;
     let won = buy_many(&env, &api, 1, 1..41).await;
     let stats = env.stats(&api, 1).await;
     assert_eq!(stats["pending"], 40, "{stats}");
@@ -65,7 +61,7 @@ async fn with_the_broker_down_purchases_still_win_and_the_relay_delivers_them_la
     env.wait_for_orders(&api, 1, 40, Duration::from_secs(30))
         .await;
     env.assert_invariants(&api, 1, 50, &won).await;
-    let outbox: u64 = redis::AsyncCommands::zcard(&mut env.redis.clone(), env.key(1, "outbox"))
+    let outbox: u64 = redis::AsyncCommands::zcard(&mut env.redis.clone(), env.item_keys(1).outbox)
         .await
         .unwrap();
     assert_eq!(outbox, 0);
@@ -77,21 +73,22 @@ async fn with_the_broker_down_purchases_still_win_and_the_relay_delivers_them_la
 async fn with_the_consumer_down_orders_wait_in_the_queue_and_land_once_it_starts() {
     let env = TestEnv::new("consumerdown").await;
     let api = env.server(&[Role::Api, Role::Scheduler]).await;
-    env.item_on_sale(&api, 1, 30).await;
+    env.item(1, 30).on_sale(&api).await;
     let won = buy_many(&env, &api, 1, 1..31).await;
     // Every order confirmed by the broker (the outbox is empty), none in MySQL: they wait
     // in the queue (in one or more messages: the publisher batches them).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let outbox: u64 = redis::AsyncCommands::zcard(&mut env.redis.clone(), env.key(1, "outbox"))
-            .await
-            .unwrap();
+    eventually(Duration::from_secs(20), "every order confirmed", || async {
+        let outbox: u64 =
+            redis::AsyncCommands::zcard(&mut env.redis.clone(), env.item_keys(1).outbox)
+                .await
+                .unwrap();
         if outbox == 0 {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{outbox} in the outbox"))
         }
-        assert!(Instant::now() < deadline, "{outbox} orders never confirmed");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     assert!(queue_depth(&env.topology().orders_queue).await.unwrap() >= 1);
     assert!(env.orders(1).await.is_empty());
     assert_eq!(env.stats(&api, 1).await["pending"], 30);
@@ -109,7 +106,7 @@ async fn with_the_consumer_down_orders_wait_in_the_queue_and_land_once_it_starts
 async fn a_message_delivered_twice_writes_one_row_and_garbage_is_dead_lettered() {
     let env = TestEnv::new("redeliver").await;
     let server = env.server(ALL_ROLES).await;
-    env.create_item(&server, 1, 10).await;
+    env.item(1, 10).put(&server).await;
     let topology = env.topology();
     let order = order_of(9);
     let json = serde_json::to_vec(&order).unwrap();
@@ -129,20 +126,20 @@ async fn a_message_delivered_twice_writes_one_row_and_garbage_is_dead_lettered()
     wait_for_depth(&topology.dead_queue, 2).await;
     let mut expected = vec![order.order_sn.to_string(), other.order_sn.to_string()];
     expected.sort();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    eventually(Duration::from_secs(10), "the order landed", || async {
         let mut orders: Vec<String> = env.orders(1).await.into_iter().map(|o| o.0).collect();
         orders.sort();
-        if orders == expected && queue_depth(&topology.orders_queue).await == Some(0) {
-            break;
-        }
         assert!(
             orders.len() <= 2,
             "a redelivered message wrote a second row: {orders:?}"
         );
-        assert!(Instant::now() < deadline, "the order never landed");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        if orders == expected && queue_depth(&topology.orders_queue).await == Some(0) {
+            Ok(())
+        } else {
+            Err(format!("orders {orders:?}"))
+        }
+    })
+    .await;
     server.stop().await;
 }
 
@@ -150,7 +147,7 @@ async fn a_message_delivered_twice_writes_one_row_and_garbage_is_dead_lettered()
 async fn mysql_refuses_a_second_live_order_and_the_consumer_records_it_cancelled() {
     let env = TestEnv::new("twolive").await;
     let server = env.server(ALL_ROLES).await;
-    env.create_item(&server, 1, 10).await;
+    env.item(1, 10).put(&server).await;
     let topology = env.topology();
     // Two orders of one user for one item, as if Redis had lost its buyer records.
     let first = OrderPlaced {
@@ -164,14 +161,12 @@ async fn mysql_refuses_a_second_live_order_and_the_consumer_records_it_cancelled
         order_sn: OrderSn::generate(Stock::whole(ItemId::new(1).unwrap()), false),
         ..first.clone()
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while queue_depth(&topology.orders_queue).await.is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the server never declared its queue"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(Duration::from_secs(10), "the queue declared", || async {
+        queue_depth(&topology.orders_queue)
+            .await
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
     let conn = Connection::connect(&amqp_url(), Default::default())
         .await
         .unwrap();
@@ -188,18 +183,18 @@ async fn mysql_refuses_a_second_live_order_and_the_consumer_records_it_cancelled
         .unwrap();
     let _ = conn.close(200, "bye".into()).await;
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    let statuses = eventually(Duration::from_secs(10), "both orders written", || async {
         let mut statuses: Vec<String> = env.orders(1).await.into_iter().map(|o| o.2).collect();
         statuses.sort();
         if statuses.len() == 2 {
-            // Both 202s have their row; the user holds one unit, not two.
-            assert_eq!(statuses, ["cancelled", "unpaid"]);
-            break;
+            Ok(statuses)
+        } else {
+            Err(format!("orders: {statuses:?}"))
         }
-        assert!(Instant::now() < deadline, "orders: {statuses:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
+    // Both 202s have their row; the user holds one unit, not two.
+    assert_eq!(statuses, ["cancelled", "unpaid"]);
     server.stop().await;
 }
 
@@ -221,7 +216,7 @@ async fn with_mysql_down_sales_go_on_the_consumer_waits_without_spinning_and_cat
             s.database_url = seckill::config::Secret::new(&through_proxy)
         })
         .await;
-    env.item_on_sale(&server, 1, 20).await;
+    env.item(1, 20).on_sale(&server).await;
     let (_, first) = env.buy(&server, 1, 1).await;
     let first_sn = first["order_sn"].as_str().unwrap().to_owned();
     env.wait_for_orders(&server, 1, 1, Duration::from_secs(20))
@@ -376,7 +371,7 @@ fn order_of(user: u64) -> OrderPlaced {
 async fn orders_that_cannot_be_written_are_dead_lettered_with_the_reason_and_the_rest_lands() {
     let env = TestEnv::new("poison").await;
     let server = env.server(ALL_ROLES).await;
-    env.create_item(&server, 1, 10).await;
+    env.item(1, 10).put(&server).await;
     sqlx::query("ALTER TABLE orders ADD CONSTRAINT ck_no_666 CHECK (user_id <> 666)")
         .execute(&env.db)
         .await
@@ -470,7 +465,7 @@ async fn orders_that_cannot_be_written_are_dead_lettered_with_the_reason_and_the
 async fn an_order_twice_in_one_batch_is_one_row_and_no_false_alarm() {
     let env = TestEnv::new("twiceinbatch").await;
     let server = env.server(&[seckill::Role::Api]).await;
-    env.create_item(&server, 1, 10).await;
+    env.item(1, 10).put(&server).await;
     let order = order_of(7);
     let twice = serde_json::to_vec(&[&order, &order]).unwrap();
     publish_raw(&env, &[&twice]).await;
@@ -505,7 +500,7 @@ async fn the_pending_sweep_pages_through_more_entries_than_one_query_can_name() 
     use seckill::orders::repo::{OrderStatus, insert_batch};
     let env = TestEnv::new("bigsweep").await;
     let server = env.server(&[Role::Api]).await;
-    env.create_item(&server, 1, 10).await;
+    env.item(1, 10).put(&server).await;
     server.stop().await;
     let long_ago = chrono::Utc::now().timestamp_millis() - 2 * 3600 * 1000;
     let orders: Vec<OrderPlaced> = (0..70_000)
@@ -525,7 +520,7 @@ async fn the_pending_sweep_pages_through_more_entries_than_one_query_can_name() 
             .map(|o| (o.order_sn.to_string(), serde_json::to_string(o).unwrap()))
             .collect();
         redis
-            .hset_multiple::<_, _, _, ()>(env.key(1, "pending"), &fields)
+            .hset_multiple::<_, _, _, ()>(env.item_keys(1).pending, &fields)
             .await
             .unwrap();
     }
@@ -543,6 +538,6 @@ async fn the_pending_sweep_pages_through_more_entries_than_one_query_can_name() 
         .sweep_pending(Stock::whole(ItemId::new(1).unwrap()))
         .await
         .expect("the sweep");
-    let left: u64 = redis.hlen(env.key(1, "pending")).await.unwrap();
+    let left: u64 = redis.hlen(env.item_keys(1).pending).await.unwrap();
     assert_eq!(left, 0);
 }

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use seckill::Role;
 
-use crate::helpers::*;
+use crate::support::*;
 
 /// Buys as each user in turn: the order numbers of the `202`s, and every answer's code.
 async fn buy_each(
@@ -38,7 +38,7 @@ async fn buy_each(
 async fn a_warmup_after_redis_lost_the_item_waits_for_the_orders_in_flight() {
     let env = TestEnv::new("rebuild").await;
     let api = env.server(&[Role::Api, Role::Scheduler]).await;
-    env.item_on_sale(&api, 1, 20).await;
+    env.item(1, 20).on_sale(&api).await;
     let (first, _) = buy_each(&env, &api, 1, 1..=8).await;
     assert_eq!(first.len(), 8);
     // Confirmed by RabbitMQ (out of the outbox), waiting in its queue.
@@ -48,7 +48,7 @@ async fn a_warmup_after_redis_lost_the_item_waits_for_the_orders_in_flight() {
         if env
             .redis
             .clone()
-            .zcard::<_, u64>(env.key(1, "outbox"))
+            .zcard::<_, u64>(env.item_keys(1).outbox)
             .await
             .unwrap()
             == 0
@@ -128,7 +128,7 @@ async fn two_warmups_at_once_never_wipe_or_shorten_the_stock() {
     let env = TestEnv::new("twowarm").await;
     let server = env.server(&[Role::Api]).await;
     const UNITS: u32 = 300_000;
-    env.create_item(&server, 1, UNITS).await;
+    env.item(1, UNITS).put(&server).await;
     for path in ["/admin/items/1/warmup", "/admin/items/1/warmup?force=true"] {
         if path.contains("force") {
             assert_eq!(env.admin_post(&server, "/admin/items/1/pause").await.0, 200);
@@ -142,7 +142,15 @@ async fn two_warmups_at_once_never_wipe_or_shorten_the_stock() {
         assert_eq!((loaded, refused.len()), (1, 3), "{path}: {answers:?}");
         assert_eq!(env.remaining(1).await, u64::from(UNITS), "{path}");
         let mut redis = env.redis.clone();
-        let side: Vec<String> = redis.keys(env.key(1, "*loading*")).await.unwrap();
+        let side: Vec<String> = redis
+            .keys(
+                env.keys()
+                    .loading(env.stock(1), "*")
+                    .tokens
+                    .replace("tokens:", "*"),
+            )
+            .await
+            .unwrap();
         assert!(side.is_empty(), "{side:?}");
     }
     server.stop().await;

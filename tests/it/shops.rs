@@ -11,7 +11,7 @@ use seckill::config::Secret;
 use seckill::keys::Keys;
 use seckill::shops::changes;
 
-use crate::helpers::*;
+use crate::support::*;
 
 async fn set_status(env: &TestEnv, server: &TestServer, shop: u64, body: Value) -> (u16, Value) {
     let response = env
@@ -50,7 +50,7 @@ async fn fills(env: &TestEnv, server: &TestServer) -> f64 {
 async fn closed_shops_sell_nothing_and_hours_exceptions_and_overrides_decide() {
     let env = &TestEnv::new("shopclosed").await;
     let server = env.server(ALL_ROLES).await;
-    env.item_on_sale(&server, 1, 10).await;
+    env.item(1, 10).on_sale(&server).await;
     // A shop first seen through an item: open, no hours.
     assert_eq!(shop_open(env, &server, 1).await, true);
     let (status, json) = env.get(&server, "/api/shops/99/status", None).await;
@@ -170,7 +170,7 @@ async fn closed_shops_sell_nothing_and_hours_exceptions_and_overrides_decide() {
 async fn a_change_through_one_instance_reaches_another_within_a_second_and_bursts_coalesce() {
     let env = &TestEnv::new("shopspread").await;
     let a = env.server(ALL_ROLES).await;
-    env.item_on_sale(&a, 1, 10).await;
+    env.item(1, 10).on_sale(&a).await;
     // B is a process of its own, so its /metrics counts only its own cache fills.
     let (child, b_server, _lines, reader) = serve(seckill(env).args(["serve", "--roles", "api"]));
     let b = &b_server;
@@ -253,7 +253,7 @@ async fn one_change_at_a_time_a_crashed_holder_expires_and_no_other_lock_is_rele
 
     // Through the API, two changes at once both land, one after the other.
     let server = env.server(&[Role::Api]).await;
-    env.item_on_sale(&server, 1, 5).await;
+    env.item(1, 5).on_sale(&server).await;
     let (one, two) = tokio::join!(
         set_status(env, &server, 1, json!({"open": false, "reason": "one"})),
         set_status(env, &server, 1, json!({"open": true, "reason": "two"})),
@@ -281,7 +281,7 @@ async fn the_repair_fixes_redis_from_mysql_and_reads_survive_stores_going_down()
             s.shop_repair_every_s = 1;
         })
         .await;
-    env.item_on_sale(&server, 1, 5).await;
+    env.item(1, 5).on_sale(&server).await;
     set_status(
         env,
         &server,
@@ -346,7 +346,7 @@ async fn a_shop_change_redis_did_not_take_is_no_silent_success_and_reaches_redis
         })
         .await;
     let b = env.server(&[Role::Api]).await;
-    env.item_on_sale(&a, 1, 10).await;
+    env.item(1, 10).on_sale(&a).await;
     assert_eq!(env.buy(&b, 1, 1).await.0, 202);
 
     // Redis takes nothing for shop 1's value (its lock still works).

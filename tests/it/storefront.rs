@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 
-use crate::helpers::*;
+use crate::support::*;
 
 const WEB: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/web");
 
@@ -27,17 +27,16 @@ async fn the_page_buys_with_one_click_debounces_a_double_click_and_shows_sold_ou
     let env = TestEnv::new("storefront").await;
     let server = env.server(ALL_ROLES).await;
     let now = Utc::now();
-    env.item_on_sale(&server, 901, 10).await;
-    env.item_on_sale(&server, 902, 1).await;
+    env.item(901, 10).on_sale(&server).await;
+    env.item(902, 1).on_sale(&server).await;
     assert_eq!(env.buy(&server, 99, 902).await.0, 202);
-    env.put_item(
-        &server,
-        903,
-        5,
-        now + chrono::Duration::hours(1),
-        now + chrono::Duration::hours(2),
-    )
-    .await;
+    env.item(903, 5)
+        .window(
+            now + chrono::Duration::hours(1),
+            now + chrono::Duration::hours(2),
+        )
+        .put(&server)
+        .await;
     env.warmup(&server, 903).await;
     let nginx = Nginx::start(server.addr, server.addr).await;
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::helpers::{eventually, free_port, signal};
+use super::{eventually, free_port, signal};
 
 /// A fresh directory under the system's temp dir, removed by the owner's drop.
 fn scratch(what: &str) -> PathBuf {

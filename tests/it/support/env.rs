@@ -1,15 +1,12 @@
-//! The test harness: every test gets its own namespace (Redis keys, RabbitMQ exchanges and
-//! queues) and its own MySQL database, starts real servers on port 0 against the machine's
-//! Redis, MariaDB and RabbitMQ, and cleans everything up afterwards (also when it fails).
+//! One test's private world: its own namespace (Redis keys, RabbitMQ exchanges and
+//! queues) and its own MySQL database on the machine's shared services, with the calls a
+//! test makes of its servers; everything is removed on drop (also when the test fails).
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 use sqlx::MySqlPool;
@@ -18,10 +15,12 @@ use tokio_util::sync::CancellationToken;
 use seckill::auth::Jwt;
 use seckill::broker::Topology;
 use seckill::config::Secret;
-use seckill::domain::UserId;
+use seckill::domain::{ItemId, Stock, UserId};
+use seckill::keys::{ItemKeys, Keys};
 use seckill::{Role, Server, Settings};
 
-pub use crate::private::*;
+use super::server::{TestServer, buy};
+use super::wait::eventually;
 
 pub const ADMIN_TOKEN: &str = "test-admin-token";
 pub const ALL_ROLES: &[Role] = &[Role::Api, Role::Consumer, Role::Scheduler];
@@ -49,6 +48,14 @@ pub fn redis_addr() -> SocketAddr {
 
 pub fn amqp_url() -> String {
     shared("SECKILL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
+}
+
+/// The MariaDB server the tests use, as a socket address (for a proxy in front of it).
+pub fn mysql_addr() -> SocketAddr {
+    let url = url::Url::parse(&mysql_server_url()).unwrap();
+    format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(3306))
+        .parse()
+        .unwrap()
 }
 
 /// A test's own connection to the Redis its servers use: one server, or a cluster.
@@ -203,76 +210,6 @@ impl TestEnv {
             .unwrap()
     }
 
-    /// `PUT /admin/items/{id}` with a sale window open now for an hour.
-    pub async fn create_item(&self, server: &TestServer, id: u64, total: u32) -> Value {
-        self.create_item_paying_within(server, id, total, 1800)
-            .await
-    }
-
-    /// [`TestEnv::create_item`] with a pay timeout.
-    pub async fn create_item_paying_within(
-        &self,
-        server: &TestServer,
-        id: u64,
-        total: u32,
-        pay_timeout_s: u32,
-    ) -> Value {
-        let now = Utc::now();
-        self.put_item_paying_within(
-            server,
-            id,
-            total,
-            now - chrono::Duration::seconds(5),
-            now + chrono::Duration::hours(1),
-            pay_timeout_s,
-        )
-        .await
-    }
-
-    pub async fn put_item(
-        &self,
-        server: &TestServer,
-        id: u64,
-        total: u32,
-        start_at: DateTime<Utc>,
-        end_at: DateTime<Utc>,
-    ) -> Value {
-        self.put_item_paying_within(server, id, total, start_at, end_at, 1800)
-            .await
-    }
-
-    /// [`TestEnv::put_item`] with a pay timeout.
-    pub async fn put_item_paying_within(
-        &self,
-        server: &TestServer,
-        id: u64,
-        total: u32,
-        start_at: DateTime<Utc>,
-        end_at: DateTime<Utc>,
-        pay_timeout_s: u32,
-    ) -> Value {
-        let response = self
-            .admin(reqwest::Method::PUT, server, &format!("/admin/items/{id}"))
-            .json(&json!({
-                "name": format!("item {id}"),
-                "shop_id": 1,
-                "total": total,
-                "start_at": start_at,
-                "end_at": end_at,
-                "price_cents": 1999,
-                "pay_timeout_s": pay_timeout_s,
-            }))
-            .send()
-            .await
-            .unwrap();
-        assert!(
-            response.status().is_success(),
-            "PUT item: {}",
-            response.status()
-        );
-        response.json().await.unwrap()
-    }
-
     pub async fn warmup(&self, server: &TestServer, id: u64) -> Value {
         let response = self
             .admin(
@@ -285,25 +222,6 @@ impl TestEnv {
             .unwrap();
         assert_eq!(response.status(), 200, "warmup");
         response.json().await.unwrap()
-    }
-
-    /// An item created and loaded, on sale now.
-    pub async fn item_on_sale(&self, server: &TestServer, id: u64, total: u32) {
-        self.create_item(server, id, total).await;
-        self.warmup(server, id).await;
-    }
-
-    /// An item on sale now for an hour whose orders must be paid within `pay_timeout_s`.
-    pub async fn item_paying_within(
-        &self,
-        server: &TestServer,
-        id: u64,
-        total: u32,
-        pay_timeout_s: u32,
-    ) {
-        self.create_item_paying_within(server, id, total, pay_timeout_s)
-            .await;
-        self.warmup(server, id).await;
     }
 
     /// `POST path` as `user` (pay, cancel): status and JSON body.
@@ -332,7 +250,7 @@ impl TestEnv {
     pub async fn remaining(&self, item: u64) -> u64 {
         self.redis
             .clone()
-            .llen(self.key(item, "tokens"))
+            .llen(self.item_keys(item).tokens)
             .await
             .unwrap()
     }
@@ -444,19 +362,18 @@ impl TestEnv {
         expected: usize,
         limit: Duration,
     ) {
-        let deadline = Instant::now() + limit;
-        loop {
+        eventually(limit, "every order in MySQL", || async {
             let stats = self.stats(server, item).await;
             let in_mysql = self.orders(item).await.len();
             if in_mysql == expected && stats["pending"] == 0 {
-                return;
+                Ok(())
+            } else {
+                Err(format!(
+                    "{in_mysql} orders in MySQL (want {expected}); stats {stats}"
+                ))
             }
-            assert!(
-                Instant::now() < deadline,
-                "after {limit:?}: {in_mysql} orders in MySQL (want {expected}); stats {stats}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        })
+        .await;
     }
 
     /// CONTRACT.md section 7, invariants 1 to 4, for a quiescent item: `won` are the order
@@ -520,8 +437,19 @@ impl TestEnv {
         seckill::config::Secret::new(format!("mysql://root@{proxy}/{}", self.database))
     }
 
-    pub fn key(&self, item: u64, what: &str) -> String {
-        format!("{}:{{item:{item}}}:v1:{what}", self.namespace)
+    /// Every Redis key this test's servers use, as the server builds them.
+    pub fn keys(&self) -> Keys {
+        Keys::new(&self.namespace)
+    }
+
+    /// An unsplit item's whole stock.
+    pub fn stock(&self, item: u64) -> Stock {
+        Stock::whole(ItemId::new(item).expect("an item id"))
+    }
+
+    /// An unsplit item's Redis keys.
+    pub fn item_keys(&self, item: u64) -> ItemKeys {
+        self.keys().stock(self.stock(item))
     }
 
     pub fn topology(&self) -> Topology {
@@ -621,73 +549,6 @@ pub async fn queue_depth_on(amqp: &str, queue: &str) -> Option<u32> {
     declared.ok().map(|q| q.message_count())
 }
 
-/// A running server.
-pub struct TestServer {
-    pub addr: SocketAddr,
-    /// Set when the server has a separate admin listener.
-    pub admin_addr: Option<SocketAddr>,
-    shutdown: CancellationToken,
-    handle: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
-}
-
-impl TestServer {
-    /// A server this test did not start in-process (a child process, say).
-    pub fn external(addr: SocketAddr) -> Self {
-        Self {
-            addr,
-            admin_addr: None,
-            shutdown: CancellationToken::new(),
-            handle: None,
-        }
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-
-    /// Graceful shutdown, as on SIGTERM; fails the test if the server reports an error.
-    pub async fn stop(mut self) {
-        self.shutdown.cancel();
-        if let Some(handle) = self.handle.take() {
-            // Generous: on a loaded 2-core machine (private clusters booting beside) a
-            // stop that waits for its publisher's confirms can take seconds; a hang cannot.
-            tokio::time::timeout(Duration::from_secs(60), handle)
-                .await
-                .expect("server stops within 60 s")
-                .expect("server task")
-                .expect("server ends cleanly");
-        }
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-pub async fn buy(http: &reqwest::Client, addr: SocketAddr, token: &str, item: u64) -> (u16, Value) {
-    let response = buy_response(http, addr, token, item).await;
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
-/// A purchase's whole answer (for its headers).
-pub async fn buy_response(
-    http: &reqwest::Client,
-    addr: SocketAddr,
-    token: &str,
-    item: u64,
-) -> reqwest::Response {
-    http.post(format!("http://{addr}/api/flashbuy"))
-        .bearer_auth(token)
-        .header("x-client-time", Utc::now().timestamp_millis().to_string())
-        .json(&json!({ "item_id": item }))
-        .send()
-        .await
-        .unwrap()
-}
-
 fn init_logs() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -699,335 +560,4 @@ fn init_logs() {
                 .try_init();
         }
     });
-}
-
-/// Waits (up to `limit`) until `check` gives `Some`, polling every 100 ms; panics with
-/// `what` and the last value seen otherwise.
-pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        match check().await {
-            Ok(value) => return value,
-            Err(last) => assert!(
-                Instant::now() < deadline,
-                "after {limit:?}, still not {what}: {last}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// A free TCP port on loopback (for private server processes).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
-
-pub fn signal(pid: u32, name: &str) {
-    let status = Command::new("kill")
-        .args([&format!("-{name}"), &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill -{name} {pid}");
-}
-
-/// A TCP proxy in front of a real server, which a test can cut (open connections dropped,
-/// new ones accepted and closed at once) and restore; it counts connection attempts.
-pub struct TcpProxy {
-    pub addr: SocketAddr,
-    state: std::sync::Arc<ProxyState>,
-    accept_loop: tokio::task::JoinHandle<()>,
-}
-
-#[derive(Default)]
-struct ProxyState {
-    cut: std::sync::atomic::AtomicBool,
-    attempts: std::sync::atomic::AtomicU64,
-    /// Added to every answer from the target, in ms (a slow server, not a slow link: answers
-    /// are delayed, not queued behind each other).
-    delay_ms: std::sync::atomic::AtomicU64,
-    open: std::sync::Mutex<Vec<tokio::task::AbortHandle>>,
-    /// Bytes that, sent by a client, drop its connection instead of going through; and
-    /// how many more times.
-    drop_on: std::sync::Mutex<Option<(Vec<u8>, u32)>>,
-}
-
-impl ProxyState {
-    /// Whether this chunk from a client is to be dropped with its connection.
-    fn drops(&self, chunk: &[u8]) -> bool {
-        let mut drop_on = self.drop_on.lock().unwrap();
-        let Some((needle, times)) = drop_on.as_mut() else {
-            return false;
-        };
-        if *times == 0 || !chunk.windows(needle.len()).any(|w| w == needle.as_slice()) {
-            return false;
-        }
-        *times -= 1;
-        true
-    }
-}
-
-impl TcpProxy {
-    pub async fn start(target: SocketAddr) -> Self {
-        use std::sync::atomic::Ordering;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let state = std::sync::Arc::new(ProxyState::default());
-        let shared = state.clone();
-        let accept_loop = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                shared.attempts.fetch_add(1, Ordering::SeqCst);
-                if shared.cut.load(Ordering::SeqCst) {
-                    continue; // dropped: the client sees the connection closed
-                }
-                let state = shared.clone();
-                let forward = tokio::spawn(async move {
-                    if let Ok(upstream) = tokio::net::TcpStream::connect(target).await {
-                        forward(client, upstream, state).await;
-                    }
-                });
-                shared.open.lock().unwrap().push(forward.abort_handle());
-            }
-        });
-        Self {
-            addr,
-            state,
-            accept_loop,
-        }
-    }
-
-    pub fn cut(&self) {
-        self.state
-            .cut
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        for connection in self.state.open.lock().unwrap().drain(..) {
-            connection.abort();
-        }
-    }
-
-    /// Delays every answer of the target by `delay` from now on.
-    pub fn set_delay(&self, delay: Duration) {
-        self.state.delay_ms.store(
-            delay.as_millis() as u64,
-            std::sync::atomic::Ordering::SeqCst,
-        );
-    }
-
-    /// The next `times` connections that send `needle` are dropped at that moment, the
-    /// bytes never reaching the target: a call cut off at a chosen step.
-    pub fn drop_connection_when_sent(&self, needle: &[u8], times: u32) {
-        *self.state.drop_on.lock().unwrap() = Some((needle.to_vec(), times));
-    }
-
-    pub fn restore(&self) {
-        self.state
-            .cut
-            .store(false, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Connections attempted through the proxy so far.
-    pub fn attempts(&self) -> u64 {
-        self.state
-            .attempts
-            .load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-/// Copies both ways; what comes back from the target goes through a delay line.
-async fn forward(
-    mut client: tokio::net::TcpStream,
-    upstream: tokio::net::TcpStream,
-    state: std::sync::Arc<ProxyState>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (mut from_client, mut to_client) = client.split();
-    let (mut from_upstream, mut to_upstream) = upstream.into_split();
-    let state_in = state.clone();
-    let (line_in, mut line_out) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
-    let answers = async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(n) = from_upstream.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            let delay = state.delay_ms.load(std::sync::atomic::Ordering::SeqCst);
-            let due = Instant::now() + Duration::from_millis(delay);
-            if line_in.send((due, buf[..n].to_vec())).is_err() {
-                break;
-            }
-        }
-    };
-    let deliver = async move {
-        while let Some((due, bytes)) = line_out.recv().await {
-            tokio::time::sleep_until(due.into()).await;
-            if to_client.write_all(&bytes).await.is_err() {
-                break;
-            }
-        }
-    };
-    let requests = async {
-        let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(n) = from_client.read(&mut buf).await {
-            if n == 0 || state_in.drops(&buf[..n]) {
-                break;
-            }
-            if to_upstream.write_all(&buf[..n]).await.is_err() {
-                break;
-            }
-        }
-    };
-    tokio::select! {
-        _ = requests => {}
-        _ = async { tokio::join!(answers, deliver) } => {}
-    }
-}
-
-impl Drop for TcpProxy {
-    fn drop(&mut self) {
-        self.accept_loop.abort();
-        self.cut();
-    }
-}
-
-/// The MariaDB server the tests use, as a socket address (for a proxy in front of it).
-pub fn mysql_addr() -> SocketAddr {
-    let url = url::Url::parse(&mysql_server_url()).unwrap();
-    format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(3306))
-        .parse()
-        .unwrap()
-}
-
-/// The `seckill` binary with this environment's settings.
-pub fn seckill(env: &TestEnv) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_seckill"));
-    command.envs(env.vars()).env_remove("RUST_LOG");
-    command
-}
-
-/// Starts `seckill serve …`, collecting its stdout lines; returns once it listens.
-pub fn serve(
-    command: &mut Command,
-) -> (
-    Child,
-    TestServer,
-    Arc<Mutex<Vec<String>>>,
-    std::thread::JoinHandle<()>,
-) {
-    let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Collect stdout; hand over the bound address from the `listening` line.
-    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
-    let (addr_tx, addr_rx) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    let reader = {
-        let lines = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Ok(json) = serde_json::from_str::<Value>(&line)
-                    && json["message"] == "listening"
-                {
-                    let _ = addr_tx.send(json["addr"].as_str().unwrap_or_default().to_owned());
-                }
-                lines.lock().unwrap().push(line);
-            }
-        })
-    };
-    let addr = addr_rx
-        .recv_timeout(Duration::from_secs(30))
-        .expect("a `listening` line");
-    let server = TestServer::external(addr.parse().unwrap());
-    (child, server, lines, reader)
-}
-
-/// Stops a `seckill serve` process as an operator would (SIGTERM) and checks it exits
-/// cleanly; then waits for its log reader.
-pub fn stop_process(mut child: Child, reader: std::thread::JoinHandle<()>) {
-    let term = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(term.success());
-    let exit = child.wait().unwrap();
-    assert!(exit.success(), "exit after SIGTERM: {exit}");
-    reader.join().unwrap();
-}
-
-/// A private nginx with `nginx/seckill.conf` (installed by `dev/nginx.sh`, as a developer
-/// runs it) in front of two servers, on a spare port. Stopped on drop.
-pub struct Nginx {
-    pub addr: SocketAddr,
-    child: Child,
-    state: std::path::PathBuf,
-}
-
-impl Nginx {
-    pub async fn start(api_1: SocketAddr, api_2: SocketAddr) -> Self {
-        Self::start_from(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")),
-            api_1,
-            api_2,
-        )
-        .await
-    }
-
-    /// [`Nginx::start`] with the `dev/nginx.sh`, `nginx/` and `web/` of another checkout.
-    pub async fn start_from(
-        checkout: &std::path::Path,
-        api_1: SocketAddr,
-        api_2: SocketAddr,
-    ) -> Self {
-        let port = free_port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let state = std::env::temp_dir().join(format!(
-            "seckill-nginx-{}",
-            ulid::Ulid::new().to_string().to_lowercase()
-        ));
-        let child = Command::new(checkout.join("dev/nginx.sh"))
-            .args([
-                addr.to_string(),
-                api_1.to_string(),
-                api_2.to_string(),
-                state.display().to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("dev/nginx.sh");
-        let nginx = Self { addr, child, state };
-        eventually(Duration::from_secs(20), "nginx listening", || async {
-            tokio::net::TcpStream::connect(addr)
-                .await
-                .map_err(|e| e.to_string())
-        })
-        .await;
-        nginx
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        // SIGTERM: the master stops its workers and exits.
-        signal(self.child.id(), "TERM");
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.state);
-    }
-}
-
-/// Sends SIGKILL to a process (an instance dying mid-sale).
-pub fn kill_hard(child: &mut Child) {
-    signal(child.id(), "KILL");
-    let _ = child.wait();
 }
