@@ -12,6 +12,7 @@ mod crashes;
 mod edge;
 mod faults;
 mod history;
+mod layout;
 mod lifecycle;
 mod operations;
 mod plans;
