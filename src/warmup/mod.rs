@@ -1,24 +1,8 @@
-//! Loading an item's units into Redis before its sale (the admin endpoints in
-//! [`admin`] and `seckill warmup` come here), and rebuilding them after Redis lost them.
-//! Above items and orders: it counts the orders holding units.
-//!
-//! One warm-up per item at a time (a Redis lock; another answers `warmup_running`). The
-//! units go into a side list of this run's own in pipelined batches, are counted, and
-//! then replace the live list in one MULTI together with the item's meta and its buyer
-//! records, so a sale never sees a half-loaded list. The meta hash is WATCHed from the
-//! decisive read to the swap: a sale, a pause or a resume in between aborts the load
-//! instead of being overwritten.
-//!
-//! The number loaded is `total - held`, where `held` counts the orders that hold a unit:
-//! live in MySQL, or won and still pending in Redis. That is exact while Redis keeps its
-//! `pending` hash — but a Redis that lost data (a flush, a crash without persistence, a
-//! restart that lost its last writes) forgot orders still on their way to MySQL: in a
-//! publisher's buffer, in RabbitMQ, in a consumer's hands. Loading `total` minus what
-//! MySQL has then would sell their units twice. So such a load is a **rebuild**: it
-//! refuses a live sale (`sale_live`), waits out the publishers (each holds an order for a
-//! bounded time), refuses while RabbitMQ's order queue cannot be seen empty
-//! (`orders_in_flight`), and then waits out the consumers that took what it held — only
-//! then is MySQL the whole truth.
+//! Loading an item's units into Redis before its sale (the endpoints in [`admin`] and
+//! `seckill warmup`), and rebuilding them after Redis lost them: `total − held` units into
+//! a side list, swapped in by `lua/swap.lua` unless the item changed meanwhile. It sits
+//! above items and orders, since it counts the orders holding units. README: the
+//! contract's "Warm-up", and "Recovering a Redis that lost data" for why a rebuild waits.
 
 pub mod admin;
 mod fresh;
