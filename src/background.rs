@@ -1,8 +1,10 @@
-//! Background work that repeats until shutdown. Every periodic task of the server — the
-//! catalogue refresh, the scheduler's passes, the relay, the repairs — runs through
-//! [`repeat`], which says once when its step starts failing and once when it works again,
-//! rather than a line a second while a store is down, and stops at shutdown even mid-step.
+//! Background work until shutdown, in two shapes: [`repeat`] runs a periodic step (the
+//! catalogue refresh, the scheduler's passes, the relay, the repairs), [`retry`] runs one
+//! step until it works (the consumer's writes, the broker's connection). Both say once
+//! when a step starts failing and once when it works again, rather than a line a second
+//! while a store is down, and stop at shutdown.
 
+use std::fmt::Display;
 use std::future::Future;
 use std::time::Duration;
 
@@ -82,5 +84,48 @@ pub async fn repeat<E, F, Fut>(
             }
             Err(_) => {}
         }
+    }
+}
+
+/// Runs `step` until it succeeds, pausing after each failure — 100 ms, then twice as long
+/// each time, up to `longest`. The first failure is logged as a warning (and again at the
+/// 2nd, 4th, 8th… with the count), the recovery once. `None` if shutdown came first.
+pub async fn retry<T, E, F, Fut>(
+    what: &str,
+    longest: Duration,
+    shutdown: &CancellationToken,
+    mut step: F,
+) -> Option<T>
+where
+    E: Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let mut pause = Duration::from_millis(100);
+    let mut failures = 0u32;
+    loop {
+        let result = tokio::select! {
+            result = step() => result,
+            () = shutdown.cancelled() => return None,
+        };
+        match result {
+            Ok(value) => {
+                if failures > 0 {
+                    tracing::info!(failures, "{what} works again");
+                }
+                return Some(value);
+            }
+            Err(e) => {
+                failures += 1;
+                if failures.is_power_of_two() {
+                    tracing::warn!(failures, error = %e, "{what} failed; retrying");
+                }
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return None,
+            () = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(longest);
     }
 }

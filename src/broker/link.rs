@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::Topology;
+use crate::background::retry;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -136,46 +137,28 @@ impl Broker {
     /// Connects, declares the topology, and reconnects whenever the connection is lost,
     /// until shutdown.
     pub async fn run(self, shutdown: CancellationToken) {
-        let mut backoff = Duration::from_millis(200);
-        let mut warned = false;
-        while !shutdown.is_cancelled() {
-            match self.connect().await {
-                Ok(link) => {
-                    warned = false;
-                    backoff = Duration::from_millis(200);
-                    let connection = link.connection.clone();
-                    self.inner.link.send_replace(Some(link.clone()));
-                    while link.is_healthy() && !shutdown.is_cancelled() {
-                        tokio::select! {
-                            () = shutdown.cancelled() => {}
-                            () = tokio::time::sleep(CHECK_EVERY) => {}
-                        }
-                    }
-                    self.inner.link.send_replace(None);
-                    // Closes a connection whose publishing channel died; fails harmlessly
-                    // on one that is already gone.
-                    let _ = connection.close(200, "reconnecting".into()).await;
-                    if shutdown.is_cancelled() {
-                        return;
-                    }
-                    // The node may be gone: another one first.
-                    self.inner.next.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(
-                        "lost the RabbitMQ connection; reconnecting (orders wait in the Redis outbox)"
-                    );
-                }
-                Err(reason) => {
-                    if !warned {
-                        tracing::warn!(error = %reason, "cannot connect to RabbitMQ; retrying (orders wait in the Redis outbox)");
-                        warned = true;
-                    }
+        let what = "connecting to RabbitMQ (orders wait in the Redis outbox meanwhile)";
+        while let Some(link) = retry(what, MAX_BACKOFF, &shutdown, || self.connect()).await {
+            let connection = link.connection.clone();
+            self.inner.link.send_replace(Some(link.clone()));
+            while link.is_healthy() && !shutdown.is_cancelled() {
+                tokio::select! {
+                    () = shutdown.cancelled() => {}
+                    () = tokio::time::sleep(CHECK_EVERY) => {}
                 }
             }
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(backoff) => {}
+            self.inner.link.send_replace(None);
+            // Closes a connection whose publishing channel died; fails harmlessly on one
+            // that is already gone.
+            let _ = connection.close(200, "reconnecting".into()).await;
+            if shutdown.is_cancelled() {
+                return;
             }
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            // The node may be gone: another one first.
+            self.inner.next.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                "lost the RabbitMQ connection; reconnecting (orders wait in the Redis outbox)"
+            );
         }
     }
 

@@ -23,6 +23,7 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, Bas
 use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
 
+use crate::background;
 use crate::broker::{Broker, DeadLetter, Outbound, publish};
 use crate::delay_queue::Plan;
 use crate::domain::{OrderPlaced, OrderSn};
@@ -216,11 +217,14 @@ impl Consumer {
         started: Instant,
         shutdown: &CancellationToken,
     ) -> Option<()> {
-        let written = retry("mysql", shutdown, || self.insert(orders)).await?;
+        let written = retry("writing orders to MySQL", shutdown, || self.insert(orders)).await?;
         if written == Written::Refused {
             // Some order MySQL will never take: find it, message by message and then
             // order by order, so that every other one lands.
-            let refused = retry("mysql", shutdown, || self.isolate(messages)).await?;
+            let refused = retry("finding the order MySQL refuses", shutdown, || {
+                self.isolate(messages)
+            })
+            .await?;
             for (message, refused) in messages.iter_mut().zip(refused) {
                 message.refused.extend(refused);
             }
@@ -247,7 +251,10 @@ impl Consumer {
             duration_ms = started.elapsed().as_secs_f64() * 1e3,
             "mysql_insert"
         );
-        retry("redis", shutdown, || self.settle(&landed)).await
+        retry("settling orders in Redis", shutdown, || {
+            self.settle(&landed)
+        })
+        .await
     }
 
     /// Writes the orders in one transaction; `Refused` when MySQL refused some of the data
@@ -443,36 +450,18 @@ fn parse(data: &[u8]) -> Parsed {
     }
 }
 
-/// Runs `step` until it succeeds, pausing longer after each failure (up to
-/// [`MAX_BACKOFF`]); `None` if shutdown came first.
+/// [`background::retry`] for a store the consumer needs: the error with its causes.
 async fn retry<T, F, Fut>(what: &str, shutdown: &CancellationToken, mut step: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, StoreError>>,
 {
-    let mut pause = Duration::from_millis(100);
-    let mut failures = 0u32;
-    loop {
-        match step().await {
-            Ok(value) => {
-                if failures > 0 {
-                    tracing::info!(store = what, failures, "order consumer: store is back");
-                }
-                return Some(value);
-            }
-            Err(e) => {
-                failures += 1;
-                if failures == 1 || failures.is_power_of_two() {
-                    tracing::warn!(store = what, failures, error = %crate::error::cause_chain(&e), "order consumer: write failed; retrying");
-                }
-            }
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return None,
-            () = tokio::time::sleep(pause) => {}
-        }
-        pause = (pause * 2).min(MAX_BACKOFF);
-    }
+    let what = format!("order consumer: {what}");
+    background::retry(&what, MAX_BACKOFF, shutdown, || {
+        let attempt = step();
+        async move { attempt.await.map_err(|e| crate::error::cause_chain(&e)) }
+    })
+    .await
 }
 
 #[cfg(test)]
