@@ -195,52 +195,60 @@ async fn upsert_chunk(
         .map(|(id, buckets, loaded_at)| (id, (buckets, loaded_at.is_some())))
         .collect();
 
-    let mut outcomes = Vec::with_capacity(chunk.len());
-    let mut writes = Vec::with_capacity(chunk.len());
-    for entry in chunk {
-        let (id, draft) = (entry.0, &entry.1);
-        let outcome = match existing.get(&id.get()) {
-            Some((buckets, true)) if *buckets != draft.buckets => {
-                Upserted::BucketsFixed { buckets: *buckets }
-            }
-            Some(_) => Upserted::Updated,
-            None => Upserted::Created,
-        };
-        if !matches!(outcome, Upserted::BucketsFixed { .. }) {
-            writes.push((id, draft));
-        }
-        outcomes.push((id, outcome));
-    }
+    let outcomes: Vec<(ItemId, Upserted)> = chunk
+        .iter()
+        .map(|(id, draft)| {
+            let outcome = match existing.get(&id.get()) {
+                Some((buckets, true)) if *buckets != draft.buckets => {
+                    Upserted::BucketsFixed { buckets: *buckets }
+                }
+                Some(_) => Upserted::Updated,
+                None => Upserted::Created,
+            };
+            (*id, outcome)
+        })
+        .collect();
+    let writes: Vec<&(ItemId, ItemDraft)> = chunk
+        .iter()
+        .zip(&outcomes)
+        .filter(|(_, (_, outcome))| !matches!(outcome, Upserted::BucketsFixed { .. }))
+        .map(|(entry, _)| *entry)
+        .collect();
     if !writes.is_empty() {
-        let mut insert = QueryBuilder::new(
-            "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets) ",
-        );
-        insert.push_values(&writes, |mut row, (id, draft)| {
-            row.push_bind(id.get())
-                .push_bind(draft.shop_id)
-                .push_bind(&draft.name)
-                .push_bind(draft.total)
-                .push_bind(draft.price_cents)
-                .push_bind(draft.start_at)
-                .push_bind(draft.end_at)
-                .push_bind(draft.pay_timeout_s)
-                .push_bind(draft.buckets);
-        });
-        insert.push(
-            " ON DUPLICATE KEY UPDATE
-               -- First, while end_at and pay_timeout_s still hold the old values: a sale
-               -- whose end moved is reconciled again at its new end.
-               reconciled_at = IF(end_at <=> VALUES(end_at) AND pay_timeout_s <=> VALUES(pay_timeout_s),
-                                  reconciled_at, NULL),
-               shop_id = VALUES(shop_id), name = VALUES(name),
-               total = VALUES(total), price_cents = VALUES(price_cents),
-               start_at = VALUES(start_at), end_at = VALUES(end_at),
-               pay_timeout_s = VALUES(pay_timeout_s), buckets = VALUES(buckets)",
-        );
-        mysql_timed(insert.build().execute(&mut *tx)).await?;
+        mysql_timed(upsert_items(&writes).build().execute(&mut *tx)).await?;
     }
     mysql_timed(tx.commit()).await?;
     Ok(outcomes)
+}
+
+/// One multi-row upsert of these items.
+fn upsert_items(writes: &[&(ItemId, ItemDraft)]) -> QueryBuilder<sqlx::MySql> {
+    let mut insert = QueryBuilder::new(
+        "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets) ",
+    );
+    insert.push_values(writes, |mut row, (id, draft)| {
+        row.push_bind(id.get())
+            .push_bind(draft.shop_id)
+            .push_bind(&draft.name)
+            .push_bind(draft.total)
+            .push_bind(draft.price_cents)
+            .push_bind(draft.start_at)
+            .push_bind(draft.end_at)
+            .push_bind(draft.pay_timeout_s)
+            .push_bind(draft.buckets);
+    });
+    insert.push(
+        " ON DUPLICATE KEY UPDATE
+           -- First, while end_at and pay_timeout_s still hold the old values: a sale
+           -- whose end moved is reconciled again at its new end.
+           reconciled_at = IF(end_at <=> VALUES(end_at) AND pay_timeout_s <=> VALUES(pay_timeout_s),
+                              reconciled_at, NULL),
+           shop_id = VALUES(shop_id), name = VALUES(name),
+           total = VALUES(total), price_cents = VALUES(price_cents),
+           start_at = VALUES(start_at), end_at = VALUES(end_at),
+           pay_timeout_s = VALUES(pay_timeout_s), buckets = VALUES(buckets)",
+    );
+    insert
 }
 
 /// Returns false when there is no such item. A pause keeps the moment it began (a

@@ -58,19 +58,7 @@ async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64,
     if stocks.is_empty() {
         return Ok(next);
     }
-    // What each bucket holds, per kind of work (Work::ALL's order), and its pending orders.
-    let mut grouped = Grouped::new(redis);
-    for stock in &stocks {
-        grouped
-            .group()
-            .zcard(keys.outbox(*stock))
-            .zcard(keys.due(*stock))
-            .zcard(keys.leased(*stock))
-            .zcard(keys.ending(*stock))
-            .hlen(keys.lent(*stock))
-            .hlen(keys.pending(*stock));
-    }
-    let held: Vec<(u64, u64, u64, u64, u64, u64)> = grouped.query(redis).await?;
+    let held = holdings(scheduler, &stocks).await?;
     // Which of them carry each kind of mark already.
     let mut grouped = Grouped::new(redis);
     for work in Work::ALL {
@@ -92,15 +80,7 @@ async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64,
         let unmarked: Vec<Stock> = stocks
             .iter()
             .zip(&held)
-            .filter(|(_, h)| {
-                let (outbox, due, leased, ending, lent, _) = **h;
-                match work {
-                    Work::Relay => outbox > 0,
-                    Work::Deadlines => due + leased > 0,
-                    Work::CutOff => ending > 0,
-                    Work::Loans => lent > 0,
-                }
-            })
+            .filter(|(_, holding)| holding.has(work))
             .map(|(stock, _)| *stock)
             .filter(|stock| !has_mark.contains(stock.to_string().as_str()))
             .collect();
@@ -114,10 +94,60 @@ async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64,
         }
     }
     drop(conn);
-    for (stock, (.., pending)) in stocks.iter().zip(&held) {
-        if *pending > 0 {
+    for (stock, holding) in stocks.iter().zip(&held) {
+        if holding.pending > 0 {
             relay.sweep_pending(*stock).await?;
         }
     }
     Ok(next)
+}
+
+/// What a bucket holds of each kind of work, and its pending orders.
+struct Holding {
+    outbox: u64,
+    due: u64,
+    leased: u64,
+    ending: u64,
+    lent: u64,
+    pending: u64,
+}
+
+impl Holding {
+    /// Whether it holds work of this kind (and so needs its mark).
+    fn has(&self, work: Work) -> bool {
+        match work {
+            Work::Relay => self.outbox > 0,
+            Work::Deadlines => self.due + self.leased > 0,
+            Work::CutOff => self.ending > 0,
+            Work::Loans => self.lent > 0,
+        }
+    }
+}
+
+/// What each bucket holds, in one round trip per slot group.
+async fn holdings(scheduler: &Scheduler, stocks: &[Stock]) -> Result<Vec<Holding>, StoreError> {
+    let (redis, keys) = (&scheduler.redis, &scheduler.keys);
+    let mut grouped = Grouped::new(redis);
+    for stock in stocks {
+        grouped
+            .group()
+            .zcard(keys.outbox(*stock))
+            .zcard(keys.due(*stock))
+            .zcard(keys.leased(*stock))
+            .zcard(keys.ending(*stock))
+            .hlen(keys.lent(*stock))
+            .hlen(keys.pending(*stock));
+    }
+    let held: Vec<(u64, u64, u64, u64, u64, u64)> = grouped.query(redis).await?;
+    Ok(held
+        .into_iter()
+        .map(|(outbox, due, leased, ending, lent, pending)| Holding {
+            outbox,
+            due,
+            leased,
+            ending,
+            lent,
+            pending,
+        })
+        .collect())
 }
