@@ -178,9 +178,9 @@ struct Failover {
 /// replica; then a second crowd buys what is left, and the outcome is counted.
 async fn failover_mid_burst(wait_replicas: u32) -> (TestEnv, TestServer, Ledger, Failover) {
     let (cluster, _turn) = PrivateRedisCluster::shared().await;
-    let (seeds, ports) = {
+    let (seeds, ports, dir) = {
         let cluster = cluster.lock().unwrap();
-        (cluster.seeds(), cluster.ports.clone())
+        (cluster.seeds(), cluster.ports.clone(), cluster.dir())
     };
     let env = TestEnv::on_redis_cluster("redis_failover", &seeds).await;
     let server = env
@@ -201,9 +201,9 @@ async fn failover_mid_burst(wait_replicas: u32) -> (TestEnv, TestServer, Ledger,
     );
     // The replica took over: every slot served again by the nodes still up.
     let up: Vec<u16> = ports.iter().copied().filter(|p| *p != master).collect();
-    whole(&up).await;
+    whole(&dir, &up).await;
     cluster.lock().unwrap().restart(master);
-    whole(&ports).await;
+    whole(&dir, &ports).await;
     // Everyone presses again once the replica serves the item: what is left sells.
     ledger.merge(crowd(&env, 1, 1..1_201, &at, &answered).await);
     ask_uncertain(&env, &server, 1, &mut ledger).await;

@@ -509,7 +509,12 @@ impl PrivateRedisCluster {
     }
 
     async fn wait_ok(&self) {
-        whole(&self.ports).await;
+        whole(&self.dir, &self.ports).await;
+    }
+
+    /// Where the nodes keep their data and logs.
+    pub fn dir(&self) -> PathBuf {
+        self.dir.clone()
     }
 
     /// The nodes' URLs, comma-separated (what `SECKILL_REDIS_URL` takes).
@@ -532,12 +537,15 @@ impl Drop for PrivateRedisCluster {
     }
 }
 
-/// Waits until every node on `ports` says the cluster is whole (every slot served) and
-/// every replica among them is in step with its master.
-pub async fn whole(ports: &[u16]) {
+/// Waits until every node on `ports` (their data under `dir`) says the cluster is whole
+/// (every slot served) and every replica among them is in step with its master. A node
+/// that is not says why: its answers and the end of its log.
+pub async fn whole(dir: &Path, ports: &[u16]) {
     for port in ports {
+        // Generous: a node that rejoins after a kill loads its append-only file and syncs
+        // in full from its new master, on a 2-core machine busy with other tests.
         eventually(
-            Duration::from_secs(30),
+            Duration::from_secs(60),
             "the cluster whole",
             || async move {
                 let info = cli(*port, &["CLUSTER", "INFO"]);
@@ -547,12 +555,22 @@ pub async fn whole(ports: &[u16]) {
                 if info.contains("cluster_state:ok") && in_step {
                     Ok(())
                 } else {
-                    Err(format!("{info}\n{replication}"))
+                    let log = std::fs::read_to_string(log_of(dir, *port)).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                    Err(format!(
+                        "node {port}: {info}\n{replication}\nits log, last lines first:\n{}",
+                        tail.join("\n")
+                    ))
                 }
             },
         )
         .await;
     }
+}
+
+/// Where the node on `port` logs.
+fn log_of(dir: &Path, port: u16) -> PathBuf {
+    dir.join(port.to_string()).join("redis.log")
 }
 
 /// A cluster node on `port`, its data under `dir` (the append-only file on: a node that
@@ -569,6 +587,7 @@ fn node(dir: &Path, port: u16) -> Child {
         .args(["--cluster-replica-validity-factor", "0"])
         .args(["--save", "", "--appendonly", "yes"])
         .args(["--dir", &data.display().to_string()])
+        .args(["--logfile", &log_of(dir, port).display().to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
