@@ -25,7 +25,7 @@ use crate::orders::consumer::Consumer;
 use crate::outbox::publisher::OrderPublisher;
 use crate::scheduler::Scheduler;
 use crate::shops::cache::Shops;
-use crate::state::AppState;
+use crate::state::{AppState, Shared};
 use crate::store::{Db, MissLimit, RedisConns, connect_mysql, migrate};
 use crate::telemetry::Meters;
 use crate::{http, items, lua, orders, purchase, shops, warmup};
@@ -83,7 +83,7 @@ impl Server {
         if roles.contains(&Role::Api) {
             obey_stored_levels(&breakers, &redis, &keys).await;
         }
-        let state = AppState {
+        let state = AppState::new(Shared {
             breakers,
             signals,
             inflight: Arc::new(Semaphore::new(settings.max_inflight as usize)),
@@ -98,7 +98,7 @@ impl Server {
             broker,
             catalog,
             publisher,
-        };
+        });
         Ok(Self {
             state,
             roles,

@@ -18,9 +18,28 @@ use crate::shops::cache::Shops;
 use crate::store::{Db, RedisConns};
 use crate::telemetry::Meters;
 
-/// Everything a handler may need; each field is cheap to clone.
+/// Everything a handler may need, behind one `Arc`: a request clones one pointer rather
+/// than a dozen (cloning and dropping the fields one by one, an atomic each, was 2–3% of
+/// the sold-out path's CPU under `perf`). Fields are reached through `Deref`.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub fn new(shared: Shared) -> Self {
+        Self(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// What [`AppState`] shares.
+pub struct Shared {
     pub settings: Arc<Settings>,
     pub keys: Keys,
     pub db: Db,

@@ -13,7 +13,7 @@ use crate::domain::ItemId;
 use crate::error::ApiError;
 use crate::http::extract::{Admin, ApiQuery};
 use crate::http::reply::ok;
-use crate::state::AppState;
+use crate::state::{AppState, Shared};
 
 use super::store::{self, Setting};
 use super::{Level, Scope};
@@ -29,11 +29,9 @@ pub fn router() -> Router<AppState> {
 }
 
 /// `GET /admin/circuit`: the global breaker, and every item breaker that is not closed.
-async fn list(
-    _: Admin,
-    State(AppState { redis, keys, .. }): State<AppState>,
-) -> Result<Response, ApiError> {
-    let settings = store::load_all(&redis, &keys).await?;
+async fn list(_: Admin, State(state): State<AppState>) -> Result<Response, ApiError> {
+    let Shared { redis, keys, .. } = &*state;
+    let settings = store::load_all(redis, keys).await?;
     let describe = |scope: Scope, setting: Option<&Setting>| {
         let mut entry = match setting {
             Some(s) => serde_json::to_value(s).unwrap_or(Value::Null),

@@ -7,7 +7,7 @@ use axum::response::Response;
 use axum::routing::get;
 use serde_json::json;
 
-use crate::state::AppState;
+use crate::state::{AppState, Shared};
 use crate::store::mysql_timed;
 
 use super::reply::{envelope, ok};
@@ -28,14 +28,13 @@ async fn healthz() -> Response {
     ok("ok", json!({}))
 }
 
-async fn readyz(
-    State(AppState {
+async fn readyz(State(state): State<AppState>) -> Response {
+    let Shared {
         db, redis, broker, ..
-    }): State<AppState>,
-) -> Response {
+    } = &*state;
     let (redis_ok, mysql_ok) = tokio::join!(
         redis.ping(),
-        mysql_timed(sqlx::query("SELECT 1").execute(&db))
+        mysql_timed(sqlx::query("SELECT 1").execute(db))
     );
     let checks = [
         ("redis", redis_ok.is_ok()),

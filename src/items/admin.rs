@@ -12,7 +12,7 @@ use crate::error::ApiError;
 use crate::http::extract::{Admin, ApiJson, ApiPath};
 use crate::http::reply::{envelope, ok};
 use crate::keys::Keys;
-use crate::state::AppState;
+use crate::state::{AppState, Shared};
 use crate::store::{Db, RedisConns};
 
 use super::body::ItemBody;
@@ -38,21 +38,22 @@ pub fn router() -> Router<AppState> {
 /// `grab.lua`. A changed `total` takes effect with `warmup?force=true`.
 async fn put_item(
     _: Admin,
-    State(AppState {
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<ItemId>,
+    ApiJson(body): ApiJson<ItemBody>,
+) -> Result<Response, ApiError> {
+    let Shared {
         db,
         redis,
         keys,
         catalog,
         ..
-    }): State<AppState>,
-    ApiPath(id): ApiPath<ItemId>,
-    ApiJson(body): ApiJson<ItemBody>,
-) -> Result<Response, ApiError> {
+    } = &*state;
     if body.id().is_some_and(|body_id| body_id != id) {
         return Err(ApiError::bad_request("`id` differs from the path's"));
     }
     let draft = body.validate()?;
-    let (status, code) = match repo::upsert(&db, id, &draft).await? {
+    let (status, code) = match repo::upsert(db, id, &draft).await? {
         Upserted::Created => (StatusCode::CREATED, "created"),
         Upserted::Updated => (StatusCode::OK, "updated"),
         Upserted::BucketsFixed { buckets } => {
@@ -64,7 +65,7 @@ async fn put_item(
             });
         }
     };
-    let item = spread_rules(&db, &redis, &keys, &catalog, id).await?;
+    let item = spread_rules(db, redis, keys, catalog, id).await?;
     Ok(envelope(status, code, json!({ "item": item })))
 }
 
@@ -88,20 +89,21 @@ async fn resume_item(
 
 async fn set_paused(
     _: Admin,
-    State(AppState {
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<ItemId>,
+    paused: bool,
+) -> Result<Response, ApiError> {
+    let Shared {
         db,
         redis,
         keys,
         catalog,
         ..
-    }): State<AppState>,
-    ApiPath(id): ApiPath<ItemId>,
-    paused: bool,
-) -> Result<Response, ApiError> {
-    if !repo::set_paused(&db, id, paused).await? {
+    } = &*state;
+    if !repo::set_paused(db, id, paused).await? {
         return Err(ApiError::ItemNotFound);
     }
-    spread_rules(&db, &redis, &keys, &catalog, id).await?;
+    spread_rules(db, redis, keys, catalog, id).await?;
     let code = if paused { "paused" } else { "resumed" };
     Ok(ok(code, json!({ "item_id": id })))
 }

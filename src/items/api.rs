@@ -12,7 +12,7 @@ use crate::domain::ItemId;
 use crate::error::ApiError;
 use crate::http::extract::{ApiPath, Reader};
 use crate::http::reply::ok;
-use crate::state::AppState;
+use crate::state::{AppState, Shared};
 
 /// What a storefront shows of an item.
 pub fn router() -> Router<AppState> {
@@ -21,9 +21,10 @@ pub fn router() -> Router<AppState> {
 
 async fn get_item(
     _: Reader,
-    State(AppState { catalog, .. }): State<AppState>,
+    State(state): State<AppState>,
     ApiPath(id): ApiPath<ItemId>,
 ) -> Result<Response, ApiError> {
+    let Shared { catalog, .. } = &*state;
     let entry = catalog.get(id).await?.ok_or(ApiError::ItemNotFound)?;
     catalog.fresh_stock(&entry).await;
     let item = &entry.item;

@@ -12,7 +12,7 @@ use crate::domain::{ItemId, Stock};
 use crate::error::ApiError;
 use crate::http::extract::{Admin, ApiJson};
 use crate::http::reply::ok;
-use crate::state::AppState;
+use crate::state::{AppState, Shared};
 use crate::store::Grouped;
 
 use super::body::ItemBody;
@@ -44,15 +44,16 @@ pub struct Outcome {
 /// checked first (a bad one refuses the call, naming it), then written.
 pub(super) async fn put_items(
     _: Admin,
-    State(AppState {
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson<ItemsBody>,
+) -> Result<Response, ApiError> {
+    let Shared {
         db,
         redis,
         keys,
         catalog,
         ..
-    }): State<AppState>,
-    ApiJson(body): ApiJson<ItemsBody>,
-) -> Result<Response, ApiError> {
+    } = &*state;
     if body.items.is_empty() || body.items.len() > MOST_PER_CALL {
         return Err(ApiError::bad_request(format!(
             "`items`: 1 to {MOST_PER_CALL} items"
@@ -74,7 +75,7 @@ pub(super) async fn put_items(
             "`items`: item {id} is listed twice"
         )));
     }
-    let done = repo::upsert_many(&db, &drafts).await?;
+    let done = repo::upsert_many(db, &drafts).await?;
 
     // The sale window grab.lua checks, into Redis for the items that existed (a PUT does
     // not change the pause; new items have nothing in Redis yet).
@@ -83,13 +84,13 @@ pub(super) async fn put_items(
         .filter(|(_, outcome)| *outcome == Upserted::Updated)
         .map(|(id, _)| *id)
         .collect();
-    let mut grouped = Grouped::new(&redis);
+    let mut grouped = Grouped::new(redis);
     for (id, draft) in drafts.iter().filter(|(id, _)| updated.contains(id)) {
         for bucket in Stock::all(*id, draft.buckets) {
             stock::sync_window_in(grouped.group(), &keys.stock(bucket), draft);
         }
     }
-    grouped.run(&redis).await?;
+    grouped.run(redis).await?;
     catalog.announce_all().await;
 
     let (created, updated) = (

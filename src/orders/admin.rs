@@ -12,7 +12,7 @@ use crate::error::ApiError;
 use crate::http::extract::{Admin, ApiPath};
 use crate::http::reply::ok;
 use crate::items::{self, stock};
-use crate::state::AppState;
+use crate::state::{AppState, Shared};
 
 use super::reconcile::reconcile;
 use super::repo;
@@ -26,17 +26,18 @@ pub fn router() -> Router<AppState> {
 /// `GET /admin/items/{id}/stats`
 async fn item_stats(
     _: Admin,
-    State(AppState {
-        db, redis, keys, ..
-    }): State<AppState>,
+    State(state): State<AppState>,
     ApiPath(id): ApiPath<ItemId>,
 ) -> Result<Response, ApiError> {
-    let item = items::repo::get(&db, id)
+    let Shared {
+        db, redis, keys, ..
+    } = &*state;
+    let item = items::repo::get(db, id)
         .await?
         .ok_or(ApiError::ItemNotFound)?;
     let mut conn = redis.bulk().await?;
-    let stock = stock::item_snapshot(&mut conn, &keys, item.stocks()).await?;
-    let counts = repo::count_by_status(&db, id).await?;
+    let stock = stock::item_snapshot(&mut conn, keys, item.stocks()).await?;
+    let counts = repo::count_by_status(db, id).await?;
     let accounted = stock.remaining + stock.pending + counts.unpaid + counts.paid;
     Ok(ok(
         "ok",
@@ -56,18 +57,19 @@ async fn item_stats(
 /// `POST /admin/items/{id}/reconcile`: what the end-of-sale reconciliation does, now.
 async fn reconcile_item(
     _: Admin,
-    State(AppState {
+    State(state): State<AppState>,
+    ApiPath(id): ApiPath<ItemId>,
+) -> Result<Response, ApiError> {
+    let Shared {
         db,
         redis,
         keys,
         meters,
         ..
-    }): State<AppState>,
-    ApiPath(id): ApiPath<ItemId>,
-) -> Result<Response, ApiError> {
-    if items::repo::get(&db, id).await?.is_none() {
+    } = &*state;
+    if items::repo::get(db, id).await?.is_none() {
         return Err(ApiError::ItemNotFound);
     }
-    let report = reconcile(&db, &redis, &keys, &meters, id).await?;
+    let report = reconcile(db, redis, keys, meters, id).await?;
     Ok(ok("reconciled", report))
 }

@@ -20,7 +20,7 @@ use crate::error::ApiError;
 use crate::http::extract::{ApiPath, AuthUser, OrderSeeker};
 use crate::http::reply::ok;
 use crate::http::request_id;
-use crate::state::AppState;
+use crate::state::{AppState, Shared};
 use crate::store::{WAIT_FOR_REPLICAS, redis_timed};
 
 use crate::delay_queue::Plan;
@@ -57,19 +57,20 @@ pub fn router() -> Router<AppState> {
 }
 
 async fn get_order(
-    State(AppState {
-        db, redis, keys, ..
-    }): State<AppState>,
+    State(state): State<AppState>,
     AuthUser(user): AuthUser,
     ApiPath(order_sn): ApiPath<String>,
 ) -> Result<Response, ApiError> {
+    let Shared {
+        db, redis, keys, ..
+    } = &*state;
     request_id::record_user(user, None);
     // Not even an order number: unknown, like any order that is not yours.
     let sn = OrderSn::parse(&order_sn).ok_or(ApiError::OrderNotFound)?;
-    let pending = placed::pending(&redis, &keys, &sn).await?;
+    let pending = placed::pending(redis, keys, &sn).await?;
     let view = match pending {
         Some(order) => OrderView::pending(order),
-        None => repo::find(&db, &sn)
+        None => repo::find(db, &sn)
             .await?
             .ok_or(ApiError::OrderNotFound)?
             .into(),
@@ -84,16 +85,17 @@ async fn get_order(
 /// record in Redis names it; `pending` included), or else their latest one in MySQL — so
 /// a buyer whose `202` was lost, and who hears `410` after the sell-out, finds it.
 async fn my_order(
-    State(AppState {
+    State(state): State<AppState>,
+    OrderSeeker(user): OrderSeeker,
+    ApiPath(item): ApiPath<ItemId>,
+) -> Result<Response, ApiError> {
+    let Shared {
         db,
         redis,
         keys,
         catalog,
         ..
-    }): State<AppState>,
-    OrderSeeker(user): OrderSeeker,
-    ApiPath(item): ApiPath<ItemId>,
-) -> Result<Response, ApiError> {
+    } = &*state;
     request_id::record_user(user, Some(item));
     // Redis first, MySQL second, as for an order read: a won order is in one or the other.
     let buckets = catalog.get(item).await?.map_or(1, |c| c.item.buckets);
@@ -103,7 +105,7 @@ async fn my_order(
         let sn: Option<String> =
             redis_timed(conn.hget(item_keys.buyer_orders(user), user.get())).await?;
         match sn.as_deref().and_then(OrderSn::parse) {
-            Some(sn) => placed::pending(&redis, &keys, &sn)
+            Some(sn) => placed::pending(redis, keys, &sn)
                 .await
                 .map(|pending| pending.map(OrderView::pending)),
             None => Ok(None),
@@ -112,12 +114,12 @@ async fn my_order(
     .await;
     let view = match held {
         Ok(Some(view)) => view,
-        Ok(None) => repo::latest_of_user(&db, item, user)
+        Ok(None) => repo::latest_of_user(db, item, user)
             .await?
             .ok_or(ApiError::OrderNotFound)?
             .into(),
         // Redis cannot say whether an order is still on its way: MySQL may still know.
-        Err(e) => repo::latest_of_user(&db, item, user)
+        Err(e) => repo::latest_of_user(db, item, user)
             .await?
             .ok_or(ApiError::Redis(e))?
             .into(),

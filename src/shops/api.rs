@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::error::ApiError;
 use crate::http::extract::{ApiPath, Reader};
 use crate::http::reply::ok;
-use crate::state::AppState;
+use crate::state::{AppState, Shared};
 
 use super::repo::Shop;
 
@@ -21,9 +21,10 @@ pub fn router() -> Router<AppState> {
 /// `GET /api/shops/{id}/status`: `{"shop_id","open","updated_at"}` from the nearest layer.
 async fn status(
     _: Reader,
-    State(AppState { shops, .. }): State<AppState>,
+    State(state): State<AppState>,
     ApiPath(id): ApiPath<u64>,
 ) -> Result<Response, ApiError> {
+    let Shared { shops, .. } = &*state;
     let shop = shops
         .lookup(id)
         .await
