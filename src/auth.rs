@@ -150,34 +150,6 @@ mod tests {
         Jwt::new(&Secret::new("test-secret"))
     }
 
-    /// Not a test: the cost of one verification on this CPU (`cargo test --release --lib
-    /// auth::tests::verify_cost -- --ignored --nocapture`).
-    #[test]
-    #[ignore = "a measurement"]
-    fn verify_cost() {
-        let jwt = jwt();
-        let token = jwt.mint(UserId::new(42), Duration::from_secs(600)).unwrap();
-        let n = 1_000_000;
-        let started = std::time::Instant::now();
-        for _ in 0..n {
-            std::hint::black_box(jwt.verify(std::hint::black_box(&token))).unwrap();
-        }
-        let per = started.elapsed() / n;
-        let cache: moka::future::Cache<String, u64> = moka::future::Cache::new(100_000);
-        futures::executor::block_on(cache.insert(token.clone(), 42));
-        let started = std::time::Instant::now();
-        for _ in 0..n {
-            std::hint::black_box(futures::executor::block_on(
-                cache.get(std::hint::black_box(token.as_str())),
-            ));
-        }
-        let hit = started.elapsed() / n;
-        eprintln!(
-            "verify: {per:?} per token ({} bytes); moka hit: {hit:?}",
-            token.len()
-        );
-    }
-
     #[test]
     fn minted_tokens_verify() {
         let token = jwt()
