@@ -95,9 +95,7 @@ pub async fn reconcile(
         return Err(ReconcileError::Busy);
     };
     let result = run(db, redis, keys, meters, item).await;
-    if let Err(e) = lock.release(redis).await {
-        tracing::warn!(%item, error = %e, "could not release the reconciliation lock; it expires by itself");
-    }
+    lock.let_go(redis).await;
     result
 }
 

@@ -156,9 +156,7 @@ where
         Ok::<_, ApiError>((after, pushed))
     }
     .await;
-    if let Err(e) = lock.release(&state.redis).await {
-        tracing::warn!(shop = id, error = %e, "could not release the shop lock; it expires by itself");
-    }
+    lock.let_go(&state.redis).await;
     let (after, pushed) = result?;
     // Whatever Redis did: instances reload the shop from MySQL when told.
     state.shops.reload(id).await;

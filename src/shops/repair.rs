@@ -65,9 +65,7 @@ pub async fn push_stale_once(
             }
         }
         .await;
-        if let Err(e) = lock.release(redis).await {
-            tracing::debug!(shop = id, error = %e, "could not release the shop lock; it expires by itself");
-        }
+        lock.let_go(redis).await;
         result?;
         tracing::warn!(
             shop = id,

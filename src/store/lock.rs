@@ -115,6 +115,15 @@ impl RedisLock {
         grouped.run(redis).await
     }
 
+    /// What every holder does when done: [`RedisLock::release`], or, when Redis does not
+    /// answer, a warning and the lock left to expire by itself.
+    pub async fn let_go(self, redis: &RedisConns) {
+        let key = self.key.clone();
+        if let Err(e) = self.release(redis).await {
+            tracing::warn!(lock = %key, error = %e, "could not release a lock; it expires by itself");
+        }
+    }
+
     /// Releases the lock if it is still ours (it may have expired and been taken by
     /// another). Returns whether it was ours.
     pub async fn release(self, redis: &RedisConns) -> Result<bool, RedisError> {

@@ -168,9 +168,7 @@ impl Warmup<'_> {
             .await?
             .ok_or(WarmupError::Busy)?;
         let result = self.load(id, force, progress).await;
-        if let Err(e) = lock.release(self.redis).await {
-            tracing::warn!(item = %id, error = %e, "could not release the warm-up lock; it expires by itself");
-        }
+        lock.let_go(self.redis).await;
         result
     }
 
