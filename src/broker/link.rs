@@ -18,6 +18,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How often the supervisor looks at the connection's health.
 const CHECK_EVERY: Duration = Duration::from_millis(250);
+/// How long a close waits for the broker's close-ok. Closing is a courtesy (the broker
+/// requeues what a dead channel held), and an unanswered close must not hold up a
+/// reconnect or a stop: a close whose socket went first has been seen never to finish.
+pub const CLOSE_WITHIN: Duration = Duration::from_secs(2);
 
 #[derive(Clone)]
 pub struct Broker {
@@ -117,7 +121,7 @@ impl Broker {
             )
             .await
             .ok();
-        let _ = channel.close(200, "done".into()).await;
+        let _ = tokio::time::timeout(CLOSE_WITHIN, channel.close(200, "done".into())).await;
         Some(queue?.message_count())
     }
 
@@ -150,7 +154,8 @@ impl Broker {
             self.inner.link.send_replace(None);
             // Closes a connection whose publishing channel died; fails harmlessly on one
             // that is already gone.
-            let _ = connection.close(200, "reconnecting".into()).await;
+            let closing = connection.close(200, "reconnecting".into());
+            let _ = tokio::time::timeout(CLOSE_WITHIN, closing).await;
             if shutdown.is_cancelled() {
                 return;
             }

@@ -24,7 +24,7 @@ use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
 
 use crate::background;
-use crate::broker::{Broker, DeadLetter, Outbound, publish};
+use crate::broker::{Broker, CLOSE_WITHIN, DeadLetter, Outbound, publish};
 use crate::delay_queue::Plan;
 use crate::domain::{OrderPlaced, OrderSn};
 use crate::keys::Keys;
@@ -89,7 +89,8 @@ impl Consumer {
                     let ended = self.consume(&channel, &shutdown).await;
                     // Whatever ended the session: unacked messages go back to the queue,
                     // and the connection forgets the channel.
-                    let _ = channel.close(200, "consumer done".into()).await;
+                    let closing = channel.close(200, "consumer done".into());
+                    let _ = tokio::time::timeout(CLOSE_WITHIN, closing).await;
                     ended
                 }
                 Err(e) => Ended::Broker(e),
