@@ -30,6 +30,10 @@ use crate::store::{Db, MissLimit, RedisConns, connect_mysql, migrate};
 use crate::telemetry::Meters;
 use crate::{http, items, lua, orders, purchase, shops, warmup};
 
+/// How long a stop waits for background work, and then for the broker connection, after
+/// HTTP has drained: twice the broker's confirm timeout.
+const STOP_WITHIN: Duration = Duration::from_secs(10);
+
 /// A server that has connected, migrated and bound its listeners, ready to [`Server::run`].
 pub struct Server {
     state: AppState,
@@ -166,10 +170,29 @@ impl Server {
         }
         tracing::info!("HTTP drained; stopping background work");
         workers.cancel();
-        while background.join_next().await.is_some() {}
-        let _ = publisher_task.await;
+        // Each task ends at the cancel, finishing what it holds (a consumer's batch, the
+        // publisher's buffer: both bounded by the broker's confirm timeout). One stuck in
+        // a broker call that never answers is cut off: every task survives that (leases,
+        // marks, idempotent writes, the outbox), and a stop must not hang on a dead node.
+        let finished = tokio::time::timeout(STOP_WITHIN, async {
+            while background.join_next().await.is_some() {}
+            let _ = publisher_task.await;
+        })
+        .await;
+        if finished.is_err() {
+            tracing::warn!(
+                "background work still running {} s after the stop began; cut off",
+                STOP_WITHIN.as_secs()
+            );
+            background.shutdown().await;
+        }
         broker_stop.cancel();
-        let _ = broker_task.await;
+        if tokio::time::timeout(STOP_WITHIN, broker_task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the broker connection did not close; cut off");
+        }
         tracing::info!("stopped");
         result
     }
