@@ -43,6 +43,8 @@ const BATCH: usize = 128;
 /// 32k with two, 33k with four.
 const WORKERS: usize = 2;
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long a channel, its set-up, an ack or a nack may take.
+const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 /// While MySQL answers, the longest a consumer holds an order it took before committing
 /// it: a batch is written in well under a second (measured: 8,000 orders in 420 ms), and
 /// one whose write failed is tried again within [`MAX_BACKOFF`]. (A rebuild of a Redis
@@ -64,6 +66,10 @@ pub struct Consumer {
 enum Ended {
     Shutdown,
     Broker(lapin::Error),
+    /// The broker did not answer within [`ANSWER_WITHIN`] (a node that died under the
+    /// channel has been seen to leave an ack waiting forever): the session is dropped and
+    /// its unacked messages come again on a new one.
+    Unanswered,
     /// The broker cancelled the consumer (the queue was deleted, the channel closed).
     Cancelled,
 }
@@ -81,11 +87,11 @@ impl Consumer {
     /// One consuming loop on a channel of its own, reopened whenever it is lost.
     async fn work(self, shutdown: CancellationToken) {
         loop {
-            let Some(channel) = self.broker.open_channel(&shutdown).await else {
-                return;
-            };
-            let ended = match channel {
-                Ok(channel) => {
+            let opened = tokio::time::timeout(ANSWER_WITHIN, self.broker.open_channel(&shutdown));
+            let ended = match opened.await {
+                Ok(None) => return,
+                Err(_) => Ended::Unanswered,
+                Ok(Some(Ok(channel))) => {
                     let ended = self.consume(&channel, &shutdown).await;
                     // Whatever ended the session: unacked messages go back to the queue,
                     // and the connection forgets the channel.
@@ -93,7 +99,7 @@ impl Consumer {
                     let _ = tokio::time::timeout(CLOSE_WITHIN, closing).await;
                     ended
                 }
-                Err(e) => Ended::Broker(e),
+                Ok(Some(Err(e))) => Ended::Broker(e),
             };
             match ended {
                 Ended::Shutdown => return,
@@ -102,6 +108,12 @@ impl Consumer {
                 }
                 Ended::Cancelled => {
                     tracing::warn!("order consumer was cancelled by the broker; resuming");
+                }
+                Ended::Unanswered => {
+                    tracing::warn!(
+                        "the broker did not answer the order consumer within {} s; a new channel",
+                        ANSWER_WITHIN.as_secs()
+                    );
                 }
             }
             tokio::select! {
@@ -125,9 +137,10 @@ impl Consumer {
                 )
                 .await
         };
-        let consumer = match started.await {
-            Ok(consumer) => consumer,
-            Err(e) => return Ended::Broker(e),
+        let consumer = match tokio::time::timeout(ANSWER_WITHIN, started).await {
+            Ok(Ok(consumer)) => consumer,
+            Ok(Err(e)) => return Ended::Broker(e),
+            Err(_) => return Ended::Unanswered,
         };
         tracing::info!(queue = %self.broker.topology().orders_queue, "order consumer started");
         let mut batches = consumer.ready_chunks(BATCH);
@@ -149,7 +162,7 @@ impl Consumer {
             match self.handle(deliveries, shutdown).await {
                 Ok(true) => {}
                 Ok(false) => return Ended::Shutdown,
-                Err(e) => return Ended::Broker(e),
+                Err(ended) => return ended,
             }
         }
     }
@@ -160,7 +173,7 @@ impl Consumer {
         &self,
         deliveries: Vec<Delivery>,
         shutdown: &CancellationToken,
-    ) -> Result<bool, lapin::Error> {
+    ) -> Result<bool, Ended> {
         let started = Instant::now();
         let mut messages: Vec<Message> = deliveries.into_iter().map(Message::read).collect();
         // Each order once: a message and its redelivered copy can share a batch.
@@ -191,20 +204,17 @@ impl Consumer {
                 () = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
             if let Some(last) = messages.last() {
-                last.delivery
-                    .nack(BasicNackOptions {
-                        multiple: true,
-                        requeue: true,
-                    })
-                    .await?;
+                answered(last.delivery.nack(BasicNackOptions {
+                    multiple: true,
+                    requeue: true,
+                }))
+                .await?;
             }
             return Ok(true);
         }
         // One ack for the batch: every earlier delivery on this channel is in it.
         if let Some(last) = messages.last() {
-            last.delivery
-                .ack(BasicAckOptions { multiple: true })
-                .await?;
+            answered(last.delivery.ack(BasicAckOptions { multiple: true })).await?;
         }
         Ok(true)
     }
@@ -448,6 +458,15 @@ fn parse(data: &[u8]) -> Parsed {
     Parsed {
         orders,
         unreadable: problem,
+    }
+}
+
+/// An ack or a nack, within [`ANSWER_WITHIN`].
+async fn answered<T>(settle: impl Future<Output = Result<T, lapin::Error>>) -> Result<(), Ended> {
+    match tokio::time::timeout(ANSWER_WITHIN, settle).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(Ended::Broker(e)),
+        Err(_) => Err(Ended::Unanswered),
     }
 }
 
