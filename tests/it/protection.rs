@@ -12,17 +12,8 @@ use seckill::config::Secret;
 use crate::support::*;
 
 async fn circuit(env: &TestEnv, server: &TestServer, action: &str, query: &str) -> (u16, Value) {
-    let response = env
-        .admin(
-            reqwest::Method::POST,
-            server,
-            &format!("/admin/circuit/{action}?{query}"),
-        )
-        .send()
+    env.admin_post(server, &format!("/admin/circuit/{action}?{query}"))
         .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
 }
 
 async fn global_breaker(env: &TestEnv, server: &TestServer) -> Value {
