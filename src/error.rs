@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
 
 use crate::domain::OrderSn;
 use crate::http::reply::envelope;
@@ -168,16 +168,21 @@ impl IntoResponse for ApiError {
             let (method, path) = request_id::method_and_path();
             tracing::debug!(code, method, path, error = %self, "request refused");
         }
-        let mut extra = json!({ "detail": self.detail() });
+        let mut body = Refusal {
+            detail: self.detail(),
+            order_sn: None,
+            level: None,
+            scope: None,
+        };
         match &self {
-            ApiError::Duplicate { order_sn } => extra["order_sn"] = json!(order_sn),
+            ApiError::Duplicate { order_sn } => body.order_sn = Some(order_sn),
             ApiError::CircuitOpen { level, scope, .. } => {
-                extra["level"] = json!(level);
-                extra["scope"] = json!(scope);
+                body.level = Some(*level);
+                body.scope = Some(scope);
             }
             _ => {}
         }
-        let mut response = envelope(status, code, extra);
+        let mut response = envelope(status, code, &body);
         if let Some(after) = self.retry_after() {
             // Whole seconds, at least one: clients treat 0 as "now".
             let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
@@ -187,6 +192,19 @@ impl IntoResponse for ApiError {
         }
         response
     }
+}
+
+/// What follows `code` and `trace_id` in a refusal: a struct rather than a JSON map, since
+/// the crowd of a sale is answered with one.
+#[derive(Serialize)]
+struct Refusal<'a> {
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    order_sn: Option<&'a OrderSn>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    level: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scope: Option<&'a str>,
 }
 
 /// `outer: inner: innermost`, for a log line.

@@ -26,8 +26,9 @@ const BULK_BUDGET: Duration = Duration::from_secs(120);
 /// Request bodies are a few dozen bytes; anything bigger is a mistake or an attack.
 const BODY_LIMIT: usize = 64 * 1024;
 
-/// Adds the layers every request passes, outermost first: request id and span, the time
-/// budget, the body limit; and JSON answers for unknown routes and wrong methods (axum
+/// Adds the layers every request passes, outermost first: request id and span with the
+/// time budget (one middleware: each costs a boxed service clone per request), the body
+/// limit; and JSON answers for unknown routes and wrong methods (axum
 /// still adds the `Allow` header to the latter).
 pub fn finish(routes: Router<AppState>, state: AppState) -> Router {
     routes
@@ -35,24 +36,30 @@ pub fn finish(routes: Router<AppState>, state: AppState) -> Router {
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(
             ServiceBuilder::new()
-                .layer(axum::middleware::from_fn(request_id::layer))
-                .layer(axum::middleware::from_fn(budget))
+                .layer(axum::middleware::from_fn(edge))
                 .layer(DefaultBodyLimit::max(BODY_LIMIT)),
         )
         .with_state(state)
 }
 
+/// Every request: its id and span (see [`request_id`]), within its time budget.
+async fn edge(request: Request, next: Next) -> Response {
+    let limit = budget(request.uri().path());
+    request_id::serve(request, async move |request| {
+        match tokio::time::timeout(limit, next.run(request)).await {
+            Ok(response) => response,
+            Err(_) => ApiError::Timeout.into_response(),
+        }
+    })
+    .await
+}
+
 /// The contract's one second for every request, except an operator's bulk work — loading
 /// millions of units, reconciling a whole sale, writing or loading thousands of items —
 /// which gets [`BULK_BUDGET`].
-async fn budget(request: Request, next: Next) -> Response {
-    let path = request.uri().path();
+fn budget(path: &str) -> Duration {
     let bulk = path == "/admin/items"
         || (path.starts_with("/admin/items/")
             && (path.ends_with("/warmup") || path.ends_with("/reconcile")));
-    let limit = if bulk { BULK_BUDGET } else { REQUEST_BUDGET };
-    match tokio::time::timeout(limit, next.run(request)).await {
-        Ok(response) => response,
-        Err(_) => ApiError::Timeout.into_response(),
-    }
+    if bulk { BULK_BUDGET } else { REQUEST_BUDGET }
 }

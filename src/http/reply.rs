@@ -30,21 +30,26 @@ pub fn envelope<T: Serialize>(status: StatusCode, code: &'static str, body: T) -
 }
 
 fn spliced<T: Serialize>(code: &str, trace_id: &str, body: &T) -> serde_json::Result<Vec<u8>> {
-    let fields = serde_json::to_vec(body)?;
-    let Some(rest) = fields.strip_prefix(b"{") else {
-        return Err(serde::ser::Error::custom(
-            "a response body must be a JSON object",
-        ));
-    };
-    let mut out = Vec::with_capacity(fields.len() + code.len() + trace_id.len() + 32);
+    let mut out = Vec::with_capacity(128);
     out.extend_from_slice(b"{\"code\":");
     serde_json::to_writer(&mut out, code)?;
     out.extend_from_slice(b",\"trace_id\":");
     serde_json::to_writer(&mut out, trace_id)?;
-    if rest != b"}" {
-        out.push(b',');
+    // The body's own fields follow, in place of its opening brace.
+    let start = out.len();
+    serde_json::to_writer(&mut out, body)?;
+    match &out[start..] {
+        b"{}" => {
+            out.truncate(start);
+            out.push(b'}');
+        }
+        [b'{', ..] => out[start] = b',',
+        _ => {
+            return Err(serde::ser::Error::custom(
+                "a response body must be a JSON object",
+            ));
+        }
     }
-    out.extend_from_slice(rest);
     Ok(out)
 }
 

@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, Method, Uri};
-use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
 use tracing::field::{Empty, Value};
@@ -44,14 +43,15 @@ pub fn method_and_path() -> (String, String) {
         .unwrap_or_default()
 }
 
-pub async fn layer(request: Request, next: Next) -> Response {
-    let id: Arc<str> = request
+/// Serves `request` inside its span, with its id known to [`current`] and echoed in the
+/// answer's `X-Request-Id`.
+pub async fn serve(request: Request, serve: impl AsyncFnOnce(Request) -> Response) -> Response {
+    let id = request
         .headers()
         .get(&X_REQUEST_ID)
         .and_then(|v| v.to_str().ok())
         .filter(|v| is_sane(v))
-        .map(Arc::from)
-        .unwrap_or_else(|| Arc::from(ulid::Ulid::new().to_string()));
+        .map_or_else(new_id, Arc::from);
     let span = tracing::info_span!(
         "request",
         trace_id = %id,
@@ -64,12 +64,18 @@ pub async fn layer(request: Request, next: Next) -> Response {
         uri: request.uri().clone(),
     };
     let mut response = CURRENT
-        .scope(current, next.run(request).instrument(span))
+        .scope(current, serve(request).instrument(span))
         .await;
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(X_REQUEST_ID.clone(), value);
     }
     response
+}
+
+/// A new ULID, encoded on the stack and allocated once.
+fn new_id() -> Arc<str> {
+    let mut text = [0u8; ulid::ULID_LEN];
+    Arc::from(&*ulid::Ulid::new().array_to_str(&mut text))
 }
 
 /// Fills the request span's `user_id` (and `item_id`) in one call: the JSON log formatter

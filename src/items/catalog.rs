@@ -215,6 +215,12 @@ impl Catalog {
         if let Some(hit) = self.cached(id) {
             return Ok(Some(hit));
         }
+        // Boxed: the read's future is kilobytes, and every purchase's future would carry it.
+        Box::pin(self.load(id)).await
+    }
+
+    /// An item not in memory: read from MySQL (coalesced, and misses remembered).
+    async fn load(&self, id: ItemId) -> Result<Option<Arc<CatalogItem>>, DbError> {
         let (db, misses) = (self.inner.db.clone(), self.inner.misses.clone());
         let found = self
             .inner

@@ -10,16 +10,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
-use axum::error_handling::HandleErrorLayer;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use chrono::Utc;
 use serde::Deserialize;
 use serde_json::json;
-use tower::ServiceBuilder;
-use tower::limit::GlobalConcurrencyLimitLayer;
 
 use crate::breaker::Action;
 use crate::broker::Outgoing;
@@ -33,7 +30,6 @@ use crate::items::transfer::{self, Lending};
 use crate::keys::ItemKeys;
 use crate::state::AppState;
 use crate::store::{RedisConn, RedisError, WAIT_FOR_REPLICAS};
-use crate::telemetry::Meters;
 
 use super::grab::{GrabOutcome, grab};
 
@@ -41,23 +37,15 @@ use super::grab::{GrabOutcome, grab};
 /// before being told to press again (each round moves a unit: the sale goes on).
 const MOST_REFILLS: usize = 8;
 
-/// `POST /api/flashbuy`, counted and timed (shed purchases too); beyond
-/// `SECKILL_MAX_INFLIGHT` at once, purchases are shed with `503 unavailable` at once rather
-/// than queued.
+/// `POST /api/flashbuy`, counted, timed and shed (see [`count_and_shed`]).
 pub fn router(state: &AppState) -> Router<AppState> {
-    let shed = ServiceBuilder::new()
-        .layer(axum::middleware::from_fn_with_state(
-            state.meters.clone(),
-            count,
-        ))
-        .layer(HandleErrorLayer::new(|_: tower::BoxError| async {
-            ApiError::Overloaded
-        }))
-        .load_shed()
-        .layer(GlobalConcurrencyLimitLayer::with_semaphore(
-            state.inflight.clone(),
-        ));
-    Router::new().route("/api/flashbuy", post(flashbuy).layer(shed))
+    Router::new().route(
+        "/api/flashbuy",
+        post(flashbuy).layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            count_and_shed,
+        )),
+    )
 }
 
 #[derive(Debug, Deserialize)]
@@ -65,20 +53,27 @@ pub struct FlashbuyRequest {
     item_id: ItemId,
 }
 
-/// Counts and times every purchase answer (the funnel's `started`, and answers by code).
-async fn count(
-    State(meters): State<Arc<Meters>>,
+/// Counts and times every purchase answer (the funnel's `started`, and answers by code),
+/// shed ones too: beyond `SECKILL_MAX_INFLIGHT` purchases at once, a purchase is answered
+/// `503 unavailable` at once rather than queued. (One middleware, not tower's load-shed and
+/// concurrency layers: those cost a boxed service clone and a semaphore handle per request.)
+async fn count_and_shed(
+    State(state): State<AppState>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     let started = Instant::now();
-    meters.started.increment(1);
-    let response = next.run(request).await;
+    state.meters.started.increment(1);
+    let response = match state.inflight.try_acquire() {
+        // Held until the answer is ready.
+        Ok(_permit) => next.run(request).await,
+        Err(_) => ApiError::Overloaded.into_response(),
+    };
     let code = response
         .extensions()
         .get::<Code>()
         .map_or("unknown", |c| c.0);
-    meters.purchase_answered(code, started.elapsed());
+    state.meters.purchase_answered(code, started.elapsed());
     response
 }
 
@@ -116,10 +111,23 @@ async fn flashbuy(
     // request refused from memory (which logs nothing at info) skips the cost (measured:
     // the log formatter re-encodes the span's fields, about 13% of that path).
     request_id::record_user(user, Some(item_id));
+    // Boxed: the Redis step's future is kilobytes, and every request's future (moved
+    // several times through the layers) would otherwise carry it, refused or not.
+    Box::pin(sell(&state, item, user, now)).await
+}
+
+/// The Redis step and its answer, for a purchase memory could not refuse.
+async fn sell(
+    state: &AppState,
+    item: Arc<CatalogItem>,
+    user: UserId,
+    now: chrono::DateTime<Utc>,
+) -> Result<Response, ApiError> {
+    let item_id = item.item.id;
     let order = order_for(&item, user, now.timestamp_millis());
     let order_json = serde_json::to_string(&order).map_err(anyhow::Error::from)?;
-    match run_grab(&state, &item, user, &order, &order_json).await? {
-        GrabOutcome::Won => accept(&state, &item, order, order_json).await,
+    match run_grab(state, &item, user, &order, &order_json).await? {
+        GrabOutcome::Won => accept(state, &item, order, order_json).await,
         GrabOutcome::SoldOut => {
             if item.mark_sold_out() {
                 // Other instances learn it from the announcement rather than waiting for

@@ -181,7 +181,8 @@ impl Shops {
         if let Some(shop) = self.last_known(id) {
             return shop.open_at(now);
         }
-        match self.get(id).await {
+        // Boxed: the loading future is kilobytes, and every purchase's future would carry it.
+        match Box::pin(self.get(id)).await {
             Ok(Some(shop)) => shop.open_at(now),
             Ok(None) | Err(_) => true,
         }

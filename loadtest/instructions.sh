@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Instructions per request under valgrind's callgrind: deterministic, where timings on a
+# shared 2-core VM move by ±20% between runs, so a 5% change can be judged. The sold-out
+# path, the purchase path that reaches Redis (random users: wins, then duplicates), and
+# loadtest/bare.rs's hello handler given the same requests, each net of what the idle
+# server spends in the same time (its refresh and upkeep loops).
+#
+#   ./loadtest/instructions.sh        (DURATION=15s per path by default)
+#
+# valgrind has no SHA-NI: the token's HMAC counts for more here than on the real CPU.
+# Uses the machine's services under the namespace and database `seckill_instr`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+duration=${DURATION:-15s}
+users=20000
+./dev/services.sh
+./dev/tools.sh wrk valgrind
+cargo build --release --locked --bin seckill --example bare 2>&1 | tail -1
+
+out=loadtest/out/instructions
+rm -rf "$out" && mkdir -p "$out"
+ns=seckill_instr
+export SECKILL_NAMESPACE=$ns
+export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$ns"
+export SECKILL_ADMIN_TOKEN=bench-admin
+export SECKILL_RATE_PER_USER=0
+export SECKILL_HTTP_ADDR=127.0.0.1:18085
+export RUST_LOG=${RUST_LOG:-info}
+api="http://$SECKILL_HTTP_ADDR"
+bare_addr=127.0.0.1:18086
+pids=()
+
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$ns\`" 2>/dev/null || true
+  redis-cli --scan --pattern "$ns:*" | xargs -r -n 1000 redis-cli del >/dev/null || true
+  redis-cli --scan --pattern "instr_bare:*" | xargs -r -n 1000 redis-cli del >/dev/null || true
+  if command -v rabbitmqctl >/dev/null; then
+    for q in "$ns.orders" "$ns.orders.dead"; do rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true; done
+  fi
+}
+cleanup
+trap cleanup EXIT
+
+wait_http() { for _ in $(seq 600); do curl -fs "$1" >/dev/null && return 0; sleep 0.2; done; echo "no answer from $1" >&2; exit 1; }
+admin() { curl -fsS -X "$1" "$api$2" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" -H 'Content-Type: application/json' ${3:+-d "$3"}; }
+under_callgrind() { # name command...
+  local name=$1; shift
+  valgrind --tool=callgrind --collect-atstart=yes --callgrind-out-file="$out/$name.%p" "$@" \
+    >"$out/$name.log" 2>&1 &
+  pids+=("$!")
+}
+# Instructions the process ran between a zeroing and a dump.
+counted() { # pid command...
+  local pid=$1; shift
+  callgrind_control -z "$pid" >/dev/null
+  "$@"
+  callgrind_control -d "$pid" >/dev/null
+  local dump
+  dump=$(ls -t "$out"/*."$pid".* | head -1)
+  awk '/^(summary|totals):/ {print $2; exit}' "$dump"
+}
+# Requests wrk completed: its output is kept for the report.
+fire() { # name url [env...]
+  local name=$1 url=$2; shift 2
+  env "$@" THREADS=1 TOKENS="$out/tokens.txt" wrk -t1 -c4 -d"$duration" \
+    -s loadtest/wrk/flashbuy.lua "$url" >"$out/$name.txt"
+}
+requests() { awk '/requests in/ {print $1}' "$out/$1.txt"; }
+per_request() { # instructions idle requests
+  echo "$(( ($1 - $2) / $3 ))"
+}
+
+echo "minting $users user tokens" >&2
+target/release/seckill token --user 1 --count "$users" --ttl-s 7200 >"$out/tokens.txt"
+
+under_callgrind seckill target/release/seckill serve --roles api
+seckill_pid=${pids[-1]}
+wait_http "$api/healthz"
+start=$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)
+end=$(date -u -d '+1 day' +%Y-%m-%dT%H:%M:%SZ)
+for spec in "1 1000000" "3 1"; do
+  set -- $spec
+  admin PUT "/admin/items/$1" "{\"name\":\"instructions $1\",\"shop_id\":1,\"total\":$2,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1}" >/dev/null
+  admin POST "/admin/items/$1/warmup" >/dev/null
+done
+echo "sold-out path, Redis path and an idle stretch under callgrind (${duration} each)" >&2
+fire warm "$api/api/flashbuy" ITEM=3 MODE=sequential
+idle=$(counted "$seckill_pid" sleep "${duration%s}")
+sold_out=$(counted "$seckill_pid" fire sold_out "$api/api/flashbuy" ITEM=3 MODE=random)
+redis_path=$(counted "$seckill_pid" fire redis_path "$api/api/flashbuy" ITEM=1 MODE=random)
+
+under_callgrind bare target/release/examples/bare --addr "$bare_addr" --namespace instr_bare --units 1000000
+bare_pid=${pids[-1]}
+wait_http "http://$bare_addr/hello"
+fire warm_bare "http://$bare_addr/hello" ITEM=3
+bare_idle=$(counted "$bare_pid" sleep "${duration%s}")
+hello=$(counted "$bare_pid" fire hello "http://$bare_addr/hello" ITEM=3)
+grab=$(counted "$bare_pid" fire bare_grab "http://$bare_addr/grab" ITEM=1 MODE=random BARE_USERS=$users)
+
+cat <<REPORT
+
+instructions per request (callgrind, $(date -u +%Y-%m-%d); wrk -t1 -c4 -d$duration; net of idle)
+
+| path                                   | instructions | requests |
+|----------------------------------------|--------------|----------|
+| seckill, sold out (from memory)        | $(per_request "$sold_out" "$idle" "$(requests sold_out)") | $(requests sold_out) |
+| seckill, Redis path (wins+duplicates)  | $(per_request "$redis_path" "$idle" "$(requests redis_path)") | $(requests redis_path) |
+| bare hello handler (same requests)     | $(per_request "$hello" "$bare_idle" "$(requests hello)") | $(requests hello) |
+| bare EVALSHA server                    | $(per_request "$grab" "$bare_idle" "$(requests bare_grab)") | $(requests bare_grab) |
+REPORT
