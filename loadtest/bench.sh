@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command, one run, everything local: seckill's purchase path against a bare axum
-# server doing only the same EVALSHA, its sold-out path against a bare hello handler, the
-# consumer draining 100,000 queued orders into MySQL, and the server's peak memory.
+# server doing only the same EVALSHA (also with the pipeline off: the handler's own share),
+# its sold-out path against a bare hello handler given the same requests, the consumer
+# draining 100,000 queued orders into MySQL, and the server's peak memory.
 #
 #   ./loadtest/bench.sh            (DURATION=10s CONNECTIONS=64 by default)
 #
@@ -40,6 +41,7 @@ cleanup() {
   wait 2>/dev/null || true
   mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$ns\`" 2>/dev/null || true
   redis-cli --scan --pattern "$ns:*" | xargs -r -n 1000 redis-cli del >/dev/null || true
+  redis-cli --scan --pattern "${ns}_alone:*" | xargs -r -n 1000 redis-cli del >/dev/null || true
   redis-cli --scan --pattern "bench_bare:*" | xargs -r -n 1000 redis-cli del >/dev/null || true
   if command -v rabbitmqctl >/dev/null; then
     for q in "$ns.orders" "$ns.orders.dead"; do rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true; done
@@ -49,7 +51,7 @@ cleanup
 trap cleanup EXIT
 
 wait_http() { for _ in $(seq 200); do curl -fs "$1" >/dev/null && return 0; sleep 0.1; done; echo "no answer from $1" >&2; exit 1; }
-admin() { curl -fsS -X "$1" "$api$2" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" -H 'Content-Type: application/json' ${3:+-d "$3"}; }
+admin() { curl -fsS -X "$1" "${at:-$api}$2" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" -H 'Content-Type: application/json' ${3:+-d "$3"}; }
 stat() { admin GET "/admin/items/$1/stats" | sed -E "s/.*\"$2\":([0-9]+).*/\1/"; }
 rows() { mariadb -h 127.0.0.1 -u root -N -e "SELECT COUNT(*) FROM \`$ns\`.orders WHERE item_id = $1"; }
 # wrk: prints "requests_per_second p99" from its report.
@@ -131,15 +133,30 @@ settle() {
   sleep 2
 }
 settle
-echo "the sold-out path, then the bare hello handler" >&2
+echo "the sold-out path, then the bare hello handler (the same requests, then plain GETs)" >&2
 read -r soldout_rps soldout_p99 < <(run_wrk sold_out "$api/api/flashbuy" TOKENS="$out/tokens.txt" ITEM=3 MODE=random)
-read -r hello_rps hello_p99 < <(run_wrk_get bare_hello http://127.0.0.1:18081/hello)
+read -r hello_rps hello_p99 < <(run_wrk bare_hello http://127.0.0.1:18081/hello TOKENS="$out/tokens.txt" ITEM=3 MODE=random)
+read -r get_rps get_p99 < <(run_wrk_get bare_hello_get http://127.0.0.1:18081/hello)
 settle
 echo "the purchase path (wins and duplicates: every request reaches Redis), then the bare EVALSHA server" >&2
 read -r redis_rps redis_p99 < <(run_wrk redis_path "$api/api/flashbuy" TOKENS="$out/tokens.txt" ITEM=1 MODE=random)
 peak_kb=$(awk '/VmHWM/ {print $2}' "/proc/$api_pid/status")
 settle
 read -r bare_rps bare_p99 < <(run_wrk bare_grab http://127.0.0.1:18081/grab BARE_USERS=$users ITEM=1 MODE=random)
+
+# The handler's own share: an API server whose broker is unreachable (orders wait in its
+# outbox), so no publishing, RabbitMQ or relay work shares the cores. Its own namespace.
+echo "the purchase path with the pipeline off (no broker)" >&2
+kill "$api_pid"
+alone=http://127.0.0.1:18083
+SECKILL_NAMESPACE=${ns}_alone SECKILL_HTTP_ADDR=127.0.0.1:18083 \
+  SECKILL_AMQP_URL=amqp://guest:guest@127.0.0.1:1/%2f "$bin" serve --roles api >"$out/alone.log" 2>&1 &
+pids+=("$!")
+wait_http "$alone/healthz"
+at=$alone admin PUT /admin/items/2 "{\"name\":\"bench 2\",\"shop_id\":1,\"total\":400000,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1}" >/dev/null
+at=$alone admin POST /admin/items/2/warmup >/dev/null
+sleep 2
+read -r alone_rps alone_p99 < <(run_wrk redis_alone "$alone/api/flashbuy" TOKENS="$out/tokens.txt" ITEM=2 MODE=random)
 
 ratio() { echo "scale=2; $1 / $2" | bc; }
 cat <<REPORT
@@ -149,8 +166,10 @@ seckill benchmark — $(nproc) cores, $(date -u +%Y-%m-%d), wrk -t$threads -c$co
 | path                                   | req/s      | p99      | yardstick            | req/s      | p99      | ratio |
 |----------------------------------------|------------|----------|----------------------|------------|----------|-------|
 | purchase, Redis path (wins+duplicates) | $redis_rps | $redis_p99 | bare EVALSHA server | $bare_rps | $bare_p99 | $(ratio "$redis_rps" "$bare_rps") |
-| purchase, sold out (from memory)       | $soldout_rps | $soldout_p99 | bare hello handler | $hello_rps | $hello_p99 | $(ratio "$soldout_rps" "$hello_rps") |
+| the same, pipeline off (no broker)     | $alone_rps | $alone_p99 | bare EVALSHA server | $bare_rps | $bare_p99 | $(ratio "$alone_rps" "$bare_rps") |
+| purchase, sold out (from memory)       | $soldout_rps | $soldout_p99 | bare hello handler, same requests | $hello_rps | $hello_p99 | $(ratio "$soldout_rps" "$hello_rps") |
 
+bare hello handler, plain GETs (no token, no body): $get_rps req/s, p99 $get_p99 (sold-out path against it: $(ratio "$soldout_rps" "$get_rps"))
 consumer: $fill_units queued orders drained into MySQL at $drain_rate orders/s
 server peak memory (VmHWM, API process): $((peak_kb / 1024)) MB
 REPORT

@@ -19,7 +19,6 @@ use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Value};
-use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 
 use super::STORE_TIMEOUT;
@@ -70,10 +69,10 @@ enum Servers {
         /// Boxed: it is large, and a single server has nothing like it.
         client: Box<ClusterClient>,
         /// Made at the first use, so a server starts while the cluster is down.
-        conn: OnceCell<ClusterConnection>,
+        conn: Renewable,
         /// Cluster connections for `WAIT` (it blocks the node connection it runs on), used
         /// in turn.
-        waits: Vec<OnceCell<ClusterConnection>>,
+        waits: Vec<Renewable>,
         next_wait: AtomicUsize,
         /// The seed nodes, for pub/sub (any node will do).
         seeds: Vec<redis::Client>,
@@ -100,9 +99,9 @@ impl RedisConns {
                         .response_timeout(STORE_TIMEOUT)
                         .build()?,
                 ),
-                conn: OnceCell::new(),
+                conn: Renewable::default(),
                 waits: (0..CLUSTER_WAIT_CONNECTIONS)
-                    .map(|_| OnceCell::new())
+                    .map(|_| Renewable::default())
                     .collect(),
                 next_wait: AtomicUsize::new(0),
                 seeds: seeds
@@ -141,8 +140,7 @@ impl RedisConns {
         let Servers::Cluster { client, conn, .. } = &*self.servers else {
             return Err(RedisError::Unexpected("not a cluster".into()));
         };
-        let conn = timed(conn.get_or_try_init(|| client.get_async_connection())).await?;
-        Ok(RedisConn::Cluster(conn.clone()))
+        Ok(RedisConn::Cluster(conn.get(client).await?))
     }
 
     /// The database number of the URL (keyspace notification channels name it; a
@@ -238,9 +236,8 @@ impl RedisConns {
                 ..
             } => {
                 let slot = next_wait.fetch_add(1, Ordering::Relaxed) % waits.len();
-                let conn =
-                    timed(waits[slot].get_or_try_init(|| client.get_async_connection())).await?;
-                timed(pipe.query_async(&mut conn.clone())).await?
+                let mut conn = waits[slot].get(client).await?;
+                timed(pipe.query_async(&mut conn)).await?
             }
         };
         Ok(acked >= u64::from(replicas))
@@ -254,7 +251,7 @@ impl RedisConns {
             RedisConn::Cluster(mut conn) => {
                 let route = Route::with_key(key, SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-                let value = timed(conn.route_command(info, routing)).await?;
+                let value = timed(conn.conn.route_command(info, routing)).await?;
                 redis::InfoDict::from_redis_value(value)
                     .map_err(|e| RedisError::Unexpected(format!("INFO server: {e}")))
             }
@@ -308,11 +305,121 @@ const WAIT_CONNECTIONS: usize = 128;
 /// Cluster connections shared by the waits (each has a connection to every node).
 const CLUSTER_WAIT_CONNECTIONS: usize = 8;
 
+/// redis-rs's cluster connection, made at the first use and made anew once stuck.
+///
+/// After a master was killed and came back as a replica, one was seen to send nothing more
+/// to any node: every call timed out, for minutes, until the process restarted. So each
+/// call is watched, and a connection that has answered nothing for [`STUCK_FOR`] while
+/// asked is dropped; the next call makes a new one, which reads the slots afresh.
+#[derive(Default)]
+struct Renewable {
+    current: std::sync::RwLock<Option<Watched>>,
+    making: tokio::sync::Mutex<()>,
+}
+
+/// Calls unanswered for this long, with no answer in between, mean a stuck connection.
+const STUCK_FOR: Duration = Duration::from_secs(3);
+
+impl Renewable {
+    async fn get(&self, client: &ClusterClient) -> Result<Watched, RedisError> {
+        if let Some(conn) = self.healthy() {
+            return Ok(conn);
+        }
+        let _making = self.making.lock().await;
+        if let Some(conn) = self.healthy() {
+            return Ok(conn);
+        }
+        let conn = Watched {
+            conn: timed(client.get_async_connection()).await?,
+            waiting_since: Arc::default(),
+        };
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// The current connection, unless there is none or it is stuck (then it is dropped).
+    fn healthy(&self) -> Option<Watched> {
+        let current = self.current.read().unwrap_or_else(|e| e.into_inner());
+        let conn = current.as_ref()?;
+        if !conn.stuck() {
+            return Some(conn.clone());
+        }
+        drop(current);
+        let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
+        if current.as_ref().is_some_and(Watched::stuck) {
+            tracing::warn!(
+                "the Redis Cluster connection answered nothing for {STUCK_FOR:?}; making a new one"
+            );
+            *current = None;
+        }
+        None
+    }
+}
+
+/// A cluster connection that notes when it was first asked without an answer since.
+#[derive(Clone)]
+pub struct Watched {
+    conn: ClusterConnection,
+    waiting_since: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+}
+
+impl Watched {
+    fn stuck(&self) -> bool {
+        let since = self.waiting_since.lock().unwrap_or_else(|e| e.into_inner());
+        since.is_some_and(|since| since.elapsed() >= STUCK_FOR)
+    }
+
+    fn asked(&self) {
+        let mut since = self.waiting_since.lock().unwrap_or_else(|e| e.into_inner());
+        since.get_or_insert_with(std::time::Instant::now);
+    }
+
+    /// Any answer from a node, an error reply included, shows the connection works.
+    fn answered<T>(
+        waiting_since: &std::sync::Mutex<Option<std::time::Instant>>,
+        result: redis::RedisResult<T>,
+    ) -> redis::RedisResult<T> {
+        let heard = match &result {
+            Ok(_) => true,
+            Err(e) => !(e.is_timeout() || e.is_io_error() || e.is_connection_dropped()),
+        };
+        if heard {
+            *waiting_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+        result
+    }
+}
+
+impl ConnectionLike for Watched {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.asked();
+        let waiting_since = self.waiting_since.clone();
+        let call = self.conn.req_packed_command(cmd);
+        Box::pin(async move { Watched::answered(&waiting_since, call.await) })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        self.asked();
+        let waiting_since = self.waiting_since.clone();
+        let call = self.conn.req_packed_commands(pipeline, offset, count);
+        Box::pin(async move { Watched::answered(&waiting_since, call.await) })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
+    }
+}
+
 /// A connection of either kind; commands and pipelines go through it alike.
 pub enum RedisConn {
     One(ConnectionManager),
     Pooled(deadpool_redis::Connection),
-    Cluster(ClusterConnection),
+    Cluster(Watched),
 }
 
 impl ConnectionLike for RedisConn {
