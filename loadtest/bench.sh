@@ -10,6 +10,7 @@
 # `seckill_bench`, emptied before and after. Logs and wrk outputs stay in loadtest/out/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. loadtest/lib.sh
 
 duration=${DURATION:-10s}
 connections=${CONNECTIONS:-64}
@@ -39,18 +40,11 @@ pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$ns\`" 2>/dev/null || true
-  redis-cli --scan --pattern "$ns:*" | xargs -r -n 1000 redis-cli del >/dev/null || true
-  redis-cli --scan --pattern "${ns}_alone:*" | xargs -r -n 1000 redis-cli del >/dev/null || true
-  redis-cli --scan --pattern "bench_bare:*" | xargs -r -n 1000 redis-cli del >/dev/null || true
-  if command -v rabbitmqctl >/dev/null; then
-    for q in "$ns.orders" "$ns.orders.dead"; do rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true; done
-  fi
+  forget "$ns" "${ns}_alone:*" "bench_bare:*"
 }
 cleanup
 trap cleanup EXIT
 
-wait_http() { for _ in $(seq 200); do curl -fs "$1" >/dev/null && return 0; sleep 0.1; done; echo "no answer from $1" >&2; exit 1; }
 admin() { curl -fsS -X "$1" "${at:-$api}$2" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" -H 'Content-Type: application/json' ${3:+-d "$3"}; }
 stat() { admin GET "/admin/items/$1/stats" | sed -E "s/.*\"$2\":([0-9]+).*/\1/"; }
 rows() { mariadb -h 127.0.0.1 -u root -N -e "SELECT COUNT(*) FROM \`$ns\`.orders WHERE item_id = $1"; }

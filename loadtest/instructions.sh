@@ -11,6 +11,7 @@
 # Uses the machine's services under the namespace and database `seckill_instr`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. loadtest/lib.sh
 
 duration=${DURATION:-15s}
 users=20000
@@ -34,17 +35,11 @@ pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$ns\`" 2>/dev/null || true
-  redis-cli --scan --pattern "$ns:*" | xargs -r -n 1000 redis-cli del >/dev/null || true
-  redis-cli --scan --pattern "instr_bare:*" | xargs -r -n 1000 redis-cli del >/dev/null || true
-  if command -v rabbitmqctl >/dev/null; then
-    for q in "$ns.orders" "$ns.orders.dead"; do rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true; done
-  fi
+  forget "$ns" "instr_bare:*"
 }
 cleanup
 trap cleanup EXIT
 
-wait_http() { for _ in $(seq 600); do curl -fs "$1" >/dev/null && return 0; sleep 0.2; done; echo "no answer from $1" >&2; exit 1; }
 admin() { curl -fsS -X "$1" "$api$2" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" -H 'Content-Type: application/json' ${3:+-d "$3"}; }
 under_callgrind() { # name command...
   local name=$1; shift
