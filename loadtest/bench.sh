@@ -67,13 +67,8 @@ echo "minting $users user tokens" >&2
 api_pid=$!
 pids+=("$api_pid")
 wait_http "$api/healthz"
-start=$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)
-end=$(date -u -d '+1 day' +%Y-%m-%dT%H:%M:%SZ)
-for spec in "1 400000" "3 $fill_units"; do
-  set -- $spec
-  admin PUT "/admin/items/$1" "{\"name\":\"bench $1\",\"shop_id\":1,\"total\":$2,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1}" >/dev/null
-  admin POST "/admin/items/$1/warmup" >/dev/null
-done
+on_sale 1 400000
+on_sale 3 "$fill_units"
 
 echo "filling the queue: selling $fill_units units of item 3 with no consumer running" >&2
 for _ in $(seq 20); do
@@ -147,8 +142,7 @@ SECKILL_NAMESPACE=${ns}_alone SECKILL_HTTP_ADDR=127.0.0.1:18083 \
   SECKILL_AMQP_URL=amqp://guest:guest@127.0.0.1:1/%2f "$bin" serve --roles api >"$out/alone.log" 2>&1 &
 pids+=("$!")
 wait_http "$alone/healthz"
-at=$alone admin PUT /admin/items/2 "{\"name\":\"bench 2\",\"shop_id\":1,\"total\":400000,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1}" >/dev/null
-at=$alone admin POST /admin/items/2/warmup >/dev/null
+at=$alone on_sale 2 400000
 sleep 2
 read -r alone_rps alone_p99 < <(run_wrk redis_alone "$alone/api/flashbuy" TOKENS="$out/tokens.txt" ITEM=2 MODE=random)
 

@@ -74,13 +74,8 @@ target/release/seckill token --user 1 --count "$users" --ttl-s 7200 >"$out/token
 under_callgrind seckill target/release/seckill serve --roles api
 seckill_pid=${pids[-1]}
 wait_http "$api/healthz"
-start=$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)
-end=$(date -u -d '+1 day' +%Y-%m-%dT%H:%M:%SZ)
-for spec in "1 1000000" "3 1"; do
-  set -- $spec
-  admin PUT "/admin/items/$1" "{\"name\":\"instructions $1\",\"shop_id\":1,\"total\":$2,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1}" >/dev/null
-  admin POST "/admin/items/$1/warmup" >/dev/null
-done
+on_sale 1 1000000
+on_sale 3 1
 echo "sold-out path, Redis path and an idle stretch under callgrind (${duration} each)" >&2
 fire warm "$api/api/flashbuy" ITEM=3 MODE=sequential
 idle=$(counted "$seckill_pid" sleep "${duration%s}")

@@ -21,3 +21,13 @@ forget() {
     for q in "$ns.orders" "$ns.orders.dead"; do rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true; done
   fi
 }
+
+# on_sale ID TOTAL: puts the item on sale from a minute ago for a day and loads its units
+# (through the script's own `admin`).
+on_sale() {
+  local start end
+  start=$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)
+  end=$(date -u -d '+1 day' +%Y-%m-%dT%H:%M:%SZ)
+  admin PUT "/admin/items/$1" "{\"name\":\"load test $1\",\"shop_id\":1,\"total\":$2,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1}" >/dev/null
+  admin POST "/admin/items/$1/warmup" >/dev/null
+}
