@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use utoipa_axum::router::OpenApiRouter;
 
 use crate::auth::Jwt;
 use crate::breaker::auto::Signals;
@@ -327,23 +328,29 @@ fn spawn_scheduler(state: &AppState, workers: &CancellationToken, background: &m
 }
 
 /// The main router and, when the admin API has a listener of its own, the admin router:
-/// every feature's routes, merged here and nowhere else.
+/// every feature's routes, merged here and nowhere else. The OpenAPI document describes
+/// them all, whichever roles this instance serves.
 fn routers(state: &AppState, roles: &HashSet<Role>, admin_apart: bool) -> (Router, Option<Router>) {
-    let mut main = http::health::router();
-    if roles.contains(&Role::Api) {
-        main = main
-            .merge(purchase::api::router(state))
-            .merge(orders::api::router())
-            .merge(items::api::router())
-            .merge(shops::api::router());
-    }
-    let admin = Router::new()
+    let (health, health_doc) = http::health::router().split_for_parts();
+    let (api, api_doc) = OpenApiRouter::new()
+        .merge(purchase::api::router(state))
+        .merge(orders::api::router())
+        .merge(items::api::router())
+        .merge(shops::api::router())
+        .split_for_parts();
+    let (admin, admin_doc) = OpenApiRouter::new()
         .merge(items::admin::router())
         .merge(warmup::admin::router())
         .merge(orders::admin::router())
         .merge(shops::admin::router())
         .merge(breaker::admin::router())
-        .merge(http::health::metrics_router());
+        .merge(http::health::metrics_router())
+        .split_for_parts();
+    let mut main = health;
+    if roles.contains(&Role::Api) {
+        let document = http::openapi::document([health_doc, api_doc, admin_doc]);
+        main = main.merge(api).merge(http::openapi::router(&document));
+    }
     let finish = |routes| http::finish(routes, state.clone());
     if admin_apart {
         (finish(main), Some(finish(admin)))

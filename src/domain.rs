@@ -391,3 +391,54 @@ mod tests {
         assert!(OrderSn::parse("1001-01ARZ3NDEKTSV4RRFFQ69G5FAV").is_some());
     }
 }
+
+/// How the ids look in the OpenAPI document (`crate::http::openapi`): the ranges and
+/// shapes the parsers above accept.
+mod schemas {
+    use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+    use utoipa::openapi::{KnownFormat, RefOr, SchemaFormat};
+    use utoipa::{PartialSchema, ToSchema};
+
+    use super::{ItemId, OrderSn, UserId};
+
+    fn integer(description: &str) -> ObjectBuilder {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(0))
+            .description(Some(description))
+    }
+
+    impl PartialSchema for ItemId {
+        fn schema() -> RefOr<Schema> {
+            integer("An item id (1 to 13 digits)")
+                .minimum(Some(1))
+                .maximum(Some(ItemId::MAX))
+                .examples([1001])
+                .into()
+        }
+    }
+    impl ToSchema for ItemId {}
+
+    impl PartialSchema for UserId {
+        fn schema() -> RefOr<Schema> {
+            integer("A user id (the token's `sub`)").into()
+        }
+    }
+    impl ToSchema for UserId {}
+
+    impl PartialSchema for OrderSn {
+        fn schema() -> RefOr<Schema> {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .description(Some(
+                    "An order number: the item id, `-` (or `_` for a split item) and a ULID",
+                ))
+                .pattern(Some("^[1-9][0-9]{0,12}[-_][0-7][0-9A-HJKMNP-TV-Z]{25}$"))
+                .max_length(Some(OrderSn::MAX_LEN))
+                .examples(["1001-01JEZ8Q4S5W0M3V2X6Y7Z8A9BC"])
+                .into()
+        }
+    }
+    impl ToSchema for OrderSn {}
+}

@@ -194,15 +194,19 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// What follows `code` and `trace_id` in a refusal: a struct rather than a JSON map, since
-/// the crowd of a sale is answered with one.
-#[derive(Serialize)]
-struct Refusal<'a> {
+// A struct rather than a JSON map: the crowd of a sale is answered with one.
+/// What follows `code` and `trace_id` in a refusal.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct Refusal<'a> {
+    /// A plain sentence naming what is wrong.
     detail: String,
+    /// `duplicate`: the order the buyer already holds.
     #[serde(skip_serializing_if = "Option::is_none")]
     order_sn: Option<&'a OrderSn>,
+    /// `circuit_open`: the breaker's level (1 throttle, 2 degrade, 3 stop).
     #[serde(skip_serializing_if = "Option::is_none")]
     level: Option<u8>,
+    /// `circuit_open`: `global`, or `item:{id}`.
     #[serde(skip_serializing_if = "Option::is_none")]
     scope: Option<&'a str>,
 }

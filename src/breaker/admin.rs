@@ -2,33 +2,84 @@
 //! `POST /admin/circuit/close?item=ID` (no `item`: the global breaker). Optional `by` and
 //! `reason` parameters go into the audit log.
 
-use axum::Router;
 use axum::extract::State;
 use axum::response::Response;
-use axum::routing::{get, post};
-use serde::Deserialize;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::domain::ItemId;
-use crate::error::ApiError;
+use crate::error::{ApiError, Refusal};
 use crate::http::extract::{Admin, ApiQuery};
 use crate::http::reply::ok;
 use crate::state::{AppState, Shared};
 
-use super::store::{self, Setting};
+use super::store::{self, AutoState, Setting, Source};
 use super::{Level, Scope};
 
-const MAX_TEXT: usize = 500;
+/// The audit log's columns: who (`actor`) and why.
+const MAX_BY: usize = 100;
+const MAX_REASON: usize = 500;
 
 /// The operators' breaker switches.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/admin/circuit", get(list))
-        .route("/admin/circuit/open", post(open))
-        .route("/admin/circuit/close", post(close))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(open))
+        .routes(routes!(close))
+}
+
+/// The breakers: the global one, and every item's that is not closed.
+#[derive(ToSchema)]
+#[allow(dead_code)] // a schema only: `list` builds it from the stored settings
+struct Breakers {
+    global: BreakerState,
+    items: Vec<BreakerState>,
+}
+
+/// One breaker: its level, and who or what set it (absent for one never set).
+#[derive(ToSchema)]
+#[allow(dead_code)] // a schema only, as above
+struct BreakerState {
+    /// `global`, or `item:{id}`.
+    scope: String,
+    /// An item breaker's item.
+    item_id: Option<ItemId>,
+    level: Level,
+    source: Option<Source>,
+    /// An automatic breaker: open or half-open.
+    state: Option<AutoState>,
+    /// An automatic breaker: seconds open before it probes.
+    cool_down_s: Option<u64>,
+    by: Option<String>,
+    reason: Option<String>,
+    at: Option<DateTime<Utc>>,
+}
+
+/// A breaker set by hand.
+#[derive(Serialize, ToSchema)]
+struct Changed {
+    /// `global`, or `item:{id}`.
+    scope: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    item_id: Option<ItemId>,
+    level: Level,
+    previous_level: Level,
+    /// Whether the change is in MySQL's audit log (the change holds either way).
+    audited: bool,
 }
 
 /// `GET /admin/circuit`: the global breaker, and every item breaker that is not closed.
+#[utoipa::path(
+    get,
+    path = "/admin/circuit",
+    tag = "circuit",
+    security(("admin" = [])),
+    responses((status = 200, description = "`ok`", body = Breakers))
+)]
 async fn list(_: Admin, State(state): State<AppState>) -> Result<Response, ApiError> {
     let Shared { redis, keys, .. } = &*state;
     let settings = store::load_all(redis, keys).await?;
@@ -53,24 +104,48 @@ async fn list(_: Admin, State(state): State<AppState>) -> Result<Response, ApiEr
     Ok(ok("ok", json!({ "global": global, "items": items })))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct OpenQuery {
+    /// The item's breaker; without it, the global one.
     item: Option<ItemId>,
+    /// 1 throttle, 2 degrade, 3 stop.
+    #[param(minimum = 1, maximum = 3)]
     level: u8,
+    /// Who, for the audit log.
+    #[param(max_length = 100)]
     by: Option<String>,
+    /// Why, for the audit log.
+    #[param(max_length = 500)]
     reason: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct CloseQuery {
+    /// The item's breaker; without it, the global one.
     item: Option<ItemId>,
+    #[param(max_length = 100)]
     by: Option<String>,
+    #[param(max_length = 500)]
     reason: Option<String>,
 }
 
 /// `POST /admin/circuit/open?item=ID&level=N`
+#[utoipa::path(
+    post,
+    path = "/admin/circuit/open",
+    tag = "circuit",
+    summary = "Open a breaker (persisted; every instance obeys within a second)",
+    security(("admin" = [])),
+    params(OpenQuery),
+    responses(
+        (status = 200, description = "`opened`", body = Changed),
+        (status = 404, description = "`item_not_found`", body = Refusal),
+    )
+)]
 async fn open(
     _: Admin,
     State(state): State<AppState>,
@@ -88,6 +163,18 @@ async fn open(
 }
 
 /// `POST /admin/circuit/close?item=ID`
+#[utoipa::path(
+    post,
+    path = "/admin/circuit/close",
+    tag = "circuit",
+    summary = "Close a breaker",
+    security(("admin" = [])),
+    params(CloseQuery),
+    responses(
+        (status = 200, description = "`closed`", body = Changed),
+        (status = 404, description = "`item_not_found`", body = Refusal),
+    )
+)]
 async fn close(
     _: Admin,
     State(state): State<AppState>,
@@ -112,8 +199,8 @@ async fn change(
     reason: Option<String>,
     code: &'static str,
 ) -> Result<Response, ApiError> {
-    let by = text("by", by, "admin")?;
-    let reason = text("reason", reason, "set by hand")?;
+    let by = text("by", by, "admin", MAX_BY)?;
+    let reason = text("reason", reason, "set by hand", MAX_REASON)?;
     let scope = match item {
         Some(id) => {
             state.catalog.get(id).await?.ok_or(ApiError::ItemNotFound)?;
@@ -142,24 +229,22 @@ async fn change(
         reason,
         "circuit breaker set by hand"
     );
-    let mut body = json!({
-        "scope": scope.field(),
-        "level": level,
-        "previous_level": previous,
-        "audited": audited.is_ok(),
-    });
-    if let Some(id) = item {
-        body["item_id"] = json!(id);
-    }
+    let body = Changed {
+        scope: scope.field(),
+        item_id: item,
+        level,
+        previous_level: previous,
+        audited: audited.is_ok(),
+    };
     Ok(ok(code, body))
 }
 
 /// An optional free-text parameter, trimmed and bounded.
-fn text(name: &str, value: Option<String>, default: &str) -> Result<String, ApiError> {
+fn text(name: &str, value: Option<String>, default: &str, most: usize) -> Result<String, ApiError> {
     let value = value.map(|v| v.trim().to_owned()).unwrap_or_default();
-    if value.chars().count() > MAX_TEXT {
+    if value.chars().count() > most {
         return Err(ApiError::bad_request(format!(
-            "`{name}`: at most {MAX_TEXT} characters"
+            "`{name}`: at most {most} characters"
         )));
     }
     Ok(if value.is_empty() {

@@ -56,6 +56,19 @@ impl TryFrom<u8> for Level {
     }
 }
 
+/// A level as the API shows it: its number.
+impl utoipa::PartialSchema for Level {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::Integer)
+            .minimum(Some(0))
+            .maximum(Some(3))
+            .description(Some("0 closed, 1 throttle, 2 degrade, 3 stop"))
+            .into()
+    }
+}
+impl utoipa::ToSchema for Level {}
+
 /// What a breaker covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Scope {

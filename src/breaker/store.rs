@@ -21,7 +21,7 @@ use super::{Breakers, Level, Scope};
 /// How often each instance re-reads the levels, whatever it heard.
 const REFRESH_EVERY: Duration = Duration::from_millis(500);
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Source {
     Manual,
@@ -38,7 +38,7 @@ impl Source {
 }
 
 /// Where an automatic breaker stands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AutoState {
     Closed,

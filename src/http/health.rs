@@ -1,11 +1,12 @@
 //! `/healthz` (the process answers), `/readyz` (its dependencies answer) and `/metrics`.
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::routing::get;
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::state::{AppState, Shared};
 use crate::store::mysql_timed;
@@ -13,21 +14,65 @@ use crate::store::mysql_timed;
 use super::reply::{envelope, ok};
 
 /// Health checks: what every process serves, a worker-only one (no `api` role) too.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(readyz))
 }
 
 /// `/metrics`, which moves with the operators' API to `SECKILL_ADMIN_ADDR`.
-pub fn metrics_router() -> Router<AppState> {
-    Router::new().route("/metrics", get(metrics))
+pub fn metrics_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(metrics))
 }
 
+/// Nothing beyond `code` and `trace_id`.
+#[derive(Serialize, ToSchema)]
+struct Alive {}
+
+/// Each dependency: `up` or `down`.
+#[derive(Serialize, ToSchema)]
+struct Dependencies {
+    #[schema(value_type = String, pattern = "^(up|down)$")]
+    redis: &'static str,
+    #[schema(value_type = String, pattern = "^(up|down)$")]
+    mysql: &'static str,
+    #[schema(value_type = String, pattern = "^(up|down)$")]
+    rabbitmq: &'static str,
+}
+
+/// Whether the dependencies answer.
+#[derive(Serialize, ToSchema)]
+struct Readiness {
+    /// When not ready: which do not answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<String>,
+    /// When not ready: the ones down (`redis`, `mysql`, `rabbitmq`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    down: Vec<&'static str>,
+    dependencies: Dependencies,
+}
+
+/// The process answers.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "health",
+    responses((status = 200, description = "`ok`", body = Alive))
+)]
 async fn healthz() -> Response {
-    ok("ok", json!({}))
+    ok("ok", Alive {})
 }
 
+/// Redis, MySQL and RabbitMQ answer.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "health",
+    responses(
+        (status = 200, description = "`ready`", body = Readiness),
+        (status = 503, description = "`unavailable`: `down` names what does not answer", body = Readiness),
+    )
+)]
 async fn readyz(State(state): State<AppState>) -> Response {
     let Shared {
         db, redis, broker, ..
@@ -41,31 +86,37 @@ async fn readyz(State(state): State<AppState>) -> Response {
         ("mysql", mysql_ok.is_ok()),
         ("rabbitmq", broker.is_connected()),
     ];
-    let down: Vec<&str> = checks
+    let down: Vec<&'static str> = checks
         .iter()
         .filter(|(_, up)| !up)
         .map(|(name, _)| *name)
         .collect();
-    let status: serde_json::Map<String, serde_json::Value> = checks
-        .iter()
-        .map(|(name, up)| (name.to_string(), json!(if *up { "up" } else { "down" })))
-        .collect();
-    if down.is_empty() {
-        ok("ready", json!({ "dependencies": status }))
+    let word = |up: bool| if up { "up" } else { "down" };
+    let mut readiness = Readiness {
+        detail: None,
+        down,
+        dependencies: Dependencies {
+            redis: word(checks[0].1),
+            mysql: word(checks[1].1),
+            rabbitmq: word(checks[2].1),
+        },
+    };
+    if readiness.down.is_empty() {
+        ok("ready", readiness)
     } else {
-        envelope(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            json!({
-                "detail": format!("not answering: {}", down.join(", ")),
-                "down": down,
-                "dependencies": status,
-            }),
-        )
+        readiness.detail = Some(format!("not answering: {}", readiness.down.join(", ")));
+        envelope(StatusCode::SERVICE_UNAVAILABLE, "unavailable", readiness)
     }
 }
 
 /// `GET /metrics`: Prometheus text format.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "health",
+    summary = "Prometheus metrics (with the admin API on `SECKILL_ADMIN_ADDR` when set)",
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain"))
+)]
 async fn metrics() -> impl axum::response::IntoResponse {
     (
         [(

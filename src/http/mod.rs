@@ -4,6 +4,7 @@
 
 pub mod extract;
 pub mod health;
+pub mod openapi;
 pub mod rate_limit;
 pub mod reply;
 pub mod request_id;

@@ -1,14 +1,15 @@
 //! Operators' item endpoints: create/update (one or many), pause and resume.
 
-use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use axum::routing::{post, put};
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::domain::ItemId;
-use crate::error::ApiError;
+use crate::error::{ApiError, Refusal};
 use crate::http::extract::{Admin, ApiJson, ApiPath};
 use crate::http::reply::{envelope, ok};
 use crate::keys::Keys;
@@ -23,19 +24,47 @@ use super::stock;
 
 /// The operators' item calls: write one or many, pause, resume. (Warm-ups: `crate::warmup`;
 /// stats and reconciliation: `crate::orders::admin`.)
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/admin/items",
-            put(bulk::put_items).layer(DefaultBodyLimit::max(bulk::BODY_LIMIT)),
-        )
-        .route("/admin/items/{item_id}", put(put_item))
-        .route("/admin/items/{item_id}/pause", post(pause_item))
-        .route("/admin/items/{item_id}/resume", post(resume_item))
+pub fn router() -> OpenApiRouter<AppState> {
+    let (schemas, paths, bulk_put) = routes!(bulk::put_items);
+    OpenApiRouter::new()
+        .routes((
+            schemas,
+            paths,
+            bulk_put.layer(DefaultBodyLimit::max(bulk::BODY_LIMIT)),
+        ))
+        .routes(routes!(put_item))
+        .routes(routes!(pause_item))
+        .routes(routes!(resume_item))
+}
+
+/// An item as written.
+#[derive(Serialize, ToSchema)]
+struct WrittenItem {
+    item: Item,
+}
+
+/// An item paused or resumed.
+#[derive(Serialize, ToSchema)]
+struct Switched {
+    item_id: ItemId,
 }
 
 /// `PUT /admin/items/{id}`: MySQL is the record; the sale window is copied to Redis for
 /// `grab.lua`. A changed `total` takes effect with `warmup?force=true`.
+#[utoipa::path(
+    put,
+    path = "/admin/items/{item_id}",
+    tag = "items",
+    summary = "Create or update an item",
+    security(("admin" = [])),
+    params(("item_id" = ItemId, Path)),
+    request_body = ItemBody,
+    responses(
+        (status = 200, description = "`updated`", body = WrittenItem),
+        (status = 201, description = "`created`", body = WrittenItem),
+        (status = 409, description = "`buckets_fixed`: a loaded item keeps its buckets", body = Refusal),
+    )
+)]
 async fn put_item(
     _: Admin,
     State(state): State<AppState>,
@@ -66,10 +95,22 @@ async fn put_item(
         }
     };
     let item = spread_rules(db, redis, keys, catalog, id).await?;
-    Ok(envelope(status, code, json!({ "item": item })))
+    Ok(envelope(status, code, WrittenItem { item }))
 }
 
 /// `POST /admin/items/{id}/pause`
+#[utoipa::path(
+    post,
+    path = "/admin/items/{item_id}/pause",
+    tag = "items",
+    summary = "Stop selling an item",
+    security(("admin" = [])),
+    params(("item_id" = ItemId, Path)),
+    responses(
+        (status = 200, description = "`paused`", body = Switched),
+        (status = 404, description = "`item_not_found`", body = Refusal),
+    )
+)]
 async fn pause_item(
     admin: Admin,
     state: State<AppState>,
@@ -79,6 +120,18 @@ async fn pause_item(
 }
 
 /// `POST /admin/items/{id}/resume`
+#[utoipa::path(
+    post,
+    path = "/admin/items/{item_id}/resume",
+    tag = "items",
+    summary = "Sell a paused item again",
+    security(("admin" = [])),
+    params(("item_id" = ItemId, Path)),
+    responses(
+        (status = 200, description = "`resumed`", body = Switched),
+        (status = 404, description = "`item_not_found`", body = Refusal),
+    )
+)]
 async fn resume_item(
     admin: Admin,
     state: State<AppState>,
@@ -105,7 +158,7 @@ async fn set_paused(
     }
     spread_rules(db, redis, keys, catalog, id).await?;
     let code = if paused { "paused" } else { "resumed" };
-    Ok(ok(code, json!({ "item_id": id })))
+    Ok(ok(code, Switched { item_id: id }))
 }
 
 /// After the MySQL record changed: copies what `grab.lua` checks (window, pause) to Redis

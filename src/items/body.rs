@@ -6,6 +6,7 @@ use serde::Deserialize;
 
 use crate::domain::{ItemId, Stock};
 use crate::error::ApiError;
+use crate::store::{STORABLE, storable};
 
 use super::repo::ItemDraft;
 
@@ -13,23 +14,34 @@ use super::repo::ItemDraft;
 const MAX_TOTAL: u32 = 10_000_000;
 const MAX_PAY_TIMEOUT_S: u32 = 7 * 24 * 3600;
 
-#[derive(Debug, Deserialize)]
+/// An item as an operator writes it. (The bounds below are the ones `validate` checks.)
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ItemBody {
     /// Needed in a bulk `PUT /admin/items`; in `PUT /admin/items/{id}` it may repeat the
     /// path's.
     #[serde(default)]
     id: Option<ItemId>,
+    #[schema(min_length = 1, max_length = 200, example = "Lucky bag")]
     name: String,
+    /// A shop not seen before is created, open, with no hours.
+    #[schema(minimum = 1, example = 1)]
     shop_id: u64,
+    #[schema(minimum = 1, maximum = 10_000_000, example = 1000)]
     total: u32,
+    /// Between 1970 and 2038-01-19T03:14:07Z (MySQL's `TIMESTAMP`).
     start_at: DateTime<Utc>,
+    /// After `start_at`, within the same range.
     end_at: DateTime<Utc>,
+    #[schema(example = 9900)]
     price_cents: u64,
+    /// Seconds a buyer has to pay before the order is cancelled and its unit sold again.
     #[serde(default = "default_pay_timeout")]
+    #[schema(minimum = 1, maximum = 604_800, default = 1800)]
     pay_timeout_s: u32,
     /// Redis buckets for a hot item (1–64).
     #[serde(default = "default_buckets")]
+    #[schema(minimum = 1, maximum = 64, default = 1)]
     buckets: u8,
 }
 
@@ -56,6 +68,12 @@ impl ItemBody {
         }
         if !(1..=MAX_TOTAL).contains(&self.total) {
             return Err(ApiError::bad_request(format!("`total`: 1 to {MAX_TOTAL}")));
+        }
+        if let Some((field, _)) = [("start_at", self.start_at), ("end_at", self.end_at)]
+            .into_iter()
+            .find(|(_, at)| !storable(*at))
+        {
+            return Err(ApiError::bad_request(format!("`{field}`: {STORABLE}")));
         }
         if self.start_at >= self.end_at {
             return Err(ApiError::bad_request("`end_at` must be after `start_at`"));

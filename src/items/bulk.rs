@@ -6,7 +6,7 @@
 use axum::extract::State;
 use axum::response::Response;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use utoipa::ToSchema;
 
 use crate::domain::{ItemId, Stock};
 use crate::error::ApiError;
@@ -25,23 +25,43 @@ pub const BODY_LIMIT: usize = 8 * 1024 * 1024;
 /// Most items one bulk call takes.
 pub const MOST_PER_CALL: usize = 10_000;
 
-#[derive(Debug, Deserialize)]
+/// Many items at once, each with its `id`.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ItemsBody {
+    #[schema(min_items = 1, max_items = 10_000)]
     items: Vec<ItemBody>,
 }
 
 /// One item's outcome in a bulk answer.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct Outcome {
     pub item_id: ItemId,
+    /// As the call for one item would answer (`created`, `updated`, `loaded`, `already_loaded`, …).
     pub code: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }
 
+/// What a bulk write did.
+#[derive(Serialize, ToSchema)]
+struct Written {
+    created: usize,
+    updated: usize,
+    items: Vec<Outcome>,
+}
+
 /// `PUT /admin/items` `{"items":[{"id":…, …as PUT /admin/items/{id}…}, …]}`: every item
 /// checked first (a bad one refuses the call, naming it), then written.
+#[utoipa::path(
+    put,
+    path = "/admin/items",
+    tag = "items",
+    summary = "Create or update up to 10,000 items in one call",
+    security(("admin" = [])),
+    request_body = ItemsBody,
+    responses((status = 200, description = "`ok`: each item's outcome, in the order sent", body = Written))
+)]
 pub(super) async fn put_items(
     _: Admin,
     State(state): State<AppState>,
@@ -100,7 +120,11 @@ pub(super) async fn put_items(
     let outcomes: Vec<Outcome> = done.iter().map(written).collect();
     Ok(ok(
         "ok",
-        json!({ "created": created, "updated": updated, "items": outcomes }),
+        Written {
+            created,
+            updated,
+            items: outcomes,
+        },
     ))
 }
 

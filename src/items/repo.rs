@@ -7,7 +7,8 @@ use sqlx::QueryBuilder;
 use crate::domain::{ItemId, Stock};
 use crate::store::{Db, DbError, mysql_timed, retrying_deadlocks};
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow)]
+/// An item as MySQL records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Item {
     #[sqlx(try_from = "u64")]
     pub id: ItemId,

@@ -6,17 +6,18 @@
 //! changes nothing), so every change of state is one conditional `UPDATE` on the row, and
 //! a pay racing a cancel ends in exactly one of the two.
 
-use axum::Router;
 use axum::extract::State;
 use axum::response::Response;
-use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use redis::AsyncCommands;
 use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::breaker::Action;
 use crate::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
-use crate::error::ApiError;
+use crate::error::{ApiError, Refusal};
 use crate::http::extract::{ApiPath, AuthUser, OrderSeeker};
 use crate::http::reply::ok;
 use crate::http::request_id;
@@ -37,25 +38,52 @@ enum ShownStatus {
     Stored(OrderStatus),
 }
 
-#[derive(Serialize)]
+/// The order statuses a buyer sees, as the document names them.
+#[derive(ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)] // a schema only: `ShownStatus` is what is sent
+enum OrderStatusShown {
+    /// Won, not yet in MySQL.
+    Pending,
+    Unpaid,
+    Paid,
+    Cancelled,
+}
+
+/// An order as its owner sees it.
+#[derive(Serialize, ToSchema)]
 struct OrderView {
     order_sn: OrderSn,
     item_id: ItemId,
     user_id: UserId,
+    #[schema(value_type = OrderStatusShown)]
     status: ShownStatus,
     created_at: DateTime<Utc>,
+    /// When an unpaid order is cancelled and its unit goes back on sale.
     pay_deadline: DateTime<Utc>,
 }
 
 /// The owner's order, its payment and cancel, and a buyer's order for an item.
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/orders/{order_sn}", get(get_order))
-        .route("/api/orders/{order_sn}/pay", post(pay_order))
-        .route("/api/orders/{order_sn}/cancel", post(cancel_order))
-        .route("/api/items/{item_id}/my-order", get(my_order))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(get_order))
+        .routes(routes!(pay_order))
+        .routes(routes!(cancel_order))
+        .routes(routes!(my_order))
 }
 
+/// The owner's order; another user's or an unknown one is `404`.
+#[utoipa::path(
+    get,
+    path = "/api/orders/{order_sn}",
+    tag = "orders",
+    security(("user" = [])),
+    params(("order_sn" = OrderSn, Path)),
+    responses(
+        (status = 200, description = "`ok`", body = OrderView),
+        (status = 404, description = "`order_not_found`", body = Refusal),
+    )
+)]
 async fn get_order(
     State(state): State<AppState>,
     AuthUser(user): AuthUser,
@@ -81,6 +109,19 @@ async fn get_order(
     Ok(ok("ok", view))
 }
 
+#[utoipa::path(
+    get,
+    path = "/api/items/{item_id}/my-order",
+    tag = "orders",
+    summary = "The user's live or latest order of an item",
+    security(("user" = [])),
+    params(("item_id" = ItemId, Path)),
+    responses(
+        (status = 200, description = "`ok`: the order, `pending` included", body = OrderView),
+        (status = 404, description = "`order_not_found`: the user has no order of this item", body = Refusal),
+        (status = 429, description = "`rate_limited`", body = Refusal),
+    )
+)]
 /// `GET /api/items/{item_id}/my-order`: the order the user holds of the item (the buyer
 /// record in Redis names it; `pending` included), or else their latest one in MySQL — so
 /// a buyer whose `202` was lost, and who hears `410` after the sell-out, finds it.
@@ -156,6 +197,20 @@ impl From<OrderRow> for OrderView {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/orders/{order_sn}/pay",
+    tag = "orders",
+    summary = "Pay an order (harmless to repeat)",
+    security(("user" = [])),
+    params(("order_sn" = OrderSn, Path)),
+    responses(
+        (status = 200, description = "`paid`", body = OrderView),
+        (status = 404, description = "`order_not_found`", body = Refusal),
+        (status = 409, description = "`order_cancelled`: cancelled, or its pay deadline passed", body = Refusal),
+        (status = 503, description = "`circuit_open` / `unavailable`", body = Refusal),
+    )
+)]
 /// `POST /api/orders/{order_sn}/pay`: `200 paid` (again on a repeat); `409 order_cancelled`
 /// for a cancelled order or one whose pay deadline has passed (which is then cancelled).
 async fn pay_order(
@@ -193,6 +248,20 @@ async fn pay_order(
     Ok(ok("paid", OrderView::from(row)))
 }
 
+#[utoipa::path(
+    post,
+    path = "/api/orders/{order_sn}/cancel",
+    tag = "orders",
+    summary = "Cancel an order: its unit goes back on sale at once (harmless to repeat)",
+    security(("user" = [])),
+    params(("order_sn" = OrderSn, Path)),
+    responses(
+        (status = 200, description = "`cancelled`", body = OrderView),
+        (status = 404, description = "`order_not_found`", body = Refusal),
+        (status = 409, description = "`order_paid`", body = Refusal),
+        (status = 503, description = "`circuit_open` / `unavailable`", body = Refusal),
+    )
+)]
 /// `POST /api/orders/{order_sn}/cancel`: `200 cancelled` (again on a repeat) with the unit
 /// back on sale at once; `409 order_paid` for a paid order.
 async fn cancel_order(

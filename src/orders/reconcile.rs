@@ -63,7 +63,7 @@ impl From<RedisError> for ReconcileError {
 }
 
 /// What a reconciliation did and found.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Report {
     pub item_id: ItemId,
     /// Unpaid orders past their deadline that it cancelled.

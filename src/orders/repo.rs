@@ -227,7 +227,7 @@ pub async fn items_having_orders(db: &Db, items: &[ItemId]) -> Result<Vec<ItemId
 }
 
 /// Orders of an item by status.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct StatusCounts {
     pub unpaid: u64,
     pub paid: u64,

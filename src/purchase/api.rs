@@ -9,19 +9,19 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use chrono::Utc;
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::breaker::Action;
 use crate::broker::Outgoing;
 use crate::domain::{ItemId, OrderPlaced, OrderSn, UserId};
-use crate::error::ApiError;
+use crate::error::{ApiError, Refusal};
 use crate::http::extract::{ApiJson, Buyer, ClientTime};
 use crate::http::reply::{Code, envelope};
 use crate::http::request_id;
@@ -38,18 +38,23 @@ use super::grab::{GrabOutcome, grab};
 const MOST_REFILLS: usize = 8;
 
 /// `POST /api/flashbuy`, counted, timed and shed (see [`count_and_shed`]).
-pub fn router(state: &AppState) -> Router<AppState> {
-    Router::new().route(
-        "/api/flashbuy",
-        post(flashbuy).layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            count_and_shed,
-        )),
-    )
+pub fn router(state: &AppState) -> OpenApiRouter<AppState> {
+    let (schemas, paths, method) = routes!(flashbuy);
+    let counted = axum::middleware::from_fn_with_state(state.clone(), count_and_shed);
+    OpenApiRouter::new().routes((schemas, paths, method.layer(counted)))
 }
 
-#[derive(Debug, Deserialize)]
+/// A press of "buy".
+#[derive(Debug, Deserialize, ToSchema)]
 pub struct FlashbuyRequest {
+    item_id: ItemId,
+}
+
+/// A won unit.
+#[derive(Serialize, ToSchema)]
+struct Queued {
+    /// The order being written (≤ 40 characters, unique).
+    order_sn: OrderSn,
     item_id: ItemId,
 }
 
@@ -77,6 +82,26 @@ async fn count_and_shed(
     response
 }
 
+/// Buy one unit: the first `total` buyers win, each at most one unit of an item.
+#[utoipa::path(
+    post,
+    path = "/api/flashbuy",
+    tag = "purchase",
+    operation_id = "flashbuy",
+    security(("user" = [])),
+    params(("X-Client-Time" = i64, Header, description = "The client's clock, ms since the epoch")),
+    request_body = FlashbuyRequest,
+    responses(
+        (status = 202, description = "`queued`: the user won one unit; the order is being written", body = Queued),
+        (status = 400, description = "`bad_request`: body or headers malformed; `clock_skew`: `X-Client-Time` too far from the server's clock", body = Refusal),
+        (status = 403, description = "`not_started` / `ended`: outside the item's sale window", body = Refusal),
+        (status = 404, description = "`item_not_found`", body = Refusal),
+        (status = 409, description = "`duplicate`: the user already holds a unit of this item; `order_sn` names its order", body = Refusal),
+        (status = 410, description = "`sold_out`: no units left", body = Refusal),
+        (status = 429, description = "`rate_limited`: the user's or the IP's rate", body = Refusal),
+        (status = 503, description = "`paused` / `circuit_open` / `shop_closed` / `unavailable`; `Retry-After` set", body = Refusal),
+    )
+)]
 async fn flashbuy(
     State(state): State<AppState>,
     Buyer(user): Buyer,
@@ -266,7 +291,10 @@ async fn accept(
     Ok(envelope(
         StatusCode::ACCEPTED,
         "queued",
-        json!({ "order_sn": order_sn, "item_id": order.item_id }),
+        Queued {
+            order_sn,
+            item_id: order.item_id,
+        },
     ))
 }
 

@@ -1,33 +1,48 @@
 //! The operators' shop calls: `PUT /admin/shops/{id}/hours`, `PUT /admin/shops/{id}/status`
 //! and `POST /admin/shops/{id}/refresh`, each one change under the shop's lock.
 
-use axum::Router;
 use axum::extract::State;
 use axum::response::Response;
-use axum::routing::{post, put};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Refusal};
 use crate::http::extract::{Admin, ApiJson, ApiPath};
 use crate::http::reply::ok;
 use crate::state::AppState;
+use crate::store::{STORABLE, storable};
 
-use super::api::view;
+use super::api::{ShopView, view};
 use super::changes::{self, announce};
 use super::hours::{Hours, Override};
 use super::repo::{self, Shop};
 
 const MAX_REASON: usize = 500;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/admin/shops/{shop_id}/hours", put(put_hours))
-        .route("/admin/shops/{shop_id}/status", put(put_status))
-        .route("/admin/shops/{shop_id}/refresh", post(refresh))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(put_hours))
+        .routes(routes!(put_status))
+        .routes(routes!(refresh))
 }
 
 /// `PUT /admin/shops/{id}/hours`
+#[utoipa::path(
+    put,
+    path = "/admin/shops/{shop_id}/hours",
+    tag = "shops",
+    summary = "Set a shop's opening hours (a shop not seen before is created)",
+    security(("admin" = [])),
+    params(("shop_id" = u64, Path)),
+    request_body = Hours,
+    responses(
+        (status = 200, description = "`updated`", body = ShopView),
+        (status = 409, description = "`shop_busy`: another change of this shop is in progress", body = Refusal),
+    )
+)]
 async fn put_hours(
     _: Admin,
     State(state): State<AppState>,
@@ -44,20 +59,44 @@ async fn put_hours(
     Ok(ok("updated", view(&after)))
 }
 
-#[derive(Debug, Deserialize)]
+/// An operator's override of the hours.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StatusBody {
-    /// `null` clears the override.
+    /// `null` clears the override. Required: `{}` is a mistake, not a clear.
+    #[serde(deserialize_with = "present")]
+    #[schema(required)]
     open: Option<bool>,
+    /// When the override ends (in the future, before 2038-01-19T03:14:07Z); none: until cleared.
     #[serde(default)]
     until: Option<DateTime<Utc>>,
     #[serde(default)]
+    #[schema(max_length = 500)]
     reason: Option<String>,
     #[serde(default)]
+    #[schema(max_length = 100)]
     by: Option<String>,
 }
 
+/// `open` must be sent, even as `null` (serde takes a missing `Option` for `None`
+/// unless the field has its own deserializer).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+    Option::<bool>::deserialize(d)
+}
+
 /// `PUT /admin/shops/{id}/status`: an operator's override, or `{"open":null}` to clear it.
+#[utoipa::path(
+    put,
+    path = "/admin/shops/{shop_id}/status",
+    tag = "shops",
+    security(("admin" = [])),
+    params(("shop_id" = u64, Path)),
+    request_body = StatusBody,
+    responses(
+        (status = 200, description = "`updated`", body = ShopView),
+        (status = 409, description = "`shop_busy`", body = Refusal),
+    )
+)]
 async fn put_status(
     _: Admin,
     State(state): State<AppState>,
@@ -73,6 +112,9 @@ async fn put_status(
     }
     if body.until.is_some_and(|until| until <= Utc::now()) {
         return Err(ApiError::bad_request("`until` is in the past"));
+    }
+    if body.until.is_some_and(|until| !storable(until)) {
+        return Err(ApiError::bad_request(format!("`until`: {STORABLE}")));
     }
     let value = body.open.map(|open| Override {
         open,
@@ -97,6 +139,18 @@ async fn put_status(
 }
 
 /// `POST /admin/shops/{id}/refresh`: recompute from MySQL and push it everywhere.
+#[utoipa::path(
+    post,
+    path = "/admin/shops/{shop_id}/refresh",
+    tag = "shops",
+    security(("admin" = [])),
+    params(("shop_id" = u64, Path)),
+    responses(
+        (status = 200, description = "`refreshed`", body = ShopView),
+        (status = 404, description = "`shop_not_found`", body = Refusal),
+        (status = 409, description = "`shop_busy`", body = Refusal),
+    )
+)]
 async fn refresh(
     _: Admin,
     State(state): State<AppState>,

@@ -1,24 +1,45 @@
 //! `GET /api/shops/{id}/status`: whether a shop is open now, from the nearest layer.
 
-use axum::Router;
 use axum::extract::State;
 use axum::response::Response;
-use axum::routing::get;
-use chrono::Utc;
-use serde_json::json;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Refusal};
 use crate::http::extract::{ApiPath, Reader};
 use crate::http::reply::ok;
 use crate::state::{AppState, Shared};
 
 use super::repo::Shop;
 
-pub fn router() -> Router<AppState> {
-    Router::new().route("/api/shops/{shop_id}/status", get(status))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(status))
+}
+
+/// Whether a shop is open now.
+#[derive(Serialize, ToSchema)]
+pub(super) struct ShopView {
+    shop_id: u64,
+    open: bool,
+    updated_at: DateTime<Utc>,
 }
 
 /// `GET /api/shops/{id}/status`: `{"shop_id","open","updated_at"}` from the nearest layer.
+#[utoipa::path(
+    get,
+    path = "/api/shops/{shop_id}/status",
+    tag = "catalogue",
+    summary = "Whether a shop is open now (no token needed)",
+    params(("shop_id" = u64, Path)),
+    responses(
+        (status = 200, description = "`ok`", body = ShopView),
+        (status = 404, description = "`shop_not_found`", body = Refusal),
+        (status = 429, description = "`rate_limited`: the IP's read rate", body = Refusal),
+    )
+)]
 async fn status(
     _: Reader,
     State(state): State<AppState>,
@@ -34,10 +55,10 @@ async fn status(
 }
 
 /// A shop as both the public and the operators' calls show it.
-pub(super) fn view(shop: &Shop) -> serde_json::Value {
-    json!({
-        "shop_id": shop.id,
-        "open": shop.open_at(Utc::now()),
-        "updated_at": shop.updated_at,
-    })
+pub(super) fn view(shop: &Shop) -> ShopView {
+    ShopView {
+        shop_id: shop.id,
+        open: shop.open_at(Utc::now()),
+        updated_at: shop.updated_at,
+    }
 }

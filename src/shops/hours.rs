@@ -11,32 +11,39 @@ use serde::{Deserialize, Serialize};
 
 /// A weekly opening: `weekday` 1 = Monday … 7 = Sunday, local times. A `close` at or
 /// before `open` runs past midnight into the next day.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Weekly {
+    #[schema(minimum = 1, maximum = 7)]
     pub weekday: u8,
     #[serde(with = "hh_mm")]
+    #[schema(value_type = String, pattern = r"^([01][0-9]|2[0-3]):[0-5][0-9]$", example = "09:00")]
     pub open: NaiveTime,
     #[serde(with = "hh_mm")]
+    #[schema(value_type = String, pattern = r"^([01][0-9]|2[0-3]):[0-5][0-9]$", example = "22:00")]
     pub close: NaiveTime,
 }
 
 /// A dated exception: closed all day, open all day, or open within its own hours.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Exception {
     pub date: NaiveDate,
     pub open: bool,
     #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_hh_mm")]
+    #[schema(value_type = Option<String>, pattern = r"^([01][0-9]|2[0-3]):[0-5][0-9]$")]
     pub from: Option<NaiveTime>,
     #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_hh_mm")]
+    #[schema(value_type = Option<String>, pattern = r"^([01][0-9]|2[0-3]):[0-5][0-9]$")]
     pub until: Option<NaiveTime>,
 }
 
 /// A shop's hours as operators set them (`PUT /admin/shops/{id}/hours`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Hours {
+    /// An IANA time zone, the shop's own.
+    #[schema(value_type = String, example = "Asia/Shanghai")]
     pub timezone: Tz,
     #[serde(default)]
     pub weekly: Vec<Weekly>,

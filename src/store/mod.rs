@@ -12,7 +12,8 @@ pub use self::grouped::Grouped;
 pub use self::lock::RedisLock;
 pub use self::misses::MissLimit;
 pub use self::mysql::{
-    Db, DbError, connect_mysql, migrate, retrying_deadlocks, timed as mysql_timed,
+    Db, DbError, STORABLE, connect_mysql, migrate, retrying_deadlocks, storable,
+    timed as mysql_timed,
 };
 pub use self::redis_conns::{RedisConn, RedisConns, RedisError, timed as redis_timed};
 

@@ -13,6 +13,16 @@ use super::STORE_TIMEOUT;
 
 pub type Db = MySqlPool;
 
+/// Whether MySQL can store an instant: sqlx sends a `DateTime<Utc>` as a `TIMESTAMP`,
+/// whose range is 1970-01-01T00:00:01Z to 2038-01-19T03:14:07Z (MariaDB writes NULL past
+/// it), so an input outside is refused with a 400 up front.
+pub fn storable(at: chrono::DateTime<chrono::Utc>) -> bool {
+    (1..=i64::from(i32::MAX)).contains(&at.timestamp())
+}
+
+/// [`storable`]'s range, for the refusal.
+pub const STORABLE: &str = "between 1970-01-01T00:00:01Z and 2038-01-19T03:14:07Z";
+
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
     #[error("MySQL did not answer within {0:?}")]

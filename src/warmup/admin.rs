@@ -3,44 +3,61 @@
 
 use std::collections::HashMap;
 
-use axum::Router;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::response::Response;
-use axum::routing::post;
 use futures::StreamExt;
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::delay_queue::Plan;
 use crate::domain::ItemId;
-use crate::error::ApiError;
+use crate::error::{ApiError, Refusal};
 use crate::http::extract::{Admin, ApiJson, ApiPath, ApiQuery};
 use crate::http::reply::ok;
 use crate::items::bulk::{self, MOST_PER_CALL, Outcome, first_repeated};
 use crate::state::AppState;
 
-use super::{Warmup, WarmupError, fresh};
+use super::{Warmup, WarmupError, WarmupReport, fresh};
 
 /// Warm-ups a bulk call runs at once: each holds a pooled Redis connection and briefly
 /// takes a second one, and the pool (16) also serves the relay, the consumer and stats.
 const WARMUPS_AT_ONCE: usize = 4;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/admin/items/warmup",
-            post(warmup_items).layer(DefaultBodyLimit::max(bulk::BODY_LIMIT)),
-        )
-        .route("/admin/items/{item_id}/warmup", post(warmup_item))
+pub fn router() -> OpenApiRouter<AppState> {
+    let (schemas, paths, bulk_warmup) = routes!(warmup_items);
+    OpenApiRouter::new()
+        .routes((
+            schemas,
+            paths,
+            bulk_warmup.layer(DefaultBodyLimit::max(bulk::BODY_LIMIT)),
+        ))
+        .routes(routes!(warmup_item))
 }
 
 /// `POST /admin/items/{id}/warmup[?force=true]`
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct WarmupQuery {
+    /// Load again although loaded (keeps every unit orders hold).
     #[serde(default)]
     force: bool,
 }
 
+/// Load an item's units into Redis, and read them back.
+#[utoipa::path(
+    post,
+    path = "/admin/items/{item_id}/warmup",
+    tag = "items",
+    security(("admin" = [])),
+    params(("item_id" = ItemId, Path), WarmupQuery),
+    responses(
+        (status = 200, description = "`loaded`: the counts read back", body = WarmupReport),
+        (status = 404, description = "`item_not_found`", body = Refusal),
+        (status = 409, description = "`already_loaded` (send `force=true`), `sale_live` (pause first), `warmup_running`, `orders_in_flight`, `over_held`, `raced`", body = Refusal),
+    )
+)]
 async fn warmup_item(
     _: Admin,
     State(state): State<AppState>,
@@ -56,18 +73,36 @@ async fn warmup_item(
     Ok(ok("loaded", report))
 }
 
-#[derive(Debug, Deserialize)]
+/// Items to load.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WarmupsBody {
+    #[schema(min_items = 1, max_items = 10_000)]
     ids: Vec<ItemId>,
     #[serde(default)]
     force: bool,
+}
+
+/// What a bulk warm-up did.
+#[derive(Serialize, ToSchema)]
+struct Loaded {
+    loaded: usize,
+    items: Vec<Outcome>,
 }
 
 /// `POST /admin/items/warmup` `{"ids":[…],"force":false}`: fresh items (never loaded, no
 /// orders) go the fast path, 500 at a time (`fresh.rs`); every other item is loaded as
 /// `POST /admin/items/{id}/warmup` would, 4 at a time. The answer lists every item's code,
 /// in the order asked.
+#[utoipa::path(
+    post,
+    path = "/admin/items/warmup",
+    tag = "items",
+    summary = "Load up to 10,000 items' units at once",
+    security(("admin" = [])),
+    request_body = WarmupsBody,
+    responses((status = 200, description = "`ok`: each item's outcome, in the order asked", body = Loaded))
+)]
 async fn warmup_items(
     _: Admin,
     State(state): State<AppState>,
@@ -117,7 +152,13 @@ async fn warmup_items(
         .filter_map(|id| decided.remove(id))
         .collect();
     let loaded = outcomes.iter().filter(|o| o.code == "loaded").count();
-    Ok(ok("ok", json!({ "loaded": loaded, "items": outcomes })))
+    Ok(ok(
+        "ok",
+        Loaded {
+            loaded,
+            items: outcomes,
+        },
+    ))
 }
 
 /// One warm-up's outcome as the bulk answer names it.

@@ -90,7 +90,8 @@ pub enum Progress {
     Loading { done: u64, of: u64 },
 }
 
-#[derive(Clone, Debug, Serialize)]
+/// What a warm-up loaded, read back from Redis.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct WarmupReport {
     pub item_id: ItemId,
     pub total: u32,

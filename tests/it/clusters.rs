@@ -25,6 +25,22 @@ async fn a_rabbitmq_node_killed_mid_burst_loses_nothing_with_quorum_queues() {
             s.queue_type = QueueType::Quorum;
         })
         .await;
+    // Every node must hold a replica before one dies: a queue with two members loses its
+    // majority with the first kill.
+    let queue = env.topology().orders_queue;
+    eventually(
+        std::time::Duration::from_secs(20),
+        "the orders queue on all three nodes",
+        || async {
+            let listed = nodes[1].ctl(&["list_queues", "name", "members"]);
+            let line = listed.lines().find(|l| l.starts_with(&queue));
+            match line {
+                Some(l) if l.matches('@').count() == 3 => Ok(()),
+                _ => Err(listed.clone()),
+            }
+        },
+    )
+    .await;
     // The server connects to the first node that answers: the first.
     let amqp = nodes[1].url();
     let fault = async { nodes[0].kill() };

@@ -217,6 +217,9 @@ impl PrivateRabbit {
                 );
             }
         }
+        // `start_app` can return before the node has rejoined: a quorum queue declared
+        // then gets fewer members.
+        seed.ctl(&["await_online_nodes", &n.to_string(), "--timeout", "60"]);
         nodes
     }
 

@@ -1,0 +1,80 @@
+"""Schemathesis hooks for seckill: a fresh client clock, and purchases of the item on sale.
+
+Generated values are kept where they are invalid (negative tests must still reach the
+server's checks); valid ones are steered toward what gets past them, so that the deeper
+code runs too.
+"""
+
+import os
+import time
+from datetime import datetime, timedelta, timezone
+
+import schemathesis
+
+ITEM = int(os.environ.get("SECKILL_ITEM", "1001"))
+MOST_UNITS = 10_000
+
+
+@schemathesis.hook
+def map_headers(ctx, headers):
+    # A well-formed X-Client-Time gets the real clock; a malformed one stays malformed.
+    if headers and isinstance(headers.get("X-Client-Time"), str):
+        if headers["X-Client-Time"].lstrip("-").isdigit():
+            headers["X-Client-Time"] = str(int(time.time() * 1000))
+    return headers
+
+
+def _rfc3339(value):
+    try:
+        datetime.fromisoformat(value.replace("Z", "+00:00"))
+        return True
+    except (AttributeError, TypeError, ValueError):
+        return False
+
+
+def _sellable(item):
+    """A valid item stays valid, only smaller and on sale now: most generated windows lie
+    outside what MySQL stores (1970 to 2038) or end before they start, and a total of
+    millions is a minute of Redis work that proves nothing a small one does not."""
+    if not isinstance(item, dict):
+        return
+    if isinstance(item.get("total"), int) and item["total"] > MOST_UNITS:
+        item["total"] = MOST_UNITS
+    if _rfc3339(item.get("start_at")) and _rfc3339(item.get("end_at")):
+        now = datetime.now(timezone.utc)
+        item["start_at"] = (now - timedelta(minutes=1)).isoformat()
+        item["end_at"] = (now + timedelta(days=1)).isoformat()
+
+
+@schemathesis.hook
+def map_body(ctx, body):
+    if not isinstance(body, dict):
+        return body
+    path = ctx.operation.path
+    if path == "/api/flashbuy" and isinstance(body.get("item_id"), int):
+        if 1 <= body["item_id"] <= 9_999_999_999_999:
+            body["item_id"] = ITEM
+    elif path == "/admin/items" and isinstance(body.get("items"), list):
+        for item in body["items"]:
+            _sellable(item)
+    else:
+        _sellable(body)
+    return body
+
+
+# 503s the contract answers on purpose: an operator paused the item, opened a breaker or
+# closed the shop (which the fuzzer's own admin calls do). Any other 5xx is a failure.
+DELIBERATE_503 = {"paused", "circuit_open", "shop_closed"}
+
+
+@schemathesis.check
+def only_deliberate_503s(ctx, response, case):
+    if response.status_code < 500:
+        return None
+    try:
+        code = response.json().get("code")
+    except Exception:  # not JSON: certainly not one of the contract's answers
+        code = None
+    if response.status_code == 503 and code in DELIBERATE_503:
+        return None
+    raise AssertionError(f"{response.status_code} {code!r}: not a refusal the contract makes on purpose")
