@@ -14,6 +14,7 @@ use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::response::{Response, ResponseBuilder};
 use utoipa::openapi::schema::{AllOfBuilder, Object, ObjectBuilder, Type};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::{Components, Header};
 use utoipa::openapi::{Content, ContentBuilder, HttpMethod, OpenApi, Ref, RefOr};
 use utoipa::{OpenApi as _, ToSchema};
 
@@ -71,7 +72,51 @@ fn described(parts: impl IntoIterator<Item = OpenApi>) -> OpenApi {
         doc.merge(part);
     }
     doc.paths.paths.insert(PATH.into(), own_path());
-    let components = doc.components.get_or_insert_with(Default::default);
+    shared_components(doc.components.get_or_insert_with(Default::default));
+    for (path, item) in doc.paths.paths.iter_mut() {
+        let enveloped = path != PATH && path != "/metrics";
+        for (method, operation) in operations(item) {
+            if enveloped {
+                shared_refusals(operation);
+            }
+            for (status, response) in operation.responses.responses.iter_mut() {
+                if let RefOr::T(response) = response {
+                    finish_response(status, response, enveloped);
+                }
+            }
+            links(method, path, operation);
+        }
+    }
+    doc
+}
+
+/// The refusals any call of its kind can meet: (component name, status, description).
+const SHARED: [(&str, &str, &str); 4] = [
+    (
+        "BadRequest",
+        "400",
+        "`bad_request`: a parameter, header or body is malformed (`detail` names it)",
+    ),
+    (
+        "Unauthorized",
+        "401",
+        "`unauthorized`: missing, bad or expired token",
+    ),
+    (
+        "Internal",
+        "500",
+        "`internal`: a failure of the server's own; quote the `trace_id`",
+    ),
+    (
+        "Unavailable",
+        "503",
+        "`unavailable`: a dependency did not answer within the one-second budget; \
+         `Retry-After` says when to try again",
+    ),
+];
+
+/// The security schemes, the headers every answer may carry and the shared refusals.
+fn shared_components(components: &mut Components) {
     for (name, scheme) in [
         (
             "user",
@@ -86,19 +131,49 @@ fn described(parts: impl IntoIterator<Item = OpenApi>) -> OpenApi {
         }
         components.add_security_scheme(name, SecurityScheme::Http(http));
     }
-    for (path, item) in doc.paths.paths.iter_mut() {
-        let enveloped = path != PATH && path != "/metrics";
-        for (method, operation) in operations(item) {
-            shared_refusals(operation, enveloped);
-            for (status, response) in operation.responses.responses.iter_mut() {
-                if let RefOr::T(response) = response {
-                    finish_response(status, response, enveloped);
-                }
-            }
-            links(method, path, operation);
+    for (name, kind, description) in [
+        (
+            "X-Request-Id",
+            Type::String,
+            "This request's id: the one sent, or a new one (equal to `trace_id`)",
+        ),
+        (
+            "Retry-After",
+            Type::Integer,
+            "Seconds to wait before trying again",
+        ),
+    ] {
+        let mut header = Header::new(ObjectBuilder::new().schema_type(kind).build());
+        header.description = Some(description.into());
+        components.headers.insert(name.into(), header.into());
+    }
+    for (name, status, description) in SHARED {
+        let mut response = refusal(description);
+        finish_response(status, &mut response, true);
+        components.responses.insert(name.into(), response.into());
+    }
+}
+
+/// The shared refusals an operation can meet, where its handler did not name them: 400
+/// when it takes input, 401 when it needs a token, 500 and 503 always.
+fn shared_refusals(operation: &mut Operation) {
+    let takes_input = operation.parameters.as_ref().is_some_and(|p| !p.is_empty())
+        || operation.request_body.is_some();
+    let has_token = operation.security.is_some();
+    for (name, status, _) in SHARED {
+        let applies = match status {
+            "400" => takes_input,
+            "401" => has_token,
+            _ => true,
+        };
+        if applies {
+            operation
+                .responses
+                .responses
+                .entry(status.into())
+                .or_insert_with(|| RefOr::Ref(Ref::new(format!("#/components/responses/{name}"))));
         }
     }
-    doc
 }
 
 /// utoipa writes a `u64` as `int64` with a minimum of 0, but the ids, prices and counts
@@ -163,48 +238,6 @@ fn operations(item: &mut PathItem) -> impl Iterator<Item = (HttpMethod, &mut Ope
     .filter_map(|(method, operation)| operation.map(|o| (method, o)))
 }
 
-/// The refusals any call of its kind can meet, where the handler did not name them.
-fn shared_refusals(operation: &mut Operation, enveloped: bool) {
-    if !enveloped {
-        return;
-    }
-    let takes_input = operation.parameters.as_ref().is_some_and(|p| !p.is_empty())
-        || operation.request_body.is_some();
-    let has_token = operation.security.is_some();
-    let shared = [
-        (
-            takes_input,
-            "400",
-            "`bad_request`: a parameter, header or body is malformed (`detail` names it)",
-        ),
-        (
-            has_token,
-            "401",
-            "`unauthorized`: missing, bad or expired token",
-        ),
-        (
-            true,
-            "500",
-            "`internal`: a failure of the server's own; quote the `trace_id`",
-        ),
-        (
-            true,
-            "503",
-            "`unavailable`: a dependency did not answer within the one-second budget; \
-             `Retry-After` says when to try again",
-        ),
-    ];
-    for (applies, status, description) in shared {
-        if applies {
-            operation
-                .responses
-                .responses
-                .entry(status.into())
-                .or_insert_with(|| refusal(description).into());
-        }
-    }
-}
-
 /// A response whose body is a [`Refusal`](crate::error::Refusal).
 pub fn refusal(description: &str) -> Response {
     ResponseBuilder::new()
@@ -221,18 +254,14 @@ pub fn refusal(description: &str) -> Response {
 /// Every answer carries `X-Request-Id`; a JSON one under the envelope also `code` and
 /// `trace_id`; a `429` or `503` may say `Retry-After`.
 fn finish_response(status: &str, response: &mut Response, enveloped: bool) {
-    response.headers.insert(
-        "X-Request-Id".into(),
-        header_of(
-            Type::String,
-            "This request's id (the one sent, or a new one)",
-        ),
-    );
+    let shared_header = |name: &str| RefOr::Ref(Ref::new(format!("#/components/headers/{name}")));
+    response
+        .headers
+        .insert("X-Request-Id".into(), shared_header("X-Request-Id"));
     if status == "429" || status == "503" {
-        response.headers.insert(
-            "Retry-After".into(),
-            header_of(Type::Integer, "Seconds to wait before trying again"),
-        );
+        response
+            .headers
+            .insert("Retry-After".into(), shared_header("Retry-After"));
     }
     if !enveloped {
         return;
@@ -250,12 +279,6 @@ fn finish_response(status: &str, response: &mut Response, enveloped: bool) {
                 .into();
         }
     }
-}
-
-fn header_of(kind: Type, description: &str) -> RefOr<utoipa::openapi::Header> {
-    let mut header = utoipa::openapi::Header::new(ObjectBuilder::new().schema_type(kind).build());
-    header.description = Some(description.into());
-    header.into()
 }
 
 /// Links for Schemathesis's stateful runs (and client generators): an order number from a
