@@ -337,3 +337,61 @@ async fn the_k6_plan_runs_and_the_sale_adds_up() {
     server.stop().await;
     let _ = std::fs::remove_dir_all(out);
 }
+
+/// The Kubernetes manifests are valid resources of a named Kubernetes version (strict:
+/// no unknown field), and hold the parts a deployment needs.
+#[tokio::test]
+async fn the_kubernetes_manifests_validate() {
+    let dir = Path::new(ROOT).join("deploy/kubernetes");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "yaml") && !p.ends_with("kustomization.yaml")
+        })
+        .collect();
+    files.sort();
+    let mut validate = tool("kubernetes-validate");
+    validate
+        .args(["--kubernetes-version", "1.33.0", "--strict"])
+        .args(&files);
+    let output = run(validate).await;
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{said}");
+    for resource in [
+        "deployment/seckill-api",
+        "deployment/seckill-worker",
+        "service/seckill-api",
+        "service/seckill-admin",
+        "poddisruptionbudget/seckill-api",
+        "poddisruptionbudget/seckill-worker",
+        "horizontalpodautoscaler/seckill-api",
+        "ingress/seckill",
+        "configmap/seckill",
+        "secret/seckill",
+    ] {
+        assert!(
+            said.contains(&format!("passed for resource {resource} ")),
+            "{resource} missing: {said}"
+        );
+    }
+    // Every resource the kustomization applies is a file that was validated.
+    let kustomization = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
+    for line in kustomization.lines().map(str::trim) {
+        if let Some(file) = line.strip_prefix("- ").filter(|f| f.ends_with(".yaml")) {
+            assert!(files.contains(&dir.join(file)), "{file} is not validated");
+        }
+    }
+    // The roles are split, and probes name the contract's endpoints.
+    let api = std::fs::read_to_string(dir.join("api.yaml")).unwrap();
+    let worker = std::fs::read_to_string(dir.join("worker.yaml")).unwrap();
+    assert!(api.contains(r#"args: ["serve", "--roles", "api"]"#));
+    assert!(worker.contains(r#"args: ["serve", "--roles", "consumer,scheduler"]"#));
+    for manifest in [&api, &worker] {
+        assert!(manifest.contains("path: /readyz") && manifest.contains("path: /healthz"));
+    }
+}
