@@ -315,6 +315,8 @@ async fn the_k6_plan_runs_and_the_sale_adds_up() {
     assert!(requests >= 1_500, "{requests} requests");
     assert_eq!(answers, requests);
     assert_eq!(metrics["seckill_unexpected_answers"]["value"], 0.0);
+    // Only a sale's normal answers (the plan's expected statuses): no 5xx, no 400 or 401.
+    assert_eq!(metrics["http_req_failed"]["value"], 0.0, "{}", metrics["http_req_failed"]);
     assert_eq!(metrics["checks"]["fails"], 0);
 
     let mut bench = seckill(&env);
