@@ -188,6 +188,15 @@ async fn schemathesis_finds_nothing_and_the_sale_still_adds_up() {
             String::from_utf8_lossy(&output.stderr)
         );
         for interaction in interactions(&report) {
+            // hooks.py lets a 503 through when it is a refusal on purpose (paused,
+            // circuit_open, shop_closed); without the switches nothing causes one.
+            assert!(
+                pass == 2 || interaction.status < 500,
+                "pass 1, {}: {} {}",
+                interaction.label,
+                interaction.status,
+                interaction.body
+            );
             if interaction.label == "POST /api/flashbuy" && interaction.status == 202 {
                 won.push(interaction.body["order_sn"].as_str().unwrap().to_owned());
             }
@@ -316,7 +325,11 @@ async fn the_k6_plan_runs_and_the_sale_adds_up() {
     assert_eq!(answers, requests);
     assert_eq!(metrics["seckill_unexpected_answers"]["value"], 0.0);
     // Only a sale's normal answers (the plan's expected statuses): no 5xx, no 400 or 401.
-    assert_eq!(metrics["http_req_failed"]["value"], 0.0, "{}", metrics["http_req_failed"]);
+    assert_eq!(
+        metrics["http_req_failed"]["value"], 0.0,
+        "{}",
+        metrics["http_req_failed"]
+    );
     assert_eq!(metrics["checks"]["fails"], 0);
 
     let mut bench = seckill(&env);
