@@ -108,12 +108,25 @@ pub async fn prepare(
                 })),
             )
             .await?;
+        // Paused while it loads: a forced warm-up refuses a live sale (`sale_live`), and
+        // an existing item's new total would otherwise stand in MySQL unloaded.
+        admin
+            .call(Method::POST, &format!("/admin/items/{id}/pause"), None)
+            .await?;
         admin
             .call(
                 Method::POST,
                 &format!("/admin/items/{id}/warmup?force=true"),
                 None,
             )
+            .await
+            .with_context(|| {
+                format!(
+                    "item {id} stays paused: resume it (POST /admin/items/{id}/resume) once loaded"
+                )
+            })?;
+        admin
+            .call(Method::POST, &format!("/admin/items/{id}/resume"), None)
             .await?;
     }
     let stats = admin
