@@ -311,14 +311,14 @@ async fn redis_flushed_mid_sale_is_recovered_by_the_procedure() {
     let server = env
         .server_with(ALL_ROLES, |s| s.redis_url = Secret::new(&url))
         .await;
-    const UNITS: u32 = 500;
+    // More units than the first crowd has buyers, so the sale is still on whenever the
+    // flush lands (with 500 units it landed after the last had sold, on a loaded machine).
+    const UNITS: u32 = 1_000;
     env.item(1, UNITS).on_sale(&server).await;
     let answered = AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
     let (mut ledger, began) = tokio::join!(
         crowd(&env, 1, 1..801, &at, &answered),
-        // Early enough that the sale is still on when the flush lands, even on a loaded
-        // machine (at 200 answers it twice landed after the 500th unit had sold).
         mid_burst(&answered, 100, async {
             redis.cmd(&["FLUSHALL"]).await;
         }),
