@@ -238,6 +238,100 @@ async fn schemathesis_finds_nothing_and_the_sale_still_adds_up() {
     let _ = std::fs::remove_dir_all(out);
 }
 
+/// What Schemathesis found, fixed, each answered `400` naming the field and changing
+/// nothing: an item window past MySQL's `TIMESTAMP` range (was `500`), a breaker's `by`
+/// longer than its audit column (was accepted, its audit row lost), a shop status without
+/// `open` (was taken for a clear).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_schemathesis_found_stays_fixed() {
+    let env = TestEnv::new("schemathesis_found").await;
+    let server = env.server(ALL_ROLES).await;
+    env.item(5, 10).on_sale(&server).await;
+    let send = |method: reqwest::Method, path: &str, body: Option<Value>| {
+        let request = env.admin(method, &server, path);
+        let request = match body {
+            Some(body) => request.json(&body),
+            None => request,
+        };
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let item = |end_at: &str| {
+        serde_json::json!({
+            "name": "far", "shop_id": 1, "total": 10, "price_cents": 1,
+            "start_at": "2026-01-01T00:00:00Z", "end_at": end_at,
+        })
+    };
+    let (status, body) = send(
+        reqwest::Method::PUT,
+        "/admin/items/6",
+        Some(item("4285-12-19T21:47:18Z")),
+    )
+    .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (400, Some("bad_request")),
+        "{body}"
+    );
+    assert!(
+        body["detail"].as_str().unwrap().contains("`end_at`"),
+        "{body}"
+    );
+    assert!(body["trace_id"].is_string(), "{body}");
+    assert_eq!(
+        send(reqwest::Method::GET, "/admin/items/6/stats", None)
+            .await
+            .0,
+        404
+    );
+    // The last instant MySQL stores is still taken.
+    let (status, body) = send(
+        reqwest::Method::PUT,
+        "/admin/items/6",
+        Some(item("2038-01-19T03:14:07Z")),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+
+    let by = "x".repeat(101);
+    let (status, body) = send(
+        reqwest::Method::POST,
+        &format!("/admin/circuit/open?item=5&level=1&by={by}"),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("`by`"), "{body}");
+    let (_, breakers) = env.admin_get(&server, "/admin/circuit").await;
+    assert_eq!(breakers["items"], serde_json::json!([]), "{breakers}");
+
+    let (status, body) = send(
+        reqwest::Method::PUT,
+        "/admin/shops/1/status",
+        Some(serde_json::json!({"open": false, "reason": "checking"})),
+    )
+    .await;
+    assert_eq!(
+        (status, body["open"].as_bool()),
+        (200, Some(false)),
+        "{body}"
+    );
+    let (status, body) = send(
+        reqwest::Method::PUT,
+        "/admin/shops/1/status",
+        Some(serde_json::json!({})),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["detail"].as_str().unwrap().contains("open"), "{body}");
+    let (_, shop) = env.get(&server, "/api/shops/1/status", None).await;
+    assert_eq!(shop["open"], false, "the override stands: {shop}");
+    server.stop().await;
+}
+
 struct Interaction {
     label: String,
     /// A `POST /api/flashbuy`, whichever phase made it (stateful ones are labelled
