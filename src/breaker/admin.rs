@@ -77,6 +77,8 @@ struct Changed {
     get,
     path = "/admin/circuit",
     tag = "circuit",
+    operation_id = "list_breakers",
+    summary = "Every breaker that is not closed, and the global one",
     security(("admin" = [])),
     responses((status = 200, description = "`ok`", body = Breakers))
 )]
@@ -138,6 +140,7 @@ pub struct CloseQuery {
     post,
     path = "/admin/circuit/open",
     tag = "circuit",
+    operation_id = "open_breaker",
     summary = "Open a breaker (persisted; every instance obeys within a second)",
     security(("admin" = [])),
     params(OpenQuery),
@@ -167,6 +170,7 @@ async fn open(
     post,
     path = "/admin/circuit/close",
     tag = "circuit",
+    operation_id = "close_breaker",
     summary = "Close a breaker",
     security(("admin" = [])),
     params(CloseQuery),

@@ -18,7 +18,7 @@ use utoipa::openapi::{Components, Header};
 use utoipa::openapi::{Content, ContentBuilder, HttpMethod, OpenApi, Ref, RefOr};
 use utoipa::{OpenApi as _, ToSchema};
 
-pub const PATH: &str = "/api/openapi.json";
+const PATH: &str = "/api/openapi.json";
 
 /// The document's fixed parts; the paths come from the routers.
 #[derive(utoipa::OpenApi)]
@@ -239,7 +239,7 @@ fn operations(item: &mut PathItem) -> impl Iterator<Item = (HttpMethod, &mut Ope
 }
 
 /// A response whose body is a [`Refusal`](crate::error::Refusal).
-pub fn refusal(description: &str) -> Response {
+fn refusal(description: &str) -> Response {
     ResponseBuilder::new()
         .description(description)
         .content(

@@ -32,6 +32,7 @@ pub(super) struct ShopView {
     get,
     path = "/api/shops/{shop_id}/status",
     tag = "catalogue",
+    operation_id = "shop_status",
     summary = "Whether a shop is open now (no token needed)",
     params(("shop_id" = u64, Path)),
     responses(

@@ -33,12 +33,6 @@ async fn run(mut command: Command) -> Output {
         .expect("joined")
 }
 
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("seckill-{name}-{}", ulid::Ulid::new()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
-}
-
 /// The served document is the committed `openapi.json`, a valid OpenAPI 3.1 document, and
 /// every operation in it is routed (none answers the router's `not_found` or
 /// `method_not_allowed`). Routes cannot be served undescribed: every router is made with
@@ -149,8 +143,13 @@ async fn schemathesis_finds_nothing_and_the_sale_still_adds_up() {
         })
         .await;
     env.item(FUZZED_SALE, FUZZED_UNITS).on_sale(&server).await;
-    let out = scratch_dir("schemathesis");
-    let switches = ["open", "pause_item", "put_status", "put_hours"];
+    let out = scratch("schemathesis");
+    let switches = [
+        "open_breaker",
+        "pause_item",
+        "set_shop_status",
+        "set_shop_hours",
+    ];
     let mut requests = BTreeMap::new();
     let mut won = Vec::new();
     // The switches have no links between them: no stateful phase for them.
@@ -382,7 +381,7 @@ async fn the_k6_plan_runs_and_the_sale_adds_up() {
     let server = env.server(ALL_ROLES).await;
     let (item, units) = (1001u64, 300u32);
     env.item(item, units).on_sale(&server).await;
-    let out = scratch_dir("k6");
+    let out = scratch("k6");
     let tokens: Vec<String> = (1..=1_000).map(|user| env.token(user)).collect();
     std::fs::write(out.join("tokens.txt"), tokens.join("\n")).unwrap();
     let summary = out.join("summary.json");

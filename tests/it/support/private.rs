@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::{eventually, free_port, signal};
 
 /// A fresh directory under the system's temp dir, removed by the owner's drop.
-fn scratch(what: &str) -> PathBuf {
+pub fn scratch(what: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "seckill-{what}-{}",
         ulid::Ulid::new().to_string().to_lowercase()
