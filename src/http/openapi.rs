@@ -266,6 +266,7 @@ fn finish_response(status: &str, response: &mut Response, enveloped: bool) {
     if !enveloped {
         return;
     }
+    let codes = codes_in(&response.description);
     for content in response.content.values_mut() {
         if let RefOr::T(Content {
             schema: Some(schema),
@@ -273,12 +274,29 @@ fn finish_response(status: &str, response: &mut Response, enveloped: bool) {
         }) = content
         {
             let body = std::mem::replace(schema, RefOr::T(Object::new().into()));
-            *schema = AllOfBuilder::new()
-                .item(Ref::from_schema_name("Envelope"))
-                .item(body)
-                .into();
+            let mut all = AllOfBuilder::new().item(Ref::from_schema_name("Envelope"));
+            if !codes.is_empty() {
+                let code = ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(codes.clone()));
+                all = all.item(ObjectBuilder::new().property("code", code).required("code"));
+            }
+            *schema = all.item(body).into();
         }
     }
+}
+
+/// The codes a response's description names before its first colon (`` `paused` /
+/// `circuit_open`: … ``): the answer's `code` is one of them, and the document says so.
+fn codes_in(description: &str) -> Vec<&str> {
+    let head = description.split(':').next().unwrap_or_default();
+    head.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|word| {
+            !word.is_empty() && word.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+        })
+        .collect()
 }
 
 /// Links for Schemathesis's stateful runs (and client generators): an order number from a
@@ -314,4 +332,20 @@ fn link(operation_id: &str, parameter: &str, source: &str) -> Link {
         .operation_id(operation_id)
         .parameter(parameter, source)
         .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::codes_in;
+
+    #[test]
+    fn a_description_names_its_codes_before_the_colon() {
+        assert_eq!(codes_in("`queued`: the user won"), ["queued"]);
+        assert_eq!(
+            codes_in("`paused` / `circuit_open`: held back; `Retry-After` set"),
+            ["paused", "circuit_open"]
+        );
+        assert_eq!(codes_in("`ok`"), ["ok"]);
+        assert!(codes_in("Prometheus text format").is_empty());
+    }
 }

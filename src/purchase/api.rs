@@ -93,13 +93,13 @@ async fn count_and_shed(
     request_body = FlashbuyRequest,
     responses(
         (status = 202, description = "`queued`: the user won one unit; the order is being written", body = Queued),
-        (status = 400, description = "`bad_request`: body or headers malformed; `clock_skew`: `X-Client-Time` too far from the server's clock", body = Refusal),
+        (status = 400, description = "`bad_request` / `clock_skew`: body or headers malformed, or `X-Client-Time` too far from the server's clock", body = Refusal),
         (status = 403, description = "`not_started` / `ended`: outside the item's sale window", body = Refusal),
         (status = 404, description = "`item_not_found`", body = Refusal),
         (status = 409, description = "`duplicate`: the user already holds a unit of this item; `order_sn` names its order", body = Refusal),
         (status = 410, description = "`sold_out`: no units left", body = Refusal),
         (status = 429, description = "`rate_limited`: the user's or the IP's rate", body = Refusal),
-        (status = 503, description = "`paused` / `circuit_open` / `shop_closed` / `unavailable`; `Retry-After` set", body = Refusal),
+        (status = 503, description = "`paused` / `circuit_open` / `shop_closed` / `unavailable`: paused by an operator, a breaker open, the shop closed, a dependency down or the server at its limit; `Retry-After` set", body = Refusal),
     )
 )]
 async fn flashbuy(

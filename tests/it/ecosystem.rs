@@ -71,6 +71,29 @@ async fn the_openapi_document_is_served_valid_and_committed() {
         String::from_utf8_lossy(&checked.stderr)
     );
 
+    // Every JSON answer names the codes it may carry (the contract's tables).
+    for (path, item) in served["paths"].as_object().unwrap() {
+        if path == "/api/openapi.json" || path == "/metrics" {
+            continue;
+        }
+        for (method, operation) in item.as_object().unwrap() {
+            for (status, response) in operation["responses"].as_object().unwrap() {
+                let response = match response["$ref"].as_str() {
+                    Some(at) => &served["components"]["responses"][at.rsplit('/').next().unwrap()],
+                    None => response,
+                };
+                let parts = response["content"]["application/json"]["schema"]["allOf"]
+                    .as_array()
+                    .unwrap_or_else(|| panic!("{method} {path} {status}: not enveloped"));
+                let codes = parts
+                    .iter()
+                    .find_map(|p| p["properties"]["code"]["enum"].as_array())
+                    .unwrap_or_else(|| panic!("{method} {path} {status}: no codes"));
+                assert!(!codes.is_empty(), "{method} {path} {status}");
+            }
+        }
+    }
+
     let client = reqwest::Client::new();
     let mut operations = 0;
     for (path, item) in served["paths"].as_object().unwrap() {
