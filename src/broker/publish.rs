@@ -9,6 +9,7 @@ use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, PublisherConfirm};
 
 use super::Topology;
+use super::link::CLOSE_WITHIN;
 use super::topology::ORDER_PLACED;
 use crate::domain::OrderSn;
 
@@ -143,7 +144,18 @@ pub async fn publish(
         }
     }
     confirms.resize_with(outbound.len(), || Sent::Not);
-    await_confirms(confirms).await
+    let (taken, nacked) = await_confirms(confirms).await;
+    if nacked {
+        // A quorum queue's publisher state lives in the channel: one that registered
+        // while the queue's leader was being replaced (a node had just died) was seen to
+        // nack every later publish, for minutes, while other channels published fine. A
+        // nack is never routine here (no queue has a length limit), so the channel goes:
+        // the link then reconnects, and the next publish registers afresh.
+        tracing::warn!("the broker refused a message (nack): opening a new publishing channel");
+        let closing = channel.close(200, "nacked; reopening".into());
+        let _ = tokio::time::timeout(CLOSE_WITHIN, closing).await;
+    }
+    taken
 }
 
 /// Publishes orders, [`ORDERS_PER_MESSAGE`] to a message, and tells, order by order,
@@ -187,21 +199,35 @@ fn persistent_json() -> BasicProperties {
         .with_content_type("application/json".into())
 }
 
-/// Waits for each publish's confirm where one is awaited (up to [`CONFIRM_TIMEOUT`]).
-async fn await_confirms(sent: Vec<Sent>) -> Vec<bool> {
-    join_all(sent.into_iter().map(|sent| async move {
+/// Waits for each publish's confirm where one is awaited (up to [`CONFIRM_TIMEOUT`]):
+/// whether each was taken, and whether the broker nacked any.
+async fn await_confirms(sent: Vec<Sent>) -> (Vec<bool>, bool) {
+    let outcomes = join_all(sent.into_iter().map(|sent| async move {
         match sent {
-            Sent::Not => false,
-            Sent::Confirm(_, false) => true,
+            Sent::Not => Ok(false),
+            Sent::Confirm(_, false) => Ok(true),
             // Acked and not returned. A returned mandatory message is *also* acked
             // (`Ack(Some(returned))`): unroutable, so not delivered.
-            Sent::Confirm(confirm, true) => matches!(
-                tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await,
-                Ok(Ok(Confirmation::Ack(None)))
-            ),
+            Sent::Confirm(confirm, true) => {
+                match tokio::time::timeout(CONFIRM_TIMEOUT, confirm).await {
+                    Ok(Ok(Confirmation::Ack(None))) => Ok(true),
+                    // Said, since the relay would otherwise just try again, unseen.
+                    Ok(Ok(Confirmation::Ack(Some(returned)))) => {
+                        tracing::warn!(reply = %returned.reply_text, "the broker returned a message: no queue took it");
+                        Ok(false)
+                    }
+                    Ok(Ok(Confirmation::Nack(_))) => Err(()),
+                    Ok(Ok(Confirmation::NotRequested)) | Ok(Err(_)) | Err(_) => Ok(false),
+                }
+            }
         }
     }))
-    .await
+    .await;
+    let nacked = outcomes.iter().any(Result::is_err);
+    (
+        outcomes.into_iter().map(|o| o == Ok(true)).collect(),
+        nacked,
+    )
 }
 
 /// The orders' JSON, as `grab.lua` stored it, joined into one array (nothing re-encoded).

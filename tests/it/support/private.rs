@@ -173,6 +173,28 @@ impl Drop for PrivateRedis {
 
 /// A private RabbitMQ node (its own node name, ports, data and logs), started with
 /// `rabbitmq-server -detached` as the `rabbitmq` account.
+/// `rabbitmqctl` for one node, for a failing test's report.
+pub struct RabbitCtl(String);
+
+impl RabbitCtl {
+    /// What `rabbitmqctl` says, or why it could not; never asserts, so it may run while a
+    /// test unwinds.
+    pub fn tell(&self, args: &[&str]) -> String {
+        match Command::new("rabbitmqctl")
+            .args(["-q", "-n", &self.0])
+            .args(args)
+            .output()
+        {
+            Ok(done) => format!(
+                "{}{}",
+                String::from_utf8_lossy(&done.stdout),
+                String::from_utf8_lossy(&done.stderr)
+            ),
+            Err(e) => format!("rabbitmqctl: {e}"),
+        }
+    }
+}
+
 pub struct PrivateRabbit {
     pub port: u16,
     node: String,
@@ -282,6 +304,11 @@ impl PrivateRabbit {
             .expect("rabbitmqctl");
         assert!(done.status.success(), "rabbitmqctl {args:?}: {done:?}");
         String::from_utf8_lossy(&done.stdout).into_owned()
+    }
+
+    /// `rabbitmqctl` for this node, apart from the node (which stops when dropped).
+    pub fn ctl_handle(&self) -> RabbitCtl {
+        RabbitCtl(self.node.clone())
     }
 
     /// SIGKILL to the node's VM: a crash.
