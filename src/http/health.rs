@@ -81,30 +81,29 @@ async fn readyz(State(state): State<AppState>) -> Response {
         redis.ping(),
         mysql_timed(sqlx::query("SELECT 1").execute(db))
     );
-    let checks = [
-        ("redis", redis_ok.is_ok()),
-        ("mysql", mysql_ok.is_ok()),
-        ("rabbitmq", broker.is_connected()),
-    ];
-    let down: Vec<&'static str> = checks
-        .iter()
-        .filter(|(_, up)| !up)
-        .map(|(name, _)| *name)
-        .collect();
+    let (redis_up, mysql_up, rabbitmq_up) =
+        (redis_ok.is_ok(), mysql_ok.is_ok(), broker.is_connected());
+    let down: Vec<&'static str> = [
+        ("redis", redis_up),
+        ("mysql", mysql_up),
+        ("rabbitmq", rabbitmq_up),
+    ]
+    .into_iter()
+    .filter_map(|(name, up)| (!up).then_some(name))
+    .collect();
     let word = |up: bool| if up { "up" } else { "down" };
-    let mut readiness = Readiness {
-        detail: None,
+    let readiness = Readiness {
+        detail: (!down.is_empty()).then(|| format!("not answering: {}", down.join(", "))),
         down,
         dependencies: Dependencies {
-            redis: word(checks[0].1),
-            mysql: word(checks[1].1),
-            rabbitmq: word(checks[2].1),
+            redis: word(redis_up),
+            mysql: word(mysql_up),
+            rabbitmq: word(rabbitmq_up),
         },
     };
     if readiness.down.is_empty() {
         ok("ready", readiness)
     } else {
-        readiness.detail = Some(format!("not answering: {}", readiness.down.join(", ")));
         envelope(StatusCode::SERVICE_UNAVAILABLE, "unavailable", readiness)
     }
 }

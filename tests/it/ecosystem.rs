@@ -64,12 +64,7 @@ async fn the_openapi_document_is_served_valid_and_committed() {
     let mut validator = tool("openapi-spec-validator");
     validator.arg(&committed_path);
     let checked = run(validator).await;
-    assert!(
-        checked.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&checked.stdout),
-        String::from_utf8_lossy(&checked.stderr)
-    );
+    assert!(checked.status.success(), "{}", said(&checked));
 
     // Every JSON answer names the codes it may carry (the contract's tables).
     for (path, item) in served["paths"].as_object().unwrap() {
@@ -203,11 +198,10 @@ async fn schemathesis_finds_nothing_and_the_sale_still_adds_up() {
             st.args([filter, operation]);
         }
         let output = run(st).await;
-        let stdout = String::from_utf8_lossy(&output.stdout);
         assert!(
             output.status.success(),
-            "Schemathesis pass {pass} failed:\n{stdout}\n{}",
-            String::from_utf8_lossy(&output.stderr)
+            "Schemathesis pass {pass} failed:\n{}",
+            said(&output)
         );
         for interaction in interactions(&report) {
             // hooks.py lets a 503 through when it is a refusal on purpose (paused,
@@ -434,10 +428,9 @@ async fn the_k6_plan_runs_and_the_sale_adds_up() {
     let output = run(k6).await;
     assert!(
         output.status.success(),
-        "k6 failed ({}):\n{}\n{}",
+        "k6 failed ({}):\n{}",
         output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+        said(&output)
     );
     let summary: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
     let metrics = &summary["metrics"];
@@ -467,11 +460,10 @@ async fn the_k6_plan_runs_and_the_sale_adds_up() {
         .arg("--out")
         .arg(out.join("bench"));
     let proved = run(bench).await;
-    let report = String::from_utf8_lossy(&proved.stdout);
     assert!(
         proved.status.success(),
-        "bench --requests 0:\n{report}\n{}",
-        String::from_utf8_lossy(&proved.stderr)
+        "bench --requests 0:\n{}",
+        said(&proved)
     );
     // Every unit sold: 1,000 buyers pressed for 300 units.
     assert_eq!(env.remaining(item).await, 0);
@@ -498,12 +490,8 @@ async fn the_kubernetes_manifests_validate() {
         .args(["--kubernetes-version", "1.33.0", "--strict"])
         .args(&files);
     let output = run(validate).await;
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(output.status.success(), "{said}");
+    let told = said(&output);
+    assert!(output.status.success(), "{told}");
     for resource in [
         "deployment/seckill-api",
         "deployment/seckill-worker",
@@ -517,8 +505,8 @@ async fn the_kubernetes_manifests_validate() {
         "secret/seckill",
     ] {
         assert!(
-            said.contains(&format!("passed for resource {resource} ")),
-            "{resource} missing: {said}"
+            told.contains(&format!("passed for resource {resource} ")),
+            "{resource} missing: {told}"
         );
     }
     // Every resource the kustomization applies is a file that was validated.

@@ -2,7 +2,9 @@
 //! default secret and publishes only nginx (and, to this host, the servers' admin ports
 //! and the dashboards).
 
-use std::process::{Command, Output};
+use std::process::Command;
+
+use crate::support::said;
 
 const FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docker-compose.yml");
 
@@ -45,20 +47,12 @@ fn with_secrets(command: &mut Command) -> &mut Command {
     command
 }
 
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
-
 #[test]
 fn docker_compose_config_is_valid() {
     let output = with_secrets(compose().args(["config", "--quiet"]))
         .output()
         .expect("compose runs");
-    assert!(output.status.success(), "compose config: {}", text(&output));
+    assert!(output.status.success(), "compose config: {}", said(&output));
     // The full picture: stores, broker, two servers, nginx, monitoring; and the cluster
     // profile's fleet.
     let services = with_secrets(compose().args(["--profile", "cluster", "config", "--services"]))
@@ -106,9 +100,9 @@ fn docker_compose_refuses_to_start_without_its_secrets() {
         .expect("compose runs");
     assert!(!output.status.success(), "compose accepted no secrets");
     assert!(
-        text(&output).contains("./dev/compose-env.sh > .env"),
+        said(&output).contains("./dev/compose-env.sh > .env"),
         "{}",
-        text(&output)
+        said(&output)
     );
     // The script makes every one of them.
     let made = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/dev/compose-env.sh"))

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{eventually, free_port, signal};
+use super::{eventually, free_port, said, signal};
 
 /// A fresh directory under the system's temp dir, removed by the owner's drop.
 pub fn scratch(what: &str) -> PathBuf {
@@ -185,11 +185,7 @@ impl RabbitCtl {
             .args(args)
             .output()
         {
-            Ok(done) => format!(
-                "{}{}",
-                String::from_utf8_lossy(&done.stdout),
-                String::from_utf8_lossy(&done.stderr)
-            ),
+            Ok(done) => said(&done),
             Err(e) => format!("rabbitmqctl: {e}"),
         }
     }

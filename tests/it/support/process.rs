@@ -19,6 +19,15 @@ pub fn free_port() -> u16 {
         .unwrap()
 }
 
+/// What a finished command printed, stdout then stderr: a failure's message.
+pub fn said(output: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
 pub fn signal(pid: u32, name: &str) {
     let status = Command::new("kill")
         .args([&format!("-{name}"), &pid.to_string()])
