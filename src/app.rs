@@ -27,7 +27,7 @@ use crate::outbox::publisher::OrderPublisher;
 use crate::scheduler::Scheduler;
 use crate::shops::cache::Shops;
 use crate::state::{AppState, Shared};
-use crate::store::{Db, MissLimit, RedisConns, connect_mysql, migrate};
+use crate::store::{Db, MissLimit, RedisConns, WaitRule, connect_mysql, migrate};
 use crate::telemetry::Meters;
 use crate::{http, items, lua, orders, purchase, shops, warmup};
 
@@ -202,7 +202,8 @@ impl Server {
 /// Redis, with the Lua scripts loaded when it answers (else they load on first use).
 async fn connect_redis(settings: &Settings) -> anyhow::Result<RedisConns> {
     let redis = RedisConns::new(settings.redis_url.expose())
-        .context("SECKILL_REDIS_URL is not a Redis URL")?;
+        .context("SECKILL_REDIS_URL is not a Redis URL")?
+        .waiting_for(WaitRule::from_settings(settings));
     let preloaded = async { lua::preload(&mut redis.hot().await?).await }.await;
     if let Err(e) = preloaded {
         tracing::warn!(error = %e, "cannot preload Lua scripts yet (Redis down?); they load on first use");

@@ -36,6 +36,12 @@ pub struct Settings {
     #[arg(long, env = "SECKILL_REDIS_WAIT_REPLICAS", default_value_t = 0)]
     pub redis_wait_replicas: u32,
 
+    /// What a purchase meets while its Redis master has fewer replicas in step than
+    /// `SECKILL_REDIS_WAIT_REPLICAS`: `refuse` (503, no unit taken) or `degrade` (sold
+    /// without the replicas, logged and counted).
+    #[arg(long, env = "SECKILL_REDIS_WAIT_POLICY", value_enum, default_value_t = WaitPolicy::Refuse)]
+    pub redis_wait_policy: WaitPolicy,
+
     /// MySQL/MariaDB URL; the database is created if missing.
     #[arg(
         long,
@@ -194,6 +200,18 @@ pub enum QueueType {
     Classic,
     /// A Raft-replicated queue: it survives the loss of a minority of a cluster's nodes.
     Quorum,
+}
+
+/// What a purchase meets while its Redis master has fewer replicas in step than
+/// `SECKILL_REDIS_WAIT_REPLICAS` asks for (README: "A master short of replicas").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WaitPolicy {
+    /// The operator asked for replicas: no unit is taken there until they are back
+    /// (`503 unavailable`).
+    Refuse,
+    /// Sell on without them, as a single Redis would: every unit sold so is logged and
+    /// counted (`seckill_redis_wait_total{outcome="degraded"}`).
+    Degrade,
 }
 
 /// Which parts of the server this process runs.

@@ -14,6 +14,10 @@ use crate::store::{RedisError, redis_timed};
 /// Sells one unit: see `lua/grab.lua`.
 pub static GRAB: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/grab.lua")));
 
+/// Undoes a win its replicas did not confirm: see `lua/give_back.lua`.
+pub static GIVE_BACK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/give_back.lua")));
+
 /// Gives the units of ended orders back: see `lua/release.lua`.
 pub static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
@@ -72,6 +76,7 @@ where
 {
     for script in [
         &*GRAB,
+        &*GIVE_BACK,
         &*RELEASE,
         &*SWAP,
         &*LOAD_FRESH,

@@ -15,7 +15,7 @@ use seckill::broker::{Broker, Topology};
 use seckill::delay_queue::Plan;
 use seckill::domain::{ItemId, UserId};
 use seckill::keys::Keys;
-use seckill::store::{RedisConns, connect_mysql, migrate};
+use seckill::store::{RedisConns, WaitRule, connect_mysql, migrate};
 use seckill::warmup::{Progress, Warmup};
 use seckill::{Role, Server, Settings, telemetry};
 
@@ -157,7 +157,9 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
 async fn warmup(item: ItemId, force: bool, settings: &Settings) -> anyhow::Result<()> {
     let db = connect_mysql(settings.database_url.expose()).await?;
     migrate(&db).await?;
-    let redis = RedisConns::new(settings.redis_url.expose())?;
+    // A warm-up settles loans between buckets, which waits for replicas as the server does.
+    let redis = RedisConns::new(settings.redis_url.expose())?
+        .waiting_for(WaitRule::from_settings(settings));
     // A rebuild asks RabbitMQ whether orders still wait in its queue.
     let broker = Broker::new(
         settings.amqp_url.expose(),

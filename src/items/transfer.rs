@@ -19,7 +19,7 @@ use crate::domain::Stock;
 use crate::keys::{ItemKeys, Keys};
 use crate::lua::{LEND, RECEIVE, UNLEND};
 use crate::marks::{self, Work};
-use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
+use crate::store::{Grouped, RedisConns, RedisError, Replication, redis_timed};
 
 /// A transfer still not settled this long after its loan was cut off (a purchase takes
 /// well under a second; its store calls time out sooner).
@@ -30,23 +30,23 @@ const STUCK_AFTER: Duration = Duration::from_secs(5);
 pub struct Borrowed {
     /// A unit is on the home bucket's list now.
     pub moved: bool,
-    /// A lender's replicas did not confirm its loan in time (`SECKILL_REDIS_WAIT_REPLICAS`):
-    /// the transfer is left to [`settle_stuck`], and nothing can be said yet.
+    /// Replicas did not confirm a step in time (`SECKILL_REDIS_WAIT_REPLICAS`), or a
+    /// bucket that may hold units sits on a master short of them: nothing can be said yet
+    /// (a transfer begun is left to [`settle_stuck`]).
     pub stalled: bool,
     /// Buckets that had nothing to lend.
     pub empty: Vec<u8>,
 }
 
-/// What a loan needs besides the buckets: the replicas that must hold it before its unit
-/// is received (`SECKILL_REDIS_WAIT_REPLICAS`; a lender failing over to a replica without
-/// the loan would sell the unit again), and the keys to mark a loan left unsettled.
+/// What a loan needs besides the buckets: the Redis connections, whose replicas must hold
+/// each step before the next (`SECKILL_REDIS_WAIT_REPLICAS`: a lender failing over to a
+/// replica without the loan would sell the unit again; a home bucket failing over without
+/// the unit's arrival would lose it once the lender forgot the loan), and the keys to mark
+/// a loan left unsettled.
 #[derive(Clone, Copy)]
 pub struct Lending<'a> {
     pub redis: &'a RedisConns,
     pub keys: &'a Keys,
-    /// 0: no wait.
-    pub replicas: u32,
-    pub within: Duration,
 }
 
 /// Moves one unit into `home` from the first of `lenders` that has one.
@@ -58,6 +58,12 @@ pub async fn borrow(
 ) -> Result<Borrowed, RedisError> {
     let mut borrowed = Borrowed::default();
     for lender in lenders {
+        // A lender whose master is short of replicas cannot lend: its loan could never be
+        // confirmed. Its units are not gone, so no "sold out" is said for them.
+        let Ok(lent) = lending.redis.replicas_for(&lender.replicated).await else {
+            borrowed.stalled = true;
+            continue;
+        };
         let transfer = ulid::Ulid::new().to_string();
         let unit: Option<String> = redis_timed(
             LEND.key(&lender.meta)
@@ -73,7 +79,7 @@ pub async fn borrow(
             borrowed.empty.push(lender.stock.bucket);
             continue;
         };
-        let moved = receive(conn, home, lender, &transfer, &unit, lending).await;
+        let moved = receive(conn, home, lender, &transfer, &unit, lending, lent).await;
         if !matches!(moved, Ok(Some(_))) {
             // Left to `settle_stuck`: the lender is marked for it (best effort; the
             // scheduler's safety sweep finds the loan otherwise).
@@ -91,11 +97,16 @@ pub async fn borrow(
             Some(_) => {}
         }
     }
+    // Stalled by a lender short of replicas, but another bucket may still lend next time.
+    if borrowed.moved {
+        borrowed.stalled = false;
+    }
     Ok(borrowed)
 }
 
 /// The steps of a transfer after the loan: the receiver decides it, the lender settles.
-/// `None` when the lender's replicas did not confirm the loan in time.
+/// `None` when the replicas did not confirm the loan, or the receiver's master is short
+/// of them (the transfer is then left to [`settle_stuck`]).
 async fn receive(
     conn: &mut (impl redis::aio::ConnectionLike + Send),
     home: &ItemKeys,
@@ -103,16 +114,14 @@ async fn receive(
     transfer: &str,
     unit: &str,
     lending: Lending<'_>,
+    lent: Replication,
 ) -> Result<Option<String>, RedisError> {
-    if lending.replicas > 0 {
-        let held = lending
-            .redis
-            .replicas_hold(&lender.replicated, lending.replicas, lending.within)
-            .await?;
-        if !held {
-            return Ok(None);
-        }
+    if !lent.held().await {
+        return Ok(None);
     }
+    let Ok(arrived) = lending.redis.replicas_for(&home.replicated).await else {
+        return Ok(None);
+    };
     let decided: String = redis_timed(
         RECEIVE
             .key(&home.meta)
@@ -123,7 +132,15 @@ async fn receive(
             .invoke_async(conn),
     )
     .await?;
-    settle(conn, lender, transfer, &decided).await?;
+    // The lender forgets the loan only once the home bucket's replicas hold the decision:
+    // a failover there could otherwise lose the unit's arrival after the lender dropped
+    // it — one unit short for good. Not held in time: the unit is on the home list (the
+    // grab that follows waits for the same replicas), and the loan is settled later.
+    if arrived.held().await {
+        settle(conn, lender, transfer, &decided).await?;
+    } else {
+        let _ = marks::mark(conn, lending.keys, Work::Loans, [lender.stock]).await;
+    }
     Ok(Some(decided))
 }
 
@@ -149,13 +166,22 @@ async fn settle(
 
 /// Finishes transfers of these lenders cut off between their steps (a process died, a
 /// store call timed out): each is decided at its receiver — `void` unless it is `in`
-/// already — and its lender settled to match. Returns how many it settled.
+/// already — and its lender settled to match.
 pub async fn settle_stuck(
     redis: &RedisConns,
     keys: &Keys,
     lenders: &[Stock],
-) -> Result<u64, RedisError> {
+) -> Result<Settled, RedisError> {
     settle_loans(redis, keys, lenders.iter().copied(), Some(STUCK_AFTER)).await
+}
+
+/// What [`settle_loans`] did.
+#[derive(Debug, Default)]
+pub struct Settled {
+    pub settled: u64,
+    /// Loans decided whose decision the receiver's replicas do not hold yet (or whose
+    /// receiver's master is short of them): left for a later pass.
+    pub waiting: u64,
 }
 
 /// When each of these lenders next needs the stuck-transfer pass: [`STUCK_AFTER`] from
@@ -178,17 +204,18 @@ pub async fn next_look(
 }
 
 /// Decides and settles the loans of these lenders older than `older_than` (all of them
-/// with `None`: a warm-up replacing the stock). Returns how many it settled.
+/// with `None`: a warm-up replacing the stock). A lender settles only once the receiver's
+/// replicas hold the decision (`SECKILL_REDIS_WAIT_REPLICAS`).
 pub async fn settle_loans(
     redis: &RedisConns,
     keys: &Keys,
     lenders: impl Iterator<Item = Stock>,
     older_than: Option<Duration>,
-) -> Result<u64, RedisError> {
+) -> Result<Settled, RedisError> {
     let cutoff = older_than.map_or(i64::MAX, |age| {
         Utc::now().timestamp_millis() - age.as_millis() as i64
     });
-    let mut settled = 0;
+    let mut settled = Settled::default();
     for lender in lenders {
         let lender_keys = keys.stock(lender);
         let mut conn = redis.bulk().await?;
@@ -203,6 +230,10 @@ pub async fn settle_loans(
                 continue;
             }
             let home = keys.stock(Stock::new(lender.item, home));
+            let Ok(decision) = redis.replicas_for(&home.replicated).await else {
+                settled.waiting += 1;
+                continue;
+            };
             // The first decision stands: HSETNX decides `void` only if nothing was yet.
             let (_, decided): (bool, String) = redis_timed(
                 redis::pipe()
@@ -211,9 +242,15 @@ pub async fn settle_loans(
                     .query_async(&mut conn),
             )
             .await?;
+            // A decision a failover could undo must not be acted on: a lost `void` would
+            // let a late receive take the unit in while the lender sells it again.
+            if !decision.held().await {
+                settled.waiting += 1;
+                continue;
+            }
             settle(&mut conn, &lender_keys, &transfer, &decided).await?;
             tracing::warn!(%lender, to = %home.stock, transfer, decided, "settled a transfer between buckets that was cut off");
-            settled += 1;
+            settled.settled += 1;
         }
     }
     Ok(settled)

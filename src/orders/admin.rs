@@ -3,6 +3,7 @@
 
 use axum::extract::State;
 use axum::response::Response;
+use clap::ValueEnum;
 use serde::Serialize;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -12,8 +13,11 @@ use crate::domain::ItemId;
 use crate::error::{ApiError, Refusal};
 use crate::http::extract::{Admin, ApiPath};
 use crate::http::reply::ok;
+use crate::items::repo::Item;
 use crate::items::{self, stock};
+use crate::keys::Keys;
 use crate::state::{AppState, Shared};
+use crate::store::RedisConns;
 
 use super::reconcile::{Report, reconcile};
 use super::repo::{self, StatusCounts};
@@ -41,6 +45,50 @@ struct Stats {
     orders: StatusCounts,
     /// remaining + pending + unpaid + paid = total, right now.
     consistent: bool,
+    /// With `SECKILL_REDIS_WAIT_REPLICAS` ≥ 1: the item's buckets whose Redis master has
+    /// fewer replicas in step than that.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replicas: Option<ReplicaStats>,
+}
+
+/// Where an item's sale waits for Redis replicas.
+#[derive(Serialize, ToSchema)]
+struct ReplicaStats {
+    /// `SECKILL_REDIS_WAIT_REPLICAS`.
+    required: u32,
+    /// `SECKILL_REDIS_WAIT_POLICY`: `refuse` (no unit is sold in a bucket short of
+    /// replicas) or `degrade` (sold without them).
+    policy: String,
+    /// Buckets (0 for an item not split) whose master has fewer replicas in step.
+    short: Vec<u8>,
+    /// Of those, the ones whose master still has a replica that could take over: a
+    /// replica is expected back, and pending orders there wait for it. (A master with none
+    /// left sends them: nothing but its own loss can undo them.)
+    expected_back: Vec<u8>,
+}
+
+/// The buckets of an item whose master is short of replicas, when any are asked for.
+async fn replica_stats(redis: &RedisConns, keys: &Keys, item: &Item) -> Option<ReplicaStats> {
+    let rule = redis.wait_rule()?.clone();
+    let mut stats = ReplicaStats {
+        required: rule.replicas,
+        policy: rule
+            .policy
+            .to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_owned()),
+        short: Vec::new(),
+        expected_back: Vec::new(),
+    };
+    for stock in item.stocks() {
+        let key = keys.replicated(stock);
+        if redis.short_of_replicas(&key).await {
+            stats.short.push(stock.bucket);
+            if !redis.alone(&key).await {
+                stats.expected_back.push(stock.bucket);
+            }
+        }
+    }
+    Some(stats)
 }
 
 /// `GET /admin/items/{id}/stats`
@@ -82,6 +130,7 @@ async fn item_stats(
             pending: stock.pending,
             orders: counts,
             consistent: accounted == u64::from(item.total),
+            replicas: replica_stats(redis, keys, &item).await,
         },
     ))
 }

@@ -21,8 +21,9 @@ use crate::error::{ApiError, Refusal};
 use crate::http::extract::{ApiPath, AuthUser, OrderSeeker};
 use crate::http::reply::ok;
 use crate::http::request_id;
+use crate::outbox::cleared_to_send;
 use crate::state::{AppState, Shared};
-use crate::store::{WAIT_FOR_REPLICAS, redis_timed};
+use crate::store::redis_timed;
 
 use crate::delay_queue::Plan;
 
@@ -348,19 +349,12 @@ async fn stored_order(state: &AppState, sn: &OrderSn, user: UserId) -> Result<Or
     if order.user_id != user {
         return Err(ApiError::OrderNotFound);
     }
-    let replicas = state.settings.redis_wait_replicas;
-    if replicas > 0 {
-        // Into MySQL only what a Redis failover cannot take back (as the publisher does).
-        let key = state.keys.replicated(sn.stock());
-        if !state
-            .redis
-            .replicas_hold(&key, replicas, WAIT_FOR_REPLICAS)
-            .await?
-        {
-            return Err(ApiError::Unavailable(
-                "the order is not yet safe on Redis's replicas; try again shortly".into(),
-            ));
-        }
+    // Into MySQL only what a Redis failover cannot take back (as the relay does).
+    let claim = [(sn, order.created_at_ms)];
+    if !cleared_to_send(&state.redis, &state.keys, sn.stock(), &claim).await? {
+        return Err(ApiError::Unavailable(
+            "the order is not yet safe on Redis's replicas; try again shortly".into(),
+        ));
     }
     let orders = [order];
     placed::write(&state.db, &orders).await?;

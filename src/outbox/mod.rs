@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use lapin::Channel;
 
 use crate::broker::{Broker, Outgoing, publish_orders};
-use crate::domain::Stock;
+use crate::domain::{OrderSn, Stock};
 use crate::keys::Keys;
-use crate::store::{Grouped, RedisConns, RedisError};
+use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
 use crate::telemetry::Meters;
 
 /// Where orders are sent from, for the log and the meters.
@@ -108,4 +108,54 @@ async fn clear_confirmed<'a>(
         grouped.group().zrem(keys.outbox(stock), sns).ignore();
     }
     grouped.run(redis).await
+}
+
+/// Whether these won orders of one bucket may leave Redis for MySQL, when replicas are
+/// asked for (`SECKILL_REDIS_WAIT_REPLICAS`; always, when not): a failover could otherwise
+/// put their units back on sale while MySQL has their orders. Each is an order number and
+/// when it was won (ms).
+///
+/// First they are claimed: their outbox score turns negative, so the purchase that won
+/// one can no longer give it back (`lua/give_back.lua`) once it is on its way. Then the
+/// replicas must hold everything written on the bucket's master, the claim included. Or,
+/// should that master have no replica left that a failover could promote (it is alone for
+/// good), they go anyway: nothing can undo its writes then but its own loss — the rule that
+/// settles orders taken just before a master lost its last replica (README: "A master
+/// short of replicas"). False: they wait, and are asked about again.
+pub async fn cleared_to_send(
+    redis: &RedisConns,
+    keys: &Keys,
+    stock: Stock,
+    orders: &[(&OrderSn, i64)],
+) -> Result<bool, RedisError> {
+    if redis.wait_rule().is_none() || orders.is_empty() {
+        return Ok(true);
+    }
+    let outbox = keys.outbox(stock);
+    let replication = redis.replicas_for(&keys.replicated(stock)).await;
+    // `XX`: only entries still there (one sent already needs no claim); `LT`: a claimed
+    // score stays as it is.
+    let mut claim = redis::cmd("ZADD");
+    claim.arg(&outbox).arg("XX").arg("LT");
+    for (order_sn, won_at_ms) in orders {
+        claim.arg(-won_at_ms.abs()).arg(order_sn.as_str());
+    }
+    let mut conn = redis.bulk().await?;
+    redis_timed(claim.query_async::<()>(&mut conn)).await?;
+    let held = match replication {
+        Ok(replication) => replication.held().await,
+        Err(_) => false,
+    };
+    if held {
+        return Ok(true);
+    }
+    if redis.alone(&outbox).await {
+        tracing::warn!(
+            %stock,
+            orders = orders.len(),
+            "sending won orders no Redis replica holds: their master has no replica left that could take over"
+        );
+        return Ok(true);
+    }
+    Ok(false)
 }

@@ -18,10 +18,10 @@ use crate::domain::{OrderPlaced, OrderSn, Stock};
 use crate::keys::Keys;
 use crate::marks::{self, Work};
 use crate::orders::repo as orders;
-use crate::store::{Db, RedisConns, StoreError, WAIT_FOR_REPLICAS, redis_timed};
+use crate::store::{Db, RedisConns, StoreError, redis_timed};
 use crate::telemetry::Meters;
 
-use super::Via;
+use super::{Via, cleared_to_send};
 
 /// An outbox entry younger than this is left to the in-process publisher.
 pub const RELAY_AFTER: Duration = Duration::from_secs(3);
@@ -43,9 +43,6 @@ pub struct Relay {
     pub db: Db,
     pub keys: Keys,
     pub meters: Arc<Meters>,
-    /// `SECKILL_REDIS_WAIT_REPLICAS`: orders are sent only once that many replicas hold
-    /// them.
-    pub wait_replicas: u32,
 }
 
 impl Relay {
@@ -84,11 +81,14 @@ impl Relay {
         let mut conn = self.redis.bulk().await?;
         loop {
             let due = Utc::now().timestamp_millis() - RELAY_AFTER.as_millis() as i64;
-            let sns: Vec<String> =
-                redis_timed(conn.zrangebyscore_limit(&outbox, "-inf", due, 0, BATCH)).await?;
-            if sns.is_empty() {
+            // Claimed entries (negative scores: on their way) are always due.
+            let entries: Vec<(String, f64)> =
+                redis_timed(conn.zrangebyscore_limit_withscores(&outbox, "-inf", due, 0, BATCH))
+                    .await?;
+            if entries.is_empty() {
                 return Ok(());
             }
+            let (sns, scores): (Vec<String>, Vec<f64>) = entries.into_iter().unzip();
             let payloads: Vec<Option<String>> = redis_timed(
                 redis::cmd("HMGET")
                     .arg(&pending)
@@ -96,24 +96,23 @@ impl Relay {
                     .query_async(&mut conn),
             )
             .await?;
-            let (due_orders, done): (Vec<_>, Vec<_>) = sns
-                .into_iter()
-                .zip(payloads)
-                .partition(|(_, payload)| payload.is_some());
-            // No pending JSON: the consumer already wrote it to MySQL.
-            if !done.is_empty() {
-                let done: Vec<&str> = done.iter().map(|(sn, _)| sn.as_str()).collect();
-                redis_timed(conn.zrem::<_, _, ()>(&outbox, done)).await?;
-            }
-            let mut outgoing = Vec::with_capacity(due_orders.len());
+            let mut done = Vec::new();
             let mut corrupt = Vec::new();
-            for (sn, payload) in due_orders {
+            let mut outgoing = Vec::with_capacity(sns.len());
+            let mut won_at = Vec::with_capacity(sns.len());
+            for ((sn, score), payload) in sns.into_iter().zip(scores).zip(payloads) {
                 match (OrderSn::parse(&sn), payload) {
+                    // No pending JSON: the consumer already wrote it to MySQL.
+                    (_, None) => done.push(sn),
                     (Some(order_sn), Some(payload)) => {
-                        outgoing.push(Outgoing { order_sn, payload })
+                        outgoing.push(Outgoing { order_sn, payload });
+                        won_at.push(score as i64);
                     }
-                    _ => corrupt.push(sn),
+                    (None, Some(_)) => corrupt.push(sn),
                 }
+            }
+            if !done.is_empty() {
+                redis_timed(conn.zrem::<_, _, ()>(&outbox, done)).await?;
             }
             // Not written by grab.lua: say so and drop them, or every pass would meet them
             // again (each round trip of this loop must remove what it read, or return).
@@ -128,17 +127,15 @@ impl Relay {
                 tracing::debug!(%stock, orders = outgoing.len(), "relay: no broker connection yet");
                 return Ok(());
             };
-            if self.wait_replicas > 0 {
-                // As a purchase does: what a failover could still undo is not sent.
-                let key = self.keys.replicated(stock);
-                if !self
-                    .redis
-                    .replicas_hold(&key, self.wait_replicas, WAIT_FOR_REPLICAS)
-                    .await?
-                {
-                    tracing::debug!(%stock, "relay: replicas behind; sending later");
-                    return Ok(());
-                }
+            // As a purchase does: what a failover could still undo is not sent.
+            let claims: Vec<(&OrderSn, i64)> = outgoing
+                .iter()
+                .map(|o| &o.order_sn)
+                .zip(won_at.iter().copied())
+                .collect();
+            if !cleared_to_send(&self.redis, &self.keys, stock, &claims).await? {
+                tracing::debug!(%stock, "relay: the replicas do not hold these orders yet; sending later");
+                return Ok(());
             }
             let sent = super::send(
                 &channel,

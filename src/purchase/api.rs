@@ -29,9 +29,9 @@ use crate::items::catalog::CatalogItem;
 use crate::items::transfer::{self, Lending};
 use crate::keys::ItemKeys;
 use crate::state::AppState;
-use crate::store::{RedisConn, RedisError, WAIT_FOR_REPLICAS};
+use crate::store::{RedisConn, RedisError, Replication, ShortOfReplicas, redis_timed};
 
-use super::grab::{GrabOutcome, grab};
+use super::grab::{GrabOutcome, give_back, grab};
 
 /// Units a buyer of a split item may borrow into their bucket and lose to others of it
 /// before being told to press again (each round moves a unit: the sale goes on).
@@ -149,10 +149,17 @@ async fn sell(
     now: chrono::DateTime<Utc>,
 ) -> Result<Response, ApiError> {
     let item_id = item.item.id;
+    // Before the grab (`SECKILL_REDIS_WAIT_REPLICAS`): the replicas a win will wait for,
+    // on the master serving the buyer's bucket now. While that master is short of them no
+    // unit is taken there — it could never be confirmed.
+    let replication = match state.redis.replicas_for(&item.home(user).replicated).await {
+        Ok(replication) => replication,
+        Err(short) => return Err(short_of_replicas(state, &item, user, short).await),
+    };
     let order = order_for(&item, user, now.timestamp_millis());
     let order_json = serde_json::to_string(&order).map_err(anyhow::Error::from)?;
     match run_grab(state, &item, user, &order, &order_json).await? {
-        GrabOutcome::Won => accept(state, &item, order, order_json).await,
+        GrabOutcome::Won => accept(state, &item, order, order_json, replication).await,
         GrabOutcome::SoldOut => {
             if item.mark_sold_out() {
                 // Other instances learn it from the announcement rather than waiting for
@@ -237,8 +244,6 @@ async fn run_grab(
         let lending = Lending {
             redis: &state.redis,
             keys: &state.keys,
-            replicas: state.settings.redis_wait_replicas,
-            within: WAIT_FOR_REPLICAS,
         };
         outcome = refill_and_grab(&mut conn, item, user, order, order_json, outcome, lending).await;
     }
@@ -257,6 +262,34 @@ async fn run_grab(
     Ok(outcome?)
 }
 
+/// A press while the buyer's master is short of replicas: the truth where it costs one
+/// read (they hold a unit already: `409`), else `503` until the replicas are back.
+async fn short_of_replicas(
+    state: &AppState,
+    item: &CatalogItem,
+    user: UserId,
+    short: ShortOfReplicas,
+) -> ApiError {
+    tracing::debug!(reason = %short, "purchase refused before the grab");
+    let home = item.home(user);
+    let held = async {
+        let mut conn = state.redis.hot().await?;
+        redis_timed(
+            redis::cmd("HGET")
+                .arg(home.buyer_orders(user))
+                .arg(user.get())
+                .query_async::<Option<String>>(&mut conn),
+        )
+        .await
+    };
+    match held.await.ok().flatten().and_then(|sn| OrderSn::parse(&sn)) {
+        Some(order_sn) => ApiError::Duplicate { order_sn },
+        None => ApiError::Unavailable(
+            "the sale is waiting for a Redis replica to come back; try again shortly".into(),
+        ),
+    }
+}
+
 /// A win: once its replicas hold it (with `SECKILL_REDIS_WAIT_REPLICAS`), the order goes
 /// to the publisher and the buyer hears `202`.
 async fn accept(
@@ -264,23 +297,25 @@ async fn accept(
     item: &CatalogItem,
     order: OrderPlaced,
     order_json: String,
+    replication: Replication,
 ) -> Result<Response, ApiError> {
-    let replicas = state.settings.redis_wait_replicas;
-    if replicas > 0 {
-        // Not answered, and not handed to the publisher, before the replicas hold it: a
-        // failover could otherwise put the unit back on sale while MySQL gets its order.
-        // What is not confirmed in time stays in Redis: if it survives, pressing again
-        // answers 409 with it, and the relay sends it.
+    // Not answered, and not handed to the publisher, before the replicas hold it: a
+    // failover could otherwise put the unit back on sale while MySQL gets its order.
+    if !replication.held().await {
+        // Given back while it is still where it was won, so that no unit waits for a
+        // confirmation that may never come. Unless someone claimed it to send it (then it
+        // is kept and sent), or a failover loses the give-back (then it is kept and waits
+        // for its replicas): either way pressing again tells the buyer (409).
         let home = item.home(order.user_id);
-        let held = state
-            .redis
-            .replicas_hold(&home.replicated, replicas, WAIT_FOR_REPLICAS)
-            .await;
-        if !held.is_ok_and(|held| held) {
-            return Err(ApiError::Unavailable(
-                "your unit may not be safe yet; press again to learn whether you hold it".into(),
-            ));
-        }
+        let given_back = async {
+            let mut conn = state.redis.hot().await?;
+            give_back(&mut conn, home, order.user_id, &order.order_sn).await
+        };
+        let given_back = given_back.await;
+        tracing::info!(order_sn = %order.order_sn, given_back = ?given_back.as_ref().ok(), "a win its Redis replicas did not confirm in time");
+        return Err(ApiError::Unavailable(
+            "your purchase could not be confirmed in time; press again to buy, or to find your order if it went through".into(),
+        ));
     }
     state.meters.won.increment(1);
     let order_sn = order.order_sn;

@@ -2,7 +2,7 @@
 
 use crate::domain::{OrderSn, UserId};
 use crate::keys::ItemKeys;
-use crate::lua::GRAB;
+use crate::lua::{GIVE_BACK, GRAB};
 use crate::store::{RedisError, redis_timed};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,4 +73,29 @@ pub async fn grab(
             )));
         }
     })
+}
+
+/// Undoes a win whose replicas did not confirm it in time (`lua/give_back.lua`): true when
+/// its unit is on sale again, false when the order stays (someone is sending it, or it is
+/// gone already).
+pub async fn give_back(
+    conn: &mut impl redis::aio::ConnectionLike,
+    keys: &ItemKeys,
+    user: UserId,
+    order_sn: &OrderSn,
+) -> Result<bool, RedisError> {
+    let outcome: String = redis_timed(
+        GIVE_BACK
+            .key(&keys.meta)
+            .key(&keys.tokens)
+            .key(keys.buyers(user))
+            .key(keys.buyer_orders(user))
+            .key(&keys.pending)
+            .key(&keys.outbox)
+            .arg(user.get())
+            .arg(order_sn.as_str())
+            .invoke_async(conn),
+    )
+    .await?;
+    Ok(outcome == "given_back")
 }

@@ -78,7 +78,6 @@ impl Scheduler {
             db: self.db.clone(),
             keys: self.keys.clone(),
             meters: self.meters.clone(),
-            wait_replicas: self.settings.redis_wait_replicas,
         };
         tasks.spawn(relay.clone().run(shutdown.clone()));
         tasks.spawn(sweep::run(self.clone(), relay, shutdown.clone()));

@@ -7,6 +7,7 @@ mod lock;
 mod misses;
 mod mysql;
 mod redis_conns;
+mod replicas;
 
 pub use self::grouped::Grouped;
 pub use self::lock::RedisLock;
@@ -16,6 +17,7 @@ pub use self::mysql::{
     timed as mysql_timed,
 };
 pub use self::redis_conns::{RedisConn, RedisConns, RedisError, timed as redis_timed};
+pub use self::replicas::{Replication, ShortOfReplicas, WaitRule};
 
 /// A failure of either store, for work that needs both (ending orders, the scheduler).
 #[derive(Debug, thiserror::Error)]

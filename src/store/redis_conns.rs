@@ -9,7 +9,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool_redis::{PoolConfig, Runtime, Timeouts};
@@ -18,10 +17,11 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Value};
+use redis::{Cmd, FromRedisValue, IntoConnectionInfo, Pipeline, RedisFuture, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::STORE_TIMEOUT;
+use super::replicas::{Nodes, Replicas, Replication, ShortOfReplicas, WaitRule};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RedisError {
@@ -50,6 +50,8 @@ where
 #[derive(Clone)]
 pub struct RedisConns {
     servers: Arc<Servers>,
+    /// The replicas writes must wait for (`SECKILL_REDIS_WAIT_REPLICAS` ≥ 1).
+    replicas: Option<Arc<Replicas>>,
 }
 
 enum Servers {
@@ -61,8 +63,6 @@ enum Servers {
         /// Pooled connections for bulk and background work (warm-up, relay, consumer,
         /// stats), so that a large pipeline never queues ahead of purchases.
         pool: deadpool_redis::Pool,
-        /// Connections for `WAIT`, which blocks the connection it runs on.
-        waits: deadpool_redis::Pool,
         client: redis::Client,
     },
     Cluster {
@@ -70,12 +70,11 @@ enum Servers {
         client: Box<ClusterClient>,
         /// Made at the first use, so a server starts while the cluster is down.
         conn: Renewable,
-        /// Cluster connections for `WAIT` (it blocks the node connection it runs on), used
-        /// in turn.
-        waits: Vec<Renewable>,
-        next_wait: AtomicUsize,
         /// The seed nodes, for pub/sub (any node will do).
         seeds: Vec<redis::Client>,
+        /// How the first seed's URL connects (password, TLS): how any node is reached
+        /// when replicas are watched.
+        template: redis::ConnectionInfo,
     },
 }
 
@@ -92,7 +91,8 @@ impl RedisConns {
         let servers = match urls.as_slice() {
             [] => anyhow::bail!("no Redis URL"),
             [url] => one(url)?,
-            seeds => Servers::Cluster {
+            seeds @ [first, ..] => Servers::Cluster {
+                template: first.into_connection_info()?,
                 client: Box::new(
                     ClusterClient::builder(seeds.iter().copied())
                         .connection_timeout(Duration::from_millis(500))
@@ -100,10 +100,6 @@ impl RedisConns {
                         .build()?,
                 ),
                 conn: Renewable::default(),
-                waits: (0..CLUSTER_WAIT_CONNECTIONS)
-                    .map(|_| Renewable::default())
-                    .collect(),
-                next_wait: AtomicUsize::new(0),
                 seeds: seeds
                     .iter()
                     .map(|url| redis::Client::open(*url))
@@ -112,7 +108,65 @@ impl RedisConns {
         };
         Ok(Self {
             servers: Arc::new(servers),
+            replicas: None,
         })
+    }
+
+    /// Makes writes that must be held by replicas wait for them (`rule.replicas` ≥ 1; 0
+    /// changes nothing): see [`RedisConns::replicas_for`].
+    pub fn waiting_for(mut self, rule: WaitRule) -> Self {
+        if rule.replicas == 0 {
+            return self;
+        }
+        let nodes = match &*self.servers {
+            Servers::One { client, .. } => Nodes::One(client.get_connection_info().clone()),
+            Servers::Cluster {
+                template, seeds, ..
+            } => Nodes::Cluster {
+                template: template.clone(),
+                seeds: seeds
+                    .iter()
+                    .map(|seed| seed.get_connection_info().clone())
+                    .collect(),
+            },
+        };
+        self.replicas = Some(Arc::new(Replicas::new(rule, nodes)));
+        self
+    }
+
+    /// The wait rule, when replicas are asked for.
+    pub fn wait_rule(&self) -> Option<&WaitRule> {
+        self.replicas.as_deref().map(Replicas::rule)
+    }
+
+    /// Taken *before* a write whose replicas must hold it (a grab, a loan, a claim), on
+    /// the master serving `key`'s slot; [`Replication::held`] after the write waits for
+    /// them. Refused at once, with no unit to take back, while that master has fewer
+    /// replicas in step than asked for (under the `refuse` policy).
+    pub async fn replicas_for(&self, key: &str) -> Result<Replication, ShortOfReplicas> {
+        match &self.replicas {
+            Some(replicas) => replicas.before_write(key).await,
+            None => Ok(Replication::none()),
+        }
+    }
+
+    /// Whether the master serving `key` has no replica a failover could promote (none
+    /// connected, or the cluster lists none that has not failed): then nothing but the
+    /// loss of that master itself can undo its writes. False when no replicas are asked
+    /// for.
+    pub async fn alone(&self, key: &str) -> bool {
+        match &self.replicas {
+            Some(replicas) => replicas.alone(key).await,
+            None => false,
+        }
+    }
+
+    /// Whether the master serving `key` has fewer replicas in step than asked for.
+    pub async fn short_of_replicas(&self, key: &str) -> bool {
+        match &self.replicas {
+            Some(replicas) => replicas.short(key).await,
+            None => false,
+        }
     }
 
     /// Whether this is a Redis Cluster.
@@ -209,40 +263,6 @@ impl RedisConns {
         }
     }
 
-    /// Bumps `key` (which must live on the master to be covered: the item's own), then
-    /// waits up to `within` for `replicas` replicas to hold every write made on that master
-    /// until then. Returns whether that many did.
-    pub async fn replicas_hold(
-        &self,
-        key: &str,
-        replicas: u32,
-        within: Duration,
-    ) -> Result<bool, RedisError> {
-        let mut pipe = redis::pipe();
-        pipe.incr(key, 1)
-            .ignore()
-            .cmd("WAIT")
-            .arg(replicas)
-            .arg(within.as_millis() as u64);
-        let (acked,): (u64,) = match &*self.servers {
-            Servers::One { waits, .. } => {
-                let mut conn = waits.get().await?;
-                timed(pipe.query_async(&mut conn)).await?
-            }
-            Servers::Cluster {
-                client,
-                waits,
-                next_wait,
-                ..
-            } => {
-                let slot = next_wait.fetch_add(1, Ordering::Relaxed) % waits.len();
-                let mut conn = waits[slot].get(client).await?;
-                timed(pipe.query_async(&mut conn)).await?
-            }
-        };
-        Ok(acked >= u64::from(replicas))
-    }
-
     /// `INFO server` of the server that holds `key` (on a cluster, the master of its slot).
     pub async fn server_info_of(&self, key: &str) -> Result<redis::InfoDict, RedisError> {
         let mut info = redis::cmd("INFO");
@@ -283,27 +303,8 @@ fn one(url: &str) -> anyhow::Result<Servers> {
     };
     config.pool = Some(pool);
     let pool = config.create_pool(Some(Runtime::Tokio1))?;
-    let mut config = deadpool_redis::Config::from_url(url);
-    let mut waits = PoolConfig::new(WAIT_CONNECTIONS);
-    waits.timeouts = Timeouts {
-        wait: Some(STORE_TIMEOUT),
-        create: Some(STORE_TIMEOUT),
-        recycle: Some(STORE_TIMEOUT),
-    };
-    config.pool = Some(waits);
-    let waits = config.create_pool(Some(Runtime::Tokio1))?;
-    Ok(Servers::One {
-        hot,
-        pool,
-        waits,
-        client,
-    })
+    Ok(Servers::One { hot, pool, client })
 }
-
-/// Won purchases waiting for replicas at once, on one server (each holds a connection).
-const WAIT_CONNECTIONS: usize = 128;
-/// Cluster connections shared by the waits (each has a connection to every node).
-const CLUSTER_WAIT_CONNECTIONS: usize = 8;
 
 /// redis-rs's cluster connection, made at the first use and made anew once stuck.
 ///

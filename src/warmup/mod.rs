@@ -317,7 +317,13 @@ impl Warmup<'_> {
         }
         // Units on their way between buckets are part of the old stock being replaced:
         // their transfers are decided now, so none can land after the swap.
-        transfer::settle_loans(self.redis, self.keys, item.stocks(), None).await?;
+        let loans = transfer::settle_loans(self.redis, self.keys, item.stocks(), None).await?;
+        if loans.waiting > 0 {
+            return Err(WarmupError::InFlight(format!(
+                "{} transfers between the item's buckets wait for a Redis replica to hold them; try again once the replicas are back",
+                loans.waiting
+            )));
+        }
 
         let holders = self.holders(conn, &buckets, id).await?;
         let held = holders.len() as u64;

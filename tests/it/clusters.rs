@@ -375,3 +375,180 @@ async fn a_hot_item_over_eight_buckets_sells_on_several_masters() {
     );
     server.stop().await;
 }
+
+/// With `WAIT 1`, a crowd of 100 connections on an item of one bucket — every win on one
+/// master, each waiting for its replica — hears `202` for every unit and never `503`: the
+/// wins on a master share their `WAIT`s (group commit) instead of queueing behind each
+/// other past the limit (before, 408–523 of 1,000 winners heard `503`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_wait_a_crowd_on_one_master_hears_202_for_every_unit() {
+    let (cluster, _turn) = PrivateRedisCluster::shared().await;
+    let seeds = cluster.lock().unwrap().seeds();
+    let env = TestEnv::on_redis_cluster("redis_wait_crowd", &seeds).await;
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.redis_wait_replicas = 1;
+            s.rate_per_user = 0;
+            s.scheduler_poll_ms = 200;
+        })
+        .await;
+    env.item(1, 1_000).on_sale(&server).await;
+    let master = cluster.lock().unwrap().master_of(&env.item_keys(1).meta);
+    let waits = || {
+        let stats = cluster
+            .lock()
+            .unwrap()
+            .ask(master, &["INFO", "commandstats"]);
+        stats
+            .lines()
+            .find_map(|line| line.strip_prefix("cmdstat_wait:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let waits_before = waits();
+    let answered = std::sync::atomic::AtomicU64::new(0);
+    let at = |_: u64, _: u32| server.addr;
+    let mut ledger = crowd_of(&env, 1, 1..3_001, &at, &answered, 100).await;
+    let shared = waits() - waits_before;
+    eprintln!("1,000 wins on one master shared {shared} WAITs");
+    // A WAIT per win was what queued; grouped, a crowd's wins share far fewer.
+    assert!(shared < 500, "{shared} WAITs for 1,000 wins");
+    // Everyone presses again: winners hear their order named, the others sold out.
+    ledger.merge(crowd_of(&env, 1, 1..3_001, &at, &answered, 100).await);
+    let refused: u64 = ledger
+        .answers
+        .iter()
+        .filter(|(answer, _)| answer.starts_with('5') || answer.as_str() == "transport")
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(
+        (ledger.won.len(), refused),
+        (1_000, 0),
+        "{:?}",
+        ledger.answers
+    );
+    quiet(
+        &env,
+        &server,
+        1,
+        &amqp_url(),
+        std::time::Duration::from_secs(30),
+    )
+    .await;
+    total_check(&env, &server, 1, 1_000, &ledger).await;
+    server.stop().await;
+}
+
+/// With `WAIT 1` (policy `refuse`), a master is killed mid-burst and its replica takes
+/// over with no replica of its own: nothing of the stock stays in limbo. Within 30 s
+/// every unit is accounted (`pending` 0, stats consistent) and stats name the buckets
+/// short of replicas; pressing again, buyers hear the truth (their order named, or `503`
+/// while their bucket waits for a replica — never a false "sold out"), and the rest of
+/// the stock sells. Once the killed node is back as a replica, the last units sell too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_master_left_without_replicas_leaves_no_unit_in_limbo() {
+    let (cluster, _turn) = PrivateRedisCluster::shared().await;
+    let (seeds, ports, dir) = {
+        let cluster = cluster.lock().unwrap();
+        (cluster.seeds(), cluster.ports.clone(), cluster.dir())
+    };
+    let env = TestEnv::on_redis_cluster("redis_alone", &seeds).await;
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.redis_wait_replicas = 1;
+            s.scheduler_poll_ms = 200;
+        })
+        .await;
+    const UNITS: u32 = 600;
+    env.item(1, UNITS).buckets(8).on_sale(&server).await;
+    let keys = env.keys();
+    let item = seckill::domain::ItemId::new(1).unwrap();
+    let master = cluster
+        .lock()
+        .unwrap()
+        .master_of(&keys.stock(seckill::domain::Stock::new(item, 0)).meta);
+    let answered = std::sync::atomic::AtomicU64::new(0);
+    let at = |_: u64, _: u32| server.addr;
+    let (mut ledger, _) = tokio::join!(
+        crowd(&env, 1, 1..1_001, &at, &answered),
+        mid_burst(&answered, 150, async {
+            cluster.lock().unwrap().kill(master)
+        }),
+    );
+    let up: Vec<u16> = ports.iter().copied().filter(|p| *p != master).collect();
+    whole(&dir, &up).await;
+
+    // Within 30 s: nothing pending, every unit accounted, the lonely buckets named.
+    let stats = eventually(
+        std::time::Duration::from_secs(30),
+        "no unit in limbo",
+        || async {
+            let stats = env.stats(&server, 1).await;
+            let short = stats["replicas"]["short"].as_array().map_or(0, Vec::len);
+            if stats["pending"] == 0 && stats["consistent"] == true && short > 0 {
+                Ok(stats)
+            } else {
+                Err(stats.to_string())
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        stats["replicas"]["expected_back"],
+        serde_json::json!([]),
+        "{stats}"
+    );
+
+    // Everyone presses again, and newcomers come: the healthy buckets sell out, the lonely
+    // ones wait — no buyer is told "sold out" while they hold units.
+    let mut again = crowd(&env, 1, 1..2_001, &at, &answered).await;
+    ask_uncertain(&env, &server, 1, &mut again).await;
+    let stats = env.stats(&server, 1).await;
+    let false_sold_out = again.answers.get("410 sold_out").copied().unwrap_or(0);
+    assert!(
+        stats["remaining"].as_u64() > Some(0) && false_sold_out == 0,
+        "{stats} {:?}",
+        again.answers
+    );
+    ledger.merge(again);
+    ask_uncertain(&env, &server, 1, &mut ledger).await;
+    eventually(
+        std::time::Duration::from_secs(30),
+        "orders landed",
+        || async {
+            let stats = env.stats(&server, 1).await;
+            if stats["pending"] == 0 && stats["consistent"] == true {
+                Ok(())
+            } else {
+                Err(stats.to_string())
+            }
+        },
+    )
+    .await;
+    let sold = |stats: &serde_json::Value| {
+        stats["orders"]["unpaid"].as_u64().unwrap_or(0)
+            + stats["orders"]["paid"].as_u64().unwrap_or(0)
+    };
+    let before_the_replica = sold(&env.stats(&server, 1).await);
+    eprintln!(
+        "a master alone: {before_the_replica} of {UNITS} units sold while it had no replica; {:?}",
+        ledger.answers
+    );
+
+    // The killed node comes back, as the lonely master's replica: the last units sell.
+    cluster.lock().unwrap().restart(master);
+    whole(&dir, &ports).await;
+    ledger.merge(crowd(&env, 1, 1..3_001, &at, &answered).await);
+    ask_uncertain(&env, &server, 1, &mut ledger).await;
+    quiet(
+        &env,
+        &server,
+        1,
+        &amqp_url(),
+        std::time::Duration::from_secs(30),
+    )
+    .await;
+    total_check(&env, &server, 1, UNITS, &ledger).await;
+    assert_eq!(sold(&env.stats(&server, 1).await), u64::from(UNITS));
+    server.stop().await;
+}

@@ -139,13 +139,26 @@ pub async fn crowd(
     target: &(dyn Fn(u64, u32) -> SocketAddr + Sync),
     answered: &AtomicU64,
 ) -> Ledger {
+    crowd_of(env, item, users, target, answered, 32).await
+}
+
+/// A crowd of `users`, `at_once` pressing at the same time (each on a connection of its
+/// own, as many browsers would).
+pub async fn crowd_of(
+    env: &TestEnv,
+    item: u64,
+    users: impl IntoIterator<Item = u64>,
+    target: &(dyn Fn(u64, u32) -> SocketAddr + Sync),
+    answered: &AtomicU64,
+    at_once: usize,
+) -> Ledger {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(3))
         .build()
         .unwrap();
     let ledgers: Vec<Ledger> = futures::stream::iter(users)
         .map(|user| buyer(env, &http, item, user, target, answered))
-        .buffer_unordered(32)
+        .buffer_unordered(at_once)
         .collect()
         .await;
     let mut all = Ledger::default();

@@ -532,7 +532,6 @@ async fn the_pending_sweep_pages_through_more_entries_than_one_query_can_name() 
         db: env.db.clone(),
         keys: seckill::keys::Keys::new(namespace),
         meters: std::sync::Arc::new(seckill::telemetry::Meters::new(namespace)),
-        wait_replicas: 0,
     };
     relay
         .sweep_pending(Stock::whole(ItemId::new(1).unwrap()))

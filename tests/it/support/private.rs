@@ -538,6 +538,11 @@ impl PrivateRedisCluster {
         whole(&self.dir, &self.ports).await;
     }
 
+    /// What `redis-cli` printed for `args` sent to the node on `port`.
+    pub fn ask(&self, port: u16, args: &[&str]) -> String {
+        cli(port, args)
+    }
+
     /// Where the nodes keep their data and logs.
     pub fn dir(&self) -> PathBuf {
         self.dir.clone()

@@ -1,0 +1,34 @@
+-- give_back.lua: undo a won purchase whose unit its replicas did not confirm in time
+-- (`SECKILL_REDIS_WAIT_REPLICAS`), unless someone is sending its order already.
+--
+-- KEYS[1] meta          HASH  sold
+-- KEYS[2] tokens        LIST  unsold units
+-- KEYS[3] buyers        ZSET  user_id -> won-at ms (the user's shard)
+-- KEYS[4] buyer_orders  HASH  user_id -> order_sn (same shard)
+-- KEYS[5] pending       HASH  order_sn -> order JSON
+-- KEYS[6] outbox        ZSET  order_sn -> won-at ms; negative once claimed for sending
+-- ARGV[1] user_id
+-- ARGV[2] order_sn
+--
+-- Only the purchase that won the order calls this, and only when it did not answer 202
+-- and did not hand the order to its publisher. Anyone else who sends a pending order
+-- first claims it in the outbox (its score turns negative, and a `WAIT` follows before
+-- the send), so a claimed or already sent order is never taken back: it is kept, and the
+-- buyer learns of it by pressing again (409). Every check comes before the first write.
+--
+-- Returns 'given_back' (the unit is on sale again, the order gone) or 'kept'.
+
+local score = redis.call('ZSCORE', KEYS[6], ARGV[2])
+if not score or tonumber(score) <= 0 then
+  return 'kept'
+end
+if redis.call('HGET', KEYS[4], ARGV[1]) ~= ARGV[2] then
+  return 'kept'
+end
+redis.call('ZREM', KEYS[6], ARGV[2])
+redis.call('HDEL', KEYS[5], ARGV[2])
+redis.call('HDEL', KEYS[4], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('RPUSH', KEYS[2], 'g:' .. ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'sold', -1)
+return 'given_back'

@@ -1,0 +1,753 @@
+//! Waiting for Redis replicas (`SECKILL_REDIS_WAIT_REPLICAS`, `SECKILL_REDIS_WAIT_POLICY`).
+//!
+//! Redis replicates asynchronously: a master answers a write, then sends it on. `WAIT n t`
+//! blocks the connection it runs on until n replicas acknowledged every write *that
+//! connection* made; an `INCR` on the same master just before makes it cover every write
+//! the master had acknowledged until then, whoever made it. Two things follow:
+//!
+//! - **Group commit.** One `INCR` + `WAIT` covers every win its master acknowledged before
+//!   it was sent, so the wins on one master share it: each master has one committer, with
+//!   one `WAIT` in flight on a connection of its own, and the wins that arrive meanwhile
+//!   leave together in the next one — as a database shares one fsync among the commits
+//!   queued for it. (A `WAIT` per win, on connections the wins shared, queued behind each
+//!   other past their limit under a crowd: half the winners heard `503`.)
+//! - **The same master.** A `WAIT` says what the replicas of the node it runs on hold. It
+//!   goes to the node that served the key's slot when the caller asked for its
+//!   [`Replication`], *before* its write. Should the slot have moved since (a failover),
+//!   that node is gone or refuses the `INCR` (`MOVED`), and the write counts as not held
+//!   — never as held by a new master that may lack it.
+//!
+//! A watcher reads every [`WATCH_EVERY`] which master serves each slot (`CLUSTER SLOTS`)
+//! and how many replicas each has in step (`INFO replication`). So a purchase learns,
+//! without a round trip of its own, that its master is short of replicas and refuses
+//! before taking a unit; and the relay learns that a master is alone for good (README:
+//! "A master short of replicas").
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, Once, Weak};
+use std::time::Duration;
+
+use futures::future::join_all;
+use metrics::{Counter, Gauge};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, Value};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use crate::config::{Settings, WaitPolicy};
+
+use super::WAIT_FOR_REPLICAS;
+
+/// How often the slot map and the masters' replicas are read.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
+/// A replica whose last acknowledgement is older than this (in whole seconds, as `INFO`
+/// gives it; replicas acknowledge every second) is not in step: it is cut off or stuck.
+const MOST_LAG_S: u64 = 2;
+/// How long a caller waits for the watcher's first look after the start.
+const FIRST_LOOK_WITHIN: Duration = Duration::from_secs(1);
+/// One call of the watcher or a committer to a node, at most (beyond a `WAIT`'s own time).
+const NODE_TIMEOUT: Duration = Duration::from_millis(500);
+/// Writes waiting at one master's committer, at most: beyond, they count as not held.
+const QUEUE: usize = 16_384;
+/// Writes one `WAIT` answers, at most.
+const BATCH: usize = 4_096;
+/// Redis Cluster's slots.
+const SLOTS: usize = 16_384;
+
+/// What `SECKILL_REDIS_WAIT_REPLICAS` and `SECKILL_REDIS_WAIT_POLICY` ask for.
+#[derive(Clone, Debug)]
+pub struct WaitRule {
+    pub replicas: u32,
+    pub policy: WaitPolicy,
+    /// Labels the meters (several servers share a process in tests).
+    pub namespace: String,
+}
+
+impl WaitRule {
+    pub fn from_settings(settings: &Settings) -> Self {
+        Self {
+            replicas: settings.redis_wait_replicas,
+            policy: settings.redis_wait_policy,
+            namespace: settings.namespace.clone(),
+        }
+    }
+}
+
+/// A master has fewer replicas in step than the rule asks for, and the policy refuses.
+#[derive(Debug, thiserror::Error)]
+#[error("the Redis master serving this item has {in_step} replicas in step, {required} required")]
+pub struct ShortOfReplicas {
+    pub in_step: u32,
+    pub required: u32,
+}
+
+/// A Redis node's address.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Node {
+    host: String,
+    port: u16,
+}
+
+/// What the watcher last saw.
+#[derive(Default)]
+struct View {
+    /// False until the first look.
+    seen: bool,
+    /// Per slot, the index of its master in `masters` ([`NO_MASTER`]: none known); empty
+    /// for one server, which serves every key.
+    slots: Vec<u16>,
+    masters: Vec<Master>,
+}
+
+const NO_MASTER: u16 = u16::MAX;
+
+#[derive(Clone, Debug)]
+struct Master {
+    node: Node,
+    /// Replicas connected and acknowledging (0 when the node did not answer as a master).
+    in_step: u32,
+    /// Replicas a failover could promote: those the cluster lists as not failed (for one
+    /// server, those connected at all).
+    could_take_over: u32,
+}
+
+impl View {
+    fn master_of(&self, key: &str) -> Option<&Master> {
+        if self.slots.is_empty() {
+            return self.masters.first();
+        }
+        let index = *self.slots.get(usize::from(slot_of(key)))?;
+        self.masters.get(usize::from(index))
+    }
+}
+
+/// The Redis Cluster slot of a key (CRC16 of its hash tag, or of the whole key).
+fn slot_of(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|b| *b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        let close = rest.iter().position(|b| *b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(bytes)) % SLOTS as u16
+}
+
+/// Where the watcher looks: one server, or a cluster through its seed nodes (connected to
+/// as the first seed's URL says: password, TLS).
+pub(super) enum Nodes {
+    One(ConnectionInfo),
+    Cluster {
+        template: ConnectionInfo,
+        seeds: Vec<ConnectionInfo>,
+    },
+}
+
+/// The replicas' side of [`super::RedisConns`], present when the rule asks for any.
+pub(super) struct Replicas {
+    rule: WaitRule,
+    nodes: Nodes,
+    view: watch::Sender<Arc<View>>,
+    committers: Mutex<HashMap<Node, mpsc::Sender<Ask>>>,
+    watching: Once,
+    meters: WaitMeters,
+}
+
+/// A write that must be held by replicas before it counts.
+struct Ask {
+    /// A key on the master (bumped before the `WAIT`, which also checks the master still
+    /// serves its slot).
+    key: String,
+    by: Instant,
+    reply: oneshot::Sender<bool>,
+}
+
+struct WaitMeters {
+    held: Counter,
+    not_held: Counter,
+    degraded: Counter,
+    refused: Counter,
+    masters_short: Gauge,
+    /// The second a degraded sale was last logged (once a second at most).
+    logged_at_s: AtomicI64,
+}
+
+impl WaitMeters {
+    fn new(namespace: &str) -> Self {
+        let ns = namespace.to_owned();
+        let outcome = |outcome: &'static str| metrics::counter!("seckill_redis_wait_total", "namespace" => ns.clone(), "outcome" => outcome);
+        Self {
+            held: outcome("held"),
+            not_held: outcome("not_held"),
+            degraded: outcome("degraded"),
+            refused: outcome("refused"),
+            masters_short: metrics::gauge!("seckill_redis_masters_short", "namespace" => ns.clone()),
+            logged_at_s: AtomicI64::new(0),
+        }
+    }
+}
+
+impl Replicas {
+    pub(super) fn new(rule: WaitRule, nodes: Nodes) -> Self {
+        let meters = WaitMeters::new(&rule.namespace);
+        Self {
+            rule,
+            nodes,
+            view: watch::Sender::new(Arc::new(View::default())),
+            committers: Mutex::default(),
+            watching: Once::new(),
+            meters,
+        }
+    }
+
+    pub(super) fn rule(&self) -> &WaitRule {
+        &self.rule
+    }
+
+    /// What the watcher last saw, once it has looked (it starts at the first call).
+    async fn view(self: &Arc<Self>) -> Arc<View> {
+        self.watching.call_once(|| {
+            tokio::spawn(watch_replicas(Arc::downgrade(self)));
+        });
+        let mut seen = self.view.subscribe();
+        let first = seen.wait_for(|view| view.seen);
+        // A watcher that cannot look within the limit: every master counts as short.
+        let _ = tokio::time::timeout(FIRST_LOOK_WITHIN, first).await;
+        self.view.borrow().clone()
+    }
+
+    /// The replicas that must hold writes made from now on on the master of `key`.
+    pub(super) async fn before_write(
+        self: &Arc<Self>,
+        key: &str,
+    ) -> Result<Replication, ShortOfReplicas> {
+        let view = self.view().await;
+        let master = view.master_of(key);
+        let in_step = master.map_or(0, |m| m.in_step);
+        let to = master.map(|m| Commit {
+            key: key.to_owned(),
+            asks: self.committer(&m.node),
+        });
+        if in_step < self.rule.replicas && self.rule.policy == WaitPolicy::Refuse {
+            self.meters.refused.increment(1);
+            return Err(ShortOfReplicas {
+                in_step,
+                required: self.rule.replicas,
+            });
+        }
+        Ok(Replication {
+            wait: Some(Wait {
+                replicas: self.clone(),
+                to,
+                short: in_step < self.rule.replicas,
+            }),
+        })
+    }
+
+    /// Whether the master of `key` has no replica a failover could promote: nothing can
+    /// then undo its writes but the loss of the master itself.
+    pub(super) async fn alone(self: &Arc<Self>, key: &str) -> bool {
+        self.view()
+            .await
+            .master_of(key)
+            .is_some_and(|m| m.could_take_over == 0)
+    }
+
+    /// Whether the master of `key` has fewer replicas in step than the rule asks for.
+    pub(super) async fn short(self: &Arc<Self>, key: &str) -> bool {
+        self.view()
+            .await
+            .master_of(key)
+            .is_none_or(|m| m.in_step < self.rule.replicas)
+    }
+
+    /// The committer of `node`, started at its first use (and again if it ended).
+    fn committer(&self, node: &Node) -> mpsc::Sender<Ask> {
+        let mut committers = self.committers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(asks) = committers.get(node)
+            && !asks.is_closed()
+        {
+            return asks.clone();
+        }
+        let (asks, queue) = mpsc::channel(QUEUE);
+        tokio::spawn(commit(self.info_for(node), self.rule.replicas, queue));
+        committers.insert(node.clone(), asks.clone());
+        asks
+    }
+
+    /// How to connect to `node`: as the configured URL does (password, TLS), at its address.
+    fn info_for(&self, node: &Node) -> ConnectionInfo {
+        match &self.nodes {
+            Nodes::One(info) => info.clone(),
+            Nodes::Cluster { template, .. } => {
+                let addr = match template.addr() {
+                    ConnectionAddr::TcpTls {
+                        insecure,
+                        tls_params,
+                        ..
+                    } => ConnectionAddr::TcpTls {
+                        host: node.host.clone(),
+                        port: node.port,
+                        insecure: *insecure,
+                        tls_params: tls_params.clone(),
+                    },
+                    _ => ConnectionAddr::Tcp(node.host.clone(), node.port),
+                };
+                template.clone().set_addr(addr)
+            }
+        }
+    }
+
+    /// One look: the masters (and, on a cluster, the slots they serve), then each
+    /// master's replicas.
+    async fn look(&self, links: &mut Links) -> View {
+        let (slots, mut masters) = match &self.nodes {
+            Nodes::One(info) => (Vec::new(), vec![(node_of(info), None)]),
+            Nodes::Cluster { seeds, .. } => {
+                let before: Vec<Node> = self
+                    .view
+                    .borrow()
+                    .masters
+                    .iter()
+                    .map(|m| m.node.clone())
+                    .collect();
+                let asked = before.into_iter().chain(seeds.iter().map(node_of));
+                match cluster_slots(self, links, asked).await {
+                    Some(map) => map,
+                    // No node answered: the last map stands, every master short.
+                    None => {
+                        let view = self.view.borrow();
+                        let masters = view.masters.iter().map(|m| (m.node.clone(), Some(0)));
+                        (view.slots.clone(), masters.collect())
+                    }
+                }
+            }
+        };
+        let infos = join_all(masters.iter().map(|(node, _)| {
+            let link = links.get(node).cloned();
+            let info = self.info_for(node);
+            async move { replication_info(&info, link).await }
+        }))
+        .await;
+        let masters = masters
+            .drain(..)
+            .zip(infos)
+            .map(|((node, listed), answer)| {
+                let (seen, link) = answer.unwrap_or((ReplicationInfo::default(), None));
+                match link {
+                    Some(link) => links.insert(node.clone(), link),
+                    None => links.remove(&node),
+                };
+                Master {
+                    could_take_over: listed.unwrap_or(seen.connected),
+                    in_step: seen.in_step,
+                    node,
+                }
+            })
+            .collect::<Vec<_>>();
+        let short = masters
+            .iter()
+            .filter(|m| m.in_step < self.rule.replicas)
+            .count();
+        self.meters.masters_short.set(short as f64);
+        View {
+            seen: true,
+            slots,
+            masters,
+        }
+    }
+
+    /// Counts a write after its wait; under `degrade`, one not held counts as held.
+    fn settled(&self, held: bool) -> bool {
+        if held {
+            self.meters.held.increment(1);
+            return true;
+        }
+        if self.rule.policy == WaitPolicy::Refuse {
+            self.meters.not_held.increment(1);
+            return false;
+        }
+        self.meters.degraded.increment(1);
+        let now_s = chrono::Utc::now().timestamp();
+        if self.meters.logged_at_s.swap(now_s, Ordering::Relaxed) != now_s {
+            tracing::warn!(
+                required = self.rule.replicas,
+                "SECKILL_REDIS_WAIT_POLICY=degrade: selling without the Redis replicas asked for (counted in seckill_redis_wait_total{{outcome=\"degraded\"}})"
+            );
+        }
+        true
+    }
+}
+
+/// Taken before a write whose replicas must hold it: [`Replication::held`] after the write
+/// says whether they do.
+pub struct Replication {
+    /// `None`: no replicas are asked for.
+    wait: Option<Wait>,
+}
+
+struct Wait {
+    replicas: Arc<Replicas>,
+    /// The master that served the key when this was taken (`None`: none known).
+    to: Option<Commit>,
+    /// The master was short of replicas already (under `degrade`): no `WAIT` can succeed.
+    short: bool,
+}
+
+struct Commit {
+    key: String,
+    asks: mpsc::Sender<Ask>,
+}
+
+impl Replication {
+    /// No replicas to wait for.
+    pub(super) fn none() -> Self {
+        Self { wait: None }
+    }
+
+    /// Waits (at most [`WAIT_FOR_REPLICAS`]) until the replicas hold every write made on
+    /// the master so far. True at once when no replicas are asked for; under `degrade`,
+    /// true whatever they hold (counted and logged).
+    pub async fn held(self) -> bool {
+        let Some(wait) = self.wait else {
+            return true;
+        };
+        let held = match (&wait.to, wait.short) {
+            (Some(to), false) => {
+                let (reply, answer) = oneshot::channel();
+                let ask = Ask {
+                    key: to.key.clone(),
+                    by: Instant::now() + WAIT_FOR_REPLICAS,
+                    reply,
+                };
+                to.asks.try_send(ask).is_ok() && answer.await.unwrap_or(false)
+            }
+            _ => false,
+        };
+        wait.replicas.settled(held)
+    }
+}
+
+/// One master's committer: each `WAIT` answers every write asked for before it was sent.
+async fn commit(info: ConnectionInfo, replicas: u32, mut asks: mpsc::Receiver<Ask>) {
+    let mut conn = None;
+    let mut batch = Vec::with_capacity(BATCH);
+    while asks.recv_many(&mut batch, BATCH).await > 0 {
+        let now = Instant::now();
+        // Those whose time ran out while they queued are not held (their buyer hears so).
+        batch.retain(|ask| ask.by > now);
+        let held = match batch.iter().map(|ask| ask.by).min() {
+            Some(by) => wait_once(&info, &mut conn, replicas, &batch, by - now).await,
+            None => false,
+        };
+        for ask in batch.drain(..) {
+            let _ = ask.reply.send(held);
+        }
+    }
+}
+
+/// `INCR` of each key the batch names, then `WAIT replicas within`, on this master's own
+/// connection (made anew after any failure: a late answer must not be read as the next).
+async fn wait_once(
+    info: &ConnectionInfo,
+    conn: &mut Option<MultiplexedConnection>,
+    replicas: u32,
+    batch: &[Ask],
+    within: Duration,
+) -> bool {
+    let mut keys: Vec<&str> = batch.iter().map(|ask| ask.key.as_str()).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let mut pipe = redis::pipe();
+    for key in keys {
+        pipe.incr(key, 1).ignore();
+    }
+    // `WAIT n 0` would block for ever.
+    let ms = within.as_millis().max(1) as u64;
+    pipe.cmd("WAIT").arg(replicas).arg(ms);
+    let link = match conn.take() {
+        Some(link) => Some(link),
+        None => connect(info, within + NODE_TIMEOUT).await,
+    };
+    let Some(mut link) = link else {
+        return false;
+    };
+    let answer =
+        tokio::time::timeout(within + NODE_TIMEOUT, pipe.query_async::<(u64,)>(&mut link)).await;
+    match answer {
+        Ok(Ok((acked,))) => {
+            *conn = Some(link);
+            acked >= u64::from(replicas)
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "WAIT for replicas failed");
+            false
+        }
+        Err(_) => false,
+    }
+}
+
+async fn connect(info: &ConnectionInfo, respond_within: Duration) -> Option<MultiplexedConnection> {
+    let client = Client::open(info.clone()).ok()?;
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(NODE_TIMEOUT))
+        .set_response_timeout(Some(respond_within));
+    tokio::time::timeout(
+        NODE_TIMEOUT,
+        client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+    .ok()?
+    .ok()
+}
+
+fn node_of(info: &ConnectionInfo) -> Node {
+    match info.addr() {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => Node {
+            host: host.clone(),
+            port: *port,
+        },
+        // A socket path (or an address kind this code does not know): one node.
+        other => Node {
+            host: other.to_string(),
+            port: 0,
+        },
+    }
+}
+
+/// The watcher's connections, one per node it asks.
+type Links = HashMap<Node, MultiplexedConnection>;
+
+/// Per slot, the index of its master; and each master, with the replicas the cluster lists
+/// for it (`None`: not known from the map; count those connected).
+type SlotMap = (Vec<u16>, Vec<(Node, Option<u32>)>);
+
+/// Looks every [`WATCH_EVERY`] until the connections it serves are dropped.
+async fn watch_replicas(replicas: Weak<Replicas>) {
+    let mut links = Links::new();
+    loop {
+        let Some(me) = replicas.upgrade() else {
+            return;
+        };
+        let view = me.look(&mut links).await;
+        me.view.send_replace(Arc::new(view));
+        drop(me);
+        tokio::time::sleep(WATCH_EVERY).await;
+    }
+}
+
+/// The slot map from the first of `asked` that answers `CLUSTER SLOTS`: the masters, each
+/// with the replicas the cluster lists for it (failed ones it leaves out).
+async fn cluster_slots(
+    replicas: &Replicas,
+    links: &mut Links,
+    asked: impl Iterator<Item = Node>,
+) -> Option<SlotMap> {
+    for node in asked {
+        let link = match links.get(&node) {
+            Some(link) => link.clone(),
+            None => match connect(&replicas.info_for(&node), NODE_TIMEOUT).await {
+                Some(link) => {
+                    links.insert(node.clone(), link.clone());
+                    link
+                }
+                None => continue,
+            },
+        };
+        let mut link = link;
+        let answer = tokio::time::timeout(
+            NODE_TIMEOUT,
+            redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async::<Value>(&mut link),
+        )
+        .await;
+        match answer {
+            Ok(Ok(value)) => {
+                if let Some(map) = parse_slots(&value, &node) {
+                    return Some(map);
+                }
+            }
+            _ => {
+                links.remove(&node);
+            }
+        }
+    }
+    None
+}
+
+/// `CLUSTER SLOTS`: `[[start, end, [host, port, id, …], [replica host, port, id, …]…]…]`.
+/// An empty host means the node answering (`asked`).
+fn parse_slots(value: &Value, asked: &Node) -> Option<SlotMap> {
+    let Value::Array(ranges) = value else {
+        return None;
+    };
+    let mut slots = vec![NO_MASTER; SLOTS];
+    let mut masters: Vec<(Node, Option<u32>)> = Vec::new();
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return None;
+        };
+        let (Some(start), Some(end), Some(master)) = (
+            fields.first().and_then(int),
+            fields.get(1).and_then(int),
+            fields.get(2).and_then(|n| node_in(n, asked)),
+        ) else {
+            return None;
+        };
+        let listed = fields.len().saturating_sub(3) as u32;
+        let index = match masters.iter().position(|(node, _)| *node == master) {
+            Some(i) => i,
+            None => {
+                masters.push((master, Some(listed)));
+                masters.len() - 1
+            }
+        };
+        for slot in start.min(SLOTS as i64 - 1)..=end.min(SLOTS as i64 - 1) {
+            slots[slot as usize] = index as u16;
+        }
+    }
+    Some((slots, masters))
+}
+
+fn int(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(n) => Some(*n),
+        _ => None,
+    }
+}
+
+fn node_in(value: &Value, asked: &Node) -> Option<Node> {
+    let Value::Array(fields) = value else {
+        return None;
+    };
+    let host = match fields.first()? {
+        Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        _ => return None,
+    };
+    let host = if host.is_empty() || host == "?" {
+        asked.host.clone()
+    } else {
+        host
+    };
+    let port = u16::try_from(int(fields.get(1)?)?).ok()?;
+    Some(Node { host, port })
+}
+
+/// What `INFO replication` says of a master's replicas.
+#[derive(Debug, Default, PartialEq)]
+struct ReplicationInfo {
+    connected: u32,
+    in_step: u32,
+}
+
+/// `INFO replication` of `info`'s node, and the link to use next time (none after a
+/// failure). A node that is not a master has no replicas of its own to count.
+async fn replication_info(
+    info: &ConnectionInfo,
+    link: Option<MultiplexedConnection>,
+) -> Option<(ReplicationInfo, Option<MultiplexedConnection>)> {
+    let mut link = match link {
+        Some(link) => link,
+        None => connect(info, NODE_TIMEOUT).await?,
+    };
+    let answer = tokio::time::timeout(
+        NODE_TIMEOUT,
+        redis::cmd("INFO")
+            .arg("replication")
+            .query_async::<String>(&mut link),
+    )
+    .await;
+    match answer {
+        Ok(Ok(text)) => Some((parse_replication(&text), Some(link))),
+        _ => Some((ReplicationInfo::default(), None)),
+    }
+}
+
+fn parse_replication(text: &str) -> ReplicationInfo {
+    let mut seen = ReplicationInfo::default();
+    if !text.lines().any(|line| line.trim() == "role:master") {
+        return seen;
+    }
+    for line in text.lines() {
+        let Some((name, fields)) = line.trim().split_once(':') else {
+            continue;
+        };
+        if !name.starts_with("slave") || !name[5..].bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        seen.connected += 1;
+        let field = |wanted: &str| {
+            fields
+                .split(',')
+                .filter_map(|pair| pair.split_once('='))
+                .find(|(name, _)| *name == wanted)
+                .map(|(_, value)| value)
+        };
+        let online = field("state") == Some("online");
+        let lag = field("lag").and_then(|lag| lag.parse::<u64>().ok());
+        if online && lag.is_some_and(|lag| lag <= MOST_LAG_S) {
+            seen.in_step += 1;
+        }
+    }
+    seen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_the_hash_tag_as_redis_computes_them() {
+        // Values from `CLUSTER KEYSLOT`.
+        assert_eq!(slot_of("foo"), 12182);
+        assert_eq!(slot_of("{user1000}.following"), slot_of("user1000"));
+        assert_eq!(slot_of("ns:{item:7}:v1:meta"), slot_of("item:7"));
+        // An empty tag is no tag: the whole key is hashed.
+        assert_ne!(slot_of("{}foo"), slot_of("foo"));
+    }
+
+    #[test]
+    fn replicas_in_step_are_online_and_recent() {
+        let text = "# Replication\r\nrole:master\r\nconnected_slaves:3\r\n\
+            slave0:ip=10.0.0.2,port=7003,state=online,offset=120,lag=0\r\n\
+            slave1:ip=10.0.0.3,port=7004,state=wait_bgsave,offset=0,lag=0\r\n\
+            slave2:ip=10.0.0.4,port=7005,state=online,offset=100,lag=9\r\n\
+            master_repl_offset:120\r\n";
+        assert_eq!(
+            parse_replication(text),
+            ReplicationInfo {
+                connected: 3,
+                in_step: 1
+            }
+        );
+        let replica = "role:slave\r\nmaster_host:10.0.0.1\r\nslave_repl_offset:1\r\n";
+        assert_eq!(parse_replication(replica), ReplicationInfo::default());
+    }
+
+    #[test]
+    fn the_slot_map_names_each_master_and_its_listed_replicas() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let node =
+            |host: &str, port: i64| Value::Array(vec![bulk(host), Value::Int(port), bulk("id")]);
+        let value = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(8191),
+                node("127.0.0.1", 7000),
+                node("127.0.0.1", 7003),
+            ]),
+            Value::Array(vec![Value::Int(8192), Value::Int(16383), node("", 7001)]),
+        ]);
+        let asked = Node {
+            host: "10.1.1.1".into(),
+            port: 7001,
+        };
+        let (slots, masters) = parse_slots(&value, &asked).unwrap();
+        assert_eq!(slots[0], 0);
+        assert_eq!(slots[16383], 1);
+        assert_eq!(masters[0].1, Some(1));
+        assert_eq!(masters[1], (asked, Some(0)));
+    }
+}
