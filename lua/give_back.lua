@@ -1,7 +1,7 @@
 -- give_back.lua: undo a won purchase whose unit its replicas did not confirm in time
 -- (`SECKILL_REDIS_WAIT_REPLICAS`), unless someone is sending its order already.
 --
--- KEYS[1] meta          HASH  sold
+-- KEYS[1] meta          HASH  sold, fenced
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] buyers        ZSET  user_id -> won-at ms (the user's shard)
 -- KEYS[4] buyer_orders  HASH  user_id -> order_sn (same shard)
@@ -14,10 +14,15 @@
 -- and did not hand the order to its publisher. Anyone else who sends a pending order
 -- first claims it in the outbox (its score turns negative, and a `WAIT` follows before
 -- the send), so a claimed or already sent order is never taken back: it is kept, and the
--- buyer learns of it by pressing again (409). Every check comes before the first write.
+-- buyer learns of it by pressing again (409). While a warm-up replaces the item's units
+-- (`fenced`) the order is kept too: the warm-up counts it. Every check comes before the
+-- first write.
 --
 -- Returns 'given_back' (the unit is on sale again, the order gone) or 'kept'.
 
+if redis.call('HEXISTS', KEYS[1], 'fenced') == 1 then
+  return 'kept'
+end
 local score = redis.call('ZSCORE', KEYS[6], ARGV[2])
 if not score or tonumber(score) <= 0 then
   return 'kept'

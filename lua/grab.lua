@@ -1,6 +1,6 @@
 -- grab.lua: sell one unit of an item to one user, atomically.
 --
--- KEYS[1] meta          HASH  loaded, paused, start_ms, end_ms, sold, total
+-- KEYS[1] meta          HASH  loaded, paused, start_ms, end_ms, sold, total, fenced
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] buyers        ZSET  user_id -> won-at ms (this user's shard)
 -- KEYS[4] buyer_orders  HASH  user_id -> order_sn (same shard)
@@ -13,14 +13,18 @@
 --
 -- Returns a two-element array {outcome, detail}:
 --   {"won", order_sn} | {"duplicate", existing order_sn} | {"sold_out", ""} |
---   {"paused", ""} | {"not_loaded", ""} | {"not_started", ""} | {"ended", ""};
+--   {"paused", ""} | {"not_loaded", ""} | {"reloading", ""} (a warm-up is replacing the
+--   item's units: `fenced`) | {"not_started", ""} | {"ended", ""};
 --   an error, with nothing written, when the meta's `sold` is not an integer
 --
 -- A script never rolls back: every check happens before the first write (the LPOP).
 
-local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'start_ms', 'end_ms', 'sold')
+local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'start_ms', 'end_ms', 'sold', 'fenced')
 if not meta[1] then
   return {'not_loaded', ''}
+end
+if meta[6] then
+  return {'reloading', ''}
 end
 if meta[2] == '1' then
   return {'paused', ''}

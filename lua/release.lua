@@ -1,6 +1,6 @@
 -- release.lua: give the units of ended orders back to an item's sale, idempotently.
 --
--- KEYS[1] meta          HASH  sold
+-- KEYS[1] meta          HASH  sold, fenced
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] ending        ZSET  order_sn -> ms: cancels begun, their units not yet back
 -- then, per order i (1-based): KEYS[3 + 2i - 1] buyers (ZSET of the user's shard),
@@ -12,8 +12,15 @@
 -- goes back as a token named after the order that returned it. Either way the order's
 -- cancel is finished, so it leaves `ending`.
 --
+-- While a warm-up replaces the item's units (`fenced`) nothing is returned and `ending`
+-- keeps every record: the warm-up counts holders once, and the scheduler's cut-off pass
+-- returns these units after it (to the buyer records it rebuilt).
+--
 -- Returns the order numbers whose unit came back.
 
+if redis.call('HEXISTS', KEYS[1], 'fenced') == 1 then
+  return {}
+end
 local released = {}
 for i = 1, #ARGV / 2 do
   local user, sn = ARGV[2 * i - 1], ARGV[2 * i]

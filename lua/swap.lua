@@ -1,5 +1,6 @@
 -- swap.lua: put a warm-up's loaded units and buyer records in place of the live ones, and
--- its meta, atomically — unless the item changed since the warm-up's decisive read.
+-- its meta, atomically — unless the item changed since the warm-up's decisive read, or
+-- another run took the bucket over. Lifts this run's fence.
 --
 -- KEYS[1] meta                     HASH
 -- KEYS[2] tokens                   LIST  the live units
@@ -11,19 +12,27 @@
 -- ARGV[1..5] `loaded`, `sold`, `paused`, `start_ms`, `end_ms` as the warm-up read them
 --            ('' for absent): a sale, a cancel's release, a pause or a resume since
 --            changed one of them
--- ARGV[6..]  the new meta, field and value pairs
+-- ARGV[6]    this run's id: the bucket must still be `fenced` by it (a warm-up fences
+--            every bucket of the item before its decisive read; while fenced, nothing
+--            sells, lends, gives back or releases there)
+-- ARGV[7..]  the new meta, field and value pairs
 --
 -- Every key carries the item's hash tag: one slot, so this runs on a Redis Cluster too
 -- (a WATCH would not: the cluster connection is shared by every request).
 --
--- Returns 'ok', or 'raced' with nothing changed.
+-- Returns {'ok', units listed, units sold} as the swap left them (read back in the same
+-- step: once the fence is lifted the sale may go on at once), or {'raced', 0, 0} with nothing
+-- changed.
 
 local fields = {'loaded', 'sold', 'paused', 'start_ms', 'end_ms'}
 local now = redis.call('HMGET', KEYS[1], unpack(fields))
 for i = 1, #fields do
   if (now[i] or '') ~= ARGV[i] then
-    return 'raced'
+    return {'raced', 0, 0}
   end
+end
+if redis.call('HGET', KEYS[1], 'fenced') ~= ARGV[6] then
+  return {'raced', 0, 0}
 end
 
 -- A renamed key keeps its expiry (the side copies have one): the live ones must not.
@@ -40,5 +49,6 @@ local shard_keys = (#KEYS - 3) / 2
 for i = 1, shard_keys do
   replace(KEYS[3 + i], KEYS[3 + shard_keys + i])
 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 6))
-return 'ok'
+redis.call('HSET', KEYS[1], unpack(ARGV, 7))
+redis.call('HDEL', KEYS[1], 'fenced')
+return {'ok', redis.call('LLEN', KEYS[2]), tonumber(redis.call('HGET', KEYS[1], 'sold'))}

@@ -329,6 +329,7 @@ mod tests {
             remaining,
             sold: 0,
             pending,
+            reloading: false,
         }
     }
 

@@ -21,6 +21,9 @@ pub struct StockSnapshot {
     pub sold: u64,
     /// Won units whose order is not in MySQL yet.
     pub pending: u64,
+    /// Held back by a warm-up replacing the units (`fenced`), or left so by one that was
+    /// cut off: nothing sells until a warm-up completes.
+    pub reloading: bool,
 }
 
 /// One bucket. Units lent to another bucket and not yet arrived count as remaining: they
@@ -29,26 +32,28 @@ pub async fn snapshot<C>(conn: &mut C, keys: &ItemKeys) -> Result<StockSnapshot,
 where
     C: redis::aio::ConnectionLike + Send,
 {
-    let ((loaded, sold), listed, lent, pending): ((Option<i64>, Option<u64>), u64, u64, u64) =
-        redis_timed(
-            redis::pipe()
-                .atomic()
-                .cmd("HMGET")
-                .arg(&keys.meta)
-                .arg("loaded")
-                .arg("sold")
-                .llen(&keys.tokens)
-                .hlen(&keys.lent)
-                .hlen(&keys.pending)
-                .query_async(conn),
-        )
-        .await?;
+    type Read = ((Option<i64>, Option<u64>, Option<String>), u64, u64, u64);
+    let ((loaded, sold, fenced), listed, lent, pending): Read = redis_timed(
+        redis::pipe()
+            .atomic()
+            .cmd("HMGET")
+            .arg(&keys.meta)
+            .arg("loaded")
+            .arg("sold")
+            .arg("fenced")
+            .llen(&keys.tokens)
+            .hlen(&keys.lent)
+            .hlen(&keys.pending)
+            .query_async(conn),
+    )
+    .await?;
     Ok(StockSnapshot {
         loaded: loaded.is_some(),
         loaded_at_ms: loaded,
         remaining: listed + lent,
         sold: sold.unwrap_or(0),
         pending,
+        reloading: fenced.is_some(),
     })
 }
 
@@ -70,6 +75,7 @@ where
         remaining: 0,
         sold: 0,
         pending: 0,
+        reloading: false,
     };
     for stock in stocks {
         let one = snapshot(conn, &keys.stock(stock)).await?;
@@ -81,6 +87,7 @@ where
         sum.remaining += one.remaining;
         sum.sold += one.sold;
         sum.pending += one.pending;
+        sum.reloading |= one.reloading;
     }
     if !sum.loaded {
         sum.loaded_at_ms = None;

@@ -65,7 +65,7 @@ pub async fn borrow(
             continue;
         };
         let transfer = ulid::Ulid::new().to_string();
-        let unit: Option<String> = redis_timed(
+        let (outcome, unit): (String, String) = redis_timed(
             LEND.key(&lender.meta)
                 .key(&lender.tokens)
                 .key(&lender.lent)
@@ -75,10 +75,18 @@ pub async fn borrow(
                 .invoke_async(conn),
         )
         .await?;
-        let Some(unit) = unit else {
-            borrowed.empty.push(lender.stock.bucket);
-            continue;
-        };
+        match outcome.as_str() {
+            "lent" => {}
+            "empty" => {
+                borrowed.empty.push(lender.stock.bucket);
+                continue;
+            }
+            // Paused, not loaded, or held back by a warm-up: it may have units.
+            _ => {
+                borrowed.stalled = true;
+                continue;
+            }
+        }
         let moved = receive(conn, home, lender, &transfer, &unit, lending, lent).await;
         if !matches!(moved, Ok(Some(_))) {
             // Left to `settle_stuck`: the lender is marked for it (best effort; the

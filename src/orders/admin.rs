@@ -35,6 +35,9 @@ struct Stats {
     total: u32,
     /// Whether the units are in Redis.
     loaded: bool,
+    /// A warm-up is replacing the units (or one was cut off before it finished: run it
+    /// again); nothing sells meanwhile.
+    reloading: bool,
     /// Units won, from Redis.
     sold: u64,
     /// Units on sale, from Redis.
@@ -125,6 +128,7 @@ async fn item_stats(
             item_id: id,
             total: item.total,
             loaded: stock.loaded,
+            reloading: stock.reloading,
             sold: stock.sold,
             remaining: stock.remaining,
             pending: stock.pending,

@@ -208,6 +208,9 @@ fn refusal(outcome: GrabOutcome, item: &CatalogItem) -> ApiError {
             ApiError::Unavailable("the item's units are being restored; try again shortly".into())
         }
         GrabOutcome::NotLoaded => ApiError::NotStarted("the item's units are not loaded yet"),
+        GrabOutcome::Reloading => {
+            ApiError::Unavailable("the item's units are being reloaded; try again shortly".into())
+        }
         GrabOutcome::NotStarted => ApiError::NotStarted("the sale has not opened yet"),
         GrabOutcome::Ended => ApiError::Ended,
         GrabOutcome::Won => ApiError::Internal(anyhow::anyhow!("a win answered as a refusal")),

@@ -12,6 +12,8 @@ pub enum GrabOutcome {
     SoldOut,
     Paused,
     NotLoaded,
+    /// A warm-up is replacing the item's units (its buckets are fenced).
+    Reloading,
     NotStarted,
     Ended,
     /// A split item's buyer kept losing borrowed units to others of their bucket: there
@@ -27,6 +29,7 @@ impl GrabOutcome {
             GrabOutcome::SoldOut => "sold_out",
             GrabOutcome::Paused => "paused",
             GrabOutcome::NotLoaded => "not_loaded",
+            GrabOutcome::Reloading => "reloading",
             GrabOutcome::NotStarted => "not_started",
             GrabOutcome::Ended => "ended",
             GrabOutcome::StillMoving => "still_moving",
@@ -65,6 +68,7 @@ pub async fn grab(
         "sold_out" => GrabOutcome::SoldOut,
         "paused" => GrabOutcome::Paused,
         "not_loaded" => GrabOutcome::NotLoaded,
+        "reloading" => GrabOutcome::Reloading,
         "not_started" => GrabOutcome::NotStarted,
         "ended" => GrabOutcome::Ended,
         other => {

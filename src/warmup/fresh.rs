@@ -134,8 +134,8 @@ fn buckets_of<'i>(items: &[&'i Item], keys: &Keys) -> Vec<Bucket<'i>> {
     buckets
 }
 
-/// The buckets of items whose Redis side is empty — nothing loaded, pending, lent, listed
-/// or bought — with what their load is guarded by; the other items go the one-item way.
+/// The buckets of items whose Redis side is empty — nothing loaded, pending, lent, listed,
+/// bought or fenced — with what their load is guarded by; the other items go the one-item way.
 async fn fresh_only<'i>(
     redis: &RedisConns,
     mut buckets: Vec<Bucket<'i>>,
@@ -150,11 +150,13 @@ async fn fresh_only<'i>(
             .arg(&bucket.keys.lent)
             .arg(&bucket.keys.tokens)
             .arg(bucket.keys.all_buyer_keys().collect::<Vec<_>>());
+        // Held back by a warm-up that did not finish: the one-item way lifts it.
+        pipe.hexists(&bucket.keys.meta, "fenced");
     }
-    let states: Vec<(Vec<Option<String>>, u64)> = grouped.query(redis).await?;
+    let states: Vec<(Vec<Option<String>>, u64, bool)> = grouped.query(redis).await?;
     let mut not_fresh = HashSet::new();
-    for (bucket, (seen, holding)) in buckets.iter_mut().zip(states) {
-        if seen[0].is_some() || holding > 0 {
+    for (bucket, (seen, holding, fenced)) in buckets.iter_mut().zip(states) {
+        if seen[0].is_some() || holding > 0 || fenced {
             not_fresh.insert(bucket.item.id);
         }
         bucket.seen = seen;

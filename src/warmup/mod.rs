@@ -51,7 +51,8 @@ const CONSUMERS_DONE_AFTER: Duration =
 /// How long a rebuild looks for an empty order queue before refusing.
 const QUEUE_EMPTY_WITHIN: Duration = Duration::from_secs(5);
 /// The meta fields `swap.lua` guards: a change of any of them since the warm-up read them
-/// (a sale, a release, a pause, a resume) aborts the swap.
+/// (a pause, a resume, a new window; sales and releases wait while the item is fenced)
+/// aborts the swap.
 pub(super) const GUARDED: [&str; 5] = ["loaded", "sold", "paused", "start_ms", "end_ms"];
 /// A Redis that started this close before a load (its uptime is in whole seconds) counts
 /// as having restarted after it.
@@ -97,9 +98,9 @@ pub struct WarmupReport {
     pub total: u32,
     /// Units already held by orders (not loaded again).
     pub held: u64,
-    /// Units on sale, read back from Redis after the load.
+    /// Units on sale, read back from Redis as each bucket's swap left it.
     pub remaining: u64,
-    /// Units counted as sold in Redis, read back after the load (equal to `held`).
+    /// Units counted as sold in Redis, read back likewise (equal to `held`).
     pub sold: u64,
     /// Whether Redis had lost the item's state (or may have) and it was rebuilt from
     /// MySQL after the orders in flight had landed.
@@ -122,7 +123,9 @@ pub enum WarmupError {
     InFlight(String),
     #[error("{held} units are held by orders but the item's total is {total}: raise the total")]
     OverHeld { held: u64, total: u32 },
-    #[error("the item changed during the warm-up (a sale, a pause or a resume); try again")]
+    #[error(
+        "the item changed during the warm-up (a pause, a resume, a new window, or another warm-up); purchases of it wait until a warm-up completes: run it again"
+    )]
     Raced,
     #[error("read back {found} units instead of {expected}")]
     Verify { expected: u64, found: u64 },
@@ -305,16 +308,25 @@ impl Warmup<'_> {
         rebuild: bool,
         progress: &(dyn Fn(Progress) + Sync),
     ) -> Result<WarmupReport, WarmupError> {
-        let item = repo::get(self.db, id).await?.ok_or(WarmupError::NotFound)?;
-        let buckets: Vec<ItemKeys> = item.stocks().map(|s| self.keys.stock(s)).collect();
-        let seen = guarded_fields(conn, &buckets).await?;
         // Read again under the record's current rules: a resume while a rebuild waited
         // is a live sale again.
         let item = repo::get(self.db, id).await?.ok_or(WarmupError::NotFound)?;
-        let was_loaded = seen.iter().any(|fields| fields[0].is_some());
+        let buckets: Vec<ItemKeys> = item.stocks().map(|s| self.keys.stock(s)).collect();
+        let was_loaded = guarded_fields(conn, &buckets)
+            .await?
+            .iter()
+            .any(|fields| fields[0].is_some());
         if (was_loaded || rebuild) && item.on_sale_at(Utc::now()) {
             return Err(WarmupError::LiveSale);
         }
+        // Every bucket held back before the decisive read: from here on nothing sells,
+        // lends, gives back or releases in any of them (the scripts check `fenced`), so
+        // the holders read below stay the holders until each bucket's swap — even if the
+        // sale opens meanwhile. A run cut off before its last swap leaves the rest held
+        // back (503) until a warm-up completes, never a half-loaded item on sale.
+        let run = ulid::Ulid::new().to_string().to_lowercase();
+        fence(self.redis, &buckets, &run).await?;
+        let seen = guarded_fields(conn, &buckets).await?;
         // Units on their way between buckets are part of the old stock being replaced:
         // their transfers are decided now, so none can land after the swap.
         let loans = transfer::settle_loans(self.redis, self.keys, item.stocks(), None).await?;
@@ -334,13 +346,13 @@ impl Warmup<'_> {
                 total: item.total,
             })?;
 
-        let run = ulid::Ulid::new().to_string().to_lowercase();
         let shares = spread(to_load, buckets.len());
         let mut by_bucket: HashMap<Stock, Vec<&Holder>> = HashMap::new();
         for holder in &holders {
             by_bucket.entry(holder.stock(id)).or_default().push(holder);
         }
         let mut next_unit = held;
+        let mut swapped = Swapped::default();
         for ((bucket, seen), share) in buckets.iter().zip(&seen).zip(&shares) {
             let mine = by_bucket.remove(&bucket.stock).unwrap_or_default();
             let loading = self.keys.loading(bucket.stock, &run);
@@ -359,14 +371,16 @@ impl Warmup<'_> {
                 total: mine.len() as u64 + share,
                 sold: mine.len() as u64,
             };
-            swap_in(conn, bucket, &loading, &item, seen, meta).await?;
+            let one = swap_in(conn, bucket, &loading, &item, seen, &run, meta).await?;
+            swapped.listed += one.listed;
+            swapped.sold += one.sold;
         }
 
-        let after = stock::item_snapshot(conn, self.keys, item.stocks()).await?;
-        if after.remaining != to_load || after.sold != held {
+        // As each swap left its bucket (once unfenced, a bucket may sell at once).
+        if swapped.listed != to_load || swapped.sold != held {
             return Err(WarmupError::Verify {
                 expected: to_load,
-                found: after.remaining,
+                found: swapped.listed,
             });
         }
         if rebuild {
@@ -376,8 +390,8 @@ impl Warmup<'_> {
             item_id: id,
             total: item.total,
             held,
-            remaining: after.remaining,
-            sold: after.sold,
+            remaining: swapped.listed,
+            sold: swapped.sold,
             rebuilt: rebuild,
         })
     }
@@ -485,6 +499,16 @@ pub(super) struct BucketMeta {
     pub sold: u64,
 }
 
+/// Holds every bucket back for this run (`fenced` in its meta; a dead run's fence is
+/// replaced: the caller holds the item's warm-up lock).
+async fn fence(redis: &RedisConns, buckets: &[ItemKeys], run: &str) -> Result<(), RedisError> {
+    let mut grouped = Grouped::new(redis);
+    for bucket in buckets {
+        grouped.group().hset(&bucket.meta, "fenced", run).ignore();
+    }
+    grouped.run(redis).await
+}
+
 /// Each bucket's [`GUARDED`] meta fields as they are now: what its swap is guarded by.
 async fn guarded_fields(
     conn: &mut RedisConn,
@@ -568,17 +592,19 @@ async fn fill_buyers(
     Ok(())
 }
 
-/// Replaces the live list, the buyer records and the meta in one step (`swap.lua`), unless
-/// the meta changed since `seen` was read.
+/// Replaces the live list, the buyer records and the meta in one step (`swap.lua`), and
+/// lifts the bucket's fence, unless the meta changed since `seen` was read or another run
+/// fenced it since.
 async fn swap_in(
     conn: &mut RedisConn,
     item_keys: &ItemKeys,
     loading: &LoadingKeys,
     item: &Item,
     seen: &[Option<String>],
+    run: &str,
     after: BucketMeta,
-) -> Result<(), WarmupError> {
-    let (keys, args) = swap_parts(item_keys, loading, item, seen, &after);
+) -> Result<Swapped, WarmupError> {
+    let (keys, args) = swap_parts(item_keys, loading, item, seen, run, &after);
     let mut call = SWAP.prepare_invoke();
     for key in keys {
         call.key(key);
@@ -586,20 +612,28 @@ async fn swap_in(
     for arg in args {
         call.arg(arg);
     }
-    let outcome: String = redis_timed(call.invoke_async(conn)).await?;
+    let (outcome, listed, sold): (String, u64, u64) = redis_timed(call.invoke_async(conn)).await?;
     match outcome.as_str() {
-        "ok" => Ok(()),
+        "ok" => Ok(Swapped { listed, sold }),
         _ => Err(WarmupError::Raced),
     }
 }
 
+/// What swaps left in their buckets, read in the same step.
+#[derive(Default)]
+struct Swapped {
+    listed: u64,
+    sold: u64,
+}
+
 /// `swap.lua`'s KEYS and ARGV for a bucket: its live keys and this run's copies, the guarded
-/// meta fields as `seen`, and the meta after the load.
+/// meta fields as `seen`, the run, and the meta after the load.
 fn swap_parts<'k>(
     item_keys: &'k ItemKeys,
     loading: &'k LoadingKeys,
     item: &Item,
     seen: &[Option<String>],
+    run: &str,
     after: &BucketMeta,
 ) -> (Vec<&'k str>, Vec<String>) {
     let mut keys = vec![
@@ -612,6 +646,7 @@ fn swap_parts<'k>(
         .iter()
         .map(|value| value.clone().unwrap_or_default())
         .collect();
+    args.push(run.to_owned());
     for (field, value) in meta_after(item, after) {
         args.push(field.to_owned());
         args.push(value.to_string());
