@@ -36,4 +36,6 @@ if #batch > 0 then
   redis.call('RPUSH', KEYS[2], unpack(batch))
 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 8))
+-- The server that holds the load, by its run id (see swap.lua).
+redis.call('HSET', KEYS[1], 'loaded_on', string.match(redis.call('INFO', 'server'), 'run_id:(%x+)'))
 return 'ok'

@@ -50,5 +50,8 @@ for i = 1, shard_keys do
   replace(KEYS[3 + i], KEYS[3 + shard_keys + i])
 end
 redis.call('HSET', KEYS[1], unpack(ARGV, 7))
+-- The server that holds the load, by its run id: a later warm-up that finds another one
+-- serving the bucket (a failover, a restart) knows writes may have been lost since.
+redis.call('HSET', KEYS[1], 'loaded_on', string.match(redis.call('INFO', 'server'), 'run_id:(%x+)'))
 redis.call('HDEL', KEYS[1], 'fenced')
 return {'ok', redis.call('LLEN', KEYS[2]), tonumber(redis.call('HGET', KEYS[1], 'sold'))}

@@ -210,15 +210,28 @@ impl Warmup<'_> {
     }
 
     /// Whether Redis lost (or may have lost) orders it held: the item was loaded before
-    /// but Redis has no trace of it (in any of its buckets), or a Redis server holding one
-    /// of its buckets restarted since it was loaded (a restart may lose its last writes,
-    /// depending on its persistence).
+    /// but Redis has no trace of it (in any of its buckets), or a bucket is served by
+    /// another Redis server than the one that took its load — a failover promoted a
+    /// replica (which may lack the last writes, `WAIT` or not) or the server restarted
+    /// (which may lose them, depending on its persistence). Loads from before servers
+    /// were recorded are judged by the server's uptime.
     async fn must_rebuild(&self, item: &Item, now: &StockSnapshot) -> Result<bool, WarmupError> {
         match now.loaded_at_ms {
             Some(loaded_ms) => {
                 for bucket in item.stocks() {
-                    let started_ms = self.redis_started_ms(&self.keys.stock(bucket)).await?;
-                    if started_ms + RESTART_SLACK_MS > loaded_ms {
+                    let keys = self.keys.stock(bucket);
+                    let server = self.redis.server_info_of(&keys.meta).await?;
+                    let run_id: Option<String> = server.get("run_id");
+                    let loaded_on: Option<String> = {
+                        let mut conn = self.redis.bulk().await?;
+                        redis_timed(conn.hget(&keys.meta, "loaded_on")).await?
+                    };
+                    let elsewhere = match loaded_on {
+                        Some(loaded_on) => run_id.is_none_or(|now| now != loaded_on),
+                        None => started_ms(&server)? + RESTART_SLACK_MS > loaded_ms,
+                    };
+                    if elsewhere {
+                        tracing::warn!(%bucket, "the Redis server serving this bucket is not the one that took its load (a failover or a restart): rebuilding from MySQL");
                         return Ok(true);
                     }
                 }
@@ -228,15 +241,6 @@ impl Warmup<'_> {
                 Ok(item.loaded_at.is_some() || repo::history(self.db, item.id).await?.has_orders)
             }
         }
-    }
-
-    /// When the Redis server holding the item started (ms since the epoch, to a second).
-    async fn redis_started_ms(&self, item_keys: &ItemKeys) -> Result<i64, WarmupError> {
-        let info = self.redis.server_info_of(&item_keys.meta).await?;
-        let uptime_s: i64 = info
-            .get("uptime_in_seconds")
-            .ok_or_else(|| RedisError::Unexpected("INFO server has no uptime_in_seconds".into()))?;
-        Ok(Utc::now().timestamp_millis() - uptime_s * 1000)
     }
 
     /// Returns once no order won before the sale stopped can still be outside both MySQL
@@ -482,6 +486,14 @@ impl Holder {
     fn stock(&self, item: ItemId) -> Stock {
         OrderSn::parse(&self.order_sn).map_or(Stock::whole(item), |sn| sn.stock())
     }
+}
+
+/// When a Redis server started (ms since the epoch, to a second), from its `INFO server`.
+fn started_ms(server: &redis::InfoDict) -> Result<i64, WarmupError> {
+    let uptime_s: i64 = server
+        .get("uptime_in_seconds")
+        .ok_or_else(|| RedisError::Unexpected("INFO server has no uptime_in_seconds".into()))?;
+    Ok(Utc::now().timestamp_millis() - uptime_s * 1000)
 }
 
 /// `units` spread over `buckets`, the first ones taking one more when it does not divide.

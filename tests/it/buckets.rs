@@ -154,7 +154,7 @@ async fn a_transfer_cut_off_between_its_steps_is_settled_and_never_doubles_a_uni
         let mut conn = env.redis.clone();
         let lender = lender.clone();
         async move {
-            let unit: Option<String> = LEND
+            let (outcome, unit): (String, String) = LEND
                 .key(&lender.meta)
                 .key(&lender.tokens)
                 .key(&lender.lent)
@@ -164,7 +164,8 @@ async fn a_transfer_cut_off_between_its_steps_is_settled_and_never_doubles_a_uni
                 .invoke_async(&mut conn)
                 .await
                 .unwrap();
-            unit.expect("bucket 1 has units to lend")
+            assert_eq!(outcome, "lent", "bucket 1 has units to lend");
+            unit
         }
     };
     let receive = |transfer: &'static str, unit: String| {

@@ -2,7 +2,7 @@
 //! killed mid-burst. Every cluster is private, started by the test on spare ports.
 
 use futures::StreamExt;
-use seckill::config::{QueueType, Secret};
+use seckill::config::{QueueType, Role, Secret};
 
 use crate::history::*;
 use crate::support::*;
@@ -744,4 +744,178 @@ impl Drop for Revive {
         let mut cluster = self.cluster.lock().unwrap_or_else(|e| e.into_inner());
         cluster.restart(self.port);
     }
+}
+
+/// Without `WAIT`, a master fails over to a replica that lacks the last sales (its link
+/// was cut, so it had nothing after it), while their orders wait in RabbitMQ (no consumer
+/// runs). The README's procedure — pause, `warmup?force=true`, resume — must see the
+/// failover: the promoted replica has been up for long, but it is not the server that
+/// took the load, so the warm-up rebuilds from MySQL once every order on its way has
+/// landed (`409 orders_in_flight` until a consumer runs). Before, it ran as a plain
+/// reload: those orders were not counted, their units sold again, their buyers bought
+/// twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failover_without_wait_is_rebuilt_by_the_readme_procedure() {
+    let (cluster, _turn) = PrivateRedisCluster::shared().await;
+    let (seeds, ports, dir) = {
+        let cluster = cluster.lock().unwrap();
+        (cluster.seeds(), cluster.ports.clone(), cluster.dir())
+    };
+    let env = TestEnv::on_redis_cluster("redis_failover_rebuild", &seeds).await;
+    let edge = [Role::Api, Role::Scheduler];
+    let server = env.server_with(&edge, |s| s.scheduler_poll_ms = 200).await;
+    const UNITS: u32 = 300;
+    env.item(1, UNITS).on_sale(&server).await;
+    let master = cluster.lock().unwrap().master_of(&env.item_keys(1).meta);
+    let answered = std::sync::atomic::AtomicU64::new(0);
+    let at = |_: u64, _: u32| server.addr;
+    let mut ledger = crowd(&env, 1, 1..101, &at, &answered).await;
+
+    // The master's replica is cut off and cannot come back (the master now asks for a
+    // password it does not have): the next sales live on the master alone.
+    let revive = Revive {
+        cluster,
+        port: master,
+    };
+    {
+        let cluster = cluster.lock().unwrap();
+        cluster.ask(master, &["CONFIG", "SET", "requirepass", "cut-off"]);
+        let auth = ["-a", "cut-off", "--no-auth-warning"];
+        cluster.ask(
+            master,
+            &[&auth[..], &["CLIENT", "KILL", "TYPE", "replica"]].concat(),
+        );
+    }
+    let cut_off = crowd(&env, 1, 101..201, &at, &answered).await;
+    assert_eq!(cut_off.won.len(), 100, "{:?}", cut_off.answers);
+    ledger.merge(cut_off);
+    cluster.lock().unwrap().kill(master);
+    let up: Vec<u16> = ports.iter().copied().filter(|p| *p != master).collect();
+    whole(&dir, &up).await;
+
+    // The README's procedure.
+    assert_eq!(env.admin_post(&server, "/admin/items/1/pause").await.0, 200);
+    let mut consumer = None;
+    let report = loop {
+        let (status, json) = env
+            .admin_post(&server, "/admin/items/1/warmup?force=true")
+            .await;
+        match (status, json["code"].as_str()) {
+            (200, _) => break json,
+            (409, Some("orders_in_flight")) if consumer.is_none() => {
+                consumer = Some(env.server(&[Role::Consumer]).await);
+            }
+            _ => panic!("warm-up: {status} {json}"),
+        }
+    };
+    assert_eq!(report["rebuilt"], true, "{report}");
+    if consumer.is_none() {
+        consumer = Some(env.server(&[Role::Consumer]).await);
+    }
+    assert_eq!(
+        env.admin_post(&server, "/admin/items/1/resume").await.0,
+        200
+    );
+    // Everyone presses again, newcomers too: what is left sells, once.
+    ledger.merge(crowd(&env, 1, 1..601, &at, &answered).await);
+    ask_uncertain(&env, &server, 1, &mut ledger).await;
+    quiet(
+        &env,
+        &server,
+        1,
+        &amqp_url(),
+        std::time::Duration::from_secs(30),
+    )
+    .await;
+    sold_once(&env, 1, UNITS, &ledger).await;
+    total_check(&env, &server, 1, UNITS, &ledger).await;
+    drop(revive);
+    whole(&dir, &ports).await;
+    if let Some(consumer) = consumer {
+        consumer.stop().await;
+    }
+    server.stop().await;
+}
+
+/// With `WAIT 1`, a unit lent between two buckets on different masters, while the home
+/// bucket's replica is cut off: the lender forgets its loan only once the home master's
+/// replicas hold the unit's arrival. The home master then fails over to that replica
+/// (which never heard of the arrival) — the loan is still recorded, so the unit goes back
+/// to its lender. (Before, the lender forgot it at once, and the unit was on neither
+/// list: one unit short for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_loan_is_forgotten_only_once_the_home_masters_replicas_hold_it() {
+    use seckill::domain::{ItemId, Stock, UserId};
+    let (cluster, _turn) = PrivateRedisCluster::shared().await;
+    let (seeds, ports, dir) = {
+        let cluster = cluster.lock().unwrap();
+        (cluster.seeds(), cluster.ports.clone(), cluster.dir())
+    };
+    let env = TestEnv::on_redis_cluster("redis_loan_failover", &seeds).await;
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.redis_wait_replicas = 1;
+            s.scheduler_poll_ms = 200;
+        })
+        .await;
+    // An item of two buckets on two masters, one unit each.
+    let keys = env.keys();
+    let master_of = |id: u64, bucket: u8| {
+        let stock = Stock::new(ItemId::new(id).unwrap(), bucket);
+        cluster.lock().unwrap().master_of(&keys.stock(stock).meta)
+    };
+    let (id, home_master) = (1..200)
+        .find_map(|id| {
+            let home = master_of(id, 0);
+            (home != master_of(id, 1)).then_some((id, home))
+        })
+        .expect("an item whose buckets are on two masters");
+    env.item(id, 2).buckets(2).on_sale(&server).await;
+    let item = ItemId::new(id).unwrap();
+    let mut at_home = (1..).filter(|u| Stock::home(item, UserId::new(*u), 2).bucket == 0);
+    let (first, second) = (at_home.next().unwrap(), at_home.next().unwrap());
+    eventually(
+        std::time::Duration::from_secs(10),
+        "the first buyer's unit",
+        || async {
+            match env.buy(&server, first, id).await {
+                (202 | 409, _) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+
+    // The home master's replica is cut off, and cannot come back.
+    let revive = Revive {
+        cluster,
+        port: home_master,
+    };
+    {
+        let cluster = cluster.lock().unwrap();
+        cluster.ask(home_master, &["CONFIG", "SET", "requirepass", "cut-off"]);
+        let auth = ["-a", "cut-off", "--no-auth-warning"];
+        cluster.ask(
+            home_master,
+            &[&auth[..], &["CLIENT", "KILL", "TYPE", "replica"]].concat(),
+        );
+    }
+    // The home bucket is empty: the second buyer's press borrows the other bucket's unit
+    // (or is refused first, once the server sees the replica gone). It cannot be
+    // confirmed either way.
+    let (status, json) = env.buy(&server, second, id).await;
+    assert_ne!(status, 202, "{json}");
+    cluster.lock().unwrap().kill(home_master);
+    let up: Vec<u16> = ports
+        .iter()
+        .copied()
+        .filter(|p| *p != home_master)
+        .collect();
+    whole(&dir, &up).await;
+    drop(revive);
+    whole(&dir, &ports).await;
+    // Every unit accounted: the first buyer's, and the one lent, back with its lender.
+    let stats = stock_adds_up(&env, &server, id, 2).await;
+    assert_eq!(stats["remaining"], 1, "{stats}");
+    server.stop().await;
 }
