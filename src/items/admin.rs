@@ -19,6 +19,7 @@ use crate::store::{Db, RedisConns};
 use super::body::ItemBody;
 use super::bulk;
 use super::catalog::Catalog;
+use super::regroup::Regrouping;
 use super::repo::{self, Item, Upserted};
 use super::stock;
 
@@ -62,7 +63,7 @@ struct Switched {
     responses(
         (status = 200, description = "`updated`", body = WrittenItem),
         (status = 201, description = "`created`", body = WrittenItem),
-        (status = 409, description = "`buckets_fixed`: a loaded item keeps its buckets", body = Refusal),
+        (status = 409, description = "`buckets_fixed`: an item with units, buyers or orders keeps its buckets", body = Refusal),
     )
 )]
 async fn put_item(
@@ -82,14 +83,17 @@ async fn put_item(
         return Err(ApiError::bad_request("`id` differs from the path's"));
     }
     let draft = body.validate()?;
-    let (status, code) = match repo::upsert(db, id, &draft).await? {
+    let regrouping = Regrouping::hold(db, redis, keys, &[(id, draft.clone())]).await?;
+    let upserted = repo::upsert(db, id, &draft, &regrouping.kept).await;
+    regrouping.let_go(redis).await;
+    let (status, code) = match upserted? {
         Upserted::Created => (StatusCode::CREATED, "created"),
         Upserted::Updated => (StatusCode::OK, "updated"),
         Upserted::BucketsFixed { buckets } => {
             return Err(ApiError::Conflict {
                 code: "buckets_fixed",
                 detail: format!(
-                    "the item was loaded with {buckets} bucket(s), and its orders live in them: send \"buckets\": {buckets}, or use a new item id"
+                    "the item has units, buyers or orders in its {buckets} bucket(s), or a warm-up of it is running: send \"buckets\": {buckets}, or use a new item id"
                 ),
             });
         }

@@ -16,6 +16,7 @@ use crate::state::{AppState, Shared};
 use crate::store::Grouped;
 
 use super::body::ItemBody;
+use super::regroup::Regrouping;
 use super::repo::{self, ItemDraft, Upserted};
 use super::stock;
 
@@ -95,7 +96,10 @@ pub(super) async fn put_items(
             "`items`: item {id} is listed twice"
         )));
     }
-    let done = repo::upsert_many(db, &drafts).await?;
+    let regrouping = Regrouping::hold(db, redis, keys, &drafts).await?;
+    let done = repo::upsert_many(db, &drafts, &regrouping.kept).await;
+    regrouping.let_go(redis).await;
+    let done = done?;
 
     // The sale window grab.lua checks, into Redis for the items that existed (a PUT does
     // not change the pause; new items have nothing in Redis yet).
@@ -146,7 +150,7 @@ fn written((item_id, outcome): &(ItemId, Upserted)) -> Outcome {
         Upserted::BucketsFixed { buckets } => (
             "buckets_fixed",
             Some(format!(
-                "loaded with {buckets} bucket(s): send \"buckets\": {buckets}"
+                "units, buyers or orders in its {buckets} bucket(s), or a warm-up running: send \"buckets\": {buckets}"
             )),
         ),
     };

@@ -7,6 +7,7 @@ pub mod api;
 pub mod body;
 pub mod bulk;
 pub mod catalog;
+pub mod regroup;
 pub mod repo;
 pub mod stock;
 pub mod transfer;

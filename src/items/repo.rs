@@ -1,5 +1,7 @@
 //! Items in MySQL: the record of what is on sale.
 
+use std::collections::HashSet;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::QueryBuilder;
@@ -61,8 +63,8 @@ pub struct ItemDraft {
 pub enum Upserted {
     Created,
     Updated,
-    /// Nothing: the item was loaded already and `buckets` differs (its orders and buyer
-    /// records live in the buckets it has).
+    /// Nothing: `buckets` differs, and the item has units, buyer records or orders in the
+    /// buckets it has (or a warm-up of it is running).
     BucketsFixed {
         buckets: u8,
     },
@@ -132,15 +134,22 @@ pub async fn recent(
 }
 
 /// Creates or updates an item, creating its shop (open, no hours) when it is new.
-pub async fn upsert(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<Upserted, DbError> {
-    let done = upsert_many(db, &[(id, draft.clone())]).await?;
+pub async fn upsert(
+    db: &Db,
+    id: ItemId,
+    draft: &ItemDraft,
+    kept: &HashSet<ItemId>,
+) -> Result<Upserted, DbError> {
+    let done = upsert_many(db, &[(id, draft.clone())], kept).await?;
     Ok(done
         .first()
         .map_or(Upserted::Updated, |(_, outcome)| *outcome))
 }
 
 /// Creates or updates many items (in id order, [`UPSERT_CHUNK`] per transaction),
-/// creating their shops. Returns what happened to each, in id order.
+/// creating their shops. Returns what happened to each, in id order. An item keeps its
+/// bucket count once it was loaded, has orders, or is among `kept` (the caller found its
+/// state in Redis: `super::regroup`).
 ///
 /// Operators' scripts write items in parallel, often of one new shop: shop rows are locked
 /// first, then item rows, each in id order, so two writers always take their locks in one
@@ -150,13 +159,14 @@ pub async fn upsert(db: &Db, id: ItemId, draft: &ItemDraft) -> Result<Upserted, 
 pub async fn upsert_many(
     db: &Db,
     drafts: &[(ItemId, ItemDraft)],
+    kept: &HashSet<ItemId>,
 ) -> Result<Vec<(ItemId, Upserted)>, DbError> {
     let mut sorted: Vec<&(ItemId, ItemDraft)> = drafts.iter().collect();
     sorted.sort_by_key(|(id, _)| *id);
     sorted.dedup_by_key(|(id, _)| *id);
     let mut done = Vec::with_capacity(sorted.len());
     for chunk in sorted.chunks(UPSERT_CHUNK) {
-        done.extend(retrying_deadlocks("item upsert", || upsert_chunk(db, chunk)).await?);
+        done.extend(retrying_deadlocks("item upsert", || upsert_chunk(db, chunk, kept)).await?);
     }
     Ok(done)
 }
@@ -164,6 +174,7 @@ pub async fn upsert_many(
 async fn upsert_chunk(
     db: &Db,
     chunk: &[&(ItemId, ItemDraft)],
+    kept: &HashSet<ItemId>,
 ) -> Result<Vec<(ItemId, Upserted)>, DbError> {
     let mut conn = mysql_timed(db.acquire()).await?;
     // Without SESSION: for this connection's next transaction only.
@@ -195,12 +206,37 @@ async fn upsert_chunk(
         .into_iter()
         .map(|(id, buckets, loaded_at)| (id, (buckets, loaded_at.is_some())))
         .collect();
+    // Orders of items whose buckets would change: their records live in those buckets.
+    let regrouped: Vec<u64> = chunk
+        .iter()
+        .filter(|(id, draft)| {
+            existing
+                .get(&id.get())
+                .is_some_and(|(buckets, _)| *buckets != draft.buckets)
+        })
+        .map(|(id, _)| id.get())
+        .collect();
+    let with_orders: HashSet<u64> = if regrouped.is_empty() {
+        HashSet::new()
+    } else {
+        let mut query = QueryBuilder::new("SELECT DISTINCT item_id FROM orders WHERE item_id IN (");
+        let mut list = query.separated(", ");
+        for id in &regrouped {
+            list.push_bind(*id);
+        }
+        query.push(")");
+        let found: Vec<u64> = mysql_timed(query.build_query_scalar().fetch_all(&mut *tx)).await?;
+        found.into_iter().collect()
+    };
 
     let outcomes: Vec<(ItemId, Upserted)> = chunk
         .iter()
         .map(|(id, draft)| {
             let outcome = match existing.get(&id.get()) {
-                Some((buckets, true)) if *buckets != draft.buckets => {
+                Some((buckets, loaded))
+                    if *buckets != draft.buckets
+                        && (*loaded || kept.contains(id) || with_orders.contains(&id.get())) =>
+                {
                     Upserted::BucketsFixed { buckets: *buckets }
                 }
                 Some(_) => Upserted::Updated,

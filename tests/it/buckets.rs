@@ -240,3 +240,73 @@ async fn a_transfer_cut_off_between_its_steps_is_settled_and_never_doubles_a_uni
     assert_eq!(stats["consistent"], true, "{stats}");
     server.stop().await;
 }
+
+/// `buckets` stays as it is once anything of the item exists — units or buyer records in
+/// Redis, orders in MySQL — even when the record's `loaded_at` is empty (a failed
+/// `mark_loaded`, a `PUT` racing the first warm-up, a partial bulk load): every buyer's
+/// home bucket follows from the count. (Before, only `loaded_at` was asked, and past
+/// buyers could buy again.) An item with nothing anywhere may still change it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn buckets_change_only_while_nothing_of_the_item_exists() {
+    let env = TestEnv::new("buckets_fixed").await;
+    let server = env.server(ALL_ROLES).await;
+    let put = |id: u64, buckets: u8| {
+        let env = &env;
+        let server = &server;
+        async move {
+            let response = env
+                .admin(reqwest::Method::PUT, server, &format!("/admin/items/{id}"))
+                .json(&json!({
+                    "name": format!("item {id}"), "shop_id": 1, "total": 40, "price_cents": 100,
+                    "start_at": chrono::Utc::now() - chrono::Duration::seconds(5),
+                    "end_at": chrono::Utc::now() + chrono::Duration::hours(1),
+                    "buckets": buckets,
+                }))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.unwrap();
+            (status, body["code"].as_str().unwrap_or_default().to_owned())
+        }
+    };
+    let forget_loading = |id: u64| {
+        let db = env.db.clone();
+        async move {
+            sqlx::query("UPDATE items SET loaded_at = NULL WHERE id = ?")
+                .bind(id)
+                .execute(&db)
+                .await
+                .unwrap();
+        }
+    };
+    // Units in Redis, no order, the record not marked loaded.
+    env.item(1, 40).buckets(4).on_sale(&server).await;
+    forget_loading(1).await;
+    assert_eq!(put(1, 2).await, (409, "buckets_fixed".into()));
+    // Orders in MySQL, Redis empty, the record not marked loaded.
+    env.item(2, 40).buckets(4).on_sale(&server).await;
+    assert_eq!(env.buy(&server, 7, 2).await.0, 202);
+    env.wait_for_orders(&server, 2, 1, Duration::from_secs(10))
+        .await;
+    env.lose_redis_state().await;
+    forget_loading(2).await;
+    assert_eq!(put(2, 8).await, (409, "buckets_fixed".into()));
+    // In the bulk call too.
+    let response = env
+        .admin(reqwest::Method::PUT, &server, "/admin/items")
+        .json(&json!({"items": [{
+            "id": 2, "name": "item 2", "shop_id": 1, "total": 40, "price_cents": 100,
+            "start_at": chrono::Utc::now(), "end_at": chrono::Utc::now() + chrono::Duration::hours(1),
+            "buckets": 1,
+        }]}))
+        .send()
+        .await
+        .unwrap();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["items"][0]["code"], "buckets_fixed", "{body}");
+    // Nothing anywhere (a window copied to Redis is nothing): free to change.
+    assert_eq!(put(3, 4).await.0, 201);
+    assert_eq!(put(3, 2).await, (200, "updated".into()));
+    server.stop().await;
+}
