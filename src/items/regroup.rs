@@ -117,7 +117,9 @@ async fn in_redis(
             of.push(*id);
         }
     }
-    let found: Vec<((Option<String>, Option<String>), u64)> = grouped.query(redis).await?;
+    /// A bucket's `loaded` and `fenced`, and how many of its keys exist.
+    type Found = ((Option<String>, Option<String>), u64);
+    let found: Vec<Found> = grouped.query(redis).await?;
     let mut held: Vec<ItemId> = of
         .into_iter()
         .zip(found)
