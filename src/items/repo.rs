@@ -365,6 +365,22 @@ pub async fn mark_loaded(db: &Db, ids: &[ItemId]) -> Result<(), DbError> {
     Ok(())
 }
 
+/// Items loaded into Redis and not yet reconciled after their sale: those whose buckets
+/// the items index must list (the safety sweep puts back any it lost).
+pub async fn loaded_and_open(db: &Db) -> Result<Vec<(ItemId, u8)>, DbError> {
+    let rows: Vec<(u64, u8)> = mysql_timed(
+        sqlx::query_as(
+            "SELECT id, buckets FROM items WHERE loaded_at IS NOT NULL AND reconciled_at IS NULL",
+        )
+        .fetch_all(db),
+    )
+    .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(id, buckets)| Some((ItemId::new(id)?, buckets)))
+        .collect())
+}
+
 pub async fn due_for_reconcile(db: &Db) -> Result<Vec<ItemId>, DbError> {
     let ids: Vec<u64> = mysql_timed(
         sqlx::query_scalar(

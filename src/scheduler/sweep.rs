@@ -5,16 +5,24 @@
 //!
 //! Its cost per second is bounded whatever the catalogue; a lost mark is found within one
 //! trip round the index (100 s at 100,000 buckets; every second below 1,000).
+//!
+//! The index and the marks are single keys with no hash tag: on a cluster they live on
+//! one master, and a failover that lost its last writes (or a loss of its data) takes
+//! them with it. So each trip begins by putting back into the index every bucket of the
+//! items MySQL says are loaded and not yet reconciled (adding a member already there
+//! changes nothing); the trip then marks their work again.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
 use crate::background::{Schedule, repeat};
 use crate::domain::Stock;
 use crate::marks::{self, Work};
 use crate::outbox::relay::Relay;
+
 use crate::store::{Grouped, StoreError, redis_timed};
 
 use super::Scheduler;
@@ -42,6 +50,9 @@ pub async fn run(scheduler: Scheduler, relay: Relay, shutdown: CancellationToken
 /// One step of the walk round the index, from `cursor`; returns the next cursor.
 async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64, StoreError> {
     let (redis, keys) = (&scheduler.redis, &scheduler.keys);
+    if cursor == 0 {
+        repair_index(scheduler).await?;
+    }
     let (next, members): (u64, Vec<String>) = {
         let mut conn = redis.bulk().await?;
         redis_timed(
@@ -100,6 +111,28 @@ async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64,
         }
     }
     Ok(next)
+}
+
+/// Puts back into the items index the buckets of every item loaded and not reconciled.
+async fn repair_index(scheduler: &Scheduler) -> Result<(), StoreError> {
+    let items = crate::items::repo::loaded_and_open(&scheduler.db).await?;
+    let members: Vec<String> = items
+        .into_iter()
+        .flat_map(|(id, buckets)| Stock::all(id, buckets))
+        .map(|stock| stock.to_string())
+        .collect();
+    let index = scheduler.keys.items_index();
+    let mut conn = scheduler.redis.bulk().await?;
+    for chunk in members.chunks(PER_VISIT) {
+        let added: u64 = redis_timed(conn.sadd(&index, chunk)).await?;
+        if added > 0 {
+            tracing::warn!(
+                buckets = added,
+                "safety sweep: the items index had lost buckets of loaded items; put back"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// What a bucket holds of each kind of work, and its pending orders.

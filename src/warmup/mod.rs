@@ -188,6 +188,12 @@ impl Warmup<'_> {
             stock::item_snapshot(&mut conn, self.keys, item.stocks()).await?
         };
         if first_look.loaded && !force {
+            // A load whose last steps were cut off (the index, the record) is finished
+            // here, so that asking again repairs it.
+            self.index(&item).await?;
+            if item.loaded_at.is_none() {
+                repo::mark_loaded(self.db, &[id]).await?;
+            }
             return Err(WarmupError::AlreadyLoaded {
                 remaining: first_look.remaining,
             });
@@ -200,13 +206,23 @@ impl Warmup<'_> {
             self.wait_for_orders_in_flight(&item, progress).await?;
         }
 
+        // Into the index first: the sweeps must visit a bucket from the moment it holds
+        // anything (an empty one costs them nothing).
+        self.index(&item).await?;
         let mut conn = self.redis.bulk().await?;
         let report = self.load_and_swap(&mut conn, id, rebuild, progress).await?;
-        let members: Vec<String> = item.stocks().map(|s| s.to_string()).collect();
-        redis_timed(conn.sadd::<_, _, ()>(self.keys.items_index(), members)).await?;
         repo::mark_loaded(self.db, &[id]).await?;
         crate::items::catalog::announce_change(&mut conn, self.keys, id).await?;
         Ok(report)
+    }
+
+    /// Lists the item's buckets in the items index, which the relay and the scheduler's
+    /// sweeps walk.
+    async fn index(&self, item: &Item) -> Result<(), WarmupError> {
+        let members: Vec<String> = item.stocks().map(|s| s.to_string()).collect();
+        let mut conn = self.redis.bulk().await?;
+        redis_timed(conn.sadd::<_, _, ()>(self.keys.items_index(), members)).await?;
+        Ok(())
     }
 
     /// Whether Redis lost (or may have lost) orders it held: the item was loaded before

@@ -817,3 +817,77 @@ async fn work_whose_marks_were_lost_is_found_by_the_safety_sweep() {
     assert_eq!(reason.as_deref(), Some("timeout"));
     server.stop().await;
 }
+
+/// The items index and the marks are single keys (no hash tag): the Redis master holding
+/// them can lose them (a failover without `WAIT`, a loss of data) while the items live on
+/// elsewhere. Here both are deleted by hand: the safety sweep puts the loaded items back
+/// in the index from MySQL, marks their work again, and the unpaid order is cancelled by
+/// its deadline. (Before, an item missing from the index was never visited again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn work_is_found_when_the_items_index_was_lost_with_the_marks() {
+    let env = &TestEnv::new("lost_index").await;
+    let server = env.server_with(ALL_ROLES, quick).await;
+    env.item(1, 2).paying_within(4).on_sale(&server).await;
+    let won = buy_all(env, &server, 1, 1..=1).await;
+    let keys = seckill::keys::Keys::new(&env.settings.namespace);
+    let deadlines = seckill::marks::Work::Deadlines.key(&keys);
+    eventually(Duration::from_secs(5), "the deadline marked", || {
+        let mut redis = env.redis.clone();
+        let deadlines = deadlines.clone();
+        async move {
+            let score: Option<f64> = redis.zscore(&deadlines, "1").await.unwrap();
+            score.ok_or_else(|| "not marked yet".to_owned())
+        }
+    })
+    .await;
+    let mut redis = env.redis.clone();
+    let _: () = redis.del(keys.items_index()).await.unwrap();
+    for work in seckill::marks::Work::ALL {
+        let _: () = redis.del(work.key(&keys)).await.unwrap();
+    }
+    wait_cancelled(env, 1, 1, Duration::from_secs(20)).await;
+    let reason: Option<String> =
+        sqlx::query_scalar("SELECT cancel_reason FROM orders WHERE order_sn = ?")
+            .bind(&won[&1])
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    assert_eq!(reason.as_deref(), Some("timeout"));
+    let indexed: bool = redis.sismember(keys.items_index(), "1").await.unwrap();
+    assert!(indexed, "the item is back in the index");
+    server.stop().await;
+}
+
+/// A warm-up cut off after its swap (before the index or the record took it): asked
+/// again, it answers `409 already_loaded` — and finishes those steps, so the sweeps visit
+/// the item and the record says it is loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_warmup_asked_again_finishes_a_load_cut_off_after_its_swap() {
+    let env = &TestEnv::new("load_cut_off").await;
+    let server = env.server(ALL_ROLES).await;
+    env.item(1, 5).on_sale(&server).await;
+    let keys = seckill::keys::Keys::new(&env.settings.namespace);
+    let mut redis = env.redis.clone();
+    let _: () = redis.srem(keys.items_index(), "1").await.unwrap();
+    sqlx::query("UPDATE items SET loaded_at = NULL WHERE id = 1")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    let (status, json) = env.admin_post(&server, "/admin/items/1/warmup").await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (409, Some("already_loaded")),
+        "{json}"
+    );
+    let indexed: bool = redis.sismember(keys.items_index(), "1").await.unwrap();
+    let loaded: Option<chrono::DateTime<chrono::Utc>> =
+        sqlx::query_scalar("SELECT loaded_at FROM items WHERE id = 1")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    assert!(
+        indexed && loaded.is_some(),
+        "index {indexed}, loaded_at {loaded:?}"
+    );
+    server.stop().await;
+}
