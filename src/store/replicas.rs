@@ -422,7 +422,11 @@ impl Replication {
                 };
                 to.asks.try_send(ask).is_ok() && answer.await.unwrap_or(false)
             }
-            _ => false,
+            (None, _) => {
+                tracing::debug!("no master known for the key: not held");
+                false
+            }
+            (Some(_), true) => false,
         };
         wait.replicas.settled(held)
     }
@@ -470,6 +474,7 @@ async fn wait_once(
         None => connect(info, within + NODE_TIMEOUT).await,
     };
     let Some(mut link) = link else {
+        tracing::debug!(node = ?info.addr(), "no connection for WAIT");
         return false;
     };
     let answer =
@@ -477,13 +482,19 @@ async fn wait_once(
     match answer {
         Ok(Ok((acked,))) => {
             *conn = Some(link);
+            if acked < u64::from(replicas) {
+                tracing::debug!(node = ?info.addr(), acked, writes = batch.len(), "WAIT: too few replicas acknowledged in time");
+            }
             acked >= u64::from(replicas)
         }
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "WAIT for replicas failed");
             false
         }
-        Err(_) => false,
+        Err(_) => {
+            tracing::debug!(node = ?info.addr(), "WAIT: no answer in time");
+            false
+        }
     }
 }
 

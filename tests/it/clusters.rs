@@ -919,3 +919,101 @@ async fn a_loan_is_forgotten_only_once_the_home_masters_replicas_hold_it() {
     assert_eq!(stats["remaining"], 1, "{stats}");
     server.stop().await;
 }
+/// A master whose replica is stuck (alive, linked, acknowledging nothing): with `WAIT 1`,
+/// a server under `SECKILL_REDIS_WAIT_POLICY=refuse` answers `503` and takes no unit
+/// there; one under `degrade` sells on and counts what it sold without the replica. Once
+/// the replica moves again, the refusing server sells again, and every unit is
+/// accounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_master_short_of_replicas_refuses_or_degrades_as_told() {
+    let (cluster, _turn) = PrivateRedisCluster::shared().await;
+    let (seeds, ports, dir) = {
+        let cluster = cluster.lock().unwrap();
+        (cluster.seeds(), cluster.ports.clone(), cluster.dir())
+    };
+    let env = TestEnv::on_redis_cluster("redis_wait_policy", &seeds).await;
+    let refusing = env
+        .server_with(ALL_ROLES, |s| s.redis_wait_replicas = 1)
+        .await;
+    let degrading = env
+        .server_with(&[Role::Api], |s| {
+            s.redis_wait_replicas = 1;
+            s.redis_wait_policy = seckill::config::WaitPolicy::Degrade;
+            s.rate_per_user = 0;
+        })
+        .await;
+    const UNITS: u32 = 10;
+    env.item(1, UNITS).on_sale(&refusing).await;
+    assert_eq!(env.buy(&refusing, 1, 1).await.0, 202);
+    let master = cluster.lock().unwrap().master_of(&env.item_keys(1).meta);
+    let replica = cluster.lock().unwrap().replica_of(master);
+    // Thawed whatever happens, for the tests after this one.
+    struct Thaw(&'static std::sync::Mutex<PrivateRedisCluster>, u16);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .thaw(self.1);
+        }
+    }
+    cluster.lock().unwrap().freeze(replica);
+    let thaw = Thaw(cluster, replica);
+    // Refused before the grab once the watcher sees the replica behind (its last
+    // acknowledgement over 2 s old); a win in between is given back. Nothing taken.
+    eventually(
+        std::time::Duration::from_secs(10),
+        "the bucket named short of replicas",
+        || async {
+            let (status, json) = env.buy(&refusing, 2, 1).await;
+            let stats = env.stats(&refusing, 1).await;
+            if status == 503 && stats["replicas"]["short"] == serde_json::json!([0]) {
+                Ok(())
+            } else {
+                Err(format!("{status} {json} {stats}"))
+            }
+        },
+    )
+    .await;
+    // The one who holds a unit is told so, even now.
+    let (status, json) = env.buy(&refusing, 1, 1).await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (409, Some("duplicate")),
+        "{json}"
+    );
+    // Sold without the replica, and counted.
+    let (status, json) = env.buy(&degrading, 3, 1).await;
+    assert_eq!(status, 202, "{json}");
+    let metrics = env.metrics_text(&degrading).await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("seckill_redis_wait_total") && l.contains("degraded")),
+        "{metrics}"
+    );
+    // The replica moves again: sales again.
+    drop(thaw);
+    whole(&dir, &ports).await;
+    eventually(
+        std::time::Duration::from_secs(10),
+        "a sale again",
+        || async {
+            match env.buy(&refusing, 2, 1).await {
+                (202, _) => Ok(()),
+                other => Err(format!(
+                    "{other:?}; the master says {}",
+                    cluster
+                        .lock()
+                        .unwrap()
+                        .ask(master, &["INFO", "replication"])
+                )),
+            }
+        },
+    )
+    .await;
+    let stats = stock_adds_up(&env, &refusing, 1, UNITS).await;
+    assert_eq!(stats["remaining"], UNITS - 3, "{stats}");
+    degrading.stop().await;
+    refusing.stop().await;
+}

@@ -520,6 +520,33 @@ impl PrivateRedisCluster {
             .expect("a master for the slot")
     }
 
+    /// The port of a replica of the master on `master`.
+    pub fn replica_of(&self, master: u16) -> u16 {
+        let id = cli(master, &["CLUSTER", "MYID"]).trim().to_owned();
+        let nodes = cli(master, &["CLUSTER", "NODES"]);
+        nodes
+            .lines()
+            .find_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                (fields.get(3) == Some(&id.as_str()) && !line.contains("fail"))
+                    .then(|| fields[1].split(['@', ':']).nth(1)?.parse().ok())
+                    .flatten()
+            })
+            .expect("a replica of the master")
+    }
+
+    /// SIGSTOP to the node on `port`: it keeps its links but does nothing (a stuck node).
+    pub fn freeze(&self, port: u16) {
+        let i = self.ports.iter().position(|p| *p == port).unwrap();
+        signal(self.nodes[i].id(), "STOP");
+    }
+
+    /// SIGCONT to the node on `port`.
+    pub fn thaw(&self, port: u16) {
+        let i = self.ports.iter().position(|p| *p == port).unwrap();
+        signal(self.nodes[i].id(), "CONT");
+    }
+
     /// SIGKILL to the node on `port`.
     pub fn kill(&mut self, port: u16) {
         let i = self.ports.iter().position(|p| *p == port).unwrap();
