@@ -1,5 +1,7 @@
 //! The Redis side of a purchase: one `EVALSHA grab.lua`, one round trip.
 
+use redis::{Script, ScriptInvocation};
+
 use crate::domain::{OrderSn, UserId};
 use crate::keys::ItemKeys;
 use crate::lua::{GIVE_BACK, GRAB};
@@ -46,12 +48,7 @@ pub async fn grab(
     order_json: &str,
 ) -> Result<GrabOutcome, RedisError> {
     let (outcome, detail): (String, String) = redis_timed(
-        GRAB.key(&keys.meta)
-            .key(&keys.tokens)
-            .key(keys.buyers(user))
-            .key(keys.buyer_orders(user))
-            .key(&keys.pending)
-            .key(&keys.outbox)
+        purchase_keys(&GRAB, keys, user)
             .arg(user.get())
             .arg(order_sn.as_str())
             .arg(now_ms)
@@ -89,17 +86,24 @@ pub async fn give_back(
     order_sn: &OrderSn,
 ) -> Result<bool, RedisError> {
     let outcome: String = redis_timed(
-        GIVE_BACK
-            .key(&keys.meta)
-            .key(&keys.tokens)
-            .key(keys.buyers(user))
-            .key(keys.buyer_orders(user))
-            .key(&keys.pending)
-            .key(&keys.outbox)
+        purchase_keys(&GIVE_BACK, keys, user)
             .arg(user.get())
             .arg(order_sn.as_str())
             .invoke_async(conn),
     )
     .await?;
     Ok(outcome == "given_back")
+}
+
+/// `grab.lua`'s and `give_back.lua`'s keys, in their order: the bucket's meta and units,
+/// the buyer's records, the pending orders and the outbox.
+fn purchase_keys<'a>(script: &'a Script, keys: &ItemKeys, user: UserId) -> ScriptInvocation<'a> {
+    let mut call = script.prepare_invoke();
+    call.key(&keys.meta)
+        .key(&keys.tokens)
+        .key(keys.buyers(user))
+        .key(keys.buyer_orders(user))
+        .key(&keys.pending)
+        .key(&keys.outbox);
+    call
 }

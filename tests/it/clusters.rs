@@ -55,6 +55,46 @@ async fn a_rabbitmq_node_killed_mid_burst_loses_nothing_with_quorum_queues() {
     server.stop().await;
 }
 
+/// This test's turn with the binary's shared Redis Cluster, and an environment on it.
+struct Turn {
+    cluster: &'static std::sync::Mutex<PrivateRedisCluster>,
+    env: TestEnv,
+    ports: Vec<u16>,
+    dir: std::path::PathBuf,
+    _turn: tokio::sync::MutexGuard<'static, ()>,
+}
+
+async fn turn(name: &str) -> Turn {
+    let (cluster, turn) = PrivateRedisCluster::shared().await;
+    let (seeds, ports, dir) = {
+        let cluster = cluster.lock().unwrap();
+        (cluster.seeds(), cluster.ports.clone(), cluster.dir())
+    };
+    Turn {
+        cluster,
+        env: TestEnv::on_redis_cluster(name, &seeds).await,
+        ports,
+        dir,
+        _turn: turn,
+    }
+}
+
+/// Kills the master on `port` and waits until the other nodes serve every slot (its
+/// replica took over); the node starts again when the answer is dropped.
+async fn lose_master(
+    cluster: &'static std::sync::Mutex<PrivateRedisCluster>,
+    port: u16,
+    ports: &[u16],
+    dir: &std::path::Path,
+) -> Revive {
+    // Built first: should anything after fail, the node still comes back.
+    let revive = Revive { cluster, port };
+    cluster.lock().unwrap().kill(port);
+    let up: Vec<u16> = ports.iter().copied().filter(|p| *p != port).collect();
+    whole(dir, &up).await;
+    revive
+}
+
 /// Prints what a surviving RabbitMQ node says of queues and bindings when the test fails.
 struct ReportOnFailure(RabbitCtl);
 
@@ -90,9 +130,7 @@ impl Drop for ReportOnFailure {
 /// one slot, or this fails with CROSSSLOT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_server_runs_on_a_redis_cluster() {
-    let (cluster, _turn) = PrivateRedisCluster::shared().await;
-    let seeds = cluster.lock().unwrap().seeds();
-    let env = TestEnv::on_redis_cluster("redis_cluster", &seeds).await;
+    let Turn { env, .. } = &turn("redis_cluster").await;
     let server = env
         .server_with(ALL_ROLES, |s| s.scheduler_poll_ms = 200)
         .await;
@@ -101,17 +139,17 @@ async fn the_server_runs_on_a_redis_cluster() {
     env.item(1, 600).on_sale(&server).await;
     let answered = std::sync::atomic::AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
-    let ledger = crowd(&env, 1, 1..2_001, &at, &answered).await;
+    let ledger = crowd(env, 1, 1..2_001, &at, &answered).await;
     assert_eq!(ledger.won.len(), 600, "{:?}", ledger.answers);
     quiet(
-        &env,
+        env,
         &server,
         1,
         &amqp_url(),
         std::time::Duration::from_secs(30),
     )
     .await;
-    total_check(&env, &server, 1, 600, &ledger).await;
+    total_check(env, &server, 1, 600, &ledger).await;
 
     // Warm-ups: a second one is refused; paused, a forced one keeps every holder.
     let (status, json) = env.admin_post(&server, "/admin/items/1/warmup").await;
@@ -138,7 +176,7 @@ async fn the_server_runs_on_a_redis_cluster() {
 
     // Unpaid orders time out; their units sell again.
     env.item(2, 20).paying_within(1).on_sale(&server).await;
-    let second = crowd(&env, 2, 1..21, &at, &answered).await;
+    let second = crowd(env, 2, 1..21, &at, &answered).await;
     assert_eq!(second.won.len(), 20);
     eventually(std::time::Duration::from_secs(15), "units back", || async {
         let stats = env.stats(&server, 2).await;
@@ -224,13 +262,15 @@ struct Failover {
 /// A sale of 300 units on the shared cluster: 1,000 buyers, the master serving the item
 /// killed (SIGKILL) after 150 answers, its replica taking over, the killed node back as a
 /// replica; then a second crowd buys what is left, and the outcome is counted.
-async fn failover_mid_burst(wait_replicas: u32) -> (TestEnv, TestServer, Ledger, Failover) {
-    let (cluster, _turn) = PrivateRedisCluster::shared().await;
-    let (seeds, ports, dir) = {
-        let cluster = cluster.lock().unwrap();
-        (cluster.seeds(), cluster.ports.clone(), cluster.dir())
-    };
-    let env = TestEnv::on_redis_cluster("redis_failover", &seeds).await;
+async fn failover_mid_burst(wait_replicas: u32) -> (Turn, TestServer, Ledger, Failover) {
+    let on = turn("redis_failover").await;
+    let Turn {
+        cluster,
+        env,
+        ports,
+        dir,
+        ..
+    } = &on;
     let server = env
         .server_with(ALL_ROLES, |s| {
             s.redis_wait_replicas = wait_replicas;
@@ -242,19 +282,19 @@ async fn failover_mid_burst(wait_replicas: u32) -> (TestEnv, TestServer, Ledger,
     let answered = std::sync::atomic::AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
     let (mut ledger, _) = tokio::join!(
-        crowd(&env, 1, 1..1_001, &at, &answered),
+        crowd(env, 1, 1..1_001, &at, &answered),
         mid_burst(&answered, 150, async {
             cluster.lock().unwrap().kill(master)
         }),
     );
     // The replica took over: every slot served again by the nodes still up.
     let up: Vec<u16> = ports.iter().copied().filter(|p| *p != master).collect();
-    whole(&dir, &up).await;
+    whole(dir, &up).await;
     cluster.lock().unwrap().restart(master);
-    whole(&dir, &ports).await;
+    whole(dir, ports).await;
     // Everyone presses again once the replica serves the item: what is left sells.
-    ledger.merge(crowd(&env, 1, 1..1_201, &at, &answered).await);
-    ask_uncertain(&env, &server, 1, &mut ledger).await;
+    ledger.merge(crowd(env, 1, 1..1_201, &at, &answered).await);
+    ask_uncertain(env, &server, 1, &mut ledger).await;
     // Every order that reached Redis's outbox on the surviving node is in MySQL (without
     // WAIT the item itself may be gone with the dead master: nothing stricter can hold).
     let queue = env.topology().orders_queue;
@@ -285,7 +325,7 @@ async fn failover_mid_burst(wait_replicas: u32) -> (TestEnv, TestServer, Ledger,
             .count(),
         answers: ledger.answers.clone(),
     };
-    (env, server, ledger, failover)
+    (on, server, ledger, failover)
 }
 
 /// With `SECKILL_REDIS_WAIT_REPLICAS=1` a master failover mid-burst loses no `202` and
@@ -293,20 +333,21 @@ async fn failover_mid_burst(wait_replicas: u32) -> (TestEnv, TestServer, Ledger,
 /// holds it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_redis_master_killed_mid_burst_with_wait_loses_nothing_and_oversells_nothing() {
-    let (env, server, ledger, failover) = failover_mid_burst(1).await;
+    let (on, server, ledger, failover) = failover_mid_burst(1).await;
+    let env = &on.env;
     eprintln!(
         "failover with WAIT 1: {:?}; oversold {}, lost {}",
         failover.answers, failover.oversold, failover.lost
     );
     quiet(
-        &env,
+        env,
         &server,
         1,
         &amqp_url(),
         std::time::Duration::from_secs(30),
     )
     .await;
-    total_check(&env, &server, 1, 300, &ledger).await;
+    total_check(env, &server, 1, 300, &ledger).await;
     assert_eq!((failover.oversold, failover.lost), (0, 0));
     server.stop().await;
 }
@@ -318,7 +359,7 @@ async fn a_redis_master_killed_mid_burst_with_wait_loses_nothing_and_oversells_n
 #[ignore = "a measurement, run by hand"]
 async fn failover_without_wait() {
     for run in 1..=5 {
-        let (_env, server, _ledger, failover) = failover_mid_burst(0).await;
+        let (_on, server, _ledger, failover) = failover_mid_burst(0).await;
         eprintln!(
             "failover without WAIT, run {run}: {:?}; oversold {}, lost {}",
             failover.answers, failover.oversold, failover.lost
@@ -333,9 +374,7 @@ async fn failover_without_wait() {
 /// invariants; stats and reconciliation add up across the buckets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hot_item_over_eight_buckets_sells_on_several_masters() {
-    let (cluster, _turn) = PrivateRedisCluster::shared().await;
-    let seeds = cluster.lock().unwrap().seeds();
-    let env = TestEnv::on_redis_cluster("redis_buckets", &seeds).await;
+    let Turn { cluster, env, .. } = &turn("redis_buckets").await;
     let server = env
         .server_with(ALL_ROLES, |s| {
             s.scheduler_poll_ms = 200;
@@ -352,21 +391,21 @@ async fn a_hot_item_over_eight_buckets_sells_on_several_masters() {
 
     let answered = std::sync::atomic::AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
-    let mut ledger = crowd(&env, 1, 1..1_201, &at, &answered).await;
+    let mut ledger = crowd(env, 1, 1..1_201, &at, &answered).await;
     // Everyone presses again (a 503 while replicas lag is answered by the second press),
     // and newcomers take whatever is left.
-    ledger.merge(crowd(&env, 1, 1..1_201, &at, &answered).await);
-    ledger.merge(crowd(&env, 1, 1_201..1_601, &at, &answered).await);
-    ask_uncertain(&env, &server, 1, &mut ledger).await;
+    ledger.merge(crowd(env, 1, 1..1_201, &at, &answered).await);
+    ledger.merge(crowd(env, 1, 1_201..1_601, &at, &answered).await);
+    ask_uncertain(env, &server, 1, &mut ledger).await;
     quiet(
-        &env,
+        env,
         &server,
         1,
         &amqp_url(),
         std::time::Duration::from_secs(30),
     )
     .await;
-    total_check(&env, &server, 1, 400, &ledger).await;
+    total_check(env, &server, 1, 400, &ledger).await;
     assert_eq!(env.orders(1).await.len(), 400, "{:?}", ledger.answers);
     let (status, json) = env.admin_post(&server, "/admin/items/1/reconcile").await;
     assert_eq!(
@@ -383,9 +422,7 @@ async fn a_hot_item_over_eight_buckets_sells_on_several_masters() {
 /// other past the limit (before, 408–523 of 1,000 winners heard `503`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_wait_a_crowd_on_one_master_hears_202_for_every_unit() {
-    let (cluster, _turn) = PrivateRedisCluster::shared().await;
-    let seeds = cluster.lock().unwrap().seeds();
-    let env = TestEnv::on_redis_cluster("redis_wait_crowd", &seeds).await;
+    let Turn { cluster, env, .. } = &turn("redis_wait_crowd").await;
     let server = env
         .server_with(ALL_ROLES, |s| {
             s.redis_wait_replicas = 1;
@@ -409,13 +446,13 @@ async fn with_wait_a_crowd_on_one_master_hears_202_for_every_unit() {
     let waits_before = waits();
     let answered = std::sync::atomic::AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
-    let mut ledger = crowd_of(&env, 1, 1..3_001, &at, &answered, 100).await;
+    let mut ledger = crowd_of(env, 1, 1..3_001, &at, &answered, 100).await;
     let shared = waits() - waits_before;
     eprintln!("1,000 wins on one master shared {shared} WAITs");
     // A WAIT per win was what queued; grouped, a crowd's wins share far fewer.
     assert!(shared < 500, "{shared} WAITs for 1,000 wins");
     // Everyone presses again: winners hear their order named, the others sold out.
-    ledger.merge(crowd_of(&env, 1, 1..3_001, &at, &answered, 100).await);
+    ledger.merge(crowd_of(env, 1, 1..3_001, &at, &answered, 100).await);
     let refused: u64 = ledger
         .answers
         .iter()
@@ -429,14 +466,14 @@ async fn with_wait_a_crowd_on_one_master_hears_202_for_every_unit() {
         ledger.answers
     );
     quiet(
-        &env,
+        env,
         &server,
         1,
         &amqp_url(),
         std::time::Duration::from_secs(30),
     )
     .await;
-    total_check(&env, &server, 1, 1_000, &ledger).await;
+    total_check(env, &server, 1, 1_000, &ledger).await;
     server.stop().await;
 }
 
@@ -448,12 +485,13 @@ async fn with_wait_a_crowd_on_one_master_hears_202_for_every_unit() {
 /// the stock sells. Once the killed node is back as a replica, the last units sell too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_master_left_without_replicas_leaves_no_unit_in_limbo() {
-    let (cluster, _turn) = PrivateRedisCluster::shared().await;
-    let (seeds, ports, dir) = {
-        let cluster = cluster.lock().unwrap();
-        (cluster.seeds(), cluster.ports.clone(), cluster.dir())
-    };
-    let env = TestEnv::on_redis_cluster("redis_alone", &seeds).await;
+    let Turn {
+        cluster,
+        env,
+        ports,
+        dir,
+        ..
+    } = &turn("redis_alone").await;
     let server = env
         .server_with(ALL_ROLES, |s| {
             s.redis_wait_replicas = 1;
@@ -476,13 +514,13 @@ async fn a_master_left_without_replicas_leaves_no_unit_in_limbo() {
         port: master,
     };
     let (mut ledger, _) = tokio::join!(
-        crowd(&env, 1, 1..1_001, &at, &answered),
+        crowd(env, 1, 1..1_001, &at, &answered),
         mid_burst(&answered, 150, async {
             cluster.lock().unwrap().kill(master)
         }),
     );
     let up: Vec<u16> = ports.iter().copied().filter(|p| *p != master).collect();
-    whole(&dir, &up).await;
+    whole(dir, &up).await;
 
     // Within 30 s: nothing pending, every unit accounted, the lonely buckets named.
     let stats = eventually(
@@ -507,8 +545,8 @@ async fn a_master_left_without_replicas_leaves_no_unit_in_limbo() {
 
     // Everyone presses again, and newcomers come: the healthy buckets sell out, the lonely
     // ones wait — no buyer is told "sold out" while they hold units.
-    let mut again = crowd(&env, 1, 1..2_001, &at, &answered).await;
-    ask_uncertain(&env, &server, 1, &mut again).await;
+    let mut again = crowd(env, 1, 1..2_001, &at, &answered).await;
+    ask_uncertain(env, &server, 1, &mut again).await;
     let stats = env.stats(&server, 1).await;
     let false_sold_out = again.answers.get("410 sold_out").copied().unwrap_or(0);
     assert!(
@@ -517,7 +555,7 @@ async fn a_master_left_without_replicas_leaves_no_unit_in_limbo() {
         again.answers
     );
     ledger.merge(again);
-    ask_uncertain(&env, &server, 1, &mut ledger).await;
+    ask_uncertain(env, &server, 1, &mut ledger).await;
     eventually(
         std::time::Duration::from_secs(30),
         "orders landed",
@@ -543,18 +581,18 @@ async fn a_master_left_without_replicas_leaves_no_unit_in_limbo() {
 
     // The killed node comes back, as the lonely master's replica: the last units sell.
     drop(revive);
-    whole(&dir, &ports).await;
-    ledger.merge(crowd(&env, 1, 1..3_001, &at, &answered).await);
-    ask_uncertain(&env, &server, 1, &mut ledger).await;
+    whole(dir, ports).await;
+    ledger.merge(crowd(env, 1, 1..3_001, &at, &answered).await);
+    ask_uncertain(env, &server, 1, &mut ledger).await;
     quiet(
-        &env,
+        env,
         &server,
         1,
         &amqp_url(),
         std::time::Duration::from_secs(30),
     )
     .await;
-    total_check(&env, &server, 1, UNITS, &ledger).await;
+    total_check(env, &server, 1, UNITS, &ledger).await;
     assert_eq!(sold(&env.stats(&server, 1).await), u64::from(UNITS));
     server.stop().await;
 }
@@ -614,9 +652,7 @@ async fn sold_once(env: &TestEnv, item: u64, total: u32, ledger: &Ledger) {
 /// sold twice, the stock adding up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_split_item_force_reloaded_as_its_sale_opens_sells_nothing_twice() {
-    let (cluster, _turn) = PrivateRedisCluster::shared().await;
-    let seeds = cluster.lock().unwrap().seeds();
-    let env = TestEnv::on_redis_cluster("redis_reload_opening", &seeds).await;
+    let Turn { env, .. } = &turn("redis_reload_opening").await;
     let server = env
         .server_with(ALL_ROLES, |s| {
             s.rate_per_user = 0;
@@ -653,7 +689,7 @@ async fn a_split_item_force_reloaded_as_its_sale_opens_sells_nothing_twice() {
     let at = |_: u64, _: u32| server.addr;
     let pressing = async {
         until(opens).await;
-        crowd_of(&env, 1, 1..2_001, &at, &answered, 100).await
+        crowd_of(env, 1, 1..2_001, &at, &answered, 100).await
     };
     let (((status, json), took), mut ledger) = tokio::join!(reload, pressing);
     eprintln!(
@@ -661,17 +697,17 @@ async fn a_split_item_force_reloaded_as_its_sale_opens_sells_nothing_twice() {
         ledger.answers
     );
     assert_eq!(status, 200, "{json}");
-    ask_uncertain(&env, &server, 1, &mut ledger).await;
+    ask_uncertain(env, &server, 1, &mut ledger).await;
     quiet(
-        &env,
+        env,
         &server,
         1,
         &amqp_url(),
         std::time::Duration::from_secs(30),
     )
     .await;
-    stock_adds_up(&env, &server, 1, UNITS).await;
-    sold_once(&env, 1, UNITS, &ledger).await;
+    stock_adds_up(env, &server, 1, UNITS).await;
+    sold_once(env, 1, UNITS, &ledger).await;
     server.stop().await;
 }
 
@@ -682,9 +718,7 @@ async fn a_split_item_force_reloaded_as_its_sale_opens_sells_nothing_twice() {
 /// nothing to say the item was half-loaded), and every unit back on sale.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_split_item_reloads_whole_while_its_buyers_cancel() {
-    let (cluster, _turn) = PrivateRedisCluster::shared().await;
-    let seeds = cluster.lock().unwrap().seeds();
-    let env = TestEnv::on_redis_cluster("redis_reload_cancels", &seeds).await;
+    let Turn { env, .. } = &turn("redis_reload_cancels").await;
     let server = env
         .server_with(ALL_ROLES, |s| s.scheduler_poll_ms = 200)
         .await;
@@ -692,10 +726,10 @@ async fn a_paused_split_item_reloads_whole_while_its_buyers_cancel() {
     env.item(1, UNITS).buckets(8).on_sale(&server).await;
     let answered = std::sync::atomic::AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
-    let ledger = crowd(&env, 1, 1..301, &at, &answered).await;
+    let ledger = crowd(env, 1, 1..301, &at, &answered).await;
     assert_eq!(ledger.won.len(), 300, "{:?}", ledger.answers);
     quiet(
-        &env,
+        env,
         &server,
         1,
         &amqp_url(),
@@ -728,7 +762,7 @@ async fn a_paused_split_item_reloads_whole_while_its_buyers_cancel() {
         env.admin_post(&server, "/admin/items/1/resume").await.0,
         200
     );
-    let stats = stock_adds_up(&env, &server, 1, UNITS).await;
+    let stats = stock_adds_up(env, &server, 1, UNITS).await;
     assert_eq!(stats["remaining"], UNITS, "{stats}");
     server.stop().await;
 }
@@ -756,12 +790,13 @@ impl Drop for Revive {
 /// twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failover_without_wait_is_rebuilt_by_the_readme_procedure() {
-    let (cluster, _turn) = PrivateRedisCluster::shared().await;
-    let (seeds, ports, dir) = {
-        let cluster = cluster.lock().unwrap();
-        (cluster.seeds(), cluster.ports.clone(), cluster.dir())
-    };
-    let env = TestEnv::on_redis_cluster("redis_failover_rebuild", &seeds).await;
+    let Turn {
+        cluster,
+        env,
+        ports,
+        dir,
+        ..
+    } = &turn("redis_failover_rebuild").await;
     let edge = [Role::Api, Role::Scheduler];
     let server = env.server_with(&edge, |s| s.scheduler_poll_ms = 200).await;
     const UNITS: u32 = 300;
@@ -769,29 +804,14 @@ async fn a_failover_without_wait_is_rebuilt_by_the_readme_procedure() {
     let master = cluster.lock().unwrap().master_of(&env.item_keys(1).meta);
     let answered = std::sync::atomic::AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
-    let mut ledger = crowd(&env, 1, 1..101, &at, &answered).await;
+    let mut ledger = crowd(env, 1, 1..101, &at, &answered).await;
 
-    // The master's replica is cut off and cannot come back (the master now asks for a
-    // password it does not have): the next sales live on the master alone.
-    let revive = Revive {
-        cluster,
-        port: master,
-    };
-    {
-        let cluster = cluster.lock().unwrap();
-        cluster.ask(master, &["CONFIG", "SET", "requirepass", "cut-off"]);
-        let auth = ["-a", "cut-off", "--no-auth-warning"];
-        cluster.ask(
-            master,
-            &[&auth[..], &["CLIENT", "KILL", "TYPE", "replica"]].concat(),
-        );
-    }
-    let cut_off = crowd(&env, 1, 101..201, &at, &answered).await;
+    // The master's replica is cut off: the next sales live on the master alone.
+    cluster.lock().unwrap().cut_replicas_off(master);
+    let cut_off = crowd(env, 1, 101..201, &at, &answered).await;
     assert_eq!(cut_off.won.len(), 100, "{:?}", cut_off.answers);
     ledger.merge(cut_off);
-    cluster.lock().unwrap().kill(master);
-    let up: Vec<u16> = ports.iter().copied().filter(|p| *p != master).collect();
-    whole(&dir, &up).await;
+    let revive = lose_master(cluster, master, ports, dir).await;
 
     // The README's procedure.
     assert_eq!(env.admin_post(&server, "/admin/items/1/pause").await.0, 200);
@@ -817,20 +837,20 @@ async fn a_failover_without_wait_is_rebuilt_by_the_readme_procedure() {
         200
     );
     // Everyone presses again, newcomers too: what is left sells, once.
-    ledger.merge(crowd(&env, 1, 1..601, &at, &answered).await);
-    ask_uncertain(&env, &server, 1, &mut ledger).await;
+    ledger.merge(crowd(env, 1, 1..601, &at, &answered).await);
+    ask_uncertain(env, &server, 1, &mut ledger).await;
     quiet(
-        &env,
+        env,
         &server,
         1,
         &amqp_url(),
         std::time::Duration::from_secs(30),
     )
     .await;
-    sold_once(&env, 1, UNITS, &ledger).await;
-    total_check(&env, &server, 1, UNITS, &ledger).await;
+    sold_once(env, 1, UNITS, &ledger).await;
+    total_check(env, &server, 1, UNITS, &ledger).await;
     drop(revive);
-    whole(&dir, &ports).await;
+    whole(dir, ports).await;
     if let Some(consumer) = consumer {
         consumer.stop().await;
     }
@@ -846,12 +866,13 @@ async fn a_failover_without_wait_is_rebuilt_by_the_readme_procedure() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_loan_is_forgotten_only_once_the_home_masters_replicas_hold_it() {
     use seckill::domain::{ItemId, Stock, UserId};
-    let (cluster, _turn) = PrivateRedisCluster::shared().await;
-    let (seeds, ports, dir) = {
-        let cluster = cluster.lock().unwrap();
-        (cluster.seeds(), cluster.ports.clone(), cluster.dir())
-    };
-    let env = TestEnv::on_redis_cluster("redis_loan_failover", &seeds).await;
+    let Turn {
+        cluster,
+        env,
+        ports,
+        dir,
+        ..
+    } = &turn("redis_loan_failover").await;
     let server = env
         .server_with(ALL_ROLES, |s| {
             s.redis_wait_replicas = 1;
@@ -886,36 +907,16 @@ async fn a_loan_is_forgotten_only_once_the_home_masters_replicas_hold_it() {
     )
     .await;
 
-    // The home master's replica is cut off, and cannot come back.
-    let revive = Revive {
-        cluster,
-        port: home_master,
-    };
-    {
-        let cluster = cluster.lock().unwrap();
-        cluster.ask(home_master, &["CONFIG", "SET", "requirepass", "cut-off"]);
-        let auth = ["-a", "cut-off", "--no-auth-warning"];
-        cluster.ask(
-            home_master,
-            &[&auth[..], &["CLIENT", "KILL", "TYPE", "replica"]].concat(),
-        );
-    }
-    // The home bucket is empty: the second buyer's press borrows the other bucket's unit
-    // (or is refused first, once the server sees the replica gone). It cannot be
-    // confirmed either way.
+    // The home master's replica is cut off. The home bucket is empty: the second buyer's
+    // press borrows the other bucket's unit (or is refused first, once the server sees
+    // the replica gone). It cannot be confirmed either way.
+    cluster.lock().unwrap().cut_replicas_off(home_master);
     let (status, json) = env.buy(&server, second, id).await;
     assert_ne!(status, 202, "{json}");
-    cluster.lock().unwrap().kill(home_master);
-    let up: Vec<u16> = ports
-        .iter()
-        .copied()
-        .filter(|p| *p != home_master)
-        .collect();
-    whole(&dir, &up).await;
-    drop(revive);
-    whole(&dir, &ports).await;
+    drop(lose_master(cluster, home_master, ports, dir).await);
+    whole(dir, ports).await;
     // Every unit accounted: the first buyer's, and the one lent, back with its lender.
-    let stats = stock_adds_up(&env, &server, id, 2).await;
+    let stats = stock_adds_up(env, &server, id, 2).await;
     assert_eq!(stats["remaining"], 1, "{stats}");
     server.stop().await;
 }
@@ -926,12 +927,13 @@ async fn a_loan_is_forgotten_only_once_the_home_masters_replicas_hold_it() {
 /// accounted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_master_short_of_replicas_refuses_or_degrades_as_told() {
-    let (cluster, _turn) = PrivateRedisCluster::shared().await;
-    let (seeds, ports, dir) = {
-        let cluster = cluster.lock().unwrap();
-        (cluster.seeds(), cluster.ports.clone(), cluster.dir())
-    };
-    let env = TestEnv::on_redis_cluster("redis_wait_policy", &seeds).await;
+    let Turn {
+        cluster,
+        env,
+        ports,
+        dir,
+        ..
+    } = &turn("redis_wait_policy").await;
     let refusing = env
         .server_with(ALL_ROLES, |s| s.redis_wait_replicas = 1)
         .await;
@@ -994,7 +996,7 @@ async fn a_master_short_of_replicas_refuses_or_degrades_as_told() {
     );
     // The replica moves again: sales again.
     drop(thaw);
-    whole(&dir, &ports).await;
+    whole(dir, ports).await;
     eventually(
         std::time::Duration::from_secs(10),
         "a sale again",
@@ -1012,7 +1014,7 @@ async fn a_master_short_of_replicas_refuses_or_degrades_as_told() {
         },
     )
     .await;
-    let stats = stock_adds_up(&env, &refusing, 1, UNITS).await;
+    let stats = stock_adds_up(env, &refusing, 1, UNITS).await;
     assert_eq!(stats["remaining"], UNITS - 3, "{stats}");
     degrading.stop().await;
     refusing.stop().await;

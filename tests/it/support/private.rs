@@ -535,6 +535,25 @@ impl PrivateRedisCluster {
             .expect("a replica of the master")
     }
 
+    /// Cuts the master on `port` off from its replicas for as long as it lives: it asks
+    /// for a password they do not have (set with `CONFIG SET`, so gone after a restart)
+    /// and drops their links, and what it takes from now on lives on it alone.
+    pub fn cut_replicas_off(&self, master: u16) {
+        cli(master, &["CONFIG", "SET", "requirepass", "cut-off"]);
+        cli(
+            master,
+            &[
+                "-a",
+                "cut-off",
+                "--no-auth-warning",
+                "CLIENT",
+                "KILL",
+                "TYPE",
+                "replica",
+            ],
+        );
+    }
+
     /// SIGSTOP to the node on `port`: it keeps its links but does nothing (a stuck node).
     pub fn freeze(&self, port: u16) {
         let i = self.ports.iter().position(|p| *p == port).unwrap();
