@@ -77,7 +77,19 @@ fn describe() {
     describe_histogram!(
         "seckill_stage_duration_seconds",
         Unit::Seconds,
-        "Time of each stage: redis_grab (per purchase), mq_publish and mysql_insert (per batch)"
+        "Time of each stage: redis_grab (per purchase), mq_publish and mysql_insert (per batch), redis_wait (per WAIT for replicas)"
+    );
+    describe_counter!(
+        "seckill_redis_waits_total",
+        "WAITs sent for replicas (SECKILL_REDIS_WAIT_REPLICAS); each answers every write its master took before it"
+    );
+    describe_counter!(
+        "seckill_redis_wait_total",
+        "Writes that waited for replicas, by outcome: held, not_held, degraded (sold without them), refused (before the write)"
+    );
+    describe_gauge!(
+        "seckill_redis_masters_short",
+        "Redis masters with fewer replicas in step than SECKILL_REDIS_WAIT_REPLICAS"
     );
     describe_gauge!(
         "seckill_stock_remaining",

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, Once, Weak};
 use std::time::Duration;
 
 use futures::future::join_all;
-use metrics::{Counter, Gauge};
+use metrics::{Counter, Gauge, Histogram};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, Value};
 use tokio::sync::{mpsc, oneshot, watch};
@@ -50,6 +50,10 @@ const FIRST_LOOK_WITHIN: Duration = Duration::from_secs(1);
 const NODE_TIMEOUT: Duration = Duration::from_millis(500);
 /// Writes waiting at one master's committer, at most: beyond, they count as not held.
 const QUEUE: usize = 16_384;
+/// `WAIT`s in flight at once per master, each on a connection of its own: a write that
+/// arrives while one waits leaves with the next at once, rather than after it (measured
+/// on the 2-core VM, a `WAIT` under a crowd took 3 ms; alone, 0.1 ms).
+const IN_FLIGHT: usize = 2;
 /// Writes one `WAIT` answers, at most.
 const BATCH: usize = 4_096;
 /// Redis Cluster's slots.
@@ -163,6 +167,10 @@ struct Ask {
 }
 
 struct WaitMeters {
+    /// Each `WAIT` sent, with how long it took: with the writes' count (`held` +
+    /// `not_held`), how many writes one `WAIT` answered.
+    waits: Counter,
+    wait_seconds: Histogram,
     held: Counter,
     not_held: Counter,
     degraded: Counter,
@@ -177,6 +185,8 @@ impl WaitMeters {
         let ns = namespace.to_owned();
         let outcome = |outcome: &'static str| metrics::counter!("seckill_redis_wait_total", "namespace" => ns.clone(), "outcome" => outcome);
         Self {
+            waits: metrics::counter!("seckill_redis_waits_total", "namespace" => ns.clone()),
+            wait_seconds: metrics::histogram!("seckill_stage_duration_seconds", "namespace" => ns.clone(), "stage" => "redis_wait"),
             held: outcome("held"),
             not_held: outcome("not_held"),
             degraded: outcome("degraded"),
@@ -270,7 +280,17 @@ impl Replicas {
             return asks.clone();
         }
         let (asks, queue) = mpsc::channel(QUEUE);
-        tokio::spawn(commit(self.info_for(node), self.rule.replicas, queue));
+        let queue = Arc::new(tokio::sync::Mutex::new(queue));
+        for _ in 0..IN_FLIGHT {
+            let meters = (self.meters.waits.clone(), self.meters.wait_seconds.clone());
+            let committer = commit(
+                self.info_for(node),
+                self.rule.replicas,
+                queue.clone(),
+                meters,
+            );
+            tokio::spawn(committer);
+        }
         committers.insert(node.clone(), asks.clone());
         asks
     }
@@ -432,16 +452,27 @@ impl Replication {
     }
 }
 
-/// One master's committer: each `WAIT` answers every write asked for before it was sent.
-async fn commit(info: ConnectionInfo, replicas: u32, mut asks: mpsc::Receiver<Ask>) {
+/// One of a master's committers: each `WAIT` answers every write asked for before it was
+/// sent; while it waits, another takes the writes that arrive.
+async fn commit(
+    info: ConnectionInfo,
+    replicas: u32,
+    asks: Arc<tokio::sync::Mutex<mpsc::Receiver<Ask>>>,
+    (waits, wait_seconds): (Counter, Histogram),
+) {
     let mut conn = None;
     let mut batch = Vec::with_capacity(BATCH);
-    while asks.recv_many(&mut batch, BATCH).await > 0 {
+    while asks.lock().await.recv_many(&mut batch, BATCH).await > 0 {
         let now = Instant::now();
         // Those whose time ran out while they queued are not held (their buyer hears so).
         batch.retain(|ask| ask.by > now);
         let held = match batch.iter().map(|ask| ask.by).min() {
-            Some(by) => wait_once(&info, &mut conn, replicas, &batch, by - now).await,
+            Some(by) => {
+                let held = wait_once(&info, &mut conn, replicas, &batch, by - now).await;
+                waits.increment(1);
+                wait_seconds.record(now.elapsed());
+                held
+            }
             None => false,
         };
         for ask in batch.drain(..) {
