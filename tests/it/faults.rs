@@ -159,3 +159,61 @@ async fn a_corrupt_sold_count_refuses_the_purchase_without_taking_a_unit() {
     assert_eq!(env.buy(&server, 1, 1).await.0, 202);
     server.stop().await;
 }
+
+/// `WAIT 1` on one Redis server with one replica (no cluster): a win is answered once the
+/// replica holds it; while the replica is stuck (frozen), purchases are refused before
+/// the grab and take nothing; thawed, the sale goes on — every unit accounted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_wait_one_server_sells_only_what_its_replica_holds() {
+    let env = TestEnv::new("wait_one_server").await;
+    let master = PrivateRedis::start().await;
+    let master_port = master.port.to_string();
+    let replica = PrivateRedis::start_with(&["--replicaof", "127.0.0.1", &master_port]).await;
+    eventually(Duration::from_secs(10), "the replica in step", || async {
+        let info = replica.cmd(&["INFO", "replication"]).await;
+        let info: String = redis::FromRedisValue::from_redis_value(info).unwrap_or_default();
+        if info.contains("master_link_status:up") {
+            Ok(())
+        } else {
+            Err(info)
+        }
+    })
+    .await;
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.redis_url = Secret::new(master.url());
+            s.redis_wait_replicas = 1;
+        })
+        .await;
+    env.item(1, 10).on_sale(&server).await;
+    assert_eq!(env.buy(&server, 1, 1).await.0, 202);
+
+    replica.freeze();
+    eventually(Duration::from_secs(10), "a refusal", || async {
+        let (status, json) = env.buy(&server, 2, 1).await;
+        let stats = env.stats(&server, 1).await;
+        if status == 503 && stats["replicas"]["short"] == serde_json::json!([0]) {
+            Ok(())
+        } else {
+            Err(format!("{status} {json} {stats}"))
+        }
+    })
+    .await;
+    replica.thaw();
+    eventually(Duration::from_secs(10), "a sale again", || async {
+        match env.buy(&server, 2, 1).await {
+            (202, _) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    env.wait_for_orders(&server, 1, 2, Duration::from_secs(10))
+        .await;
+    let stats = env.stats(&server, 1).await;
+    assert_eq!(
+        (stats["remaining"].as_u64(), stats["consistent"].as_bool()),
+        (Some(8), Some(true)),
+        "{stats}"
+    );
+    server.stop().await;
+}
