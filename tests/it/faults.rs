@@ -168,7 +168,15 @@ async fn with_wait_one_server_sells_only_what_its_replica_holds() {
     let env = TestEnv::new("wait_one_server").await;
     let master = PrivateRedis::start().await;
     let master_port = master.port.to_string();
-    let replica = PrivateRedis::start_with(&["--replicaof", "127.0.0.1", &master_port]).await;
+    // Loading the master's copy straight from the socket: nothing written to disk here.
+    let replica = PrivateRedis::start_with(&[
+        "--replicaof",
+        "127.0.0.1",
+        &master_port,
+        "--repl-diskless-load",
+        "on-empty-db",
+    ])
+    .await;
     eventually(Duration::from_secs(10), "the replica in step", || async {
         let info = replica.cmd(&["INFO", "replication"]).await;
         let info: String = redis::FromRedisValue::from_redis_value(info).unwrap_or_default();
