@@ -17,7 +17,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Cmd, FromRedisValue, IntoConnectionInfo, Pipeline, RedisFuture, Value};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::STORE_TIMEOUT;
@@ -72,9 +72,6 @@ enum Servers {
         conn: Renewable,
         /// The seed nodes, for pub/sub (any node will do).
         seeds: Vec<redis::Client>,
-        /// How the first seed's URL connects (password, TLS): how any node is reached
-        /// when replicas are watched.
-        template: redis::ConnectionInfo,
     },
 }
 
@@ -91,8 +88,7 @@ impl RedisConns {
         let servers = match urls.as_slice() {
             [] => anyhow::bail!("no Redis URL"),
             [url] => one(url)?,
-            seeds @ [first, ..] => Servers::Cluster {
-                template: first.into_connection_info()?,
+            seeds => Servers::Cluster {
                 client: Box::new(
                     ClusterClient::builder(seeds.iter().copied())
                         .connection_timeout(Duration::from_millis(500))
@@ -120,15 +116,17 @@ impl RedisConns {
         }
         let nodes = match &*self.servers {
             Servers::One { client, .. } => Nodes::One(client.get_connection_info().clone()),
-            Servers::Cluster {
-                template, seeds, ..
-            } => Nodes::Cluster {
-                template: template.clone(),
-                seeds: seeds
+            Servers::Cluster { seeds, .. } => {
+                let seeds: Vec<redis::ConnectionInfo> = seeds
                     .iter()
                     .map(|seed| seed.get_connection_info().clone())
-                    .collect(),
-            },
+                    .collect();
+                // Every node is reached as the first seed's URL says (password, TLS).
+                let Some(template) = seeds.first().cloned() else {
+                    return self;
+                };
+                Nodes::Cluster { template, seeds }
+            }
         };
         self.replicas = Some(Arc::new(Replicas::new(rule, nodes)));
         self
