@@ -113,8 +113,9 @@ struct Master {
     /// Replicas connected and acknowledging (0 when the node did not answer as a master).
     in_step: u32,
     /// Replicas a failover could promote: those the cluster lists as not failed (for one
-    /// server, those connected at all).
-    could_take_over: u32,
+    /// server, those connected at all). `None`: not known (the node did not answer, and
+    /// nothing was known of it before) — then one might.
+    could_take_over: Option<u32>,
 }
 
 impl View {
@@ -235,10 +236,6 @@ impl Replicas {
         let view = self.view().await;
         let master = view.master_of(key);
         let in_step = master.map_or(0, |m| m.in_step);
-        let to = master.map(|m| Commit {
-            key: key.to_owned(),
-            asks: self.committer(&m.node),
-        });
         if in_step < self.rule.replicas && self.rule.policy == WaitPolicy::Refuse {
             self.meters.refused.increment(1);
             return Err(ShortOfReplicas {
@@ -246,6 +243,10 @@ impl Replicas {
                 required: self.rule.replicas,
             });
         }
+        let to = master.map(|m| Commit {
+            key: key.to_owned(),
+            asks: self.committer(&m.node),
+        });
         Ok(Replication {
             wait: Some(Wait {
                 replicas: self.clone(),
@@ -261,7 +262,7 @@ impl Replicas {
         self.view()
             .await
             .master_of(key)
-            .is_some_and(|m| m.could_take_over == 0)
+            .is_some_and(|m| m.could_take_over == Some(0))
     }
 
     /// Whether the master of `key` has fewer replicas in step than the rule asks for.
@@ -320,53 +321,54 @@ impl Replicas {
     }
 
     /// One look: the masters (and, on a cluster, the slots they serve), then each
-    /// master's replicas.
+    /// master's replicas. What a node does not answer is taken as unknown, never as "no
+    /// replica": a master it cannot see counts as short, and as one a replica might still
+    /// take over from.
     async fn look(&self, links: &mut Links) -> View {
-        let (slots, mut masters) = match &self.nodes {
+        let before = self.view.borrow().clone();
+        let (slots, masters) = match &self.nodes {
             Nodes::One(info) => (Vec::new(), vec![(node_of(info), None)]),
             Nodes::Cluster { seeds, .. } => {
-                let before: Vec<Node> = self
-                    .view
-                    .borrow()
-                    .masters
-                    .iter()
-                    .map(|m| m.node.clone())
-                    .collect();
-                let asked = before.into_iter().chain(seeds.iter().map(node_of));
+                let known = before.masters.iter().map(|m| m.node.clone());
+                let asked = known.chain(seeds.iter().map(node_of));
                 match cluster_slots(self, links, asked).await {
                     Some(map) => map,
-                    // No node answered: the last map stands, every master short.
-                    None => {
-                        let view = self.view.borrow();
-                        let masters = view.masters.iter().map(|m| (m.node.clone(), Some(0)));
-                        (view.slots.clone(), masters.collect())
-                    }
+                    // No node answered: the last map stands, with what it knew.
+                    None => (
+                        before.slots.clone(),
+                        before
+                            .masters
+                            .iter()
+                            .map(|m| (m.node.clone(), m.could_take_over))
+                            .collect(),
+                    ),
                 }
             }
         };
-        let infos = join_all(masters.iter().map(|(node, _)| {
-            let link = links.get(node).cloned();
+        let answers = join_all(masters.iter().map(|(node, _)| {
+            let link = links.remove(node);
             let info = self.info_for(node);
             async move { replication_info(&info, link).await }
         }))
         .await;
-        let masters = masters
-            .drain(..)
-            .zip(infos)
-            .map(|((node, listed), answer)| {
-                let (seen, link) = answer.unwrap_or((ReplicationInfo::default(), None));
-                match link {
-                    Some(link) => links.insert(node.clone(), link),
-                    None => links.remove(&node),
-                };
-                Master {
-                    could_take_over: listed.unwrap_or(seen.connected),
-                    in_step: seen.in_step,
-                    node,
-                }
-            })
-            .collect::<Vec<_>>();
-        let short = masters
+        let mut seen_masters = Vec::with_capacity(masters.len());
+        for ((node, listed), (seen, link)) in masters.into_iter().zip(answers) {
+            if let Some(link) = link {
+                links.insert(node.clone(), link);
+            }
+            let known_before = || {
+                let was = before.masters.iter().find(|m| m.node == node);
+                was.and_then(|m| m.could_take_over)
+            };
+            seen_masters.push(Master {
+                could_take_over: listed
+                    .or(seen.as_ref().map(|seen| seen.connected))
+                    .or_else(known_before),
+                in_step: seen.map_or(0, |seen| seen.in_step),
+                node,
+            });
+        }
+        let short = seen_masters
             .iter()
             .filter(|m| m.in_step < self.rule.replicas)
             .count();
@@ -374,7 +376,7 @@ impl Replicas {
         View {
             seen: true,
             slots,
-            masters,
+            masters: seen_masters,
         }
     }
 
@@ -562,7 +564,7 @@ fn node_of(info: &ConnectionInfo) -> Node {
 type Links = HashMap<Node, MultiplexedConnection>;
 
 /// Per slot, the index of its master; and each master, with the replicas the cluster lists
-/// for it (`None`: not known from the map; count those connected).
+/// for it (`None`: the map does not say; count those connected).
 type SlotMap = (Vec<u16>, Vec<(Node, Option<u32>)>);
 
 /// Looks every [`WATCH_EVERY`] until the connections it serves are dropped.
@@ -685,15 +687,18 @@ struct ReplicationInfo {
     in_step: u32,
 }
 
-/// `INFO replication` of `info`'s node, and the link to use next time (none after a
-/// failure). A node that is not a master has no replicas of its own to count.
+/// `INFO replication` of `info`'s node (`None`: no answer), and the link to use next time
+/// (none after a failure). A node that is not a master has no replicas of its own.
 async fn replication_info(
     info: &ConnectionInfo,
     link: Option<MultiplexedConnection>,
-) -> Option<(ReplicationInfo, Option<MultiplexedConnection>)> {
-    let mut link = match link {
-        Some(link) => link,
-        None => connect(info, NODE_TIMEOUT).await?,
+) -> (Option<ReplicationInfo>, Option<MultiplexedConnection>) {
+    let link = match link {
+        Some(link) => Some(link),
+        None => connect(info, NODE_TIMEOUT).await,
+    };
+    let Some(mut link) = link else {
+        return (None, None);
     };
     let answer = tokio::time::timeout(
         NODE_TIMEOUT,
@@ -703,8 +708,8 @@ async fn replication_info(
     )
     .await;
     match answer {
-        Ok(Ok(text)) => Some((parse_replication(&text), Some(link))),
-        _ => Some((ReplicationInfo::default(), None)),
+        Ok(Ok(text)) => (Some(parse_replication(&text)), Some(link)),
+        _ => (None, None),
     }
 }
 
