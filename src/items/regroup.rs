@@ -13,6 +13,7 @@ use crate::keys::Keys;
 use crate::store::{Db, Grouped, RedisConns, RedisLock, StoreError};
 
 use super::repo::{self, ItemDraft};
+use super::stock;
 
 /// How long a write that changes buckets holds the items' warm-up locks, at most.
 const HOLD_FOR: Duration = Duration::from_secs(10);
@@ -99,31 +100,15 @@ async fn in_redis(
     let mut of = Vec::new();
     for (id, buckets) in items {
         for stock in Stock::all(*id, *buckets) {
-            let bucket = keys.stock(stock);
-            // A window or pause copied to the meta is no state: `loaded` and `fenced` are.
-            grouped
-                .group()
-                .cmd("HMGET")
-                .arg(&bucket.meta)
-                .arg("loaded")
-                .arg("fenced")
-                .cmd("EXISTS")
-                .arg(&bucket.tokens)
-                .arg(&bucket.pending)
-                .arg(&bucket.outbox)
-                .arg(&bucket.lent)
-                .arg(&bucket.due)
-                .arg(bucket.all_buyer_keys().collect::<Vec<_>>());
+            stock::ask_held(grouped.group(), &keys.stock(stock));
             of.push(*id);
         }
     }
-    /// A bucket's `loaded` and `fenced`, and how many of its keys exist.
-    type Found = ((Option<String>, Option<String>), u64);
-    let found: Vec<Found> = grouped.query(redis).await?;
+    let found: Vec<(stock::Marks, u64)> = grouped.query(redis).await?;
     let mut held: Vec<ItemId> = of
         .into_iter()
         .zip(found)
-        .filter(|(_, ((loaded, fenced), keys))| loaded.is_some() || fenced.is_some() || *keys > 0)
+        .filter(|(_, (marks, keys))| stock::holds(marks, *keys))
         .map(|(id, _)| id)
         .collect();
     held.dedup();

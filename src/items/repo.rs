@@ -207,27 +207,20 @@ async fn upsert_chunk(
         .map(|(id, buckets, loaded_at)| (id, (buckets, loaded_at.is_some())))
         .collect();
     // Orders of items whose buckets would change: their records live in those buckets.
-    let regrouped: Vec<u64> = chunk
+    let regrouped: Vec<ItemId> = chunk
         .iter()
         .filter(|(id, draft)| {
             existing
                 .get(&id.get())
                 .is_some_and(|(buckets, _)| *buckets != draft.buckets)
         })
-        .map(|(id, _)| id.get())
+        .map(|(id, _)| *id)
         .collect();
-    let with_orders: HashSet<u64> = if regrouped.is_empty() {
-        HashSet::new()
-    } else {
-        let mut query = QueryBuilder::new("SELECT DISTINCT item_id FROM orders WHERE item_id IN (");
-        let mut list = query.separated(", ");
-        for id in &regrouped {
-            list.push_bind(*id);
-        }
-        query.push(")");
-        let found: Vec<u64> = mysql_timed(query.build_query_scalar().fetch_all(&mut *tx)).await?;
-        found.into_iter().collect()
-    };
+    let with_orders: HashSet<ItemId> =
+        crate::orders::repo::items_having_orders(&mut *tx, &regrouped)
+            .await?
+            .into_iter()
+            .collect();
 
     let outcomes: Vec<(ItemId, Upserted)> = chunk
         .iter()
@@ -235,7 +228,7 @@ async fn upsert_chunk(
             let outcome = match existing.get(&id.get()) {
                 Some((buckets, loaded))
                     if *buckets != draft.buckets
-                        && (*loaded || kept.contains(id) || with_orders.contains(&id.get())) =>
+                        && (*loaded || kept.contains(id) || with_orders.contains(id)) =>
                 {
                     Upserted::BucketsFixed { buckets: *buckets }
                 }

@@ -95,6 +95,32 @@ where
     Ok(sum)
 }
 
+/// Asks, in `pipe`, whether a bucket holds anything in Redis: a load (`loaded`) or a
+/// reload's fence in its meta, units, pending orders, an outbox, loans, deadlines or buyer
+/// records. (A sale window or pause copied to the meta is nothing.) Two answers, which
+/// [`holds`] reads.
+pub fn ask_held(pipe: &mut redis::Pipeline, keys: &ItemKeys) {
+    pipe.cmd("HMGET")
+        .arg(&keys.meta)
+        .arg("loaded")
+        .arg("fenced")
+        .cmd("EXISTS")
+        .arg(&keys.tokens)
+        .arg(&keys.pending)
+        .arg(&keys.outbox)
+        .arg(&keys.lent)
+        .arg(&keys.due)
+        .arg(keys.all_buyer_keys().collect::<Vec<_>>());
+}
+
+/// [`ask_held`]'s first answer: the meta's `loaded` and `fenced`.
+pub type Marks = (Option<String>, Option<String>);
+
+/// [`ask_held`]'s answers: the meta's marks, and how many of the keys exist.
+pub fn holds((loaded, fenced): &Marks, keys: u64) -> bool {
+    loaded.is_some() || fenced.is_some() || keys > 0
+}
+
 /// What the catalogue refresh reads of each item.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LiveState {

@@ -72,7 +72,7 @@ struct ReplicaStats {
 
 /// The buckets of an item whose master is short of replicas, when any are asked for.
 async fn replica_stats(redis: &RedisConns, keys: &Keys, item: &Item) -> Option<ReplicaStats> {
-    let rule = redis.wait_rule()?.clone();
+    let rule = redis.wait_rule()?;
     let mut stats = ReplicaStats {
         required: rule.replicas,
         policy: rule

@@ -212,7 +212,10 @@ pub async fn items_with_overdue(
 }
 
 /// Which of these items have any order at all (of any status).
-pub async fn items_having_orders(db: &Db, items: &[ItemId]) -> Result<Vec<ItemId>, DbError> {
+pub async fn items_having_orders<'e>(
+    db: impl sqlx::MySqlExecutor<'e>,
+    items: &[ItemId],
+) -> Result<Vec<ItemId>, DbError> {
     if items.is_empty() {
         return Ok(Vec::new());
     }

@@ -11,6 +11,7 @@ use redis::{AsyncCommands, Value};
 
 use crate::domain::ItemId;
 use crate::items::repo::{self, Item};
+use crate::items::stock;
 use crate::keys::{ItemKeys, Keys};
 use crate::lua::LOAD_FRESH;
 use crate::orders::repo as orders;
@@ -134,8 +135,8 @@ fn buckets_of<'i>(items: &[&'i Item], keys: &Keys) -> Vec<Bucket<'i>> {
     buckets
 }
 
-/// The buckets of items whose Redis side is empty — nothing loaded, pending, lent, listed,
-/// bought or fenced — with what their load is guarded by; the other items go the one-item way.
+/// The buckets of items whose Redis side is empty (`stock::ask_held`) — with what their
+/// load is guarded by; the other items go the one-item way.
 async fn fresh_only<'i>(
     redis: &RedisConns,
     mut buckets: Vec<Bucket<'i>>,
@@ -145,18 +146,14 @@ async fn fresh_only<'i>(
     for bucket in &buckets {
         let pipe = grouped.group();
         pipe.cmd("HMGET").arg(&bucket.keys.meta).arg(&GUARDED);
-        pipe.cmd("EXISTS")
-            .arg(&bucket.keys.pending)
-            .arg(&bucket.keys.lent)
-            .arg(&bucket.keys.tokens)
-            .arg(bucket.keys.all_buyer_keys().collect::<Vec<_>>());
-        // Held back by a warm-up that did not finish: the one-item way lifts it.
-        pipe.hexists(&bucket.keys.meta, "fenced");
+        // Anything there (a fence too: a warm-up that did not finish, which the one-item
+        // way lifts) sends the item the one-item way.
+        stock::ask_held(pipe, &bucket.keys);
     }
-    let states: Vec<(Vec<Option<String>>, u64, bool)> = grouped.query(redis).await?;
+    let states: Vec<(Vec<Option<String>>, stock::Marks, u64)> = grouped.query(redis).await?;
     let mut not_fresh = HashSet::new();
-    for (bucket, (seen, holding, fenced)) in buckets.iter_mut().zip(states) {
-        if seen[0].is_some() || holding > 0 || fenced {
+    for (bucket, (seen, marks, keys)) in buckets.iter_mut().zip(states) {
+        if stock::holds(&marks, keys) {
             not_fresh.insert(bucket.item.id);
         }
         bucket.seen = seen;
