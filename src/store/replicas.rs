@@ -589,33 +589,18 @@ async fn cluster_slots(
     asked: impl Iterator<Item = Node>,
 ) -> Option<SlotMap> {
     for node in asked {
-        let link = match links.get(&node) {
-            Some(link) => link.clone(),
-            None => match connect(&replicas.info_for(&node), NODE_TIMEOUT).await {
-                Some(link) => {
-                    links.insert(node.clone(), link.clone());
-                    link
-                }
-                None => continue,
-            },
-        };
-        let mut link = link;
-        let answer = tokio::time::timeout(
-            NODE_TIMEOUT,
-            redis::cmd("CLUSTER")
-                .arg("SLOTS")
-                .query_async::<Value>(&mut link),
+        let info = replicas.info_for(&node);
+        let (answer, link) = ask::<Value>(
+            &info,
+            links.remove(&node),
+            redis::cmd("CLUSTER").arg("SLOTS"),
         )
         .await;
-        match answer {
-            Ok(Ok(value)) => {
-                if let Some(map) = parse_slots(&value, &node) {
-                    return Some(map);
-                }
-            }
-            _ => {
-                links.remove(&node);
-            }
+        if let Some(link) = link {
+            links.insert(node.clone(), link);
+        }
+        if let Some(map) = answer.and_then(|value| parse_slots(&value, &node)) {
+            return Some(map);
         }
     }
     None
@@ -687,12 +672,14 @@ struct ReplicationInfo {
     in_step: u32,
 }
 
-/// `INFO replication` of `info`'s node (`None`: no answer), and the link to use next time
-/// (none after a failure). A node that is not a master has no replicas of its own.
-async fn replication_info(
+/// One command to the node `info` names, on the watcher's link to it (made when there is
+/// none), within [`NODE_TIMEOUT`]: its answer (`None`: none), and the link to keep (none
+/// after a failure: made anew next time).
+async fn ask<T: redis::FromRedisValue>(
     info: &ConnectionInfo,
     link: Option<MultiplexedConnection>,
-) -> (Option<ReplicationInfo>, Option<MultiplexedConnection>) {
+    cmd: &redis::Cmd,
+) -> (Option<T>, Option<MultiplexedConnection>) {
     let link = match link {
         Some(link) => Some(link),
         None => connect(info, NODE_TIMEOUT).await,
@@ -700,17 +687,20 @@ async fn replication_info(
     let Some(mut link) = link else {
         return (None, None);
     };
-    let answer = tokio::time::timeout(
-        NODE_TIMEOUT,
-        redis::cmd("INFO")
-            .arg("replication")
-            .query_async::<String>(&mut link),
-    )
-    .await;
-    match answer {
-        Ok(Ok(text)) => (Some(parse_replication(&text)), Some(link)),
+    match tokio::time::timeout(NODE_TIMEOUT, cmd.query_async::<T>(&mut link)).await {
+        Ok(Ok(answer)) => (Some(answer), Some(link)),
         _ => (None, None),
     }
+}
+
+/// `INFO replication` of `info`'s node (`None`: no answer), and the link to keep. A node
+/// that is not a master has no replicas of its own.
+async fn replication_info(
+    info: &ConnectionInfo,
+    link: Option<MultiplexedConnection>,
+) -> (Option<ReplicationInfo>, Option<MultiplexedConnection>) {
+    let (text, link) = ask::<String>(info, link, redis::cmd("INFO").arg("replication")).await;
+    (text.as_deref().map(parse_replication), link)
 }
 
 fn parse_replication(text: &str) -> ReplicationInfo {
