@@ -9,7 +9,6 @@
 use axum::extract::State;
 use axum::response::Response;
 use chrono::{DateTime, Utc};
-use redis::AsyncCommands;
 use serde::Serialize;
 use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
@@ -23,7 +22,6 @@ use crate::http::reply::ok;
 use crate::http::request_id;
 use crate::outbox::cleared_to_send;
 use crate::state::{AppState, Shared};
-use crate::store::redis_timed;
 
 use crate::delay_queue::Plan;
 
@@ -143,10 +141,7 @@ async fn my_order(
     let buckets = catalog.get(item).await?.map_or(1, |c| c.item.buckets);
     let held = async {
         let item_keys = keys.stock(Stock::home(item, user, buckets));
-        let mut conn = redis.hot().await?;
-        let sn: Option<String> =
-            redis_timed(conn.hget(item_keys.buyer_orders(user), user.get())).await?;
-        match sn.as_deref().and_then(OrderSn::parse) {
+        match placed::held_by(redis, &item_keys, user).await? {
             Some(sn) => placed::pending(redis, keys, &sn)
                 .await
                 .map(|pending| pending.map(OrderView::pending)),

@@ -8,8 +8,8 @@ use std::collections::{HashMap, HashSet};
 use redis::AsyncCommands;
 
 use crate::delay_queue::Plan;
-use crate::domain::{OrderPlaced, OrderSn, Stock};
-use crate::keys::Keys;
+use crate::domain::{OrderPlaced, OrderSn, Stock, UserId};
+use crate::keys::{ItemKeys, Keys};
 use crate::marks::{self, Work};
 use crate::store::{
     Db, DbError, Grouped, RedisConns, RedisError, mysql_timed, redis_timed, retrying_deadlocks,
@@ -90,6 +90,18 @@ pub async fn settle_in_redis(
     // After the tasks are written: the deadline pass reads them when it takes the mark.
     let mut conn = redis.bulk().await?;
     marks::mark(&mut conn, keys, Work::Deadlines, by_stock.into_keys()).await
+}
+
+/// The order `user` holds of an item, as the buyer record in their home bucket (`keys`)
+/// names it.
+pub async fn held_by(
+    redis: &RedisConns,
+    keys: &ItemKeys,
+    user: UserId,
+) -> Result<Option<OrderSn>, RedisError> {
+    let mut conn = redis.hot().await?;
+    let sn: Option<String> = redis_timed(conn.hget(keys.buyer_orders(user), user.get())).await?;
+    Ok(sn.as_deref().and_then(OrderSn::parse))
 }
 
 /// The order as Redis's `pending` hash holds it (won, not yet in MySQL), if it does.

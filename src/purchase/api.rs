@@ -28,8 +28,9 @@ use crate::http::request_id;
 use crate::items::catalog::CatalogItem;
 use crate::items::transfer::{self, Lending};
 use crate::keys::ItemKeys;
+use crate::orders::placed;
 use crate::state::AppState;
-use crate::store::{RedisConn, RedisError, Replication, ShortOfReplicas, redis_timed};
+use crate::store::{RedisConn, RedisError, Replication, ShortOfReplicas};
 
 use super::grab::{GrabOutcome, give_back, grab};
 
@@ -274,18 +275,11 @@ async fn short_of_replicas(
     short: ShortOfReplicas,
 ) -> ApiError {
     tracing::debug!(reason = %short, "purchase refused before the grab");
-    let home = item.home(user);
-    let held = async {
-        let mut conn = state.redis.hot().await?;
-        redis_timed(
-            redis::cmd("HGET")
-                .arg(home.buyer_orders(user))
-                .arg(user.get())
-                .query_async::<Option<String>>(&mut conn),
-        )
+    match placed::held_by(&state.redis, item.home(user), user)
         .await
-    };
-    match held.await.ok().flatten().and_then(|sn| OrderSn::parse(&sn)) {
+        .ok()
+        .flatten()
+    {
         Some(order_sn) => ApiError::Duplicate { order_sn },
         None => ApiError::Unavailable(
             "the sale is waiting for a Redis replica to come back; try again shortly".into(),
