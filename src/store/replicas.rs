@@ -218,6 +218,10 @@ impl Replicas {
 
     /// What the watcher last saw, once it has looked (it starts at the first call).
     async fn view(self: &Arc<Self>) -> Arc<View> {
+        let now = self.view.borrow().clone();
+        if now.seen {
+            return now;
+        }
         self.watching.call_once(|| {
             tokio::spawn(watch_replicas(Arc::downgrade(self)));
         });
