@@ -101,6 +101,11 @@ pub struct Settings {
     )]
     pub trusted_proxies: Vec<IpNet>,
 
+    /// How long an ended, reconciled sale's state stays in Redis before it is retired
+    /// (MySQL then answers for it alone), in seconds; 0 = at once after reconciliation.
+    #[arg(long, env = "SECKILL_SALE_RETENTION_S", default_value_t = 86_400)]
+    pub sale_retention_s: u64,
+
     /// How often a scheduler looks for due deadlines and reminders when nothing wakes it
     /// earlier, in milliseconds.
     #[arg(long, env = "SECKILL_SCHEDULER_POLL_MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=60_000))]

@@ -78,6 +78,28 @@ impl Keys {
         self.stock_key(stock, "leased")
     }
 
+    /// Every key a sale leaves in one bucket: what retiring it deletes (`src/items/retire.rs`).
+    /// A new kind of per-bucket key belongs here too, or retired sales leave it behind (the
+    /// retention test counts the keys left).
+    pub fn sale_state(&self, stock: Stock) -> Vec<String> {
+        let keys = self.stock(stock);
+        let mut all = vec![
+            keys.meta,
+            keys.tokens,
+            keys.pending,
+            keys.outbox,
+            keys.due,
+            keys.replicated,
+            keys.lent,
+            keys.transfers,
+            self.ending(stock),
+            self.leased(stock),
+        ];
+        all.extend(keys.buyers);
+        all.extend(keys.buyer_orders);
+        all
+    }
+
     /// What one warm-up run fills before `swap.lua` puts it in place of the live keys: its
     /// own copies, so two runs can never touch each other's.
     pub fn loading(&self, stock: Stock, run: &str) -> LoadingKeys {

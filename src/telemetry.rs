@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use metrics::{Counter, Histogram, SharedString, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_util::MetricKindMask;
 
 use tracing_appender::non_blocking::WorkerGuard;
 use tracing_subscriber::EnvFilter;
@@ -33,6 +34,9 @@ pub fn init() -> WorkerGuard {
 }
 
 /// Latency buckets, in seconds: from well under a millisecond to the one-second budget.
+/// How long a gauge may go unset before it leaves /metrics.
+const GAUGE_IDLE_FOR: Duration = Duration::from_secs(600);
+
 const BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
@@ -44,6 +48,9 @@ pub fn metrics() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
         let recorder = PrometheusBuilder::new()
+            // A gauge nobody sets any more (an item's levels once its sale is over, a
+            // closed item breaker) leaves /metrics: series do not grow with the items.
+            .idle_timeout(MetricKindMask::GAUGE, Some(GAUGE_IDLE_FOR))
             .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), BUCKETS)
             .map(PrometheusBuilder::build_recorder);
         let recorder = match recorder {
@@ -118,6 +125,14 @@ fn describe() {
     describe_counter!(
         "seckill_cut_off_cancels_total",
         "Cancels cut off between MySQL and Redis whose unit a scheduler's sweep returned"
+    );
+    describe_gauge!(
+        "seckill_catalogue_items",
+        "Items in this instance's catalogue: current (on sale, coming, ended within a day) and others (older, looked up lately)"
+    );
+    describe_counter!(
+        "seckill_sales_retired_total",
+        "Ended sales whose Redis state was retired (SECKILL_SALE_RETENTION_S after reconciliation)"
     );
     describe_counter!(
         "seckill_reconcile_mismatches_total",
@@ -253,6 +268,20 @@ impl Meters {
     pub fn shop_repair(&self, layer: &'static str) {
         metrics::counter!("seckill_shop_repairs_total", "namespace" => self.namespace.clone(), "layer" => layer)
             .increment(1);
+    }
+
+    /// Items in this instance's catalogue: current ones, and older ones looked up lately.
+    pub fn catalogue_size(&self, current: u64, others: u64) {
+        for (kind, n) in [("current", current), ("others", others)] {
+            metrics::gauge!("seckill_catalogue_items", "namespace" => self.namespace.clone(), "kind" => kind)
+                .set(n as f64);
+        }
+    }
+
+    /// Ended sales whose Redis state was retired.
+    pub fn sales_retired(&self, sales: u64) {
+        metrics::counter!("seckill_sales_retired_total", "namespace" => self.namespace.clone())
+            .increment(sales);
     }
 
     pub fn reconcile_mismatch(&self, item: crate::domain::ItemId) {

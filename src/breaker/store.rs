@@ -227,7 +227,7 @@ pub async fn follow(
                 .await
         })
     };
-    // Every breaker ever shown: the gauge of one that closed goes back to 0, not away.
+    // The breakers shown: the gauge of one that closed goes back to 0 (then idles away).
     let shown = std::sync::Mutex::new(HashSet::from([Scope::Global]));
     let (breakers, redis, keys, meters, shown) = (&breakers, &redis, &keys, &meters, &shown);
     let schedule = Schedule {
@@ -249,6 +249,9 @@ pub async fn follow(
                 let level = levels.get(scope).copied().unwrap_or(Level::Closed);
                 meters.breaker_level(scope.field(), level as u8);
             }
+            // A closed item breaker was shown at 0 once: forgotten here, its series
+            // leaves /metrics when idle (so the set does not grow with every item).
+            shown.retain(|scope| *scope == Scope::Global || levels.contains_key(scope));
             Ok::<_, RedisError>(())
         },
     )

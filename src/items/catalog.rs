@@ -1,6 +1,11 @@
 //! Every instance's in-memory view of the items on sale, so the purchase path checks the
 //! sale window, the pause flag and "sold out" without a network round trip.
 //!
+//! Bounded whatever the history: it holds the items on sale, about to be, or ended within
+//! [`KEPT_AFTER_END`] (read from MySQL in full every half minute), and a small cache of
+//! older items looked up by id (a storefront's old link, a client walking old ids),
+//! weighed by their buckets and dropped after a minute.
+//!
 //! Kept fresh in the background, at a cost that does not grow with the catalogue: every
 //! half second (and at once when another instance announces a change on the item-events
 //! channel: a warm-up, a pause, units coming back, a sell-out) the definitions changed
@@ -47,6 +52,15 @@ const STOCK_READ_ON_DEMAND_WITHIN: Duration = Duration::from_millis(50);
 /// How long "no such item" is remembered, so unknown ids do not reach MySQL each time. A
 /// write forgets it sooner: every announced item change clears these answers everywhere.
 const UNKNOWN_FOR: Duration = Duration::from_secs(30);
+/// Look-ups of items not in memory remembered at most (each a definition of a few hundred
+/// bytes, or "none").
+const LOOKUPS_KEPT: u64 = 10_000;
+/// An item stays in the catalogue this long after its sale ended (its stock is read for
+/// the first hour only); older ones are in it only while looked up, in [`Inner::others`].
+pub const KEPT_AFTER_END: Duration = Duration::from_secs(86_400);
+/// Buckets of older items kept (each about 3 KB of key names); a minute each at most.
+const OTHERS_KEPT_BUCKETS: u64 = 4_096;
+const OTHERS_FOR: Duration = Duration::from_secs(60);
 
 #[derive(Clone)]
 pub struct Catalog {
@@ -60,9 +74,12 @@ struct Inner {
     meters: Arc<Meters>,
     /// The shops of the items, kept loaded for the purchase path.
     shops: Shops,
+    /// The items on sale, about to be, or ended within [`KEPT_AFTER_END`].
     items: RwLock<HashMap<ItemId, Arc<CatalogItem>>>,
     /// The ids of `items` in order, for the stock window's walk.
     ids: RwLock<BTreeSet<ItemId>>,
+    /// Older items looked up by id: bounded, and never walked by the stock refresh.
+    others: moka::sync::Cache<ItemId, Arc<CatalogItem>>,
     /// Coalesced MySQL look-ups of items not (yet) in `items`, remembered briefly.
     lookups: moka::future::Cache<ItemId, Option<Item>>,
     /// Shares MySQL with the other look-ups of unknown ids.
@@ -123,6 +140,9 @@ pub enum ItemStatus {
 
 impl CatalogItem {
     pub fn remaining(&self) -> u64 {
+        if let Some(unsold) = self.retired_unsold() {
+            return unsold;
+        }
         self.live
             .remaining
             .iter()
@@ -139,7 +159,22 @@ impl CatalogItem {
     }
 
     pub fn sold_out(&self) -> bool {
-        self.live.loaded.load(Ordering::Relaxed) && self.remaining() == 0
+        match self.retired_unsold() {
+            Some(unsold) => unsold == 0,
+            None => self.live.loaded.load(Ordering::Relaxed) && self.remaining() == 0,
+        }
+    }
+
+    /// For a sale retired from Redis: the units it left unsold (its stock is not read).
+    fn retired_unsold(&self) -> Option<u64> {
+        self.item.retired_at?;
+        Some(u64::from(self.item.unsold.unwrap_or(0)))
+    }
+
+    /// Whether its stock is worth reading from Redis: on sale, or ended within the hour
+    /// (units coming back from cancels), and not retired.
+    fn stock_read(&self, now: DateTime<Utc>) -> bool {
+        self.item.retired_at.is_none() && self.item.end_at > now - chrono::Duration::hours(1)
     }
 
     /// The keys of the bucket that keeps `user`'s record.
@@ -199,8 +234,13 @@ impl Catalog {
                 shops,
                 items: RwLock::new(HashMap::new()),
                 ids: RwLock::new(BTreeSet::new()),
+                others: moka::sync::Cache::builder()
+                    .max_capacity(OTHERS_KEPT_BUCKETS)
+                    .weigher(|_, entry: &Arc<CatalogItem>| entry.buckets.len() as u32)
+                    .time_to_live(OTHERS_FOR)
+                    .build(),
                 lookups: moka::future::Cache::builder()
-                    .max_capacity(100_000)
+                    .max_capacity(LOOKUPS_KEPT)
                     .time_to_live(UNKNOWN_FOR)
                     .build(),
                 misses,
@@ -229,6 +269,9 @@ impl Catalog {
             .await
             .map_err(DbError::Shared)?;
         Ok(found.map(|item| {
+            if !current(&item, Utc::now()) {
+                return self.other(item);
+            }
             self.inner.wake.notify_one();
             self.upsert(item)
         }))
@@ -236,11 +279,31 @@ impl Catalog {
 
     fn cached(&self, id: ItemId) -> Option<Arc<CatalogItem>> {
         let items = self.inner.items.read().unwrap_or_else(|e| e.into_inner());
-        items.get(&id).cloned()
+        items
+            .get(&id)
+            .cloned()
+            .or_else(|| self.inner.others.get(&id))
     }
 
-    /// Puts a definition in the map, keeping the live stock of an earlier version.
+    /// An older item, into the bounded cache (its stock is never read: it is over).
+    fn other(&self, item: Item) -> Arc<CatalogItem> {
+        let entry = Arc::new(CatalogItem {
+            buckets: item.stocks().map(|s| self.inner.keys.stock(s)).collect(),
+            live: Arc::new(LiveStock::new(item.buckets)),
+            item,
+        });
+        self.inner.others.insert(entry.item.id, entry.clone());
+        entry
+    }
+
+    /// Puts a definition in the map, keeping the live stock of an earlier version (an
+    /// item no longer current leaves it).
     fn upsert(&self, item: Item) -> Arc<CatalogItem> {
+        if !current(&item, Utc::now()) {
+            self.forget(&[item.id]);
+            return self.other(item);
+        }
+        self.inner.others.invalidate(&item.id);
         let mut items = self.inner.items.write().unwrap_or_else(|e| e.into_inner());
         let (buckets, live) = match items.get(&item.id) {
             Some(old) if old.item == item => return old.clone(),
@@ -264,18 +327,55 @@ impl Catalog {
         entry
     }
 
+    /// Drops these items from the map (they ended long ago).
+    fn forget(&self, gone: &[ItemId]) {
+        if gone.is_empty() {
+            return;
+        }
+        let mut items = self.inner.items.write().unwrap_or_else(|e| e.into_inner());
+        let mut ids = self.inner.ids.write().unwrap_or_else(|e| e.into_inner());
+        for id in gone {
+            items.remove(id);
+            ids.remove(id);
+        }
+    }
+
+    /// Drops the items whose sale ended more than [`KEPT_AFTER_END`] ago.
+    fn forget_old(&self) {
+        let now = Utc::now();
+        let gone: Vec<ItemId> = {
+            let items = self.inner.items.read().unwrap_or_else(|e| e.into_inner());
+            items
+                .values()
+                .filter(|e| !current(&e.item, now))
+                .map(|e| e.item.id)
+                .collect()
+        };
+        self.forget(&gone);
+    }
+
+    /// Shows how many items it holds, current and older (`seckill_catalogue_items`).
+    fn show_size(&self) {
+        let current = self.inner.items.read().map_or(0, |items| items.len());
+        self.inner.others.run_pending_tasks();
+        let others = self.inner.others.entry_count();
+        self.inner.meters.catalogue_size(current as u64, others);
+    }
+
     /// Reloads the definitions that changed from MySQL and the stock of announced items
     /// and of the next window of the catalogue from Redis, now.
     pub async fn refresh(&self) -> Result<(), StoreError> {
         let (since, announced) = self.next_round();
+        self.forget_old();
         // MySQL down: keep the definitions we have, still refresh stock from Redis.
-        let definitions = repo::recent(&self.inner.db, since).await;
+        let definitions = repo::recent(&self.inner.db, since, KEPT_AFTER_END).await;
         if let Ok((items, read_at)) = &definitions {
             for item in items {
                 self.upsert(item.clone());
             }
             self.read_up_to(*read_at, since.is_none());
         }
+        self.show_size();
         let entries = self.stock_to_read(&announced);
         self.read_stock(&entries).await?;
         let shops: std::collections::BTreeSet<u64> =
@@ -324,9 +424,9 @@ impl Catalog {
     /// [`STOCK_READS_PER_TICK`] buckets in all; sales over for an hour are left alone.
     /// Its cost is the window's, whatever the catalogue's size.
     fn stock_to_read(&self, announced: &[ItemId]) -> Vec<Arc<CatalogItem>> {
-        let cutoff = Utc::now() - chrono::Duration::hours(1);
+        let now = Utc::now();
         let items = self.inner.items.read().unwrap_or_else(|e| e.into_inner());
-        let current = |e: &&Arc<CatalogItem>| e.item.end_at > cutoff;
+        let current = |e: &&Arc<CatalogItem>| e.stock_read(now);
         if items.len() <= STOCK_READS_PER_TICK {
             let all: Vec<Arc<CatalogItem>> = items.values().filter(current).cloned().collect();
             if all.iter().map(|e| e.buckets.len()).sum::<usize>() <= STOCK_READS_PER_TICK {
@@ -336,7 +436,7 @@ impl Catalog {
         let announced: HashSet<ItemId> = announced.iter().copied().collect();
         let mut chosen: Vec<Arc<CatalogItem>> = announced
             .iter()
-            .filter_map(|id| items.get(id).cloned())
+            .filter_map(|id| items.get(id).filter(current).cloned())
             .collect();
         let mut budget = STOCK_READS_PER_TICK;
         let mut progress = self.progress();
@@ -390,6 +490,9 @@ impl Catalog {
     /// storefronts: with a large catalogue the background refresh reaches each item only
     /// now and then). A Redis that does not answer leaves the last known.
     pub async fn fresh_stock(&self, entry: &Arc<CatalogItem>) {
+        if !entry.stock_read(Utc::now()) {
+            return;
+        }
         let read_at = entry.live.read_at_ms.load(Ordering::Relaxed);
         if Utc::now().timestamp_millis() - read_at <= STOCK_FRESH_FOR_MS {
             return;
@@ -481,6 +584,11 @@ impl Catalog {
     pub fn forget_unknown(&self) {
         self.inner.lookups.invalidate_all();
     }
+}
+
+/// Whether the item belongs in the catalogue proper: not ended [`KEPT_AFTER_END`] ago.
+fn current(item: &Item, now: DateTime<Utc>) -> bool {
+    item.end_at + KEPT_AFTER_END > now
 }
 
 /// Tells every instance's catalogue that an item changed (for processes without one).

@@ -1,6 +1,6 @@
 //! Items on sale: their record in MySQL, their stock in Redis, every instance's in-memory
-//! catalogue, units lent between buckets, and the HTTP endpoints of operators and
-//! storefronts. (Loading units into Redis: `crate::warmup`.)
+//! catalogue, units lent between buckets, retiring an ended sale from Redis, and the HTTP
+//! endpoints of operators and storefronts. (Loading units into Redis: `crate::warmup`.)
 
 pub mod admin;
 pub mod api;
@@ -9,5 +9,6 @@ pub mod bulk;
 pub mod catalog;
 pub mod regroup;
 pub mod repo;
+pub mod retire;
 pub mod stock;
 pub mod transfer;

@@ -26,6 +26,11 @@ pub struct Item {
     pub paused: bool,
     /// When a warm-up last loaded the units into Redis (`None`: never).
     pub loaded_at: Option<DateTime<Utc>>,
+    /// When the ended sale was retired from Redis (`None`: not yet): MySQL alone answers
+    /// for it since (see `src/items/retire.rs`).
+    pub retired_at: Option<DateTime<Utc>>,
+    /// Units left unsold when it was retired.
+    pub unsold: Option<u32>,
 }
 
 impl Item {
@@ -70,7 +75,7 @@ pub enum Upserted {
     },
 }
 
-const COLUMNS: &str = "id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets, paused, loaded_at";
+const COLUMNS: &str = "id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets, paused, loaded_at, retired_at, unsold";
 
 /// Items written per transaction by [`upsert_many`].
 const UPSERT_CHUNK: usize = 500;
@@ -99,31 +104,39 @@ pub async fn get_many(db: &Db, ids: &[ItemId]) -> Result<Vec<Item>, DbError> {
     mysql_timed(query.build_query_as().fetch_all(db)).await
 }
 
-/// Items whose sale ended less than a day ago or has not ended: what the catalogue of
+/// Items whose sale ended less than `ended_within` ago or has not ended: what the catalogue of
 /// every instance keeps fresh. With `changed_since`, only those changed since then.
 /// Returns them and MySQL's clock at the read (for the next `changed_since`).
 pub async fn recent(
     db: &Db,
     changed_since: Option<DateTime<Utc>>,
+    ended_within: std::time::Duration,
 ) -> Result<(Vec<Item>, DateTime<Utc>), DbError> {
     let mut tx = mysql_timed(db.begin()).await?;
     let (now,): (DateTime<Utc>,) =
         mysql_timed(sqlx::query_as("SELECT UTC_TIMESTAMP(3)").fetch_one(&mut *tx)).await?;
+    let within = ended_within.as_secs();
     let items = match changed_since {
         None => {
             let sql = format!(
-                "SELECT {COLUMNS} FROM items WHERE end_at > UTC_TIMESTAMP(3) - INTERVAL 1 DAY"
+                "SELECT {COLUMNS} FROM items WHERE end_at > UTC_TIMESTAMP(3) - INTERVAL ? SECOND"
             );
-            mysql_timed(sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_all(&mut *tx)).await?
+            mysql_timed(
+                sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .bind(within)
+                    .fetch_all(&mut *tx),
+            )
+            .await?
         }
         Some(since) => {
             let sql = format!(
                 "SELECT {COLUMNS} FROM items
-                 WHERE updated_at >= ? AND end_at > UTC_TIMESTAMP(3) - INTERVAL 1 DAY"
+                 WHERE updated_at >= ? AND end_at > UTC_TIMESTAMP(3) - INTERVAL ? SECOND"
             );
             mysql_timed(
                 sqlx::query_as(sqlx::AssertSqlSafe(sql))
                     .bind(since)
+                    .bind(within)
                     .fetch_all(&mut *tx),
             )
             .await?
@@ -339,15 +352,17 @@ pub async fn history(db: &Db, id: ItemId) -> Result<SaleHistory, DbError> {
     })
 }
 
-/// Items whose sale ended at least their pay timeout ago and that were not reconciled yet.
 /// Records that a warm-up loaded these items (without counting as a change of their
-/// records), in one statement.
+/// records), in one statement. An item retired before is a live sale again.
 pub async fn mark_loaded(db: &Db, ids: &[ItemId]) -> Result<(), DbError> {
     if ids.is_empty() {
         return Ok(());
     }
     let mut query = QueryBuilder::new(
-        "UPDATE items SET loaded_at = UTC_TIMESTAMP(3), updated_at = updated_at WHERE id IN (",
+        "UPDATE items SET loaded_at = UTC_TIMESTAMP(3),
+                retired_at = NULL, unsold = NULL, redis_cleared_at = NULL,
+                updated_at = IF(retired_at IS NULL, updated_at, UTC_TIMESTAMP(3))
+          WHERE id IN (",
     );
     let mut list = query.separated(", ");
     for id in ids {
@@ -374,6 +389,7 @@ pub async fn loaded_and_open(db: &Db) -> Result<Vec<(ItemId, u8)>, DbError> {
         .collect())
 }
 
+/// Items whose sale ended at least their pay timeout ago and that were not reconciled yet.
 pub async fn due_for_reconcile(db: &Db) -> Result<Vec<ItemId>, DbError> {
     let ids: Vec<u64> = mysql_timed(
         sqlx::query_scalar(
@@ -392,6 +408,61 @@ pub async fn mark_reconciled(db: &Db, id: ItemId) -> Result<(), DbError> {
         sqlx::query("UPDATE items SET reconciled_at = UTC_TIMESTAMP(3) WHERE id = ?")
             .bind(id.get())
             .execute(db),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Items whose Redis state is to go (at most `limit`): reconciled at least `retention`
+/// ago and not retired yet, or retired with some of their state not yet cleared (a
+/// retirement cut off halfway).
+pub async fn due_for_retirement(
+    db: &Db,
+    retention: std::time::Duration,
+    limit: u32,
+) -> Result<Vec<Item>, DbError> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM items
+          WHERE redis_cleared_at IS NULL AND reconciled_at IS NOT NULL
+            AND (retired_at IS NOT NULL
+                 OR reconciled_at <= UTC_TIMESTAMP(3) - INTERVAL ? SECOND)
+          ORDER BY reconciled_at LIMIT ?"
+    );
+    mysql_timed(
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(retention.as_secs())
+            .bind(limit)
+            .fetch_all(db),
+    )
+    .await
+}
+
+/// Records that the sale is retired, with the units it left unsold: from now on its
+/// Redis state is not read. `false`: it was retired already (another scheduler).
+/// Counts as a change of the item, so every catalogue learns it.
+pub async fn mark_retired(db: &Db, id: ItemId, unsold: u64) -> Result<bool, DbError> {
+    let done = mysql_timed(
+        sqlx::query(
+            "UPDATE items SET retired_at = UTC_TIMESTAMP(3), unsold = ?
+              WHERE id = ? AND retired_at IS NULL AND reconciled_at IS NOT NULL",
+        )
+        .bind(u32::try_from(unsold).unwrap_or(u32::MAX))
+        .bind(id.get())
+        .execute(db),
+    )
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Records that nothing of the retired sale is left in Redis.
+pub async fn mark_cleared(db: &Db, id: ItemId) -> Result<(), DbError> {
+    mysql_timed(
+        sqlx::query(
+            "UPDATE items SET redis_cleared_at = UTC_TIMESTAMP(3), updated_at = updated_at
+              WHERE id = ? AND retired_at IS NOT NULL",
+        )
+        .bind(id.get())
+        .execute(db),
     )
     .await?;
     Ok(())

@@ -10,7 +10,7 @@ use crate::telemetry::ItemLevels;
 use super::repo::{Item, ItemDraft};
 
 /// The Redis side of an item at one instant (read in one MULTI).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StockSnapshot {
     pub loaded: bool,
     /// When the units were loaded (ms since the epoch), by the warm-up's own clock.
@@ -24,6 +24,20 @@ pub struct StockSnapshot {
     /// Held back by a warm-up replacing the units (`fenced`), or left so by one that was
     /// cut off: nothing sells until a warm-up completes.
     pub reloading: bool,
+}
+
+/// A sale retired from Redis, as MySQL recorded it (`None`: not retired): the units it
+/// left unsold, and `held` (the orders paid or unpaid) as sold.
+pub fn retired(item: &Item, held: u64) -> Option<StockSnapshot> {
+    item.retired_at?;
+    Some(StockSnapshot {
+        loaded: false,
+        loaded_at_ms: None,
+        remaining: u64::from(item.unsold.unwrap_or(0)),
+        sold: held,
+        pending: 0,
+        reloading: false,
+    })
 }
 
 /// One bucket. Units lent to another bucket and not yet arrived count as remaining: they

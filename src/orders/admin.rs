@@ -38,9 +38,9 @@ struct Stats {
     /// A warm-up is replacing the units (or one was cut off before it finished: run it
     /// again); nothing sells meanwhile.
     reloading: bool,
-    /// Units won, from Redis.
+    /// Units won, from Redis (for a retired sale: orders paid or unpaid).
     sold: u64,
-    /// Units on sale, from Redis.
+    /// Units on sale, from Redis (for a retired sale: those it left unsold).
     remaining: u64,
     /// Units won whose order is not yet in MySQL.
     pending: u64,
@@ -48,6 +48,9 @@ struct Stats {
     orders: StatusCounts,
     /// remaining + pending + unpaid + paid = total, right now.
     consistent: bool,
+    /// When the ended sale was retired from Redis: its figures are MySQL's since.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retired_at: Option<chrono::DateTime<chrono::Utc>>,
     /// With `SECKILL_REDIS_WAIT_REPLICAS` ≥ 1: the item's buckets whose Redis master has
     /// fewer replicas in step than that.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -118,9 +121,14 @@ async fn item_stats(
     let item = items::repo::get(db, id)
         .await?
         .ok_or(ApiError::ItemNotFound)?;
-    let mut conn = redis.bulk().await?;
-    let stock = stock::item_snapshot(&mut conn, keys, item.stocks()).await?;
     let counts = repo::count_by_status(db, id).await?;
+    let stock = match stock::retired(&item, counts.unpaid + counts.paid) {
+        Some(stock) => stock,
+        None => {
+            let mut conn = redis.bulk().await?;
+            stock::item_snapshot(&mut conn, keys, item.stocks()).await?
+        }
+    };
     let accounted = stock.remaining + stock.pending + counts.unpaid + counts.paid;
     Ok(ok(
         "ok",
@@ -134,6 +142,7 @@ async fn item_stats(
             pending: stock.pending,
             orders: counts,
             consistent: accounted == u64::from(item.total),
+            retired_at: item.retired_at,
             replicas: replica_stats(redis, keys, &item).await,
         },
     ))

@@ -106,6 +106,11 @@ async fn run(
     meters: &Meters,
     item: ItemId,
 ) -> Result<Report, ReconcileError> {
+    let record = crate::items::repo::get(db, item).await?;
+    if let Some(record) = record.as_ref().filter(|r| r.retired_at.is_some()) {
+        // Retired from Redis: every order was final by then, nothing is left to return.
+        return retired(db, record).await;
+    }
     // 1. Unpaid orders past their deadline: cancelled, units back.
     let (mut cancelled, mut released) = (0, 0);
     loop {
@@ -123,7 +128,6 @@ async fn run(
     }
 
     // 2. Buyer records whose order is neither pending nor live in MySQL, in every bucket.
-    let record = crate::items::repo::get(db, item).await?;
     let total = u64::from(record.as_ref().map_or(0, |i| i.total));
     let stocks: Vec<Stock> = match &record {
         Some(record) => record.stocks().collect(),
@@ -159,6 +163,27 @@ async fn run(
         released,
         stale_buyers,
         ..report
+    })
+}
+
+/// The report of a sale retired from Redis: MySQL's figures, and the units it left unsold.
+async fn retired(db: &Db, record: &crate::items::repo::Item) -> Result<Report, ReconcileError> {
+    let orders = repo::count_by_status(db, record.id).await?;
+    let held = orders.unpaid + orders.paid;
+    let snapshot = stock::retired(record, held).unwrap_or_default();
+    let total = u64::from(record.total);
+    Ok(Report {
+        item_id: record.id,
+        cancelled: 0,
+        released: 0,
+        stale_buyers: 0,
+        total,
+        remaining: snapshot.remaining,
+        sold: snapshot.sold,
+        pending: 0,
+        orders,
+        loaded: false,
+        consistent: snapshot.remaining + held == total,
     })
 }
 

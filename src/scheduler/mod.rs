@@ -1,8 +1,8 @@
 //! The scheduler role's work after the win: pay deadlines and reminders from the delay
-//! queue, cancels cut off before their unit came back, the compensation scan, and
-//! end-of-sale reconciliation, and the outbox relay. The per-bucket passes look only at
-//! the buckets marked for them (`src/marks.rs`); a slow safety sweep puts back marks lost
-//! with a process.
+//! queue, cancels cut off before their unit came back, the compensation scan, end-of-sale
+//! reconciliation, retiring ended sales from Redis, and the outbox relay. The per-bucket
+//! passes look only at the buckets marked for them (`src/marks.rs`); a slow safety sweep
+//! puts back marks lost with a process.
 //!
 //! Any number of schedulers may run on one namespace: delay-queue entries are taken under
 //! a lease, every change of an order is a conditional update, and giving a unit back is
@@ -12,6 +12,7 @@ pub mod deadlines;
 pub mod wake;
 
 mod compensate;
+mod retention;
 mod sweep;
 
 use std::sync::Arc;
@@ -82,6 +83,7 @@ impl Scheduler {
         tasks.spawn(relay.clone().run(shutdown.clone()));
         tasks.spawn(sweep::run(self.clone(), relay, shutdown.clone()));
         tasks.spawn(compensate::run(self.clone(), shutdown.clone()));
+        tasks.spawn(retention::run(self.clone(), shutdown.clone()));
         tasks.spawn(self.clone().end_of_sale(shutdown.clone()));
         tasks.spawn(self.clone().finish_cut_off(shutdown.clone()));
         deadlines::run(self, wake, shutdown).await;

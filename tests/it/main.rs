@@ -21,6 +21,7 @@ mod protection;
 mod purchase;
 mod queue;
 mod recovery;
+mod retention;
 mod setup;
 mod shops;
 mod storefront;

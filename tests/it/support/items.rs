@@ -73,12 +73,10 @@ impl ItemSpec<'_> {
             .send()
             .await
             .unwrap();
-        assert!(
-            response.status().is_success(),
-            "PUT item: {}",
-            response.status()
-        );
-        response.json().await.unwrap()
+        let status = response.status();
+        let json: Value = response.json().await.unwrap_or(Value::Null);
+        assert!(status.is_success(), "PUT item: {status} {json}");
+        json
     }
 
     /// Written and loaded; the warm-up's answer.

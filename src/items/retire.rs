@@ -1,0 +1,149 @@
+//! Retiring an ended sale: once its last order can no longer change (end, pay timeout,
+//! reconciliation) and `SECKILL_SALE_RETENTION_S` more have passed, its Redis state goes
+//! and MySQL alone answers for it (`docs/architecture.md`, "Retention").
+//!
+//! In steps that can each be repeated, so that a crash at any step, or two schedulers at
+//! once, do no harm:
+//! 1. nothing may be in flight: no order pending, in the outbox or being cancelled, no unit
+//!    on loan between buckets, none unpaid in MySQL (else: later);
+//! 2. MySQL records it retired, with the units it left unsold — from here on nothing reads
+//!    its Redis state;
+//! 3. its keys are deleted, bucket by bucket;
+//! 4. it leaves the items index, every kind of mark and the breakers;
+//! 5. MySQL records that Redis is clear.
+//!
+//! An item found retired but not clear (a retirement cut off) resumes at step 3.
+
+use std::time::Duration;
+
+use crate::breaker::Scope;
+use crate::keys::Keys;
+use crate::marks::Work;
+use crate::orders::repo as orders;
+use crate::store::{Db, Grouped, RedisConns, RedisLock, StoreError};
+
+use super::repo::{self, Item};
+use super::stock;
+
+/// Longest a retirement holds the item's warm-up and reconciliation locks.
+const LOCK_FOR: Duration = Duration::from_secs(60);
+
+/// What [`retire`] did with an item.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Retirement {
+    /// Its Redis state is gone.
+    Done,
+    /// A warm-up or a reconciliation of it is running: later.
+    Busy,
+    /// Something of it is still on its way (named): later.
+    InFlight(&'static str),
+}
+
+pub async fn retire(
+    db: &Db,
+    redis: &RedisConns,
+    keys: &Keys,
+    item: &Item,
+) -> Result<Retirement, StoreError> {
+    // Neither a warm-up (which would load it again) nor a reconciliation (which reads
+    // what is being deleted) runs meanwhile.
+    let wanted = vec![keys.warmup_lock(item.id), keys.reconcile_lock(item.id)];
+    let taken = RedisLock::try_take_many(redis, wanted, LOCK_FOR).await?;
+    let all_taken = taken.iter().all(Option::is_some);
+    let locks: Vec<RedisLock> = taken.into_iter().flatten().collect();
+    let outcome = if all_taken {
+        retire_locked(db, redis, keys, item).await
+    } else {
+        Ok(Retirement::Busy)
+    };
+    if let Err(e) = RedisLock::release_many(redis, locks).await {
+        tracing::warn!(item = %item.id, error = %e, "could not release the retirement's locks; they expire by themselves");
+    }
+    outcome
+}
+
+async fn retire_locked(
+    db: &Db,
+    redis: &RedisConns,
+    keys: &Keys,
+    item: &Item,
+) -> Result<Retirement, StoreError> {
+    if item.retired_at.is_none() {
+        if let Some(what) = in_flight(redis, keys, item).await? {
+            return Ok(Retirement::InFlight(what));
+        }
+        let counts = orders::count_by_status(db, item.id).await?;
+        if counts.unpaid > 0 {
+            return Ok(Retirement::InFlight("unpaid orders"));
+        }
+        let snapshot = {
+            let mut conn = redis.bulk().await?;
+            stock::item_snapshot(&mut conn, keys, item.stocks()).await?
+        };
+        let unsold = if snapshot.loaded {
+            snapshot.remaining
+        } else {
+            // Never loaded (or lost): what no order holds was not sold.
+            u64::from(item.total).saturating_sub(counts.paid)
+        };
+        repo::mark_retired(db, item.id, unsold).await?;
+    }
+    clear(redis, keys, item).await?;
+    repo::mark_cleared(db, item.id).await?;
+    Ok(Retirement::Done)
+}
+
+/// What of the sale is still on its way in Redis, if anything.
+async fn in_flight(
+    redis: &RedisConns,
+    keys: &Keys,
+    item: &Item,
+) -> Result<Option<&'static str>, StoreError> {
+    let mut grouped = Grouped::new(redis);
+    for stock in item.stocks() {
+        grouped
+            .group()
+            .hlen(keys.pending(stock))
+            .zcard(keys.outbox(stock))
+            .zcard(keys.ending(stock))
+            .hlen(keys.lent(stock))
+            .zcard(keys.leased(stock));
+    }
+    let held: Vec<(u64, u64, u64, u64, u64)> = grouped.query(redis).await?;
+    let names = [
+        "pending orders",
+        "orders in the outbox",
+        "cancels under way",
+        "units on loan",
+        "deadline tasks being worked",
+    ];
+    Ok(held.iter().find_map(|(a, b, c, d, e)| {
+        names
+            .iter()
+            .zip([a, b, c, d, e])
+            .find(|(_, n)| **n > 0)
+            .map(|(name, _)| *name)
+    }))
+}
+
+/// Deletes every key of the sale, then its entries in the index, the marks and the
+/// breakers (each a single key outside the item's slots).
+async fn clear(redis: &RedisConns, keys: &Keys, item: &Item) -> Result<(), StoreError> {
+    let mut grouped = Grouped::new(redis);
+    for stock in item.stocks() {
+        grouped.group().unlink(keys.sale_state(stock)).ignore();
+    }
+    grouped.run(redis).await?;
+    let members: Vec<String> = item.stocks().map(|s| s.to_string()).collect();
+    let mut grouped = Grouped::new(redis);
+    grouped.group().srem(keys.items_index(), &members).ignore();
+    for work in Work::ALL {
+        grouped.group().zrem(work.key(keys), &members).ignore();
+    }
+    grouped
+        .group()
+        .hdel(keys.breakers(), Scope::Item(item.id).field())
+        .ignore();
+    grouped.run(redis).await?;
+    Ok(())
+}

@@ -1,0 +1,209 @@
+//! Months of sales on one deployment: every ended sale leaves Redis once reconciled and
+//! retained (`SECKILL_SALE_RETENTION_S`), and answers from MySQL after (docs/contract.md
+//! §7 invariant 7).
+
+use std::time::Duration;
+
+use chrono::Utc;
+use futures::{StreamExt, stream};
+use seckill::config::Secret;
+use serde_json::Value;
+
+use crate::support::{ALL_ROLES, PrivateRedis, TestEnv, TestServer, eventually};
+
+/// Sales per round (set up a few at a time), and rounds.
+const SALES_PER_ROUND: u64 = 50;
+const AT_ONCE: usize = 8;
+const ROUNDS: u64 = 4;
+
+/// Many short sales back to back — put, warm, sell (two won, one refused sold out, one
+/// paid, one left to time out), end, reconcile, retire — on a private Redis, with two
+/// schedulers retiring side by side: its key count and `used_memory` (less client
+/// buffers) come back to where they started, after having grown with the sales. Then a
+/// retired sale answers as the contract says: `403 ended`, the item with what it left
+/// unsold, the buyers' orders from MySQL, consistent stats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn consecutive_sales_leave_redis_where_it_started() {
+    let env = TestEnv::new("retention").await;
+    let redis = PrivateRedis::start().await;
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.redis_url = Secret::new(redis.url());
+            s.sale_retention_s = 0;
+            s.rate_per_user = 0;
+        })
+        .await;
+    let second = env
+        .server_with(&[seckill::Role::Scheduler], |s| {
+            s.redis_url = Secret::new(redis.url());
+            s.sale_retention_s = 0;
+        })
+        .await;
+    // One sale first: what stays whatever the sales (the shop's status, the scripts
+    // Redis caches) is in place before the count.
+    sell(&env, &server, 1, Utc::now() + chrono::Duration::seconds(3)).await;
+    wait_retired(&env, &server, 1).await;
+    let (keys_before, memory_before) = (key_count(&redis).await, used_memory(&redis).await);
+
+    let mut most_keys = 0;
+    let mut last_round = Vec::new();
+    for round in 0..ROUNDS {
+        let ids: Vec<u64> = (1..=SALES_PER_ROUND)
+            .map(|i| 1_000 * (round + 1) + i)
+            .collect();
+        let end_at = Utc::now() + chrono::Duration::seconds(10);
+        stream::iter(&ids)
+            .for_each_concurrent(AT_ONCE, |&id| sell(&env, &server, id, end_at))
+            .await;
+        most_keys = most_keys.max(key_count(&redis).await);
+        for &id in &ids {
+            wait_retired(&env, &server, id).await;
+        }
+        last_round = ids;
+    }
+    let (keys_after, memory_after) = (key_count(&redis).await, used_memory(&redis).await);
+    eprintln!(
+        "{} sales: keys {keys_before} → at most {most_keys} → {keys_after}; used_memory {memory_before} → {memory_after}",
+        SALES_PER_ROUND * ROUNDS
+    );
+    assert!(
+        most_keys > keys_before + SALES_PER_ROUND as i64,
+        "the sales never showed in Redis: the test measures nothing"
+    );
+    assert_eq!(keys_after, keys_before, "retired sales left keys behind");
+    // A little slack for allocator rounding; 200 sales held far more (keys above).
+    assert!(
+        memory_after <= memory_before + 64 * 1024,
+        "used_memory {memory_before} → {memory_after} after every sale was retired"
+    );
+
+    // A retired sale still answers, from MySQL.
+    let id = last_round[0];
+    let (status, json) = env.buy(&server, 99, id).await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (403, Some("ended")),
+        "{json}"
+    );
+    let (status, item) = env.get(&server, &format!("/api/items/{id}"), None).await;
+    assert_eq!(status, 200, "{item}");
+    assert_eq!(item["status"], "ended", "{item}");
+    assert_eq!(
+        item["remaining"], 1,
+        "the timed-out order's unit was unsold: {item}"
+    );
+    let (status, order) = env
+        .get(&server, &format!("/api/items/{id}/my-order"), Some(1))
+        .await;
+    assert_eq!(
+        (status, order["status"].as_str()),
+        (200, Some("paid")),
+        "{order}"
+    );
+    let sn = order["order_sn"].as_str().unwrap_or_default().to_owned();
+    let (status, read) = env
+        .get(&server, &format!("/api/orders/{sn}"), Some(1))
+        .await;
+    assert_eq!(
+        (status, read["status"].as_str()),
+        (200, Some("paid")),
+        "{read}"
+    );
+    let (status, timed_out) = env
+        .get(&server, &format!("/api/items/{id}/my-order"), Some(2))
+        .await;
+    assert_eq!(
+        (status, timed_out["status"].as_str()),
+        (200, Some("cancelled")),
+        "{timed_out}"
+    );
+    let stats = env.stats(&server, id).await;
+    assert_eq!(stats["consistent"], true, "{stats}");
+    assert_eq!(
+        (&stats["sold"], &stats["remaining"]),
+        (&Value::from(1), &Value::from(1)),
+        "{stats}"
+    );
+    assert!(stats["retired_at"].is_string(), "{stats}");
+    let (status, report) = env
+        .admin_post(&server, &format!("/admin/items/{id}/reconcile"))
+        .await;
+    assert_eq!(
+        (status, &report["consistent"]),
+        (200, &Value::Bool(true)),
+        "{report}"
+    );
+    assert_eq!(
+        key_count(&redis).await,
+        keys_before,
+        "reading a retired sale wrote to Redis"
+    );
+    second.stop().await;
+    server.stop().await;
+}
+
+/// Two units, three buyers: user 1 pays, user 2's order times out, user 3 hears sold out.
+async fn sell(env: &TestEnv, server: &TestServer, id: u64, end_at: chrono::DateTime<Utc>) {
+    env.item(id, 2)
+        .window(Utc::now() - chrono::Duration::seconds(1), end_at)
+        .paying_within(1)
+        .on_sale(server)
+        .await;
+    let (first, won) = env.buy(server, 1, id).await;
+    assert_eq!(first, 202, "{won}");
+    assert_eq!(env.buy(server, 2, id).await.0, 202);
+    assert_eq!(env.buy(server, 3, id).await.0, 410);
+    let sn = won["order_sn"].as_str().unwrap_or_default().to_owned();
+    eventually(Duration::from_secs(10), "the order is written", || async {
+        match env.order_status(&sn).await {
+            Some(_) => Ok(()),
+            None => Err("not yet".to_owned()),
+        }
+    })
+    .await;
+    let (status, paid) = env
+        .post_as(server, &format!("/api/orders/{sn}/pay"), 1)
+        .await;
+    assert_eq!(status, 200, "{paid}");
+}
+
+/// Waits until the sale is retired and its Redis state cleared.
+async fn wait_retired(env: &TestEnv, server: &TestServer, id: u64) {
+    eventually(Duration::from_secs(30), "the sale is retired", || async {
+        let cleared: Option<(Option<chrono::DateTime<Utc>>,)> =
+            sqlx::query_as("SELECT redis_cleared_at FROM items WHERE id = ?")
+                .bind(id)
+                .fetch_optional(&env.db)
+                .await
+                .map_err(|e| e.to_string())?;
+        match cleared {
+            Some((Some(_),)) => Ok(()),
+            _ => Err(format!("{}", env.stats(server, id).await)),
+        }
+    })
+    .await;
+}
+
+async fn key_count(redis: &PrivateRedis) -> i64 {
+    match redis.cmd(&["DBSIZE"]).await {
+        redis::Value::Int(n) => n,
+        other => panic!("DBSIZE: {other:?}"),
+    }
+}
+
+/// `used_memory` less what client connections hold (their buffers grow with the number
+/// of connections the server's pools opened, which has nothing to do with sales).
+async fn used_memory(redis: &PrivateRedis) -> u64 {
+    let info = match redis.cmd(&["INFO", "memory"]).await {
+        redis::Value::BulkString(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        redis::Value::VerbatimString { text, .. } => text,
+        other => panic!("INFO memory: {other:?}"),
+    };
+    let field = |name: &str| -> u64 {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {info}"))
+    };
+    field("used_memory") - field("mem_clients_normal")
+}
