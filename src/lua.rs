@@ -22,6 +22,18 @@ pub static GIVE_BACK: LazyLock<Script> =
 pub static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
 
+/// Records cancels as begun, timed by Redis's clock: see `lua/ending_begin.lua`.
+pub static ENDING_BEGIN: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/ending_begin.lua")));
+
+/// The cancels begun long enough ago, by Redis's clock: see `lua/ending_due.lua`.
+pub static ENDING_DUE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/ending_due.lua")));
+
+/// Looks again later at cancels whose order is still unpaid: see `lua/ending_keep.lua`.
+pub static ENDING_KEEP: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/ending_keep.lua")));
+
 /// Drops cancels begun that a sweep found finished or moot: see `lua/forget.lua`.
 pub static FORGET: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/forget.lua")));
@@ -81,6 +93,9 @@ where
         &*SWAP,
         &*LOAD_FRESH,
         &*FORGET,
+        &*ENDING_BEGIN,
+        &*ENDING_DUE,
+        &*ENDING_KEEP,
         &*CLAIM,
         &*FINISH,
         &*UNLOCK,

@@ -127,6 +127,30 @@ fn describe() {
         "Cancels cut off between MySQL and Redis whose unit a scheduler's sweep returned"
     );
     describe_gauge!(
+        "seckill_dependency_up",
+        "Whether Redis, MySQL and RabbitMQ answered this instance's last look (every 5 s)"
+    );
+    describe_gauge!(
+        "seckill_redis_memory_used_bytes",
+        "Redis used_memory, of the fullest master"
+    );
+    describe_gauge!(
+        "seckill_redis_memory_used_ratio",
+        "Redis used_memory / maxmemory, of the fullest master (absent without a limit)"
+    );
+    describe_gauge!(
+        "seckill_queue_messages",
+        "Messages ready in RabbitMQ, by queue (orders, dead_letters)"
+    );
+    describe_counter!(
+        "seckill_shed_total",
+        "Purchases answered 503 at once because SECKILL_MAX_INFLIGHT were in hand"
+    );
+    describe_counter!(
+        "seckill_dead_letters_total",
+        "Orders or messages set aside in the dead-letter queue"
+    );
+    describe_gauge!(
         "seckill_catalogue_items",
         "Items in this instance's catalogue: current (on sale, coming, ended within a day) and others (older, looked up lately)"
     );
@@ -184,6 +208,8 @@ pub struct Meters {
     pub published: Counter,
     pub written: Counter,
     pub purchase_seconds: Histogram,
+    /// Purchases answered `503` at once because `SECKILL_MAX_INFLIGHT` were in hand.
+    pub shed: Counter,
     pub redis_grab_seconds: Histogram,
     pub mq_publish_seconds: Histogram,
     pub mysql_insert_seconds: Histogram,
@@ -209,6 +235,7 @@ impl Meters {
             published: funnel("published"),
             written: funnel("written"),
             purchase_seconds: metrics::histogram!("seckill_purchase_duration_seconds", "namespace" => ns.clone()),
+            shed: metrics::counter!("seckill_shed_total", "namespace" => ns.clone()),
             redis_grab_seconds: stage("redis_grab"),
             mq_publish_seconds: stage("mq_publish"),
             mysql_insert_seconds: stage("mysql_insert"),
@@ -268,6 +295,43 @@ impl Meters {
     pub fn shop_repair(&self, layer: &'static str) {
         metrics::counter!("seckill_shop_repairs_total", "namespace" => self.namespace.clone(), "layer" => layer)
             .increment(1);
+    }
+
+    /// Whether a dependency answered this instance's last look.
+    pub fn dependency_up(&self, dependency: &'static str, up: bool) {
+        metrics::gauge!("seckill_dependency_up", "namespace" => self.namespace.clone(), "dependency" => dependency)
+            .set(if up { 1.0 } else { 0.0 });
+    }
+
+    /// Redis memory, of the fullest master: bytes used, and the share of `maxmemory`
+    /// (shown only when a limit is set).
+    pub fn redis_memory(&self, masters: &[(u64, u64)]) {
+        let used = masters.iter().map(|(used, _)| *used).max().unwrap_or(0);
+        metrics::gauge!("seckill_redis_memory_used_bytes", "namespace" => self.namespace.clone())
+            .set(used as f64);
+        let ratio = masters
+            .iter()
+            .filter(|(_, max)| *max > 0)
+            .map(|(used, max)| *used as f64 / *max as f64)
+            .fold(None, |worst: Option<f64>, r| {
+                Some(worst.map_or(r, |w| w.max(r)))
+            });
+        if let Some(ratio) = ratio {
+            metrics::gauge!("seckill_redis_memory_used_ratio", "namespace" => self.namespace.clone())
+                .set(ratio);
+        }
+    }
+
+    /// Messages waiting in a RabbitMQ queue (`orders`, `dead_letters`).
+    pub fn queue_messages(&self, queue: &'static str, messages: u32) {
+        metrics::gauge!("seckill_queue_messages", "namespace" => self.namespace.clone(), "queue" => queue)
+            .set(f64::from(messages));
+    }
+
+    /// Orders set aside in the dead-letter queue.
+    pub fn dead_lettered(&self, orders: u64) {
+        metrics::counter!("seckill_dead_letters_total", "namespace" => self.namespace.clone())
+            .increment(orders);
     }
 
     /// Items in this instance's catalogue: current ones, and older ones looked up lately.

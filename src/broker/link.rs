@@ -107,12 +107,21 @@ impl Broker {
     /// Messages ready in the order queue (not counting those a consumer holds unacked),
     /// or `None` when the broker cannot tell now.
     pub async fn queue_depth(&self) -> Option<u32> {
+        self.depth_of(&self.inner.topology.orders_queue).await
+    }
+
+    /// Dead letters waiting for a human, or `None` when the broker cannot tell now.
+    pub async fn dead_letters(&self) -> Option<u32> {
+        self.depth_of(&self.inner.topology.dead_queue).await
+    }
+
+    async fn depth_of(&self, queue: &str) -> Option<u32> {
         let connection = self.inner.link.borrow().as_ref()?.connection.clone();
         // A channel of its own: a failed passive declare closes the channel it ran on.
         let channel = connection.create_channel().await.ok()?;
         let queue = channel
             .queue_declare(
-                self.inner.topology.orders_queue.as_str().into(),
+                queue.into(),
                 lapin::options::QueueDeclareOptions {
                     passive: true,
                     ..Default::default()

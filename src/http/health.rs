@@ -74,15 +74,7 @@ async fn healthz() -> Response {
     )
 )]
 async fn readyz(State(state): State<AppState>) -> Response {
-    let Shared {
-        db, redis, broker, ..
-    } = &*state;
-    let (redis_ok, mysql_ok) = tokio::join!(
-        redis.ping(),
-        mysql_timed(sqlx::query("SELECT 1").execute(db))
-    );
-    let (redis_up, mysql_up, rabbitmq_up) =
-        (redis_ok.is_ok(), mysql_ok.is_ok(), broker.is_connected());
+    let (redis_up, mysql_up, rabbitmq_up) = answering(&state).await;
     let down: Vec<&'static str> = [
         ("redis", redis_up),
         ("mysql", mysql_up),
@@ -105,6 +97,48 @@ async fn readyz(State(state): State<AppState>) -> Response {
         ok("ready", readiness)
     } else {
         envelope(StatusCode::SERVICE_UNAVAILABLE, "unavailable", readiness)
+    }
+}
+
+/// Whether Redis, MySQL and RabbitMQ answer.
+async fn answering(state: &Shared) -> (bool, bool, bool) {
+    let Shared {
+        db, redis, broker, ..
+    } = state;
+    let (redis_ok, mysql_ok) = tokio::join!(
+        redis.ping(),
+        mysql_timed(sqlx::query("SELECT 1").execute(db))
+    );
+    (redis_ok.is_ok(), mysql_ok.is_ok(), broker.is_connected())
+}
+
+/// How often [`watch`] looks.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Every instance, every five seconds: whether its dependencies answer, how full Redis
+/// is, and how many orders and dead letters wait in RabbitMQ — as gauges, for the alerting
+/// rules (`monitoring/alerts.yml`) rather than for a probe.
+pub async fn watch(state: AppState, shutdown: tokio_util::sync::CancellationToken) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(WATCH_EVERY) => {}
+        }
+        let (redis_up, mysql_up, rabbitmq_up) = answering(&state).await;
+        let meters = &state.meters;
+        meters.dependency_up("redis", redis_up);
+        meters.dependency_up("mysql", mysql_up);
+        meters.dependency_up("rabbitmq", rabbitmq_up);
+        if let Ok(masters) = state.redis.memory_of_masters().await {
+            meters.redis_memory(&masters);
+        }
+        let (orders, dead) = tokio::join!(state.broker.queue_depth(), state.broker.dead_letters());
+        if let Some(orders) = orders {
+            meters.queue_messages("orders", orders);
+        }
+        if let Some(dead) = dead {
+            meters.queue_messages("dead_letters", dead);
+        }
     }
 }
 

@@ -270,9 +270,9 @@ async fn cancel_order(
     // Unknown and other users' orders end here, before anything is recorded.
     let mut row = stored_order(&state, &sn, user).await?;
     let mut cancelled_now = false;
-    let began = row.status == OrderStatus::Unpaid;
-    if began {
-        ending::begin(&state.redis, &state.keys, &[&sn]).await?;
+    let mut begun = None;
+    if row.status == OrderStatus::Unpaid {
+        begun = Some(ending::begin(&state.redis, &state.keys, &[&sn]).await?);
         cancelled_now = repo::cancel_own(db, &sn, user).await?;
         row = stored_order(&state, &sn, user).await?;
     }
@@ -282,9 +282,9 @@ async fn cancel_order(
     match row.status {
         OrderStatus::Cancelled => {}
         OrderStatus::Paid => {
-            if began {
+            if let Some(begun) = &begun {
                 // Paid in the meantime: nothing to return.
-                ending::abandon(&state.redis, &state.keys, &[sn.as_str()]).await?;
+                ending::abandon(&state.redis, &state.keys, &[sn.as_str()], begun).await?;
             }
             return Err(ApiError::Conflict {
                 code: "order_paid",

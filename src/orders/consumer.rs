@@ -322,10 +322,14 @@ impl Consumer {
             return false;
         };
         let letters: Vec<Outbound> = letters.iter().map(Outbound::DeadLetter).collect();
-        publish(&channel, self.broker.topology(), &letters)
+        let taken = publish(&channel, self.broker.topology(), &letters)
             .await
             .into_iter()
-            .all(|taken| taken)
+            .all(|taken| taken);
+        if taken {
+            self.meters.dead_lettered(letters.len() as u64);
+        }
+        taken
     }
 }
 

@@ -1,25 +1,24 @@
 //! Ending orders — by their owner, at their pay deadline, at the end of a sale — and giving
 //! their units back to the sale.
 //!
-//! First the cancel is recorded as begun (the item's `ending` set in Redis), then MySQL
-//! decides (a conditional `UPDATE … WHERE status = 'unpaid'`), then `release.lua` returns
-//! the unit and clears the record. The release is idempotent and keyed on the buyer
-//! record, so it is safe to run again for any cancelled order: a request cut off between
-//! MySQL and Redis, or a process that died there, leaves its record behind, and the
-//! scheduler's [`finish_cut_off`] sweep returns the unit within seconds — rather than at
-//! the order's deadline or the end of the sale.
+//! First the cancel is recorded as begun (the item's `ending` set in Redis, timed by
+//! Redis's clock), then MySQL decides (a conditional `UPDATE … WHERE status = 'unpaid'`),
+//! then `release.lua` returns the unit and clears the record. The release is idempotent
+//! and keyed on the buyer record, so it is safe to run again for any cancelled order: a
+//! request cut off between MySQL and Redis, or a process that died there, leaves its
+//! record behind, and the scheduler's [`finish_cut_off`] sweep returns the unit within
+//! seconds — rather than at the order's deadline or the end of the sale. A record whose
+//! order is still unpaid stays (its `UPDATE` may yet commit, late) and is looked at again.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
-
-use chrono::Utc;
 
 use crate::domain::{OrderSn, Stock, UserId};
 use crate::items::catalog;
 use crate::keys::Keys;
-use crate::lua::{FORGET, RELEASE};
+use crate::lua::{ENDING_BEGIN, ENDING_DUE, ENDING_KEEP, FORGET, RELEASE};
 use crate::marks::{self, Work};
-use crate::store::{Db, Grouped, RedisConns, RedisError, StoreError, redis_timed};
+use crate::store::{Db, RedisConns, RedisError, StoreError, redis_timed};
 
 use super::repo::{self, CancelReason, OrderRow, OrderStatus};
 
@@ -103,45 +102,57 @@ pub struct Cancelled {
     pub missing: Vec<String>,
 }
 
+/// When each bucket recorded the cancels begun, by its Redis server's clock (ms).
+#[derive(Debug, Default)]
+pub struct Begun(BTreeMap<Stock, i64>);
+
 /// Records that these orders are about to be cancelled, before MySQL is asked: if the
 /// caller is cut off after MySQL said yes, [`finish_cut_off`] returns their units.
-pub async fn begin(redis: &RedisConns, keys: &Keys, sns: &[&OrderSn]) -> Result<(), RedisError> {
-    if sns.is_empty() {
-        return Ok(());
-    }
-    let now = Utc::now().timestamp_millis();
-    let mut by_stock: BTreeMap<Stock, Vec<(i64, &str)>> = BTreeMap::new();
+pub async fn begin(redis: &RedisConns, keys: &Keys, sns: &[&OrderSn]) -> Result<Begun, RedisError> {
+    let mut by_stock: BTreeMap<Stock, Vec<&str>> = BTreeMap::new();
     for sn in sns {
-        by_stock
-            .entry(sn.stock())
-            .or_default()
-            .push((now, sn.as_str()));
+        by_stock.entry(sn.stock()).or_default().push(sn.as_str());
     }
-    let mut grouped = Grouped::new(redis);
-    for (stock, members) in &by_stock {
-        grouped
-            .group()
-            .zadd_multiple(keys.ending(*stock), members)
-            .ignore();
+    let mut begun = Begun::default();
+    if by_stock.is_empty() {
+        return Ok(begun);
     }
-    grouped.run(redis).await?;
     let mut conn = redis.bulk().await?;
-    marks::mark(&mut conn, keys, Work::CutOff, by_stock.into_keys()).await
+    for (stock, members) in &by_stock {
+        let at: i64 = redis_timed(
+            ENDING_BEGIN
+                .key(keys.ending(*stock))
+                .arg(members)
+                .invoke_async(&mut conn),
+        )
+        .await?;
+        begun.0.insert(*stock, at);
+    }
+    marks::mark(&mut conn, keys, Work::CutOff, by_stock.into_keys()).await?;
+    Ok(begun)
 }
 
 /// These cancels ended without a unit to return (the order was paid, still unpaid, or
-/// unknown): their records go.
-pub async fn abandon(redis: &RedisConns, keys: &Keys, sns: &[&str]) -> Result<(), RedisError> {
-    let mut grouped = Grouped::new(redis);
+/// unknown): their records go — unless written again since `begun` (another cancel of
+/// the same order, under way).
+pub async fn abandon(
+    redis: &RedisConns,
+    keys: &Keys,
+    sns: &[&str],
+    begun: &Begun,
+) -> Result<(), RedisError> {
+    let mut by_stock: BTreeMap<Stock, Vec<&str>> = BTreeMap::new();
     for sn in sns {
         if let Some(parsed) = OrderSn::parse(sn) {
-            grouped
-                .group()
-                .zrem(keys.ending(parsed.stock()), *sn)
-                .ignore();
+            by_stock.entry(parsed.stock()).or_default().push(sn);
         }
     }
-    grouped.run(redis).await
+    for (stock, sns) in by_stock {
+        if let Some(at) = begun.0.get(&stock) {
+            forget(redis, keys, stock, *at, &sns).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Cancels those of these orders that are unpaid past their deadline, then gives back the
@@ -154,7 +165,7 @@ pub async fn cancel_overdue(
     reason: CancelReason,
 ) -> Result<Cancelled, StoreError> {
     let parsed: Vec<OrderSn> = sns.iter().filter_map(|sn| OrderSn::parse(sn)).collect();
-    begin(redis, keys, &parsed.iter().collect::<Vec<_>>()).await?;
+    let begun = begin(redis, keys, &parsed.iter().collect::<Vec<_>>()).await?;
     let cancelled = repo::cancel_overdue(db, sns, reason).await?;
     let rows = repo::find_many(db, sns).await?;
     let mut outcome = Cancelled {
@@ -180,35 +191,44 @@ pub async fn cancel_overdue(
         }
     }
     outcome.released = release(redis, keys, &ended).await?.len() as u64;
-    abandon(redis, keys, &moot).await?;
+    abandon(redis, keys, &moot, &begun).await?;
     Ok(outcome)
 }
 
-/// A cancel begun this long ago has finished or was cut off: its request's budget and a
-/// scheduler's store calls are long over.
+/// A cancel begun this long ago (by Redis's clock) has finished or was cut off: its
+/// request's budget and a scheduler's store calls are long over.
 pub const CUT_OFF_AFTER: Duration = Duration::from_secs(5);
 /// Records looked at per bucket and sweep.
-const SWEEP_BATCH: isize = 500;
+const SWEEP_BATCH: usize = 500;
 
 /// Finishes cancels of these buckets that were cut off between MySQL and Redis: for every
-/// record older than [`CUT_OFF_AFTER`], an order MySQL has cancelled gets its unit back;
-/// any other record is dropped. Returns how many units came back.
+/// record older than [`CUT_OFF_AFTER`], an order MySQL has cancelled gets its unit back,
+/// one still unpaid is looked at again later, any other record is dropped. Returns how
+/// many units came back.
 pub async fn finish_cut_off(
     db: &Db,
     redis: &RedisConns,
     keys: &Keys,
     stocks: &[Stock],
 ) -> Result<u64, StoreError> {
-    let cutoff = Utc::now().timestamp_millis() - CUT_OFF_AFTER.as_millis() as i64;
-    let mut grouped = Grouped::new(redis);
-    for stock in stocks {
-        grouped
-            .group()
-            .zrangebyscore_limit(keys.ending(*stock), "-inf", cutoff, 0, SWEEP_BATCH);
-    }
-    let found: Vec<(Vec<String>,)> = grouped.query(redis).await?;
     let mut released = 0;
-    for (stock, (sns,)) in stocks.iter().zip(found) {
+    for stock in stocks {
+        let mut due: Vec<String> = {
+            let mut conn = redis.bulk().await?;
+            redis_timed(
+                ENDING_DUE
+                    .key(keys.ending(*stock))
+                    .arg(CUT_OFF_AFTER.as_millis() as u64)
+                    .arg(SWEEP_BATCH)
+                    .invoke_async(&mut conn),
+            )
+            .await?
+        };
+        let cutoff = match due.first().map(|c| c.parse::<i64>()) {
+            Some(Ok(cutoff)) => cutoff,
+            _ => continue,
+        };
+        let sns = due.split_off(1);
         if !sns.is_empty() {
             released += finish_records(db, redis, keys, *stock, cutoff, &sns).await?;
         }
@@ -216,7 +236,8 @@ pub async fn finish_cut_off(
     Ok(released)
 }
 
-/// One bucket's cut-off records: units back for those MySQL cancelled, the rest dropped.
+/// One bucket's cut-off records: units back for those MySQL cancelled, those still unpaid
+/// kept for another look, the rest dropped.
 async fn finish_records(
     db: &Db,
     redis: &RedisConns,
@@ -227,6 +248,10 @@ async fn finish_records(
 ) -> Result<u64, StoreError> {
     let refs: Vec<&str> = sns.iter().map(String::as_str).collect();
     let rows = repo::find_many(db, &refs).await?;
+    let status: HashMap<&str, OrderStatus> = rows
+        .iter()
+        .map(|r| (r.order_sn.as_str(), r.status))
+        .collect();
     let cancelled: Vec<Held> = rows
         .iter()
         .filter(|r| r.status == OrderStatus::Cancelled)
@@ -236,24 +261,47 @@ async fn finish_records(
     if back > 0 {
         tracing::warn!(%stock, units = back, "finished cancels that were cut off between MySQL and Redis");
     }
-    // Not cancelled (paid, still unpaid, unknown): nothing to return. Dropped only if not
-    // written again since (a newer cancel of the same order).
-    let cancelled_sns: HashSet<&str> = cancelled.iter().map(|h| h.order_sn.as_str()).collect();
-    let moot: Vec<&str> = refs
+    // Unpaid: its cancel may still commit (late), so it is looked at again. Paid or
+    // unknown: nothing to return. Either only if not written again since.
+    let (unpaid, moot): (Vec<&str>, Vec<&str>) = refs
         .iter()
         .copied()
-        .filter(|sn| !cancelled_sns.contains(sn))
-        .collect();
-    if !moot.is_empty() {
+        .filter(|sn| status.get(sn) != Some(&OrderStatus::Cancelled))
+        .partition(|sn| status.get(sn) == Some(&OrderStatus::Unpaid));
+    forget(redis, keys, stock, cutoff, &moot).await?;
+    if !unpaid.is_empty() {
         let mut conn = redis.bulk().await?;
         redis_timed(
-            FORGET
+            ENDING_KEEP
                 .key(keys.ending(stock))
                 .arg(cutoff)
-                .arg(&moot)
+                .arg(&unpaid)
                 .invoke_async::<i64>(&mut conn),
         )
         .await?;
     }
     Ok(back)
+}
+
+/// Drops these records of a bucket's cancels begun, unless written again after `cutoff`.
+async fn forget(
+    redis: &RedisConns,
+    keys: &Keys,
+    stock: Stock,
+    cutoff: i64,
+    sns: &[&str],
+) -> Result<(), RedisError> {
+    if sns.is_empty() {
+        return Ok(());
+    }
+    let mut conn = redis.bulk().await?;
+    redis_timed(
+        FORGET
+            .key(keys.ending(stock))
+            .arg(cutoff)
+            .arg(sns)
+            .invoke_async::<i64>(&mut conn),
+    )
+    .await?;
+    Ok(())
 }

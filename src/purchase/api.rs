@@ -73,7 +73,10 @@ async fn count_and_shed(
     let response = match state.inflight.try_acquire() {
         // Held until the answer is ready.
         Ok(_permit) => next.run(request).await,
-        Err(_) => ApiError::Overloaded.into_response(),
+        Err(_) => {
+            state.meters.shed.increment(1);
+            ApiError::Overloaded.into_response()
+        }
     };
     let code = response
         .extensions()

@@ -16,7 +16,9 @@ use futures::StreamExt;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -275,6 +277,32 @@ impl RedisConns {
             }
             mut conn => timed(info.query_async(&mut conn)).await,
         }
+    }
+
+    /// `used_memory` and `maxmemory` (0: no limit) of every master, as `INFO memory`
+    /// gives them.
+    pub async fn memory_of_masters(&self) -> Result<Vec<(u64, u64)>, RedisError> {
+        let mut info = redis::cmd("INFO");
+        info.arg("memory");
+        let dicts = match self.bulk().await? {
+            RedisConn::Cluster(mut conn) => {
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                match timed(conn.conn.route_command(info, routing)).await? {
+                    Value::Map(by_node) => by_node.into_iter().map(|(_, v)| v).collect(),
+                    other => vec![other],
+                }
+            }
+            mut conn => vec![timed(info.query_async::<Value>(&mut conn)).await?],
+        };
+        dicts
+            .into_iter()
+            .map(|value| {
+                let dict = redis::InfoDict::from_redis_value(value)
+                    .map_err(|e| RedisError::Unexpected(format!("INFO memory: {e}")))?;
+                let field = |name| dict.get::<u64>(name).unwrap_or(0);
+                Ok((field("used_memory"), field("maxmemory")))
+            })
+            .collect()
     }
 
     pub async fn ping(&self) -> Result<(), RedisError> {

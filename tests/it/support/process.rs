@@ -43,6 +43,24 @@ pub fn seckill(env: &TestEnv) -> Command {
     command
 }
 
+/// `seckill` with its clock `offset` off the machine's (libfaketime, e.g. `-10s`): a host
+/// whose clock runs behind or ahead. Only the wall clock moves; timers do not.
+pub fn seckill_with_clock(env: &TestEnv, offset: &str) -> Command {
+    let lib = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|arch| arch.path().join("faketime/libfaketimeMT.so.1"))
+        .find(|lib| lib.exists())
+        .expect("libfaketime (./dev/tools.sh faketime)");
+    let mut command = seckill(env);
+    command
+        .env("LD_PRELOAD", lib)
+        .env("FAKETIME", offset)
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+    command
+}
+
 /// Starts `seckill serve …`, collecting its stdout lines; returns once it listens.
 pub fn serve(
     command: &mut Command,
