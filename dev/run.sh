@@ -32,7 +32,7 @@ curl -fsS -X PUT "$base/admin/items/$item" "${admin[@]}" -H 'Content-Type: appli
 warm=$(curl -sS -X POST "$base/admin/items/$item/warmup" "${admin[@]}")
 if [[ $warm == *'"sale_live"'* ]]; then
   # Loaded on an earlier run, gone from Redis since (the dev Redis keeps nothing across a
-  # restart): the README's recovery procedure, which waits for orders still on their way.
+  # restart): the recovery procedure of docs/operations.md, which waits for orders still on their way.
   echo "Redis lost demo item $item since the last run: rebuilding it (pause, warm-up, resume; about 20 s)" >&2
   curl -fsS -X POST "$base/admin/items/$item/pause" "${admin[@]}" >/dev/null
   warm=$(curl -sS -X POST "$base/admin/items/$item/warmup" "${admin[@]}")

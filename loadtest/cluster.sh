@@ -7,7 +7,7 @@
 # WAITs the server sent and how long they took (its /metrics). For each: grabs/s and p99 through one API
 # instance (wrk, wins and duplicates: every request reaches Redis), and what Redis spent
 # per grab — the EVALSHA time (INFO commandstats) and the whole server's CPU (INFO cpu),
-# summed over the masters, and the busiest master's share — so the README's capacity
+# summed over the masters, and the busiest master's share — so the capacity
 # model can say how many shards a sale of N presses/s needs.
 #
 #   ./loadtest/cluster.sh          (DURATION=10s CONNECTIONS=64 by default)

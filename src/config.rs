@@ -208,7 +208,7 @@ pub enum QueueType {
 }
 
 /// What a purchase meets while its Redis master has fewer replicas in step than
-/// `SECKILL_REDIS_WAIT_REPLICAS` asks for (README: "A master short of replicas").
+/// `SECKILL_REDIS_WAIT_REPLICAS` asks for (docs/architecture.md: "A master short of replicas").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum WaitPolicy {
     /// The operator asked for replicas: no unit is taken there until they are back
@@ -314,6 +314,48 @@ impl FromStr for Secret {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `docs/configuration.md` lists every variable the server reads, each with the
+    /// default it has, and nothing else (its server tables: those before "## Logging").
+    #[test]
+    fn the_configuration_page_lists_every_variable_with_its_default() {
+        let page = include_str!("../docs/configuration.md");
+        let server = page.split("## Logging").next().unwrap_or_default();
+        let documented: std::collections::BTreeMap<&str, &str> = server
+            .lines()
+            .filter_map(|line| {
+                let mut cells = line.strip_prefix("| `")?.split(" | ");
+                let name = cells.next()?.strip_suffix('`')?;
+                Some((name, cells.next()?))
+            })
+            .collect();
+        let command = Settings::augment_args(clap::Command::new("serve"));
+        let mut read = std::collections::BTreeSet::new();
+        for arg in command.get_arguments() {
+            let Some(env) = arg.get_env().and_then(|e| e.to_str()) else {
+                continue;
+            };
+            read.insert(env);
+            let Some(default) = documented.get(env) else {
+                panic!("{env} is read but docs/configuration.md does not list it");
+            };
+            if arg.is_hide_default_value_set() {
+                continue;
+            }
+            let values: Vec<String> = arg
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect();
+            if values.is_empty() {
+                assert!(default.starts_with("unset"), "{env}: no default, the page says {default}");
+            } else {
+                assert_eq!(*default, format!("`{}`", values.join(",")), "{env}'s default");
+            }
+        }
+        let listed: std::collections::BTreeSet<&str> = documented.keys().copied().collect();
+        assert_eq!(listed, read, "listed in docs/configuration.md but not read, or the reverse");
+    }
 
     #[test]
     fn defaults_match_the_contract() {

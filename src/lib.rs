@@ -3,7 +3,7 @@
 //! A purchase is one Lua script in Redis (stock, buyer, outbox, atomically), then a `202`;
 //! RabbitMQ carries the order to MySQL, and a relay makes sure it gets there. A scheduler
 //! cancels orders left unpaid and gives their units back. See
-//! `README.md` for the design and the contract it keeps.
+//! `docs/architecture.md` for the design and `docs/contract.md` for the contract it keeps.
 
 pub mod app;
 pub mod auth;

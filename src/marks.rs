@@ -1,6 +1,6 @@
 //! Which buckets background work must look at, and when: one sorted set per kind of work
 //! (bucket → ms), so the scheduler's passes read the few buckets due instead of walking
-//! the whole catalogue every second (README: "A large catalogue").
+//! the whole catalogue every second (docs/benchmarks.md: "A large catalogue").
 //!
 //! Whoever leaves work in a bucket marks it — score 0, "look at once" — *after* the work
 //! is written. A pass takes the due buckets under a lease (`lua/marks_take.lua`), works

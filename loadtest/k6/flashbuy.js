@@ -6,7 +6,7 @@
 //
 // Thresholds fail the run (k6 exits non-zero) when p99 is too slow or when the server
 // answers anything a flash sale should not (5xx other than a deliberate 503, 400s, 401s).
-// The defaults suit the 2-core machine the README measures on, where k6's virtual users
+// The defaults suit the 2-core machine docs/benchmarks.md measures on, where k6's virtual users
 // share the cores with the server; on a real load host raise SPIKE_VUS (to 500 or more)
 // and lower P99_SPIKE_MS / P99_RAMP_MS (loadtest/k6/README.md).
 // k6 measures the answers; `seckill bench` also proves the outcome (no oversell, nothing

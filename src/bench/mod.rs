@@ -2,7 +2,7 @@
 //!
 //! It sets up (or reuses) an item through the admin API, fires a crowd of users at
 //! `POST /api/flashbuy`, reports answers and latency, and then — once the order queue has
-//! drained — checks the invariants of CONTRACT.md section 7 against Redis and MySQL itself.
+//! drained — checks the invariants of docs/contract.md section 7 against Redis and MySQL itself.
 //! The same report goes to `report.json` and `report.svg` for a go/no-go review.
 
 mod chart;
@@ -24,7 +24,7 @@ use crate::domain::{ItemId, UserId};
 
 pub use report::Report;
 
-/// How the crowd behaves. Every default is the standard rehearsal of the README.
+/// How the crowd behaves. Every default is the standard rehearsal of docs/rehearsal.md.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Base URL the purchases go to: the server, or nginx in front of it.
@@ -41,7 +41,7 @@ pub struct BenchArgs {
     /// without --units, the item must already exist and be loaded. [default for a new item: 1000]
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
     pub units: Option<u32>,
-    /// Spread the units over this many Redis buckets (a hot item; see the README's "A hot
+    /// Spread the units over this many Redis buckets (a hot item; see docs/architecture.md, "A hot
     /// item over many buckets"), when --units sets the item up.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
     pub buckets: u8,

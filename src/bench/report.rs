@@ -186,7 +186,7 @@ impl Report {
             l.p50, l.p90, l.p99, l.p99_9, l.max
         );
         println!();
-        println!("invariants (CONTRACT.md §7, read from Redis and MySQL)");
+        println!("invariants (docs/contract.md §7, read from Redis and MySQL)");
         for check in &self.invariants {
             let mark = match check.outcome {
                 Outcome::Held => "✔",

@@ -9,7 +9,7 @@
 //! unit is on its list) — and the lender's record is dropped (`unlend.lua`). A crash
 //! between two steps leaves a `lent` record that [`settle_stuck`] finishes: it decides
 //! the transfer at the receiver (`void`, unless already `in`) and settles the lender to
-//! match, so the unit ends on exactly one list. README: "A hot item over many buckets".
+//! match, so the unit ends on exactly one list. docs/architecture.md: "A hot item over many buckets".
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! End-of-sale reconciliation: units held by orders that can no longer be paid come back,
 //! buyer records that no live order backs are cleared, and Redis is checked against MySQL
-//! (CONTRACT.md invariant 4). It runs by itself once a sale's end plus its pay timeout has
+//! (docs/contract.md, invariant 4). It runs by itself once a sale's end plus its pay timeout has
 //! passed, and by hand through `POST /admin/items/{id}/reconcile`. It only ends orders
 //! that are over and returns units through `release.lua`; a disagreement it cannot explain
 //! is reported loudly, never papered over.

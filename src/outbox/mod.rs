@@ -120,7 +120,7 @@ async fn clear_confirmed<'a>(
 /// replicas must hold everything written on the bucket's master, the claim included. Or,
 /// should that master have no replica left that a failover could promote (it is alone for
 /// good), they go anyway: nothing can undo its writes then but its own loss — the rule that
-/// settles orders taken just before a master lost its last replica (README: "A master
+/// settles orders taken just before a master lost its last replica (docs/architecture.md: "A master
 /// short of replicas"). False: they wait, and are asked about again.
 pub async fn cleared_to_send(
     redis: &RedisConns,

@@ -20,7 +20,7 @@
 //! A watcher reads every [`WATCH_EVERY`] which master serves each slot (`CLUSTER SLOTS`)
 //! and how many replicas each has in step (`INFO replication`). So a purchase learns,
 //! without a round trip of its own, that its master is short of replicas and refuses
-//! before taking a unit; and the relay learns that a master is alone for good (README:
+//! before taking a unit; and the relay learns that a master is alone for good (docs/architecture.md:
 //! "A master short of replicas").
 
 use std::collections::HashMap;

@@ -3,7 +3,7 @@
 //! round trip to check their Redis side, one to load them (`lua/load_fresh.lua` per
 //! bucket), one to read them back, one `UPDATE`. Anything else (loaded before, with
 //! orders, a large stock, something found in Redis) goes the one-item way, where reloads
-//! and rebuilds are decided. README: "A large catalogue".
+//! and rebuilds are decided. docs/benchmarks.md: "A large catalogue".
 
 use std::collections::{HashMap, HashSet};
 

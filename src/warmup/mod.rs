@@ -1,8 +1,9 @@
 //! Loading an item's units into Redis before its sale (the endpoints in [`admin`] and
 //! `seckill warmup`), and rebuilding them after Redis lost them: `total − held` units into
 //! a side list, swapped in by `lua/swap.lua` unless the item changed meanwhile. It sits
-//! above items and orders, since it counts the orders holding units. README: the
-//! contract's "Warm-up", and "Recovering a Redis that lost data" for why a rebuild waits.
+//! above items and orders, since it counts the orders holding units. What it answers:
+//! docs/contract.md §8, "Warm-up"; why a rebuild waits: docs/operations.md, "Recovering a
+//! Redis that lost data".
 
 pub mod admin;
 mod fresh;

@@ -360,7 +360,7 @@ async fn a_redis_master_killed_mid_burst_with_wait_loses_nothing_and_oversells_n
 
 /// Without `WAIT`, by hand: `cargo test clusters::failover_without_wait -- --ignored
 /// --nocapture` runs the same failover five times and prints what was sold twice or
-/// lost (the README has the figures).
+/// lost (docs/faults.md has the figures).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a measurement, run by hand"]
 async fn failover_without_wait() {
@@ -707,7 +707,7 @@ async fn a_split_item_force_reloaded_as_its_sale_opens_sells_nothing_twice() {
     server.stop().await;
 }
 
-/// A paused split item reloaded (`?force=true`, as the README's procedures do) while its
+/// A paused split item reloaded (`?force=true`, as the procedures in docs/operations.md do) while its
 /// buyers cancel: cancels wait while the warm-up holds the buckets back, and their units
 /// come back after it, to the buyer records it rebuilt. A whole load (before, a release
 /// between the decisive read and a bucket's swap failed it `409 raced` half-way, with
@@ -778,7 +778,7 @@ impl Drop for Revive {
 
 /// Without `WAIT`, a master fails over to a replica that lacks the last sales (its link
 /// was cut, so it had nothing after it), while their orders wait in RabbitMQ (no consumer
-/// runs). The README's procedure — pause, `warmup?force=true`, resume — must see the
+/// runs). The procedure in docs/operations.md — pause, `warmup?force=true`, resume — must see the
 /// failover: the promoted replica has been up for long, but it is not the server that
 /// took the load, so the warm-up rebuilds from MySQL once every order on its way has
 /// landed (`409 orders_in_flight` until a consumer runs). Before, it ran as a plain
@@ -809,7 +809,7 @@ async fn a_failover_without_wait_is_rebuilt_by_the_readme_procedure() {
     ledger.merge(cut_off);
     let revive = lose_master(cluster, master, ports, dir).await;
 
-    // The README's procedure.
+    // The procedure in docs/operations.md.
     assert_eq!(env.admin_post(&server, "/admin/items/1/pause").await.0, 200);
     let mut consumer = None;
     let report = loop {

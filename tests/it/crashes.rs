@@ -6,7 +6,7 @@
 //! spare ports, never the machine's shared services.
 //!
 //! `SOAK=1 cargo test crashes::soak -- --ignored` runs faults at random moments in a loop
-//! for `SOAK_MINUTES` (default 10); the README has its last result.
+//! for `SOAK_MINUTES` (default 10); docs/faults.md has its last result.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -267,7 +267,7 @@ async fn redis_restarted_mid_burst(appendfsync: &str) {
     let name = format!("Redis killed, appendfsync {appendfsync}");
     let ledger = fault_mid_burst(&env, &server, &amqp_url(), &name, fault).await;
 
-    // The README's procedure after a Redis restart: harmless when nothing was lost.
+    // The procedure in docs/operations.md after a Redis restart: harmless when nothing was lost.
     let before = env.stats(&server, 1).await;
     assert_eq!(env.admin_post(&server, "/admin/items/1/pause").await.0, 200);
     let (status, report) = env
@@ -300,7 +300,7 @@ async fn redis_killed_mid_burst_with_appendfsync_always_loses_nothing() {
     redis_restarted_mid_burst("always").await;
 }
 
-/// Redis loses everything mid-sale (a flush): purchases answer `503`, then the README's
+/// Redis loses everything mid-sale (a flush): purchases answer `503`, then the
 /// recovery procedure — pause, warm-up (a rebuild that waits for the orders in flight),
 /// resume — and the sale goes on to the last unit without selling one twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -326,7 +326,7 @@ async fn redis_flushed_mid_sale_is_recovered_by_the_procedure() {
     let sold_before = ledger.won.len();
     assert!(sold_before < UNITS as usize, "sold out before the loss");
 
-    // The procedure (README, "Recovering a Redis that lost data").
+    // The procedure (docs/operations.md, "Recovering a Redis that lost data").
     assert_eq!(env.admin_post(&server, "/admin/items/1/pause").await.0, 200);
     let (status, report) = env.admin_post(&server, "/admin/items/1/warmup").await;
     assert_eq!(status, 200, "{report}");
@@ -387,7 +387,7 @@ fn start(env: &TestEnv, roles: &'static str, vars: &[(&str, String)]) -> Proc {
 
 /// Faults at random moments, in a loop, for `SOAK_MINUTES` (default 10): each round a new
 /// item of 300 units, a crowd of 1,000, one fault on a real process at a random point of
-/// the burst, then the total check. By hand (see the README):
+/// the burst, then the total check. By hand (see docs/faults.md):
 /// `SOAK=1 cargo test crashes::soak -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a soak of minutes, run by hand: SOAK=1 cargo test crashes::soak -- --ignored"]

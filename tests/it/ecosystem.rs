@@ -419,7 +419,7 @@ async fn the_k6_plan_runs_and_the_sale_adds_up() {
         ("HOLD_SECONDS", "2".to_owned()),
         ("SPIKE_VUS", "20".to_owned()),
         ("SPIKE_PRESSES", "1500".to_owned()),
-        // Timing belongs to benchmarks (README), not to a test on a shared 2-core
+        // Timing belongs to benchmarks (docs/benchmarks.md), not to a test on a shared 2-core
         // machine: here the thresholds on latency cannot fail, those on answers can.
         ("P99_SPIKE_MS", "60000".to_owned()),
         ("P99_RAMP_MS", "60000".to_owned()),

@@ -185,7 +185,7 @@ pub async fn mid_burst<F: std::future::Future<Output = ()>>(
     began
 }
 
-/// What buyers saw and how long the way back took, for the README's fault matrix.
+/// What buyers saw and how long the way back took, for the fault matrix (docs/faults.md).
 pub fn measured(fault: &str, began: Instant, ledger: &Ledger) {
     let trouble = ledger.trouble.map(|(first, last)| {
         (

@@ -9,6 +9,7 @@ mod catalogue;
 mod cli;
 mod clusters;
 mod crashes;
+mod docs;
 mod ecosystem;
 mod edge;
 mod faults;

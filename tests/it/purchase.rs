@@ -1,4 +1,4 @@
-//! Every row of the purchase table (CONTRACT.md section 3) that this server answers today,
+//! Every row of the purchase table (docs/contract.md section 3) that this server answers today,
 //! plus the reads.
 
 use std::time::Duration;

@@ -33,7 +33,7 @@ async fn buy_each(
 /// Redis loses the item while its orders wait in RabbitMQ (no consumer runs): the
 /// warm-up refuses a live sale, then — paused — refuses while orders wait in the queue,
 /// then rebuilds from MySQL once they landed; buyers keep their orders and nobody buys
-/// twice, and no unit is sold twice. This is the README's recovery procedure.
+/// twice, and no unit is sold twice. This is the recovery procedure of docs/operations.md.
 #[tokio::test]
 async fn a_warmup_after_redis_lost_the_item_waits_for_the_orders_in_flight() {
     let env = TestEnv::new("rebuild").await;

@@ -162,7 +162,7 @@ impl TestEnv {
         let db = seckill::store::connect_mysql(settings.database_url.expose())
             .await
             .unwrap_or_else(|e| {
-                panic!("MariaDB at {mysql_server} (see README: ./dev/services.sh): {e:#}")
+                panic!("MariaDB at {mysql_server} (see docs/testing.md: ./dev/services.sh): {e:#}")
             });
         seckill::store::migrate(&db).await.expect("migrations");
         let redis = TestRedis::connect(redis).await;
@@ -376,7 +376,7 @@ impl TestEnv {
         .await;
     }
 
-    /// CONTRACT.md section 7, invariants 1 to 4, for a quiescent item: `won` are the order
+    /// docs/contract.md section 7, invariants 1 to 4, for a quiescent item: `won` are the order
     /// numbers of every `202` the test saw.
     pub async fn assert_invariants(
         &self,
