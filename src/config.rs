@@ -348,13 +348,23 @@ mod tests {
                 .map(|v| v.to_string_lossy().into_owned())
                 .collect();
             if values.is_empty() {
-                assert!(default.starts_with("unset"), "{env}: no default, the page says {default}");
+                assert!(
+                    default.starts_with("unset"),
+                    "{env}: no default, the page says {default}"
+                );
             } else {
-                assert_eq!(*default, format!("`{}`", values.join(",")), "{env}'s default");
+                assert_eq!(
+                    *default,
+                    format!("`{}`", values.join(",")),
+                    "{env}'s default"
+                );
             }
         }
         let listed: std::collections::BTreeSet<&str> = documented.keys().copied().collect();
-        assert_eq!(listed, read, "listed in docs/configuration.md but not read, or the reverse");
+        assert_eq!(
+            listed, read,
+            "listed in docs/configuration.md but not read, or the reverse"
+        );
     }
 
     #[test]

@@ -96,7 +96,11 @@ fn every_link_and_anchor_resolves_inside_the_repository() {
         let text = std::fs::read_to_string(&page).expect("page");
         let dir = page.parent().expect("a folder");
         for link in links(&text) {
-            let name = page.strip_prefix(ROOT).unwrap_or(&page).display().to_string();
+            let name = page
+                .strip_prefix(ROOT)
+                .unwrap_or(&page)
+                .display()
+                .to_string();
             if link.starts_with("https://") || link.starts_with("http://") {
                 continue;
             }
