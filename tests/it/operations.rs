@@ -213,3 +213,35 @@ async fn the_dashboard_parses_and_asks_only_for_exported_metrics() {
     );
     server.stop().await;
 }
+
+/// Every metric an alerting rule asks for is one the server makes (a name in `src/`): a
+/// rule on a misspelt metric would never fire.
+#[test]
+fn every_alert_asks_for_a_metric_the_server_makes() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut made = HashSet::new();
+    let mut dirs = vec![root.join("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                made.extend(
+                    text.split('"')
+                        .filter(|s| s.starts_with("seckill_"))
+                        .map(str::to_owned),
+                );
+            }
+        }
+    }
+    let rules = std::fs::read_to_string(root.join("monitoring/alerts.yml")).unwrap();
+    let asked = metric_names(&rules);
+    assert!(asked.len() >= 11, "{asked:?}");
+    let unknown: Vec<&String> = asked.iter().filter(|n| !made.contains(*n)).collect();
+    assert!(
+        unknown.is_empty(),
+        "alerts ask for {unknown:?}, which the server never makes"
+    );
+}
