@@ -34,18 +34,14 @@ export RUST_LOG=${RUST_LOG:-warn}
 api="http://$SECKILL_HTTP_ADDR"
 server_pid=
 
+source loadtest/lib.sh
 cleanup() {
   if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
   server_pid=
-  mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$ns\`" 2>/dev/null || true
-  redis-cli --scan --pattern "$ns:*" | xargs -r -n 1000 redis-cli del >/dev/null || true
-  if command -v rabbitmqctl >/dev/null; then
-    for q in "$ns.orders" "$ns.orders.dead"; do rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true; done
-  fi
+  forget "$ns"
 }
 trap cleanup EXIT
 
-wait_http() { for _ in $(seq 200); do curl -fs "$1" >/dev/null && return 0; sleep 0.1; done; echo "no answer from $1" >&2; exit 1; }
 rss_mb() { awk '/^VmRSS:/ {printf "%.0f", $2 / 1024}' "/proc/$1/status"; }
 catalogue() { curl -fs "$api/metrics" | awk -v kind="$1" '$0 ~ "^seckill_catalogue_items" && $0 ~ "kind=\"" kind "\"" {print $2}'; }
 # The API process's CPU over 20 s of nothing, as a share of one core.

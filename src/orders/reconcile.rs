@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::domain::{ItemId, Stock, UserId};
 use crate::error::ApiError;
+use crate::items::repo::Item;
 use crate::items::stock;
 use crate::keys::Keys;
 use crate::orders::ending::{self, Held};
@@ -107,9 +108,10 @@ async fn run(
     item: ItemId,
 ) -> Result<Report, ReconcileError> {
     let record = crate::items::repo::get(db, item).await?;
+    let total = u64::from(record.as_ref().map_or(0, |i| i.total));
     if let Some(record) = record.as_ref().filter(|r| r.retired_at.is_some()) {
         // Retired from Redis: every order was final by then, nothing is left to return.
-        return retired(db, record).await;
+        return check(db, redis, keys, item, Some(record), &[], total).await;
     }
     // 1. Unpaid orders past their deadline: cancelled, units back.
     let (mut cancelled, mut released) = (0, 0);
@@ -128,7 +130,6 @@ async fn run(
     }
 
     // 2. Buyer records whose order is neither pending nor live in MySQL, in every bucket.
-    let total = u64::from(record.as_ref().map_or(0, |i| i.total));
     let stocks: Vec<Stock> = match &record {
         Some(record) => record.stocks().collect(),
         None => vec![Stock::whole(item)],
@@ -140,10 +141,10 @@ async fn run(
     let stale_buyers = ending::release(redis, keys, &stale).await?.len() as u64;
 
     // 3. Redis against MySQL, twice before crying wolf.
-    let mut report = check(db, redis, keys, item, &stocks, total).await?;
+    let mut report = check(db, redis, keys, item, None, &stocks, total).await?;
     if !report.consistent {
         tokio::time::sleep(RECHECK_AFTER).await;
-        report = check(db, redis, keys, item, &stocks, total).await?;
+        report = check(db, redis, keys, item, None, &stocks, total).await?;
     }
     if !report.consistent {
         meters.reconcile_mismatch(item);
@@ -166,40 +167,24 @@ async fn run(
     })
 }
 
-/// The report of a sale retired from Redis: MySQL's figures, and the units it left unsold.
-async fn retired(db: &Db, record: &crate::items::repo::Item) -> Result<Report, ReconcileError> {
-    let orders = repo::count_by_status(db, record.id).await?;
-    let held = orders.unpaid + orders.paid;
-    let snapshot = stock::retired(record, held).unwrap_or_default();
-    let total = u64::from(record.total);
-    Ok(Report {
-        item_id: record.id,
-        cancelled: 0,
-        released: 0,
-        stale_buyers: 0,
-        total,
-        remaining: snapshot.remaining,
-        sold: snapshot.sold,
-        pending: 0,
-        orders,
-        loaded: false,
-        consistent: snapshot.remaining + held == total,
-    })
-}
-
+/// Redis against MySQL; for a sale `retired` from Redis, what MySQL recorded of it.
 async fn check(
     db: &Db,
     redis: &RedisConns,
     keys: &Keys,
     item: ItemId,
+    retired: Option<&Item>,
     stocks: &[Stock],
     total: u64,
 ) -> Result<Report, ReconcileError> {
-    let snapshot = {
-        let mut conn = redis.bulk().await?;
-        stock::item_snapshot(&mut conn, keys, stocks.iter().copied()).await?
-    };
     let orders = repo::count_by_status(db, item).await?;
+    let snapshot = match retired.and_then(|r| stock::retired(r, orders.unpaid + orders.paid)) {
+        Some(snapshot) => snapshot,
+        None => {
+            let mut conn = redis.bulk().await?;
+            stock::item_snapshot(&mut conn, keys, stocks.iter().copied()).await?
+        }
+    };
     let held = snapshot.pending + orders.unpaid + orders.paid;
     Ok(Report {
         item_id: item,
@@ -214,6 +199,8 @@ async fn check(
         loaded: snapshot.loaded,
         consistent: if snapshot.loaded {
             snapshot.remaining + held == total && snapshot.sold == held
+        } else if retired.is_some() {
+            snapshot.remaining + held == total
         } else {
             held == 0
         },
