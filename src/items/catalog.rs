@@ -1,20 +1,10 @@
 //! Every instance's in-memory view of the items on sale, so the purchase path checks the
-//! sale window, the pause flag and "sold out" without a network round trip.
-//!
-//! Bounded whatever the history: it holds the items on sale, about to be, or ended within
-//! [`KEPT_AFTER_END`] (read from MySQL in full every half minute), and a small cache of
-//! older items looked up by id (a storefront's old link, a client walking old ids),
-//! weighed by their buckets and dropped after a minute.
-//!
-//! Kept fresh in the background, at a cost that does not grow with the catalogue: every
-//! half second (and at once when another instance announces a change on the item-events
-//! channel: a warm-up, a pause, units coming back, a sell-out) the definitions changed
-//! since the last look come from MySQL (all of them every half minute), and live stock
-//! from Redis for the items announced plus a window of at most [`STOCK_READS_PER_TICK`]
-//! buckets that moves round the catalogue (all of them each time while it is smaller).
-//! Pub/sub is only a hint: a lost message costs at most one trip of the window round the
-//! catalogue, and an instance that meets "sold out" in Redis itself marks it at once.
-//! `GET /api/items/{id}` reads a stock older than half a second on demand.
+//! sale window, the pause flag and "sold out" without a network round trip. It holds the
+//! items current now (on sale, coming, ended within [`KEPT_AFTER_END`]) plus a bounded
+//! cache of older ones, and refreshes them every half second at a cost that does not grow
+//! with the catalogue (a window of at most [`STOCK_READS_PER_TICK`] buckets; announced
+//! items first). How and why: docs/architecture.md, "How it works" and "A bounded
+//! catalogue".
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};

@@ -1,18 +1,9 @@
-//! Retiring an ended sale: once its last order can no longer change (end, pay timeout,
-//! reconciliation) and `SECKILL_SALE_RETENTION_S` more have passed, its Redis state goes
-//! and MySQL alone answers for it (`docs/architecture.md`, "Retention").
-//!
-//! In steps that can each be repeated, so that a crash at any step, or two schedulers at
-//! once, do no harm:
-//! 1. nothing may be in flight: no order pending, in the outbox or being cancelled, no unit
-//!    on loan between buckets, none unpaid in MySQL (else: later);
-//! 2. MySQL records it retired, with the units it left unsold — from here on nothing reads
-//!    its Redis state;
-//! 3. its keys are deleted, bucket by bucket;
-//! 4. it leaves the items index, every kind of mark and the breakers;
-//! 5. MySQL records that Redis is clear.
-//!
-//! An item found retired but not clear (a retirement cut off) resumes at step 3.
+//! Retiring an ended sale: `SECKILL_SALE_RETENTION_S` after its reconciliation its Redis
+//! state goes and MySQL alone answers for it — nothing in flight checked first, MySQL told
+//! (`retired_at`, `unsold`), the keys, index entries, marks and breaker deleted, MySQL told
+//! again (`redis_cleared_at`); each step can be repeated, so a crash or a second scheduler
+//! does no harm, and an item retired but not cleared resumes at the keys. Why:
+//! docs/architecture.md, "Retention".
 
 use std::time::Duration;
 

@@ -1,27 +1,9 @@
-//! Waiting for Redis replicas (`SECKILL_REDIS_WAIT_REPLICAS`, `SECKILL_REDIS_WAIT_POLICY`).
-//!
-//! Redis replicates asynchronously: a master answers a write, then sends it on. `WAIT n t`
-//! blocks the connection it runs on until n replicas acknowledged every write *that
-//! connection* made; an `INCR` on the same master just before makes it cover every write
-//! the master had acknowledged until then, whoever made it. Two things follow:
-//!
-//! - **Group commit.** One `INCR` + `WAIT` covers every win its master acknowledged before
-//!   it was sent, so the wins on one master share it: each master has one committer, with
-//!   one `WAIT` in flight on a connection of its own, and the wins that arrive meanwhile
-//!   leave together in the next one — as a database shares one fsync among the commits
-//!   queued for it. (A `WAIT` per win, on connections the wins shared, queued behind each
-//!   other past their limit under a crowd: half the winners heard `503`.)
-//! - **The same master.** A `WAIT` says what the replicas of the node it runs on hold. It
-//!   goes to the node that served the key's slot when the caller asked for its
-//!   [`Replication`], *before* its write. Should the slot have moved since (a failover),
-//!   that node is gone or refuses the `INCR` (`MOVED`), and the write counts as not held
-//!   — never as held by a new master that may lack it.
-//!
-//! A watcher reads every [`WATCH_EVERY`] which master serves each slot (`CLUSTER SLOTS`)
-//! and how many replicas each has in step (`INFO replication`). So a purchase learns,
-//! without a round trip of its own, that its master is short of replicas and refuses
-//! before taking a unit; and the relay learns that a master is alone for good (docs/architecture.md:
-//! "A master short of replicas").
+//! Waiting for Redis replicas (`SECKILL_REDIS_WAIT_REPLICAS`, `SECKILL_REDIS_WAIT_POLICY`):
+//! per master, one committer whose `INCR` + `WAIT` covers every win its master took before
+//! it (group commit), sent to the master chosen before the write; and a watcher that reads
+//! every [`WATCH_EVERY`] which master serves each slot and how many replicas it has in
+//! step, so a purchase refuses before taking a unit where they are short. Why and how:
+//! docs/architecture.md, "Failover and `WAIT`" and "A master short of replicas".
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
