@@ -259,11 +259,12 @@ impl Catalog {
             .await
             .map_err(DbError::Shared)?;
         Ok(found.map(|item| {
-            if !current(&item, Utc::now()) {
-                return self.other(item);
+            let entry = self.upsert(item);
+            if entry.stock_read(Utc::now()) {
+                // Its stock, at the next refresh rather than in half a second.
+                self.inner.wake.notify_one();
             }
-            self.inner.wake.notify_one();
-            self.upsert(item)
+            entry
         }))
     }
 
@@ -480,7 +481,8 @@ impl Catalog {
     /// storefronts: with a large catalogue the background refresh reaches each item only
     /// now and then). A Redis that does not answer leaves the last known.
     pub async fn fresh_stock(&self, entry: &Arc<CatalogItem>) {
-        if !entry.stock_read(Utc::now()) {
+        // A retired sale's figures are MySQL's; any other is read, however old.
+        if entry.item.retired_at.is_some() {
             return;
         }
         let read_at = entry.live.read_at_ms.load(Ordering::Relaxed);
