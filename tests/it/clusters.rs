@@ -655,7 +655,7 @@ async fn a_split_item_force_reloaded_as_its_sale_opens_sells_nothing_twice() {
             s.scheduler_poll_ms = 200;
         })
         .await;
-    const UNITS: u32 = 40_000;
+    const UNITS: u32 = 200_000;
     let later = chrono::Utc::now() + chrono::Duration::minutes(10);
     let item = || env.item(1, UNITS).buckets(8);
     item()
@@ -674,7 +674,10 @@ async fn a_split_item_force_reloaded_as_its_sale_opens_sells_nothing_twice() {
         }
     };
     let reload = async {
-        until(opens - chrono::Duration::milliseconds(30)).await;
+        // Far enough ahead that a busy 2-core machine still starts it before the opening
+        // (30 ms was not, with the whole suite running); the load of 200,000 units takes
+        // longer than that, so the sale still opens mid-load.
+        until(opens - chrono::Duration::milliseconds(150)).await;
         let started = std::time::Instant::now();
         let answer = env
             .admin_post(&server, "/admin/items/1/warmup?force=true")
