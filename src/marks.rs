@@ -216,3 +216,58 @@ pub async fn earliest(
         })
         .collect())
 }
+
+/// What a bucket holds of each kind of work, and its pending orders: what the safety
+/// sweep marks, and what must be gone before a sale is retired.
+#[derive(Debug)]
+pub struct Holding {
+    pub outbox: u64,
+    pub due: u64,
+    pub leased: u64,
+    pub ending: u64,
+    pub lent: u64,
+    pub pending: u64,
+}
+
+impl Holding {
+    /// Whether it holds work of this kind (and so needs its mark).
+    pub fn has(&self, work: Work) -> bool {
+        match work {
+            Work::Relay => self.outbox > 0,
+            Work::Deadlines => self.due + self.leased > 0,
+            Work::CutOff => self.ending > 0,
+            Work::Loans => self.lent > 0,
+        }
+    }
+}
+
+/// What each bucket holds, in one round trip per slot group.
+pub async fn holdings(
+    redis: &RedisConns,
+    keys: &Keys,
+    stocks: &[Stock],
+) -> Result<Vec<Holding>, RedisError> {
+    let mut grouped = Grouped::new(redis);
+    for stock in stocks {
+        grouped
+            .group()
+            .zcard(keys.outbox(*stock))
+            .zcard(keys.due(*stock))
+            .zcard(keys.leased(*stock))
+            .zcard(keys.ending(*stock))
+            .hlen(keys.lent(*stock))
+            .hlen(keys.pending(*stock));
+    }
+    let held: Vec<(u64, u64, u64, u64, u64, u64)> = grouped.query(redis).await?;
+    Ok(held
+        .into_iter()
+        .map(|(outbox, due, leased, ending, lent, pending)| Holding {
+            outbox,
+            due,
+            leased,
+            ending,
+            lent,
+            pending,
+        })
+        .collect())
+}

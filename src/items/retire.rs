@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::breaker::Scope;
 use crate::keys::Keys;
-use crate::marks::Work;
+use crate::marks::{self, Work};
 use crate::orders::repo as orders;
 use crate::store::{Db, Grouped, RedisConns, RedisLock, StoreError};
 
@@ -84,36 +84,26 @@ async fn retire_locked(
     Ok(Retirement::Done)
 }
 
-/// What of the sale is still on its way in Redis, if anything.
+/// What of the sale is still on its way in Redis, if anything (its delay-queue tasks
+/// not taken may stay: every order is final by now, so they would change nothing).
 async fn in_flight(
     redis: &RedisConns,
     keys: &Keys,
     item: &Item,
 ) -> Result<Option<&'static str>, StoreError> {
-    let mut grouped = Grouped::new(redis);
-    for stock in item.stocks() {
-        grouped
-            .group()
-            .hlen(keys.pending(stock))
-            .zcard(keys.outbox(stock))
-            .zcard(keys.ending(stock))
-            .hlen(keys.lent(stock))
-            .zcard(keys.leased(stock));
-    }
-    let held: Vec<(u64, u64, u64, u64, u64)> = grouped.query(redis).await?;
-    let names = [
-        "pending orders",
-        "orders in the outbox",
-        "cancels under way",
-        "units on loan",
-        "deadline tasks being worked",
-    ];
-    Ok(held.iter().find_map(|(a, b, c, d, e)| {
-        names
-            .iter()
-            .zip([a, b, c, d, e])
-            .find(|(_, n)| **n > 0)
-            .map(|(name, _)| *name)
+    let stocks: Vec<_> = item.stocks().collect();
+    let held = marks::holdings(redis, keys, &stocks).await?;
+    Ok(held.iter().find_map(|h| {
+        [
+            (h.pending, "pending orders"),
+            (h.outbox, "orders in the outbox"),
+            (h.ending, "cancels under way"),
+            (h.lent, "units on loan"),
+            (h.leased, "deadline tasks being worked"),
+        ]
+        .into_iter()
+        .find(|(n, _)| *n > 0)
+        .map(|(_, what)| what)
     }))
 }
 

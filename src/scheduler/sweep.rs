@@ -69,7 +69,7 @@ async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64,
     if stocks.is_empty() {
         return Ok(next);
     }
-    let held = holdings(scheduler, &stocks).await?;
+    let held = marks::holdings(redis, keys, &stocks).await?;
     // Which of them carry each kind of mark already.
     let mut grouped = Grouped::new(redis);
     for work in Work::ALL {
@@ -133,54 +133,4 @@ async fn repair_index(scheduler: &Scheduler) -> Result<(), StoreError> {
         }
     }
     Ok(())
-}
-
-/// What a bucket holds of each kind of work, and its pending orders.
-struct Holding {
-    outbox: u64,
-    due: u64,
-    leased: u64,
-    ending: u64,
-    lent: u64,
-    pending: u64,
-}
-
-impl Holding {
-    /// Whether it holds work of this kind (and so needs its mark).
-    fn has(&self, work: Work) -> bool {
-        match work {
-            Work::Relay => self.outbox > 0,
-            Work::Deadlines => self.due + self.leased > 0,
-            Work::CutOff => self.ending > 0,
-            Work::Loans => self.lent > 0,
-        }
-    }
-}
-
-/// What each bucket holds, in one round trip per slot group.
-async fn holdings(scheduler: &Scheduler, stocks: &[Stock]) -> Result<Vec<Holding>, StoreError> {
-    let (redis, keys) = (&scheduler.redis, &scheduler.keys);
-    let mut grouped = Grouped::new(redis);
-    for stock in stocks {
-        grouped
-            .group()
-            .zcard(keys.outbox(*stock))
-            .zcard(keys.due(*stock))
-            .zcard(keys.leased(*stock))
-            .zcard(keys.ending(*stock))
-            .hlen(keys.lent(*stock))
-            .hlen(keys.pending(*stock));
-    }
-    let held: Vec<(u64, u64, u64, u64, u64, u64)> = grouped.query(redis).await?;
-    Ok(held
-        .into_iter()
-        .map(|(outbox, due, leased, ending, lent, pending)| Holding {
-            outbox,
-            due,
-            leased,
-            ending,
-            lent,
-            pending,
-        })
-        .collect())
 }

@@ -170,18 +170,23 @@ async fn sell(env: &TestEnv, server: &TestServer, id: u64, end_at: chrono::DateT
 /// Waits until the sale is retired and its Redis state cleared.
 async fn wait_retired(env: &TestEnv, server: &TestServer, id: u64) {
     eventually(Duration::from_secs(30), "the sale is retired", || async {
-        let cleared: Option<(Option<chrono::DateTime<Utc>>,)> =
-            sqlx::query_as("SELECT redis_cleared_at FROM items WHERE id = ?")
-                .bind(id)
-                .fetch_optional(&env.db)
-                .await
-                .map_err(|e| e.to_string())?;
-        match cleared {
-            Some((Some(_),)) => Ok(()),
-            _ => Err(format!("{}", env.stats(server, id).await)),
+        match stamp(env, id, "redis_cleared_at").await {
+            Some(_) => Ok(()),
+            None => Err(format!("{}", env.stats(server, id).await)),
         }
     })
     .await;
+}
+
+/// One of the item's time stamps in MySQL (`reconciled_at`, `retired_at`, …), if set.
+async fn stamp(env: &TestEnv, id: u64, column: &str) -> Option<chrono::DateTime<Utc>> {
+    let sql = format!("SELECT {column} FROM items WHERE id = ?");
+    let (at,): (Option<chrono::DateTime<Utc>>,) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(id)
+        .fetch_one(&env.db)
+        .await
+        .expect("the item's row");
+    at
 }
 
 async fn key_count(redis: &PrivateRedis) -> i64 {
@@ -204,4 +209,84 @@ async fn used_memory(redis: &PrivateRedis) -> u64 {
         .find_map(|line| line.strip_prefix("used_memory_dataset:"))
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or_else(|| panic!("no used_memory_dataset in {info}"))
+}
+
+/// A retirement cut off halfway — MySQL says retired, some keys deleted, the rest, the
+/// index entry and the marks still there — is finished by the next pass whatever the
+/// retention; a sale with an order still unpaid in MySQL is not retired until it is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retirement_cut_off_halfway_is_finished_and_an_unfinished_sale_waits() {
+    let env = TestEnv::new("retire_resume").await;
+    let redis = PrivateRedis::start().await;
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.redis_url = Secret::new(redis.url());
+            s.sale_retention_s = 3_600;
+            s.rate_per_user = 0;
+        })
+        .await;
+    let end_at = Utc::now() + chrono::Duration::seconds(3);
+    sell(&env, &server, 1, end_at).await;
+    sell(&env, &server, 2, end_at).await;
+    for id in [1, 2] {
+        eventually(Duration::from_secs(30), "reconciled", || async {
+            let at = stamp(&env, id, "reconciled_at").await;
+            at.map(drop).ok_or_else(|| "not yet".to_owned())
+        })
+        .await;
+    }
+    assert!(
+        item_keys(&redis, 1).await > 3,
+        "the sale left nothing to retire"
+    );
+
+    // Item 1: cut off after its record and two of its keys.
+    sqlx::query("UPDATE items SET retired_at = UTC_TIMESTAMP(3), unsold = 1 WHERE id = 1")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    let keys = env.keys().stock(seckill::domain::Stock::whole(
+        seckill::domain::ItemId::new(1).unwrap(),
+    ));
+    redis.cmd(&["DEL", &keys.meta, &keys.tokens]).await;
+    // Item 2: due (reconciled long ago), but an order of it unpaid in MySQL.
+    sqlx::query("UPDATE items SET reconciled_at = UTC_TIMESTAMP(3) - INTERVAL 2 HOUR WHERE id = 2")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE orders SET status = 'unpaid' WHERE item_id = 2 AND status = 'paid'")
+        .execute(&env.db)
+        .await
+        .unwrap();
+
+    wait_retired(&env, &server, 1).await;
+    assert_eq!(item_keys(&redis, 1).await, 0, "item 1's keys left behind");
+    let index = env.keys().items_index();
+    assert_eq!(
+        redis.cmd(&["SISMEMBER", &index, "1"]).await,
+        redis::Value::Int(0)
+    );
+    // Several passes later, item 2 still waits for its unpaid order.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let retired = stamp(&env, 2, "retired_at").await;
+    assert!(retired.is_none(), "retired with an order unpaid");
+    assert!(item_keys(&redis, 2).await > 3);
+    sqlx::query("UPDATE orders SET status = 'paid' WHERE item_id = 2 AND status = 'unpaid'")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    wait_retired(&env, &server, 2).await;
+    assert_eq!(item_keys(&redis, 2).await, 0, "item 2's keys left behind");
+    let stats = env.stats(&server, 2).await;
+    assert_eq!(stats["consistent"], true, "{stats}");
+    server.stop().await;
+}
+
+/// Keys of one item (bucket 0) in the private Redis.
+async fn item_keys(redis: &PrivateRedis, item: u64) -> usize {
+    let pattern = format!("*{{item:{item}}}*");
+    match redis.cmd(&["KEYS", &pattern]).await {
+        redis::Value::Array(keys) => keys.len(),
+        other => panic!("KEYS: {other:?}"),
+    }
 }
