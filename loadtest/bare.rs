@@ -92,6 +92,7 @@ async fn grab_handler(
         user_id: user,
         created_at_ms: now,
         pay_deadline_ms: now + 1_800_000,
+        slot: 0,
     };
     let payload = serde_json::to_string(&order).unwrap_or_default();
     // The very function seckill's purchase handler calls: the same script, keys and args.
@@ -102,6 +103,7 @@ async fn grab_handler(
         &order.order_sn,
         now,
         &payload,
+        None,
     )
     .await;
     match answer {

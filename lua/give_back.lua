@@ -4,11 +4,14 @@
 -- KEYS[1] meta          HASH  sold, fenced
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] buyers        ZSET  user_id -> won-at ms (the user's shard)
--- KEYS[4] buyer_orders  HASH  user_id -> order_sn (same shard)
+-- KEYS[4] buyer_orders  HASH  user_id -> the user's live orders (same shard)
 -- KEYS[5] pending       HASH  order_sn -> order JSON
 -- KEYS[6] outbox        ZSET  order_sn -> won-at ms; negative once claimed for sending
+-- KEYS[7] idempotency   STRING the order the buyer's key bought (only with ARGV[3])
 -- ARGV[1] user_id
 -- ARGV[2] order_sn
+-- ARGV[3] the buyer's Idempotency-Key, '' for none: its record goes too, so pressing again
+--         with it buys afresh rather than answering an order that is gone
 --
 -- Only the purchase that won the order calls this, and only when it did not answer 202
 -- and did not hand the order to its publisher. Anyone else who sends a pending order
@@ -16,7 +19,7 @@
 -- the send), so a claimed or already sent order is never taken back: it is kept, and the
 -- buyer learns of it by pressing again (409). While a warm-up replaces the item's units
 -- (`fenced`) the order is kept too: the warm-up counts it. Every check comes before the
--- first write.
+-- first write (free_place, lib/places.lua, changes nothing when it finds no place).
 --
 -- Returns 'given_back' (the unit is on sale again, the order gone) or 'kept'.
 
@@ -27,13 +30,14 @@ local score = redis.call('ZSCORE', KEYS[6], ARGV[2])
 if not score or tonumber(score) <= 0 then
   return 'kept'
 end
-if redis.call('HGET', KEYS[4], ARGV[1]) ~= ARGV[2] then
+if not free_place(KEYS[3], KEYS[4], ARGV[1], ARGV[2]) then
   return 'kept'
 end
 redis.call('ZREM', KEYS[6], ARGV[2])
 redis.call('HDEL', KEYS[5], ARGV[2])
-redis.call('HDEL', KEYS[4], ARGV[1])
-redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('RPUSH', KEYS[2], 'g:' .. ARGV[2])
+if ARGV[3] and ARGV[3] ~= '' and redis.call('GET', KEYS[7]) == ARGV[2] then
+  redis.call('DEL', KEYS[7])
+end
 redis.call('HINCRBY', KEYS[1], 'sold', -1)
 return 'given_back'

@@ -1,7 +1,7 @@
 -- lend.lua: a bucket of a split item lends one unsold unit to another of its buckets (the
 -- first step of a transfer; `receive.lua` on the other bucket is the second).
 --
--- KEYS[1] meta    HASH  loaded, paused, fenced, total   (of the lending bucket)
+-- KEYS[1] meta    HASH  loaded, paused, fenced, total, waves   (of the lending bucket)
 -- KEYS[2] tokens  LIST  unsold units
 -- KEYS[3] lent    HASH  transfer id -> "home|unit|ms": lent, not known to have arrived
 -- ARGV[1] transfer id (new for each transfer)
@@ -12,13 +12,20 @@
 -- settled (the receiver has it: the record goes; or it never will: the unit comes back,
 -- `unlend.lua`) it counts as remaining here, so it is never lost and never counted twice.
 --
--- Returns {"lent", unit}; {"empty", ""} when this bucket has no unit; {"held", ""} when
+-- Units a wave still holds back here (`waves`, lib/waves.lua) are not lent: they go on
+-- sale at their time, in this bucket.
+--
+-- Returns {"lent", unit}; {"empty", ""} when this bucket has no unit it may sell now
+-- (waves); {"held", ""} when
 -- it may have some but lends none now (not loaded, paused, or `fenced` while a warm-up
 -- replaces its units).
 
-local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'fenced')
+local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'fenced', 'waves')
 if not meta[1] or meta[2] == '1' or meta[3] then
   return {'held', ''}
+end
+if held_back(meta[4], KEYS[2]) then
+  return {'empty', ''}
 end
 local unit = redis.call('LPOP', KEYS[2])
 if not unit then

@@ -8,7 +8,8 @@
 -- ARGV[2i - 1] user_id, ARGV[2i] order_sn   of order i
 --
 -- An order's unit comes back only while the user's buyer record still names that very
--- order: a second call, or a call after the user bought again, changes nothing. The unit
+-- order (in one of its places, see grab.lua): a second call, or a call after the user
+-- bought again, changes nothing. The unit
 -- goes back as a token named after the order that returned it. Either way the order's
 -- cancel is finished, so it leaves `ending`.
 --
@@ -21,13 +22,12 @@
 if redis.call('HEXISTS', KEYS[1], 'fenced') == 1 then
   return {}
 end
+
 local released = {}
 for i = 1, #ARGV / 2 do
   local user, sn = ARGV[2 * i - 1], ARGV[2 * i]
   local buyers, buyer_orders = KEYS[3 + 2 * i - 1], KEYS[3 + 2 * i]
-  if redis.call('HGET', buyer_orders, user) == sn then
-    redis.call('HDEL', buyer_orders, user)
-    redis.call('ZREM', buyers, user)
+  if free_place(buyers, buyer_orders, user, sn) then
     redis.call('RPUSH', KEYS[2], 'r:' .. sn)
     redis.call('HINCRBY', KEYS[1], 'sold', -1)
     released[#released + 1] = sn

@@ -230,6 +230,7 @@ mod tests {
             user_id: UserId::new(1),
             created_at_ms: 10_000,
             pay_deadline_ms: 20_000,
+            slot: 0,
         };
         let plan = Plan {
             stages: RemindStages::new(vec![50, 90]),

@@ -91,6 +91,16 @@ impl Stock {
         }
     }
 
+    /// `units` shared over `buckets` as evenly as can be, the first ones one more. Each
+    /// bucket's share never shrinks as `units` grows, so a part of the units (a wave still
+    /// to come) spread the same way never exceeds a bucket's share of the whole.
+    pub fn spread(units: u64, buckets: usize) -> Vec<u64> {
+        let n = buckets.max(1) as u64;
+        (0..n)
+            .map(|b| units / n + u64::from(b < units % n))
+            .collect()
+    }
+
     /// Parses [`Stock`]'s display form: `ID` or `ID.B`.
     pub fn parse(s: &str) -> Option<Self> {
         let (item, bucket) = match s.split_once('.') {
@@ -261,6 +271,14 @@ pub struct OrderPlaced {
     pub user_id: UserId,
     pub created_at_ms: i64,
     pub pay_deadline_ms: i64,
+    /// The place in the buyer's record the order holds (items with `per_user` > 1; `grab.lua`
+    /// adds it to the JSON when not 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub slot: u8,
+}
+
+fn is_zero(slot: &u8) -> bool {
+    *slot == 0
 }
 
 impl OrderPlaced {
@@ -361,6 +379,7 @@ mod tests {
             user_id: UserId::new(1),
             created_at_ms: 1_700_000_000_000,
             pay_deadline_ms: 253_402_300_799_999,
+            slot: 0,
         };
         assert_eq!(order.out_of_range(), None);
         let late = OrderPlaced {

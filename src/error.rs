@@ -36,6 +36,12 @@ pub enum ApiError {
     Ended,
     #[error("user already holds order {order_sn}")]
     Duplicate { order_sn: OrderSn },
+    #[error("user holds {} orders of this item, the most one buyer may", order_sns.len())]
+    LimitReached { order_sns: Vec<OrderSn> },
+    #[error("everything released so far is sold; the next wave opens at {}", next_release_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))]
+    BetweenReleases {
+        next_release_at: chrono::DateTime<chrono::Utc>,
+    },
     #[error("sold out")]
     SoldOut,
     #[error("rate limited")]
@@ -104,6 +110,8 @@ impl ApiError {
             NotStarted(_) => (StatusCode::FORBIDDEN, "not_started"),
             Ended => (StatusCode::FORBIDDEN, "ended"),
             Duplicate { .. } => (StatusCode::CONFLICT, "duplicate"),
+            LimitReached { .. } => (StatusCode::CONFLICT, "limit_reached"),
+            BetweenReleases { .. } => (StatusCode::CONFLICT, "between_releases"),
             SoldOut => (StatusCode::GONE, "sold_out"),
             RateLimited { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             Paused => (StatusCode::SERVICE_UNAVAILABLE, "paused"),
@@ -140,6 +148,11 @@ impl ApiError {
         match self {
             ApiError::RateLimited { retry_after } => Some(*retry_after),
             ApiError::Paused | ApiError::ShopClosed => Some(Duration::from_secs(5)),
+            ApiError::BetweenReleases { next_release_at } => Some(
+                (*next_release_at - chrono::Utc::now())
+                    .to_std()
+                    .unwrap_or_default(),
+            ),
             ApiError::CircuitOpen { retry_after, .. } => Some(*retry_after),
             _ if self.status_and_code().0 == StatusCode::SERVICE_UNAVAILABLE => {
                 Some(Duration::from_secs(1))
@@ -171,11 +184,17 @@ impl IntoResponse for ApiError {
         let mut body = Refusal {
             detail: self.detail(),
             order_sn: None,
+            order_sns: None,
+            next_release_at: None,
             level: None,
             scope: None,
         };
         match &self {
             ApiError::Duplicate { order_sn } => body.order_sn = Some(order_sn),
+            ApiError::LimitReached { order_sns } => body.order_sns = Some(order_sns),
+            ApiError::BetweenReleases { next_release_at } => {
+                body.next_release_at = Some(*next_release_at);
+            }
             ApiError::CircuitOpen { level, scope, .. } => {
                 body.level = Some(*level);
                 body.scope = Some(scope);
@@ -203,6 +222,13 @@ pub struct Refusal<'a> {
     /// `duplicate`: the order the buyer already holds.
     #[serde(skip_serializing_if = "Option::is_none")]
     order_sn: Option<&'a OrderSn>,
+    /// `limit_reached`: the buyer's live orders of the item.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    order_sns: Option<&'a [OrderSn]>,
+    /// `between_releases`: when the next wave goes on sale (`Retry-After` counts the
+    /// seconds to it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_release_at: Option<chrono::DateTime<chrono::Utc>>,
     /// `circuit_open`: the breaker's level (1 throttle, 2 degrade, 3 stop).
     #[serde(skip_serializing_if = "Option::is_none")]
     level: Option<u8>,

@@ -115,6 +115,13 @@ impl Keys {
         }
     }
 
+    /// STRING: the order a buyer's `Idempotency-Key` bought, in their home bucket (beside
+    /// their buyer record, so `grab.lua` writes both at once); it expires after a day, and
+    /// so needs no place in [`Keys::sale_state`].
+    pub fn idempotency(&self, stock: Stock, user: UserId, key: &str) -> String {
+        self.stock_key(stock, &format!("idem:{user}:{key}"))
+    }
+
     /// STRING held by the warm-up of the item running right now (`SET NX PX`).
     pub fn warmup_lock(&self, item: ItemId) -> String {
         self.stock_key(Stock::whole(item), "warming")

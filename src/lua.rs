@@ -11,16 +11,29 @@ use redis::Script;
 
 use crate::store::{RedisError, redis_timed};
 
-/// Sells one unit: see `lua/grab.lua`.
-pub static GRAB: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/grab.lua")));
+/// Sells one unit: see `lua/grab.lua` (waves: `lua/lib/waves.lua`).
+pub static GRAB: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/lib/waves.lua"),
+        include_str!("../lua/grab.lua")
+    ))
+});
 
 /// Undoes a win its replicas did not confirm: see `lua/give_back.lua`.
-pub static GIVE_BACK: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/give_back.lua")));
+pub static GIVE_BACK: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/lib/places.lua"),
+        include_str!("../lua/give_back.lua")
+    ))
+});
 
 /// Gives the units of ended orders back: see `lua/release.lua`.
-pub static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
+pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/lib/places.lua"),
+        include_str!("../lua/release.lua")
+    ))
+});
 
 /// Records cancels as begun, timed by Redis's clock: see `lua/ending_begin.lua`.
 pub static ENDING_BEGIN: LazyLock<Script> =
@@ -63,7 +76,12 @@ pub static BREAKER_AUTO: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/breaker_auto.lua")));
 
 /// Lends a unit to another bucket of a split item: see `lua/lend.lua`.
-pub static LEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/lend.lua")));
+pub static LEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/lib/waves.lua"),
+        include_str!("../lua/lend.lua")
+    ))
+});
 
 /// Takes in a lent unit, once, unless voided: see `lua/receive.lua`.
 pub static RECEIVE: LazyLock<Script> =

@@ -56,7 +56,8 @@ struct Orders {
     answered_found: HashSet<String>,
     /// Of the orders the crowd cancelled, those MySQL has as cancelled.
     cancelled_found: HashSet<String>,
-    /// Users holding more than one live order (at most a few, for the report).
+    /// Users holding more live orders than the item's `per_user` (at most a few, for the
+    /// report).
     doubled: Vec<u64>,
 }
 
@@ -117,11 +118,11 @@ async fn drain(
 const SNS_PER_QUERY: usize = 1_000;
 
 async fn orders(db: &Db, item: ItemId, run: &Run) -> anyhow::Result<Orders> {
-    let total = items::get(db, item)
+    let record = items::get(db, item)
         .await
         .context("reading the item from MySQL")?
-        .with_context(|| format!("item {item} is not in MySQL"))?
-        .total;
+        .with_context(|| format!("item {item} is not in MySQL"))?;
+    let total = record.total;
     let counts = repo::count_by_status(db, item)
         .await
         .context("counting the item's orders in MySQL")?;
@@ -135,7 +136,7 @@ async fn orders(db: &Db, item: ItemId, run: &Run) -> anyhow::Result<Orders> {
     }
     let mut doubled: Vec<u64> = held
         .into_iter()
-        .filter(|(_, n)| *n > 1)
+        .filter(|(_, n)| *n > u32::from(record.per_user))
         .map(|(u, _)| u)
         .collect();
     doubled.sort_unstable();
@@ -209,7 +210,10 @@ fn no_double_purchase(orders: &Orders) -> Check {
         if orders.doubled.is_empty() {
             "no user holds two live orders".to_owned()
         } else {
-            format!("users holding two live orders: {:?}", orders.doubled)
+            format!(
+                "users holding more live orders than `per_user`: {:?}",
+                orders.doubled
+            )
         },
     )
 }

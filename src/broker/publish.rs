@@ -260,6 +260,7 @@ mod tests {
                     user_id: crate::domain::UserId::new(user),
                     created_at_ms: 1,
                     pay_deadline_ms: 2,
+                    slot: 0,
                 };
                 Outgoing {
                     payload: serde_json::to_string(&order).unwrap(),

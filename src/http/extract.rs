@@ -179,6 +179,34 @@ impl FromRequestParts<AppState> for ClientTime {
     }
 }
 
+/// The optional `Idempotency-Key` of a purchase: 1–64 printable ASCII characters.
+pub struct Idempotency(pub Option<String>);
+
+/// The longest `Idempotency-Key` taken.
+const MAX_IDEMPOTENCY_KEY: usize = 64;
+
+impl<S: Send + Sync> FromRequestParts<S> for Idempotency {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let Some(value) = parts.headers.get("idempotency-key") else {
+            return Ok(Idempotency(None));
+        };
+        let bytes = value.as_bytes();
+        if bytes.is_empty()
+            || bytes.len() > MAX_IDEMPOTENCY_KEY
+            || !bytes.iter().all(|b| (b' '..=b'~').contains(b))
+        {
+            return Err(ApiError::bad_request(format!(
+                "Idempotency-Key: 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters"
+            )));
+        }
+        Ok(Idempotency(Some(
+            String::from_utf8_lossy(bytes).into_owned(),
+        )))
+    }
+}
+
 /// An operator: `Authorization: Bearer $SECKILL_ADMIN_TOKEN`.
 pub struct Admin;
 

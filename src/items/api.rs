@@ -30,12 +30,23 @@ struct ItemView<'a> {
     shop_id: u64,
     status: ItemStatus,
     total: u32,
-    /// Units still on sale (read again when older than half a second).
+    /// Units on sale now (read again when older than half a second); for an item with
+    /// waves, not counting those still to come.
     remaining: u64,
     start_at: DateTime<Utc>,
     end_at: DateTime<Utc>,
     price_cents: u64,
     pay_timeout_s: u32,
+    /// Live orders one buyer may hold.
+    per_user: u8,
+    /// Items with waves: units released so far (on sale from `start_at`, and every wave
+    /// whose time has come).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    released: Option<u64>,
+    /// Items with waves: when the next one goes on sale (`null` once none is to come).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<DateTime<Utc>>)]
+    next_release_at: Option<Option<DateTime<Utc>>>,
 }
 
 /// What a storefront shows of an item (no token needed).
@@ -59,19 +70,24 @@ async fn get_item(
     let entry = catalog.get(id).await?.ok_or(ApiError::ItemNotFound)?;
     catalog.fresh_stock(&entry).await;
     let item = &entry.item;
+    let now = Utc::now();
+    let waves = (!item.release.is_empty()).then_some(&item.release);
     Ok(ok(
         "ok",
         ItemView {
             item_id: item.id,
             name: &item.name,
             shop_id: item.shop_id,
-            status: entry.status(Utc::now()),
+            status: entry.status(now),
             total: item.total,
-            remaining: entry.remaining(),
+            remaining: entry.on_sale(now),
             start_at: item.start_at,
             end_at: item.end_at,
             price_cents: item.price_cents,
             pay_timeout_s: item.pay_timeout_s,
+            per_user: item.per_user,
+            released: waves.map(|w| u64::from(item.total).saturating_sub(w.unreleased(now))),
+            next_release_at: waves.map(|w| w.next_at(now)),
         },
     ))
 }

@@ -9,6 +9,7 @@ use crate::error::ApiError;
 use crate::store::{STORABLE, storable};
 
 use super::repo::ItemDraft;
+use super::waves::Waves;
 
 /// The most units one item may have (a million units is about 60 MB of Redis).
 const MAX_TOTAL: u32 = 10_000_000;
@@ -43,6 +44,21 @@ pub struct ItemBody {
     #[serde(default = "default_buckets")]
     #[schema(minimum = 1, maximum = 64, default = 1)]
     buckets: u8,
+    /// Live orders (pending, unpaid or paid) one buyer may hold, one unit each (1–100).
+    #[serde(default = "default_per_user")]
+    #[schema(minimum = 1, maximum = 100, default = 1)]
+    per_user: u8,
+    /// Waves: tranches added to the sale at their times, on top of `total − Σ units` on
+    /// sale from `start_at` (each `at` within the window, increasing; `Σ units ≤ total`).
+    #[serde(default)]
+    release: Waves,
+}
+
+/// The most live orders one buyer may hold of an item.
+const MAX_PER_USER: u8 = 100;
+
+fn default_per_user() -> u8 {
+    1
 }
 
 fn default_buckets() -> u8 {
@@ -89,6 +105,15 @@ impl ItemBody {
                 Stock::MAX_BUCKETS
             )));
         }
+        if !(1..=MAX_PER_USER).contains(&self.per_user) {
+            return Err(ApiError::bad_request(format!(
+                "`per_user`: 1 to {MAX_PER_USER}"
+            )));
+        }
+        let release = self.release.to_millis();
+        release
+            .check(self.start_at, self.end_at, self.total)
+            .map_err(ApiError::bad_request)?;
         Ok(ItemDraft {
             name,
             shop_id: self.shop_id,
@@ -98,6 +123,8 @@ impl ItemBody {
             price_cents: self.price_cents,
             pay_timeout_s: self.pay_timeout_s,
             buckets: self.buckets,
+            per_user: self.per_user,
+            release,
         })
     }
 }

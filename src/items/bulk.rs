@@ -96,12 +96,29 @@ pub(super) async fn put_items(
             "`items`: item {id} is listed twice"
         )));
     }
+    let ids: Vec<ItemId> = drafts.iter().map(|(id, _)| *id).collect();
+    let live: std::collections::HashMap<ItemId, repo::Item> = repo::get_many(db, &ids)
+        .await?
+        .into_iter()
+        .map(|item| (item.id, item))
+        .collect();
+    for (n, (id, draft)) in drafts.iter().enumerate() {
+        if let Some(item) = live.get(id) {
+            super::admin::fixed_waves(item, &draft.release).map_err(|e| match e {
+                ApiError::Conflict { code, detail } => ApiError::Conflict {
+                    code,
+                    detail: format!("items[{n}]: {detail}"),
+                },
+                other => other,
+            })?;
+        }
+    }
     let regrouping = Regrouping::hold(db, redis, keys, &drafts).await?;
     let done = repo::upsert_many(db, &drafts, &regrouping.kept).await;
     regrouping.let_go(redis).await;
     let done = done?;
 
-    // The sale window grab.lua checks, into Redis for the items that existed (a PUT does
+    // The rules grab.lua checks (window, per-user limit, waves), into Redis for the items that existed (a PUT does
     // not change the pause; new items have nothing in Redis yet).
     let updated: std::collections::HashSet<ItemId> = done
         .iter()
@@ -111,7 +128,7 @@ pub(super) async fn put_items(
     let mut grouped = Grouped::new(redis);
     for (id, draft) in drafts.iter().filter(|(id, _)| updated.contains(id)) {
         for bucket in Stock::all(*id, draft.buckets) {
-            stock::sync_window_in(grouped.group(), &keys.stock(bucket), draft);
+            stock::sync_draft_in(grouped.group(), &keys.stock(bucket), draft);
         }
     }
     grouped.run(redis).await?;

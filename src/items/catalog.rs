@@ -126,6 +126,8 @@ pub enum ItemStatus {
     Paused,
     Ended,
     SoldOut,
+    /// Everything released so far is sold; a wave is still to come.
+    BetweenReleases,
 }
 
 impl CatalogItem {
@@ -138,6 +140,12 @@ impl CatalogItem {
             .iter()
             .map(|r| r.load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// Units on sale at `now`: those listed, less what waves still to come hold back.
+    pub fn on_sale(&self, now: DateTime<Utc>) -> u64 {
+        self.remaining()
+            .saturating_sub(self.item.release.unreleased(now))
     }
 
     /// A bucket's units, as last seen.
@@ -198,6 +206,10 @@ impl CatalogItem {
             ItemStatus::Paused
         } else if now < self.item.start_at {
             ItemStatus::Scheduled
+        } else if self.sold_out() && self.item.release.next_at(now).is_none() {
+            ItemStatus::SoldOut
+        } else if self.on_sale(now) == 0 && self.item.release.next_at(now).is_some() {
+            ItemStatus::BetweenReleases
         } else if self.sold_out() {
             ItemStatus::SoldOut
         } else {

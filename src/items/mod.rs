@@ -12,3 +12,4 @@ pub mod repo;
 pub mod retire;
 pub mod stock;
 pub mod transfer;
+pub mod waves;

@@ -9,6 +9,8 @@ use sqlx::QueryBuilder;
 use crate::domain::{ItemId, Stock};
 use crate::store::{Db, DbError, mysql_timed, retrying_deadlocks};
 
+use super::waves::Waves;
+
 /// An item as MySQL records it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Item {
@@ -23,6 +25,11 @@ pub struct Item {
     pub pay_timeout_s: u32,
     /// Redis buckets the units are spread over (1: not split).
     pub buckets: u8,
+    /// Live orders one buyer may hold (1: one unit per buyer).
+    pub per_user: u8,
+    /// Tranches released after `start_at` (empty: every unit on sale from `start_at`).
+    #[sqlx(rename = "release_plan", try_from = "Option<String>")]
+    pub release: Waves,
     pub paused: bool,
     /// When a warm-up last loaded the units into Redis (`None`: never).
     pub loaded_at: Option<DateTime<Utc>>,
@@ -61,6 +68,8 @@ pub struct ItemDraft {
     pub price_cents: u64,
     pub pay_timeout_s: u32,
     pub buckets: u8,
+    pub per_user: u8,
+    pub release: Waves,
 }
 
 /// What [`upsert`] did.
@@ -75,7 +84,7 @@ pub enum Upserted {
     },
 }
 
-const COLUMNS: &str = "id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets, paused, loaded_at, retired_at, unsold";
+const COLUMNS: &str = "id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets, per_user, release_plan, paused, loaded_at, retired_at, unsold";
 
 /// Items written per transaction by [`upsert_many`].
 const UPSERT_CHUNK: usize = 500;
@@ -267,7 +276,7 @@ async fn upsert_chunk(
 /// One multi-row upsert of these items.
 fn upsert_items(writes: &[&(ItemId, ItemDraft)]) -> QueryBuilder<sqlx::MySql> {
     let mut insert = QueryBuilder::new(
-        "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets) ",
+        "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets, per_user, release_plan) ",
     );
     insert.push_values(writes, |mut row, (id, draft)| {
         row.push_bind(id.get())
@@ -278,7 +287,9 @@ fn upsert_items(writes: &[&(ItemId, ItemDraft)]) -> QueryBuilder<sqlx::MySql> {
             .push_bind(draft.start_at)
             .push_bind(draft.end_at)
             .push_bind(draft.pay_timeout_s)
-            .push_bind(draft.buckets);
+            .push_bind(draft.buckets)
+            .push_bind(draft.per_user)
+            .push_bind(draft.release.to_column());
     });
     insert.push(
         " ON DUPLICATE KEY UPDATE
@@ -289,7 +300,8 @@ fn upsert_items(writes: &[&(ItemId, ItemDraft)]) -> QueryBuilder<sqlx::MySql> {
            shop_id = VALUES(shop_id), name = VALUES(name),
            total = VALUES(total), price_cents = VALUES(price_cents),
            start_at = VALUES(start_at), end_at = VALUES(end_at),
-           pay_timeout_s = VALUES(pay_timeout_s), buckets = VALUES(buckets)",
+           pay_timeout_s = VALUES(pay_timeout_s), buckets = VALUES(buckets),
+           per_user = VALUES(per_user), release_plan = VALUES(release_plan)",
     );
     insert
 }

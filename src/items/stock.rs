@@ -1,5 +1,6 @@
 //! An item's live stock in Redis, as operators and the catalogue read it.
 
+use chrono::{DateTime, Utc};
 use redis::AsyncCommands;
 
 use crate::domain::Stock;
@@ -8,6 +9,7 @@ use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
 use crate::telemetry::ItemLevels;
 
 use super::repo::{Item, ItemDraft};
+use super::waves::Waves;
 
 /// The Redis side of an item at one instant (read in one MULTI).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -176,31 +178,52 @@ pub async fn live_states<'a>(
         .collect())
 }
 
-/// Copies what `grab.lua` checks from the MySQL record into the item's meta hash: the sale
-/// window and the pause flag. Harmless before a warm-up (`grab.lua` first checks `loaded`).
+/// Copies what `grab.lua` checks from the MySQL record into a bucket's meta hash: the sale
+/// window, the pause flag, the per-user limit and the bucket's share of the waves.
+/// Harmless before a warm-up (`grab.lua` first checks `loaded`).
 pub async fn sync_rules<C>(conn: &mut C, keys: &ItemKeys, item: &Item) -> Result<(), RedisError>
 where
     C: redis::aio::ConnectionLike + Send + Sync,
 {
-    redis_timed(conn.hset_multiple::<_, _, _, ()>(
-        &keys.meta,
-        &[
-            ("start_ms", item.start_at.timestamp_millis()),
-            ("end_ms", item.end_at.timestamp_millis()),
-            ("paused", i64::from(item.paused)),
-        ],
-    ))
-    .await
+    let mut fields = rules(
+        item.start_at,
+        item.end_at,
+        item.per_user,
+        &item.release,
+        item.buckets,
+        keys.stock.bucket,
+    );
+    fields.push(("paused", i64::from(item.paused).to_string()));
+    redis_timed(conn.hset_multiple::<_, _, _, ()>(&keys.meta, &fields)).await
 }
 
-/// The sale window of a draft into a pipeline (a bulk `PUT` of items that exist).
-pub fn sync_window_in(pipe: &mut redis::Pipeline, keys: &ItemKeys, draft: &ItemDraft) {
-    pipe.hset_multiple(
-        &keys.meta,
-        &[
-            ("start_ms", draft.start_at.timestamp_millis()),
-            ("end_ms", draft.end_at.timestamp_millis()),
-        ],
-    )
-    .ignore();
+/// The same for a draft, into a pipeline (a bulk `PUT` of items that exist; the pause is
+/// not the draft's to change).
+pub fn sync_draft_in(pipe: &mut redis::Pipeline, keys: &ItemKeys, draft: &ItemDraft) {
+    let fields = rules(
+        draft.start_at,
+        draft.end_at,
+        draft.per_user,
+        &draft.release,
+        draft.buckets,
+        keys.stock.bucket,
+    );
+    pipe.hset_multiple(&keys.meta, &fields).ignore();
+}
+
+/// The meta fields of a bucket's rules but the pause (see `lua/grab.lua`).
+pub fn rules(
+    start_at: DateTime<Utc>,
+    end_at: DateTime<Utc>,
+    per_user: u8,
+    waves: &Waves,
+    buckets: u8,
+    bucket: u8,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("start_ms", start_at.timestamp_millis().to_string()),
+        ("end_ms", end_at.timestamp_millis().to_string()),
+        ("per_user", per_user.to_string()),
+        ("waves", waves.meta_field(buckets, bucket)),
+    ]
 }

@@ -40,13 +40,17 @@ struct Stats {
     reloading: bool,
     /// Units won, from Redis (for a retired sale: orders paid or unpaid).
     sold: u64,
-    /// Units on sale, from Redis (for a retired sale: those it left unsold).
+    /// Units on sale, from Redis (for a retired sale: those it left unsold); for an item
+    /// with waves, not counting those still to come.
     remaining: u64,
+    /// Items with waves: units of waves still to come (loaded in Redis, not on sale yet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    unreleased: Option<u64>,
     /// Units won whose order is not yet in MySQL.
     pending: u64,
     /// Orders in MySQL by status.
     orders: StatusCounts,
-    /// remaining + pending + unpaid + paid = total, right now.
+    /// remaining + unreleased + pending + unpaid + paid = total, right now.
     consistent: bool,
     /// When the ended sale was retired from Redis: its figures are MySQL's since.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -129,7 +133,14 @@ async fn item_stats(
             stock::item_snapshot(&mut conn, keys, item.stocks()).await?
         }
     };
-    let accounted = stock.remaining + stock.pending + counts.unpaid + counts.paid;
+    // Units listed in Redis are on sale or held back for a wave (by this host's clock: at a
+    // wave's very moment Redis's may differ by a little; the sum does not).
+    let unreleased = match item.retired_at {
+        Some(_) => 0,
+        None => item.release.unreleased(chrono::Utc::now()),
+    };
+    let remaining = stock.remaining.saturating_sub(unreleased);
+    let accounted = remaining + unreleased + stock.pending + counts.unpaid + counts.paid;
     Ok(ok(
         "ok",
         Stats {
@@ -138,7 +149,8 @@ async fn item_stats(
             loaded: stock.loaded,
             reloading: stock.reloading,
             sold: stock.sold,
-            remaining: stock.remaining,
+            remaining,
+            unreleased: (!item.release.is_empty()).then_some(unreleased),
             pending: stock.pending,
             orders: counts,
             consistent: accounted == u64::from(item.total),

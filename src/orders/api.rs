@@ -69,6 +69,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(pay_order))
         .routes(routes!(cancel_order))
         .routes(routes!(my_order))
+        .routes(routes!(my_orders))
 }
 
 /// The owner's order; another user's or an unknown one is `404`.
@@ -121,53 +122,108 @@ async fn get_order(
         (status = 429, description = "`rate_limited`", body = Refusal),
     )
 )]
-/// `GET /api/items/{item_id}/my-order`: the order the user holds of the item (the buyer
-/// record in Redis names it; `pending` included), or else their latest one in MySQL — so
-/// a buyer whose `202` was lost, and who hears `410` after the sell-out, finds it.
+/// `GET /api/items/{item_id}/my-order`: the newest order the user holds of the item (the
+/// buyer record in Redis names it; `pending` included), or else their latest one in MySQL
+/// — so a buyer whose `202` was lost, and who hears `410` after the sell-out, finds it.
 async fn my_order(
     State(state): State<AppState>,
     OrderSeeker(user): OrderSeeker,
     ApiPath(item): ApiPath<ItemId>,
 ) -> Result<Response, ApiError> {
+    request_id::record_user(user, Some(item));
+    let orders = orders_of(&state, item, user, 1).await?;
+    let view = orders.into_iter().next().ok_or(ApiError::OrderNotFound)?;
+    Ok(ok("ok", view))
+}
+
+/// A buyer's orders of an item.
+#[derive(Serialize, ToSchema)]
+struct MyOrders {
+    /// Newest first: live ones (`pending` included), then cancelled ones (at most
+    /// [`MOST_LISTED`] in all).
+    orders: Vec<OrderView>,
+}
+
+/// Orders `my-orders` lists at most.
+const MOST_LISTED: u32 = 100;
+
+#[utoipa::path(
+    get,
+    path = "/api/items/{item_id}/my-orders",
+    tag = "orders",
+    summary = "The user's orders of an item (items with more than one per buyer)",
+    security(("user" = [])),
+    params(("item_id" = ItemId, Path)),
+    responses(
+        (status = 200, description = "`ok`: the orders, live ones (`pending` included) first, newest first; empty when none", body = MyOrders),
+        (status = 429, description = "`rate_limited`", body = Refusal),
+    )
+)]
+/// `GET /api/items/{item_id}/my-orders`
+async fn my_orders(
+    State(state): State<AppState>,
+    OrderSeeker(user): OrderSeeker,
+    ApiPath(item): ApiPath<ItemId>,
+) -> Result<Response, ApiError> {
+    request_id::record_user(user, Some(item));
+    let orders = orders_of(&state, item, user, MOST_LISTED).await?;
+    Ok(ok("ok", MyOrders { orders }))
+}
+
+/// The user's orders of the item, live ones first (those the buyer record in Redis names
+/// and still `pending` among them: a won order is in Redis or MySQL), newest first; at
+/// most `most`.
+async fn orders_of(
+    state: &AppState,
+    item: ItemId,
+    user: UserId,
+    most: u32,
+) -> Result<Vec<OrderView>, ApiError> {
     let Shared {
         db,
         redis,
         keys,
         catalog,
         ..
-    } = &*state;
-    request_id::record_user(user, Some(item));
-    // Redis first, MySQL second, as for an order read: a won order is in one or the other.
+    } = &**state;
     let buckets = catalog.get(item).await?.map_or(1, |c| c.item.buckets);
-    let held = async {
+    let pending = async {
         let item_keys = keys.stock(Stock::home(item, user, buckets));
-        match placed::held_by(redis, &item_keys, user).await? {
-            Some(sn) => placed::pending(redis, keys, &sn)
-                .await
-                .map(|pending| pending.map(OrderView::pending)),
-            None => Ok(None),
+        let mut views = Vec::new();
+        for sn in placed::held_by(redis, &item_keys, user).await? {
+            if let Some(order) = placed::pending(redis, keys, &sn).await? {
+                views.push(OrderView::pending(order));
+            }
         }
+        Ok::<_, crate::store::RedisError>(views)
     }
     .await;
-    let view = match held {
-        Ok(Some(view)) => view,
-        Ok(None) => repo::latest_of_user(db, item, user)
-            .await?
-            .ok_or(ApiError::OrderNotFound)?
-            .into(),
+    let stored = repo::orders_of_user(db, item, user, most).await;
+    let mut views = match (pending, stored) {
         // Redis cannot say whether an order is still on its way: MySQL may still know.
-        Err(e) => repo::latest_of_user(db, item, user)
-            .await?
-            .ok_or(ApiError::Redis(e))?
-            .into(),
+        (Err(e), Ok(rows)) if rows.is_empty() => return Err(ApiError::Redis(e)),
+        (Err(_), Ok(rows)) => rows.into_iter().map(OrderView::from).collect(),
+        (Ok(pending), stored) => {
+            let rows = stored?;
+            let mut views = pending;
+            views.retain(|p| !rows.iter().any(|r| r.order_sn == p.order_sn));
+            views.extend(rows.into_iter().map(OrderView::from));
+            views
+        }
+        (Err(_), Err(e)) => return Err(e.into()),
     };
-    if view.user_id != user {
-        return Err(ApiError::OrderNotFound);
-    }
-    Ok(ok("ok", view))
+    views.retain(|view| view.user_id == user);
+    views.sort_by_key(|view| (!view.is_live(), std::cmp::Reverse(view.created_at)));
+    views.truncate(most as usize);
+    Ok(views)
 }
 
 impl OrderView {
+    /// Holding a unit: pending, unpaid or paid.
+    fn is_live(&self) -> bool {
+        !matches!(self.status, ShownStatus::Stored(OrderStatus::Cancelled))
+    }
+
     fn pending(order: OrderPlaced) -> Self {
         OrderView {
             order_sn: order.order_sn,

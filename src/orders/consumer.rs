@@ -501,6 +501,7 @@ mod tests {
             user_id: UserId::new(user),
             created_at_ms: 1,
             pay_deadline_ms: 2,
+            slot: 0,
         }
     }
 

@@ -92,16 +92,21 @@ pub async fn settle_in_redis(
     marks::mark(&mut conn, keys, Work::Deadlines, by_stock.into_keys()).await
 }
 
-/// The order `user` holds of an item, as the buyer record in their home bucket (`keys`)
-/// names it.
+/// The orders `user` holds of an item, as the buyer record in their home bucket (`keys`)
+/// names them (by place: `lua/lib/places.lua`).
 pub async fn held_by(
     redis: &RedisConns,
     keys: &ItemKeys,
     user: UserId,
-) -> Result<Option<OrderSn>, RedisError> {
+) -> Result<Vec<OrderSn>, RedisError> {
     let mut conn = redis.hot().await?;
-    let sn: Option<String> = redis_timed(conn.hget(keys.buyer_orders(user), user.get())).await?;
-    Ok(sn.as_deref().and_then(OrderSn::parse))
+    let record: Option<String> =
+        redis_timed(conn.hget(keys.buyer_orders(user), user.get())).await?;
+    Ok(record
+        .iter()
+        .flat_map(|r| r.split(' '))
+        .filter_map(OrderSn::parse)
+        .collect())
 }
 
 /// The order as Redis's `pending` hash holds it (won, not yet in MySQL), if it does.

@@ -65,21 +65,23 @@ pub async fn find(db: &Db, sn: &OrderSn) -> Result<Option<OrderRow>, DbError> {
     .await
 }
 
-/// The user's order of the item that holds a unit, or else their latest one.
-pub async fn latest_of_user(
+/// The user's orders of the item: those holding a unit first, newest first; at most `most`.
+pub async fn orders_of_user(
     db: &Db,
     item: ItemId,
     user: UserId,
-) -> Result<Option<OrderRow>, DbError> {
+    most: u32,
+) -> Result<Vec<OrderRow>, DbError> {
     mysql_timed(
         sqlx::query_as(
             "SELECT order_sn, item_id, user_id, status, created_at, pay_deadline
              FROM orders WHERE user_id = ? AND item_id = ?
-             ORDER BY status = 'cancelled', created_at DESC LIMIT 1",
+             ORDER BY status = 'cancelled', created_at DESC LIMIT ?",
         )
         .bind(user.get())
         .bind(item.get())
-        .fetch_optional(db),
+        .bind(most)
+        .fetch_all(db),
     )
     .await
 }
@@ -263,6 +265,8 @@ pub async fn count_by_status(db: &Db, item: ItemId) -> Result<StatusCounts, DbEr
 pub struct LiveOrder {
     pub order_sn: String,
     pub user_id: u64,
+    /// Its place among the buyer's live orders of the item.
+    pub slot: u8,
     pub unpaid: bool,
     pub created_at: DateTime<Utc>,
     pub pay_deadline: DateTime<Utc>,
@@ -272,7 +276,7 @@ pub struct LiveOrder {
 pub async fn live_orders(db: &Db, item: ItemId) -> Result<Vec<LiveOrder>, DbError> {
     mysql_timed(
         sqlx::query_as(
-            "SELECT order_sn, user_id, status = 'unpaid' AS unpaid, created_at, pay_deadline
+            "SELECT order_sn, user_id, slot, status = 'unpaid' AS unpaid, created_at, pay_deadline
              FROM orders WHERE item_id = ? AND status IN ('unpaid', 'paid')",
         )
         .bind(item.get())
@@ -334,12 +338,13 @@ pub async fn insert_batch<'a>(
         return Ok(());
     }
     let mut query = QueryBuilder::new(
-        "INSERT INTO orders (order_sn, item_id, user_id, status, created_at, pay_deadline) ",
+        "INSERT INTO orders (order_sn, item_id, user_id, slot, status, created_at, pay_deadline) ",
     );
     query.push_values(orders, |mut row, order| {
         row.push_bind(order.order_sn.as_str())
             .push_bind(order.item_id.get())
             .push_bind(order.user_id.get())
+            .push_bind(order.slot)
             .push_bind(status.as_str())
             .push_bind(from_millis(order.created_at_ms))
             .push_bind(from_millis(order.pay_deadline_ms));

@@ -22,7 +22,7 @@ use crate::breaker::Action;
 use crate::broker::Outgoing;
 use crate::domain::{ItemId, OrderPlaced, OrderSn, UserId};
 use crate::error::{ApiError, Refusal};
-use crate::http::extract::{ApiJson, Buyer, ClientTime};
+use crate::http::extract::{ApiJson, Buyer, ClientTime, Idempotency};
 use crate::http::reply::{Code, envelope};
 use crate::http::request_id;
 use crate::items::catalog::CatalogItem;
@@ -30,13 +30,17 @@ use crate::items::transfer::{self, Lending};
 use crate::keys::ItemKeys;
 use crate::orders::placed;
 use crate::state::AppState;
-use crate::store::{RedisConn, RedisError, Replication, ShortOfReplicas};
+use crate::store::{RedisConn, RedisError, Replication, ShortOfReplicas, redis_timed};
 
-use super::grab::{GrabOutcome, give_back, grab};
+use super::grab::{GrabOutcome, IdempotencyKey, give_back, grab};
 
 /// Units a buyer of a split item may borrow into their bucket and lose to others of it
 /// before being told to press again (each round moves a unit: the sale goes on).
 const MOST_REFILLS: usize = 8;
+
+/// How near a wave's time a purchase that memory would refuse asks Redis instead: more
+/// than the catalogue's stock refresh (half a second) and a host's clock error.
+const WAVE_MARGIN: chrono::Duration = chrono::Duration::seconds(2);
 
 /// `POST /api/flashbuy`, counted, timed and shed (see [`count_and_shed`]).
 pub fn router(state: &AppState) -> OpenApiRouter<AppState> {
@@ -110,6 +114,7 @@ async fn flashbuy(
     State(state): State<AppState>,
     Buyer(user): Buyer,
     _: ClientTime,
+    Idempotency(key): Idempotency,
     ApiJson(request): ApiJson<FlashbuyRequest>,
 ) -> Result<Response, ApiError> {
     let item_id = request.item_id;
@@ -127,6 +132,12 @@ async fn flashbuy(
         .await?
         .ok_or(ApiError::ItemNotFound)?;
     if let Some(refused) = from_memory(&item, now) {
+        // A retry whose key bought a unit hears its 202 again, sold out or not.
+        if let Some(key) = &key
+            && let Some(order_sn) = bought_with(&state, &item, user, key).await
+        {
+            return Ok(queued(order_sn, item_id));
+        }
         return Err(refusal(refused, &item));
     }
     // From this instance's cache (filled from Redis on a miss).
@@ -142,7 +153,28 @@ async fn flashbuy(
     request_id::record_user(user, Some(item_id));
     // Boxed: the Redis step's future is kilobytes, and every request's future (moved
     // several times through the layers) would otherwise carry it, refused or not.
-    Box::pin(sell(&state, item, user, now)).await
+    Box::pin(sell(&state, item, user, now, key)).await
+}
+
+/// The order a buyer's `Idempotency-Key` bought, if it did (`None` too when Redis cannot
+/// say: the refusal memory gave stands).
+async fn bought_with(
+    state: &AppState,
+    item: &CatalogItem,
+    user: UserId,
+    key: &str,
+) -> Option<OrderSn> {
+    let record = state.keys.idempotency(item.home(user).stock, user, key);
+    let mut conn = state.redis.hot().await.ok()?;
+    let sn: Option<String> = redis_timed(redis::AsyncCommands::get(&mut conn, record))
+        .await
+        .ok()?;
+    sn.as_deref().and_then(OrderSn::parse)
+}
+
+/// `202 queued`: a won unit (or, for a repeated `Idempotency-Key`, the one it won).
+fn queued(order_sn: OrderSn, item_id: ItemId) -> Response {
+    envelope(StatusCode::ACCEPTED, "queued", Queued { order_sn, item_id })
 }
 
 /// The Redis step and its answer, for a purchase memory could not refuse.
@@ -151,8 +183,13 @@ async fn sell(
     item: Arc<CatalogItem>,
     user: UserId,
     now: chrono::DateTime<Utc>,
+    key: Option<String>,
 ) -> Result<Response, ApiError> {
     let item_id = item.item.id;
+    let idempotency = key.map(|key| IdempotencyKey {
+        record: state.keys.idempotency(item.home(user).stock, user, &key),
+        key,
+    });
     // Before the grab (`SECKILL_REDIS_WAIT_REPLICAS`): the replicas a win will wait for,
     // on the master serving the buyer's bucket now. While that master is short of them no
     // unit is taken there — it could never be confirmed.
@@ -162,8 +199,18 @@ async fn sell(
     };
     let order = order_for(&item, user, now.timestamp_millis());
     let order_json = serde_json::to_string(&order).map_err(anyhow::Error::from)?;
-    match run_grab(state, &item, user, &order, &order_json).await? {
-        GrabOutcome::Won => accept(state, &item, order, order_json, replication).await,
+    let idempotency = idempotency.as_ref();
+    match run_grab(state, &item, user, &order, &order_json, idempotency).await? {
+        GrabOutcome::Won { slot } => {
+            let won = Won {
+                order,
+                order_json,
+                slot,
+                idempotency,
+            };
+            accept(state, &item, won, replication).await
+        }
+        GrabOutcome::Repeat(order_sn) => Ok(queued(order_sn, item_id)),
         GrabOutcome::SoldOut => {
             if item.mark_sold_out() {
                 // Other instances learn it from the announcement rather than waiting for
@@ -191,7 +238,16 @@ fn from_memory(item: &CatalogItem, now: chrono::DateTime<Utc>) -> Option<GrabOut
     } else if item.item.paused {
         Some(GrabOutcome::Paused)
     } else if item.sold_out() {
-        Some(GrabOutcome::SoldOut)
+        // Near a wave Redis decides, by its own clock: a host whose clock runs behind must
+        // not keep a wave shut, and the memory of "nothing left" is older than the wave.
+        let waves = &item.item.release;
+        let near = |at: chrono::DateTime<Utc>| (at - now).abs() <= WAVE_MARGIN;
+        match waves.next_at(now) {
+            Some(at) if near(at) => None,
+            Some(at) => Some(GrabOutcome::BetweenReleases(at.timestamp_millis())),
+            None if waves.last_at().is_some_and(near) => None,
+            None => Some(GrabOutcome::SoldOut),
+        }
     } else {
         None
     }
@@ -201,7 +257,11 @@ fn from_memory(item: &CatalogItem, now: chrono::DateTime<Utc>) -> Option<GrabOut
 fn refusal(outcome: GrabOutcome, item: &CatalogItem) -> ApiError {
     match outcome {
         GrabOutcome::Duplicate(order_sn) => ApiError::Duplicate { order_sn },
+        GrabOutcome::LimitReached(order_sns) => ApiError::LimitReached { order_sns },
         GrabOutcome::SoldOut => ApiError::SoldOut,
+        GrabOutcome::BetweenReleases(at_ms) => ApiError::BetweenReleases {
+            next_release_at: crate::orders::repo::from_millis(at_ms),
+        },
         GrabOutcome::StillMoving => {
             ApiError::Unavailable("units are moving between the item's buckets; press again".into())
         }
@@ -217,7 +277,9 @@ fn refusal(outcome: GrabOutcome, item: &CatalogItem) -> ApiError {
         }
         GrabOutcome::NotStarted => ApiError::NotStarted("the sale has not opened yet"),
         GrabOutcome::Ended => ApiError::Ended,
-        GrabOutcome::Won => ApiError::Internal(anyhow::anyhow!("a win answered as a refusal")),
+        GrabOutcome::Won { .. } | GrabOutcome::Repeat(_) => {
+            ApiError::Internal(anyhow::anyhow!("a win answered as a refusal"))
+        }
     }
 }
 
@@ -230,6 +292,7 @@ fn order_for(item: &CatalogItem, user: UserId, now_ms: i64) -> OrderPlaced {
         user_id: user,
         created_at_ms: now_ms,
         pay_deadline_ms: now_ms + i64::from(item.item.pay_timeout_s) * 1000,
+        slot: 0,
     }
 }
 
@@ -241,18 +304,23 @@ async fn run_grab(
     user: UserId,
     order: &OrderPlaced,
     order_json: &str,
+    idempotency: Option<&IdempotencyKey>,
 ) -> Result<GrabOutcome, ApiError> {
     let started = Instant::now();
     let mut conn = state.redis.hot().await?;
     let home = item.home(user);
-    let now_ms = order.created_at_ms;
-    let mut outcome = grab(&mut conn, home, user, &order.order_sn, now_ms, order_json).await;
+    let attempt = Attempt {
+        order,
+        order_json,
+        idempotency,
+    };
+    let mut outcome = attempt.grab(&mut conn, home).await;
     if item.item.split() {
         let lending = Lending {
             redis: &state.redis,
             keys: &state.keys,
         };
-        outcome = refill_and_grab(&mut conn, item, user, order, order_json, outcome, lending).await;
+        outcome = refill_and_grab(&mut conn, item, &attempt, outcome, lending).await;
     }
     let took = started.elapsed();
     state.signals.purchase(took, outcome.is_err());
@@ -261,7 +329,7 @@ async fn run_grab(
     // Every unit sold leaves an info line (as many as the stock); the crowd of refusals
     // does not flood the log unless asked for (`RUST_LOG=seckill=debug`).
     match &outcome {
-        Ok(GrabOutcome::Won) => tracing::info!(outcome = "won", duration_ms, "redis_grab"),
+        Ok(GrabOutcome::Won { .. }) => tracing::info!(outcome = "won", duration_ms, "redis_grab"),
         Ok(o) => tracing::debug!(outcome = o.as_str(), duration_ms, "redis_grab"),
         // The failure itself is logged once, at the edge (`ApiError`), with its cause.
         Err(_) => tracing::debug!(outcome = "error", duration_ms, "redis_grab"),
@@ -278,15 +346,20 @@ async fn short_of_replicas(
     short: ShortOfReplicas,
 ) -> ApiError {
     tracing::debug!(reason = %short, "purchase refused before the grab");
-    match placed::held_by(&state.redis, item.home(user), user)
+    let mut held = placed::held_by(&state.redis, item.home(user), user)
         .await
-        .ok()
-        .flatten()
-    {
-        Some(order_sn) => ApiError::Duplicate { order_sn },
-        None => ApiError::Unavailable(
+        .unwrap_or_default();
+    let limit = usize::from(item.item.per_user.max(1));
+    if held.len() < limit {
+        return ApiError::Unavailable(
             "the sale is waiting for a Redis replica to come back; try again shortly".into(),
-        ),
+        );
+    }
+    match held.pop() {
+        Some(order_sn) if limit == 1 => ApiError::Duplicate { order_sn },
+        last => ApiError::LimitReached {
+            order_sns: held.into_iter().chain(last).collect(),
+        },
     }
 }
 
@@ -295,10 +368,20 @@ async fn short_of_replicas(
 async fn accept(
     state: &AppState,
     item: &CatalogItem,
-    order: OrderPlaced,
-    order_json: String,
+    won: Won<'_>,
     replication: Replication,
 ) -> Result<Response, ApiError> {
+    let Won {
+        mut order,
+        mut order_json,
+        slot,
+        idempotency,
+    } = won;
+    if slot > 0 {
+        // As grab.lua stored it: the order's place goes with it to MySQL.
+        order.slot = slot;
+        order_json = serde_json::to_string(&order).map_err(anyhow::Error::from)?;
+    }
     // Not answered, and not handed to the publisher, before the replicas hold it: a
     // failover could otherwise put the unit back on sale while MySQL gets its order.
     if !replication.held().await {
@@ -309,7 +392,7 @@ async fn accept(
         let home = item.home(order.user_id);
         let given_back = async {
             let mut conn = state.redis.hot().await?;
-            give_back(&mut conn, home, order.user_id, &order.order_sn).await
+            give_back(&mut conn, home, order.user_id, &order.order_sn, idempotency).await
         };
         let given_back = given_back.await;
         tracing::info!(order_sn = %order.order_sn, given_back = ?given_back.as_ref().ok(), "a win its Redis replicas did not confirm in time");
@@ -323,14 +406,39 @@ async fn accept(
         order_sn: order_sn.clone(),
         payload: order_json,
     });
-    Ok(envelope(
-        StatusCode::ACCEPTED,
-        "queued",
-        Queued {
-            order_sn,
-            item_id: order.item_id,
-        },
-    ))
+    Ok(queued(order_sn, order.item_id))
+}
+
+/// A won unit, as `accept` takes it.
+struct Won<'a> {
+    order: OrderPlaced,
+    order_json: String,
+    /// Its place in the buyer's record.
+    slot: u8,
+    idempotency: Option<&'a IdempotencyKey>,
+}
+
+/// One purchase's `grab.lua` call, made again after each unit borrowed.
+struct Attempt<'a> {
+    order: &'a OrderPlaced,
+    order_json: &'a str,
+    idempotency: Option<&'a IdempotencyKey>,
+}
+
+impl Attempt<'_> {
+    async fn grab(&self, conn: &mut RedisConn, home: &ItemKeys) -> Result<GrabOutcome, RedisError> {
+        let order = self.order;
+        grab(
+            conn,
+            home,
+            order.user_id,
+            &order.order_sn,
+            order.created_at_ms,
+            self.order_json,
+            self.idempotency,
+        )
+        .await
+    }
 }
 
 /// Borrows from a split item's other buckets while the buyer's own bucket is empty, and
@@ -338,15 +446,17 @@ async fn accept(
 async fn refill_and_grab(
     conn: &mut RedisConn,
     item: &CatalogItem,
-    user: UserId,
-    order: &OrderPlaced,
-    order_json: &str,
+    attempt: &Attempt<'_>,
     mut outcome: Result<GrabOutcome, RedisError>,
     lending: Lending<'_>,
 ) -> Result<GrabOutcome, RedisError> {
-    let home = item.home(user);
+    let home = item.home(attempt.order.user_id);
     for _ in 0..MOST_REFILLS {
-        if !matches!(outcome, Ok(GrabOutcome::SoldOut)) {
+        // Nothing for sale in the buyer's bucket (or nothing until a wave): maybe in another.
+        if !matches!(
+            outcome,
+            Ok(GrabOutcome::SoldOut | GrabOutcome::BetweenReleases(_))
+        ) {
             return outcome;
         }
         item.mark_empty(home.stock.bucket);
@@ -368,15 +478,7 @@ async fn refill_and_grab(
             return outcome;
         }
         // Someone else of this bucket may take the unit first: then borrow again.
-        outcome = grab(
-            conn,
-            home,
-            user,
-            &order.order_sn,
-            order.created_at_ms,
-            order_json,
-        )
-        .await;
+        outcome = attempt.grab(conn, home).await;
     }
     match outcome {
         Ok(GrabOutcome::SoldOut) => Ok(GrabOutcome::StillMoving),

@@ -9,9 +9,18 @@ use crate::store::{RedisError, redis_timed};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GrabOutcome {
-    Won,
+    /// In this place of the buyer's record (0 for an item with one per buyer).
+    Won {
+        slot: u8,
+    },
+    /// The buyer's `Idempotency-Key` bought this order before.
+    Repeat(OrderSn),
     Duplicate(OrderSn),
+    /// The buyer holds `per_user` live orders (more than one).
+    LimitReached(Vec<OrderSn>),
     SoldOut,
+    /// Everything released is sold; the next wave opens at this time (ms).
+    BetweenReleases(i64),
     Paused,
     NotLoaded,
     /// A warm-up is replacing the item's units (its buckets are fenced).
@@ -26,9 +35,12 @@ pub enum GrabOutcome {
 impl GrabOutcome {
     pub fn as_str(&self) -> &'static str {
         match self {
-            GrabOutcome::Won => "won",
+            GrabOutcome::Won { .. } => "won",
+            GrabOutcome::Repeat(_) => "repeat",
             GrabOutcome::Duplicate(_) => "duplicate",
+            GrabOutcome::LimitReached(_) => "limit_reached",
             GrabOutcome::SoldOut => "sold_out",
+            GrabOutcome::BetweenReleases(_) => "between_releases",
             GrabOutcome::Paused => "paused",
             GrabOutcome::NotLoaded => "not_loaded",
             GrabOutcome::Reloading => "reloading",
@@ -39,6 +51,13 @@ impl GrabOutcome {
     }
 }
 
+/// A buyer's `Idempotency-Key` and the key of its record in their home bucket.
+#[derive(Clone, Debug)]
+pub struct IdempotencyKey {
+    pub key: String,
+    pub record: String,
+}
+
 pub async fn grab(
     conn: &mut impl redis::aio::ConnectionLike,
     keys: &ItemKeys,
@@ -46,22 +65,30 @@ pub async fn grab(
     order_sn: &OrderSn,
     now_ms: i64,
     order_json: &str,
+    idempotency: Option<&IdempotencyKey>,
 ) -> Result<GrabOutcome, RedisError> {
-    let (outcome, detail): (String, String) = redis_timed(
-        purchase_keys(&GRAB, keys, user)
-            .arg(user.get())
-            .arg(order_sn.as_str())
-            .arg(now_ms)
-            .arg(order_json)
-            .invoke_async(conn),
-    )
-    .await?;
+    let mut call = purchase_keys(&GRAB, keys, user, idempotency);
+    call.arg(user.get())
+        .arg(order_sn.as_str())
+        .arg(now_ms)
+        .arg(order_json)
+        .arg(idempotency.map_or("", |i| i.key.as_str()));
+    let (outcome, detail): (String, String) = redis_timed(call.invoke_async(conn)).await?;
+    let order = |detail: &str| {
+        OrderSn::parse(detail)
+            .ok_or_else(|| RedisError::Unexpected(format!("buyer record holds {detail:?}")))
+    };
+    let odd = || RedisError::Unexpected(format!("grab.lua answered {outcome} {detail:?}"));
     Ok(match outcome.as_str() {
-        "won" => GrabOutcome::Won,
-        "duplicate" => GrabOutcome::Duplicate(
-            OrderSn::parse(&detail)
-                .ok_or_else(|| RedisError::Unexpected(format!("buyer record holds {detail:?}")))?,
-        ),
+        "won" => GrabOutcome::Won {
+            slot: detail.parse().map_err(|_| odd())?,
+        },
+        "repeat" => GrabOutcome::Repeat(order(&detail)?),
+        "duplicate" => GrabOutcome::Duplicate(order(&detail)?),
+        "limit_reached" => {
+            GrabOutcome::LimitReached(detail.split(' ').map(order).collect::<Result<_, _>>()?)
+        }
+        "between_releases" => GrabOutcome::BetweenReleases(detail.parse().map_err(|_| odd())?),
         "sold_out" => GrabOutcome::SoldOut,
         "paused" => GrabOutcome::Paused,
         "not_loaded" => GrabOutcome::NotLoaded,
@@ -84,20 +111,24 @@ pub async fn give_back(
     keys: &ItemKeys,
     user: UserId,
     order_sn: &OrderSn,
+    idempotency: Option<&IdempotencyKey>,
 ) -> Result<bool, RedisError> {
-    let outcome: String = redis_timed(
-        purchase_keys(&GIVE_BACK, keys, user)
-            .arg(user.get())
-            .arg(order_sn.as_str())
-            .invoke_async(conn),
-    )
-    .await?;
+    let mut call = purchase_keys(&GIVE_BACK, keys, user, idempotency);
+    call.arg(user.get())
+        .arg(order_sn.as_str())
+        .arg(idempotency.map_or("", |i| i.key.as_str()));
+    let outcome: String = redis_timed(call.invoke_async(conn)).await?;
     Ok(outcome == "given_back")
 }
 
 /// `grab.lua`'s and `give_back.lua`'s keys, in their order: the bucket's meta and units,
-/// the buyer's records, the pending orders and the outbox.
-fn purchase_keys<'a>(script: &'a Script, keys: &ItemKeys, user: UserId) -> ScriptInvocation<'a> {
+/// the buyer's records, the pending orders, the outbox and (with a key) its record.
+fn purchase_keys<'a>(
+    script: &'a Script,
+    keys: &ItemKeys,
+    user: UserId,
+    idempotency: Option<&IdempotencyKey>,
+) -> ScriptInvocation<'a> {
     let mut call = script.prepare_invoke();
     call.key(&keys.meta)
         .key(&keys.tokens)
@@ -105,5 +136,8 @@ fn purchase_keys<'a>(script: &'a Script, keys: &ItemKeys, user: UserId) -> Scrip
         .key(keys.buyer_orders(user))
         .key(&keys.pending)
         .key(&keys.outbox);
+    if let Some(idempotency) = idempotency {
+        call.key(&idempotency.record);
+    }
     call
 }

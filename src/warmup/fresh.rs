@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 
 use redis::{AsyncCommands, Value};
 
-use crate::domain::ItemId;
+use crate::domain::{ItemId, Stock};
 use crate::items::repo::{self, Item};
 use crate::items::stock;
 use crate::keys::{ItemKeys, Keys};
@@ -17,7 +17,7 @@ use crate::lua::LOAD_FRESH;
 use crate::orders::repo as orders;
 use crate::store::{Grouped, RedisConns, RedisLock, redis_timed};
 
-use super::{BucketMeta, GUARDED, LOCK_FOR, Warmup, WarmupError, meta_after, spread};
+use super::{BucketMeta, GUARDED, LOCK_FOR, Warmup, WarmupError, meta_after};
 
 /// Items per round of the fast path.
 pub const CHUNK: usize = 500;
@@ -118,10 +118,10 @@ fn buckets_of<'i>(items: &[&'i Item], keys: &Keys) -> Vec<Bucket<'i>> {
     let mut buckets = Vec::new();
     for item in items {
         let mut first = 0;
-        for (stock, units) in item
-            .stocks()
-            .zip(spread(u64::from(item.total), usize::from(item.buckets)))
-        {
+        for (stock, units) in item.stocks().zip(Stock::spread(
+            u64::from(item.total),
+            usize::from(item.buckets),
+        )) {
             buckets.push(Bucket {
                 item,
                 keys: keys.stock(stock),
@@ -192,7 +192,7 @@ async fn load_buckets(
             pipe.arg(value.as_deref().unwrap_or_default());
         }
         pipe.arg(bucket.first).arg(bucket.units);
-        for (field, value) in meta_after(bucket.item, &meta) {
+        for (field, value) in meta_after(bucket.item, bucket.keys.stock.bucket, &meta) {
             pipe.arg(field).arg(value);
         }
     }

@@ -367,7 +367,7 @@ impl Warmup<'_> {
                 total: item.total,
             })?;
 
-        let shares = spread(to_load, buckets.len());
+        let shares = Stock::spread(to_load, buckets.len());
         let mut by_bucket: HashMap<Stock, Vec<&Holder>> = HashMap::new();
         for holder in &holders {
             by_bucket.entry(holder.stock(id)).or_default().push(holder);
@@ -464,7 +464,9 @@ impl Warmup<'_> {
                         user_id: UserId::new(row.user_id),
                         created_at_ms: row.created_at.timestamp_millis(),
                         pay_deadline_ms: row.pay_deadline.timestamp_millis(),
+                        slot: row.slot,
                     }),
+                slot: row.slot,
                 order_sn: row.order_sn,
             })
             .collect();
@@ -477,6 +479,7 @@ impl Warmup<'_> {
             {
                 holders.push(Holder {
                     user: order.user_id,
+                    slot: order.slot,
                     order_sn: order.order_sn.to_string(),
                     unpaid: None,
                 });
@@ -490,6 +493,8 @@ impl Warmup<'_> {
 struct Holder {
     user: UserId,
     order_sn: String,
+    /// Its place in the buyer's record.
+    slot: u8,
     /// The order, when it is unpaid in MySQL (its deadline and reminders are due).
     unpaid: Option<OrderPlaced>,
 }
@@ -511,14 +516,6 @@ fn started_ms(server: &redis::InfoDict) -> Result<i64, WarmupError> {
         .get("uptime_in_seconds")
         .ok_or_else(|| RedisError::Unexpected("INFO server has no uptime_in_seconds".into()))?;
     Ok(Utc::now().timestamp_millis() - uptime_s * 1000)
-}
-
-/// `units` spread over `buckets`, the first ones taking one more when it does not divide.
-pub(super) fn spread(units: u64, buckets: usize) -> Vec<u64> {
-    let n = buckets.max(1) as u64;
-    (0..n)
-        .map(|b| units / n + u64::from(b < units % n))
-        .collect()
 }
 
 /// What a bucket's meta says after a load.
@@ -604,13 +601,13 @@ async fn fill_buyers(
     holders: &[&Holder],
 ) -> Result<(), WarmupError> {
     let now = Utc::now().timestamp_millis();
-    for chunk in holders.chunks(BATCH as usize) {
+    let records = buyer_records(holders);
+    for chunk in records.chunks(BATCH as usize) {
         let mut pipe = redis::pipe();
-        for holder in chunk {
-            let user = holder.user;
-            pipe.zadd(loading.buyers(user), user.get(), now)
+        for (user, record) in chunk {
+            pipe.zadd(loading.buyers(*user), user.get(), now)
                 .ignore()
-                .hset(loading.buyer_orders(user), user.get(), &holder.order_sn)
+                .hset(loading.buyer_orders(*user), user.get(), record)
                 .ignore();
         }
         for key in loading.all_buyer_keys() {
@@ -619,6 +616,24 @@ async fn fill_buyers(
         redis_timed(pipe.query_async::<()>(&mut *conn)).await?;
     }
     Ok(())
+}
+
+/// Each holder's buyer record as `grab.lua` writes it (`lua/lib/places.lua`): their
+/// orders by place, `-` for a free one.
+fn buyer_records(holders: &[&Holder]) -> Vec<(UserId, String)> {
+    let mut places: HashMap<UserId, Vec<&str>> = HashMap::new();
+    for holder in holders {
+        let record = places.entry(holder.user).or_default();
+        let slot = usize::from(holder.slot);
+        if record.len() <= slot {
+            record.resize(slot + 1, "-");
+        }
+        record[slot] = &holder.order_sn;
+    }
+    places
+        .into_iter()
+        .map(|(user, record)| (user, record.join(" ")))
+        .collect()
 }
 
 /// Replaces the live list, the buyer records and the meta in one step (`swap.lua`), and
@@ -676,21 +691,33 @@ fn swap_parts<'k>(
         .map(|value| value.clone().unwrap_or_default())
         .collect();
     args.push(run.to_owned());
-    for (field, value) in meta_after(item, after) {
+    for (field, value) in meta_after(item, item_keys.stock.bucket, after) {
         args.push(field.to_owned());
-        args.push(value.to_string());
+        args.push(value);
     }
     (keys, args)
 }
 
-/// A bucket's meta fields once loaded.
-pub(super) fn meta_after(item: &Item, after: &BucketMeta) -> [(&'static str, i64); 6] {
-    [
-        ("loaded", Utc::now().timestamp_millis()),
-        ("total", after.total as i64),
-        ("sold", after.sold as i64),
-        ("start_ms", item.start_at.timestamp_millis()),
-        ("end_ms", item.end_at.timestamp_millis()),
-        ("paused", i64::from(item.paused)),
-    ]
+/// A bucket's meta fields once loaded: its counts, and the item's rules (see
+/// `lua/grab.lua`).
+pub(super) fn meta_after(
+    item: &Item,
+    bucket: u8,
+    after: &BucketMeta,
+) -> Vec<(&'static str, String)> {
+    let mut fields = vec![
+        ("loaded", Utc::now().timestamp_millis().to_string()),
+        ("total", after.total.to_string()),
+        ("sold", after.sold.to_string()),
+        ("paused", i64::from(item.paused).to_string()),
+    ];
+    fields.extend(stock::rules(
+        item.start_at,
+        item.end_at,
+        item.per_user,
+        &item.release,
+        item.buckets,
+        bucket,
+    ));
+    fields
 }

@@ -24,6 +24,7 @@ mod queue;
 mod recovery;
 mod retention;
 mod setup;
+mod shapes;
 mod shops;
 mod storefront;
 mod support;

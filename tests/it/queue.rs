@@ -156,6 +156,7 @@ async fn mysql_refuses_a_second_live_order_and_the_consumer_records_it_cancelled
         user_id: UserId::new(9),
         created_at_ms: 1_700_000_000_000,
         pay_deadline_ms: 1_700_000_600_000,
+        slot: 0,
     };
     let second = OrderPlaced {
         order_sn: OrderSn::generate(Stock::whole(ItemId::new(1).unwrap()), false),
@@ -359,6 +360,7 @@ fn order_of(user: u64) -> OrderPlaced {
         user_id: UserId::new(user),
         created_at_ms: 1_700_000_000_000,
         pay_deadline_ms: 1_700_000_600_000,
+        slot: 0,
     }
 }
 

@@ -393,9 +393,21 @@ impl TestEnv {
             "oversold: {} live orders for {total} units",
             live.len()
         );
-        // 2. No double purchase.
-        let users: HashSet<u64> = live.iter().map(|(_, u, _)| *u).collect();
-        assert_eq!(users.len(), live.len(), "a user holds two live orders");
+        // 2. No double purchase: at most `per_user` live orders per user.
+        let (per_user,): (u8,) = sqlx::query_as("SELECT per_user FROM items WHERE id = ?")
+            .bind(item)
+            .fetch_one(&self.db)
+            .await
+            .unwrap();
+        let mut held: std::collections::HashMap<u64, u8> = std::collections::HashMap::new();
+        for (_, user, _) in &live {
+            *held.entry(*user).or_default() += 1;
+        }
+        let over: Vec<_> = held.iter().filter(|(_, n)| **n > per_user).collect();
+        assert!(
+            over.is_empty(),
+            "users holding more than {per_user} live orders: {over:?}"
+        );
         // 3. Nothing lost: every 202 is exactly one row (order_sn is unique in MySQL).
         let in_mysql: HashSet<&str> = orders.iter().map(|(sn, _, _)| sn.as_str()).collect();
         let answered: HashSet<&str> = won.iter().map(String::as_str).collect();
@@ -406,7 +418,8 @@ impl TestEnv {
         );
         let missing: Vec<_> = answered.difference(&in_mysql).collect();
         assert!(missing.is_empty(), "202s missing from MySQL: {missing:?}");
-        // 4. Stock adds up: remaining tokens + unpaid + paid = total.
+        // 4. Stock adds up: remaining tokens (waves still to come among them) + unpaid +
+        // paid = total.
         let remaining = self.remaining(item).await;
         assert_eq!(
             remaining as usize + live.len(),

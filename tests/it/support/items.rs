@@ -16,6 +16,8 @@ pub struct ItemSpec<'e> {
     end_at: DateTime<Utc>,
     pay_timeout_s: u32,
     buckets: u8,
+    per_user: u8,
+    release: Vec<(DateTime<Utc>, u32)>,
 }
 
 impl TestEnv {
@@ -30,6 +32,8 @@ impl TestEnv {
             end_at: now + chrono::Duration::hours(1),
             pay_timeout_s: 1800,
             buckets: 1,
+            per_user: 1,
+            release: Vec::new(),
         }
     }
 }
@@ -54,28 +58,57 @@ impl ItemSpec<'_> {
         self
     }
 
-    /// `PUT /admin/items/{id}`; its answer.
-    pub async fn put(self, server: &TestServer) -> Value {
+    /// A buyer may hold up to `n` live orders.
+    pub fn per_user(mut self, n: u8) -> Self {
+        self.per_user = n;
+        self
+    }
+
+    /// Waves: `units` added at each time.
+    pub fn release(mut self, waves: &[(DateTime<Utc>, u32)]) -> Self {
+        self.release = waves.to_vec();
+        self
+    }
+
+    /// The body of its `PUT /admin/items/{id}`.
+    pub fn body(&self) -> Value {
+        let release: Vec<Value> = self
+            .release
+            .iter()
+            .map(|(at, units)| json!({ "at": at, "units": units }))
+            .collect();
+        json!({
+            "name": format!("item {}", self.id),
+            "shop_id": 1,
+            "total": self.total,
+            "start_at": self.start_at,
+            "end_at": self.end_at,
+            "price_cents": 1999,
+            "pay_timeout_s": self.pay_timeout_s,
+            "buckets": self.buckets,
+            "per_user": self.per_user,
+            "release": release,
+        })
+    }
+
+    /// `PUT /admin/items/{id}`: its status and answer.
+    pub async fn try_put(&self, server: &TestServer) -> (u16, Value) {
         let id = self.id;
         let response = self
             .env
             .admin(reqwest::Method::PUT, server, &format!("/admin/items/{id}"))
-            .json(&json!({
-                "name": format!("item {id}"),
-                "shop_id": 1,
-                "total": self.total,
-                "start_at": self.start_at,
-                "end_at": self.end_at,
-                "price_cents": 1999,
-                "pay_timeout_s": self.pay_timeout_s,
-                "buckets": self.buckets,
-            }))
+            .json(&self.body())
             .send()
             .await
             .unwrap();
-        let status = response.status();
-        let json: Value = response.json().await.unwrap_or(Value::Null);
-        assert!(status.is_success(), "PUT item: {status} {json}");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// `PUT /admin/items/{id}`; its answer.
+    pub async fn put(self, server: &TestServer) -> Value {
+        let (status, json) = self.try_put(server).await;
+        assert!((200..300).contains(&status), "PUT item: {status} {json}");
         json
     }
 

@@ -1,0 +1,405 @@
+//! Sale shapes (docs/contract.md §3, §4): more than one unit per buyer, retries made safe
+//! by `Idempotency-Key`, and stock released in waves — each through the HTTP API, with
+//! the answers counted by status and code and the invariants checked against the stores.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+
+use crate::history::quiet;
+use crate::support::*;
+
+/// A press with an `Idempotency-Key`: status and body.
+async fn press(
+    env: &TestEnv,
+    server: &TestServer,
+    user: u64,
+    item: u64,
+    key: &str,
+) -> (u16, Value) {
+    let response = env
+        .purchase(server, user, item)
+        .header("idempotency-key", key)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Waits until the item shows a unit on sale again (after a cancel: every instance's
+/// memory of "sold out" follows the announcement within a moment).
+async fn back_on_sale(env: &TestEnv, server: &TestServer, item: u64) {
+    eventually(Duration::from_secs(5), "a unit back on sale", || async {
+        let (_, body) = env.get(server, &format!("/api/items/{item}"), None).await;
+        match body["remaining"].as_u64() {
+            Some(n) if n > 0 => Ok(()),
+            _ => Err(body.to_string()),
+        }
+    })
+    .await;
+}
+
+fn answer(status: u16, body: &Value) -> String {
+    format!("{status} {}", body["code"].as_str().unwrap_or("?"))
+}
+
+/// One key's presses: the key, and each press's status and body.
+type KeyedPresses = (String, Vec<(u16, Value)>);
+
+/// A crowd of 120 buyers may hold 3 each of 240 units (over 4 buckets). Each buyer means
+/// to buy 4 times, and sends each purchase twice at once with the same key (a retry of
+/// an answer it could not read): every key buys at most one unit and both of its answers
+/// name it; nobody ends with more than 3; the fourth purchase hears `409 limit_reached`
+/// naming the three; `my-orders` lists them; the stores agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn buyers_hold_up_to_per_user_and_a_retried_key_never_buys_twice() {
+    let env = TestEnv::new("shapes_per_user").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    env.item(1, 240)
+        .per_user(3)
+        .buckets(4)
+        .on_sale(&server)
+        .await;
+
+    let users: Vec<u64> = (1..=120).collect();
+    let outcomes: Vec<(u64, Vec<KeyedPresses>)> = futures::stream::iter(users.clone())
+        .map(|user| {
+            let (env, server) = (&env, &server);
+            async move {
+                let mut presses = Vec::new();
+                for n in 1..=4 {
+                    let key = format!("order-{user}-{n}");
+                    let (a, b) = tokio::join!(
+                        press(env, server, user, 1, &key),
+                        press(env, server, user, 1, &key)
+                    );
+                    presses.push((key, vec![a, b]));
+                }
+                (user, presses)
+            }
+        })
+        .buffer_unordered(48)
+        .collect()
+        .await;
+
+    let mut answers: BTreeMap<String, u64> = BTreeMap::new();
+    let mut won: HashSet<String> = HashSet::new();
+    let mut won_by: HashMap<u64, HashSet<String>> = HashMap::new();
+    for (user, presses) in &outcomes {
+        for (key, pair) in presses {
+            let mut sns = HashSet::new();
+            for (status, body) in pair {
+                *answers.entry(answer(*status, body)).or_default() += 1;
+                if *status == 202 {
+                    sns.insert(body["order_sn"].as_str().unwrap().to_owned());
+                }
+            }
+            assert!(sns.len() <= 1, "key {key} bought {sns:?}");
+            won.extend(sns.iter().cloned());
+            won_by.entry(*user).or_default().extend(sns);
+        }
+        let mine = &won_by[user];
+        assert!(mine.len() <= 3, "user {user} won {mine:?}");
+        // A purchase beyond the limit names what the buyer holds (unless the sale sold
+        // out first: then memory answers `410` before any lookup).
+        let (status, body) = presses[3].1[0].clone();
+        if mine.len() == 3 && status != 410 {
+            assert_eq!(answer(status, &body), "409 limit_reached", "{body}");
+            let named: HashSet<String> = body["order_sns"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|sn| sn.as_str().unwrap().to_owned())
+                .collect();
+            assert_eq!(&named, mine);
+        }
+    }
+    eprintln!("answers: {answers:?}");
+    assert!(
+        answers.get("409 limit_reached").is_some_and(|n| *n > 0),
+        "{answers:?}"
+    );
+    assert_eq!(won.len(), 240, "every unit sold, each once: {answers:?}");
+    let expected: HashSet<&str> = ["202 queued", "409 limit_reached", "410 sold_out"].into();
+    assert!(
+        answers.keys().all(|a| expected.contains(a.as_str())),
+        "answers: {answers:?}"
+    );
+
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let won: Vec<String> = won.into_iter().collect();
+    env.assert_invariants(&server, 1, 240, &won).await;
+
+    // my-orders lists a buyer's orders, as their 202s named them.
+    let (buyer, theirs) = won_by.iter().find(|(_, sns)| sns.len() == 3).unwrap();
+    let (status, body) = env
+        .get(&server, "/api/items/1/my-orders", Some(*buyer))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let listed: HashSet<String> = body["orders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["order_sn"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(&listed, theirs);
+
+    // A cancel frees a place: the buyer may buy again (units permitting) — here the sale
+    // is sold out, and the cancelled unit is what they get back.
+    let cancelled = theirs.iter().next().unwrap().clone();
+    let (status, body) = env
+        .post_as(&server, &format!("/api/orders/{cancelled}/cancel"), *buyer)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    back_on_sale(&env, &server, 1).await;
+    let (status, body) = press(&env, &server, *buyer, 1, "after-cancel").await;
+    assert_eq!(answer(status, &body), "202 queued", "{body}");
+    let (status, body) = press(&env, &server, *buyer, 1, "one-more").await;
+    assert_eq!(answer(status, &body), "409 limit_reached", "{body}");
+}
+
+/// `Idempotency-Key` one buyer at a time: a bad key is `400` and buys nothing; the same
+/// key answers the same `202` after the sell-out and after a cancel; a new key is a new
+/// purchase; with one per buyer, a second key hears `409 duplicate`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_answers_the_same_order() {
+    let env = TestEnv::new("shapes_idempotency").await;
+    let server = env.server(ALL_ROLES).await;
+    env.item(1, 2).per_user(2).on_sale(&server).await;
+    env.item(2, 5).on_sale(&server).await;
+
+    for bad in ["x".repeat(65), "tab\there".to_owned()] {
+        let (status, body) = press(&env, &server, 7, 1, &bad).await;
+        assert_eq!(answer(status, &body), "400 bad_request", "{bad:?}: {body}");
+        assert!(body["detail"].as_str().unwrap().contains("Idempotency-Key"));
+    }
+    let (status, first) = press(&env, &server, 7, 1, "buy-1").await;
+    assert_eq!(status, 202, "{first}");
+    let (status, again) = press(&env, &server, 7, 1, "buy-1").await;
+    assert_eq!((status, &again["order_sn"]), (202, &first["order_sn"]));
+    // Another buyer takes the last unit: sold out, yet the key still answers its order.
+    assert_eq!(env.buy(&server, 8, 1).await.0, 202);
+    assert_eq!(env.buy(&server, 9, 1).await.0, 410);
+    let (status, again) = press(&env, &server, 7, 1, "buy-1").await;
+    assert_eq!((status, &again["order_sn"]), (202, &first["order_sn"]));
+    // Cancelled: the key still names it; a new key buys the unit that came back.
+    let sn = first["order_sn"].as_str().unwrap();
+    assert_eq!(
+        env.post_as(&server, &format!("/api/orders/{sn}/cancel"), 7)
+            .await
+            .0,
+        200
+    );
+    let (status, again) = press(&env, &server, 7, 1, "buy-1").await;
+    assert_eq!((status, &again["order_sn"]), (202, &first["order_sn"]));
+    back_on_sale(&env, &server, 1).await;
+    let (status, fresh) = press(&env, &server, 7, 1, "buy-2").await;
+    assert_eq!(status, 202, "{fresh}");
+    assert_ne!(fresh["order_sn"], first["order_sn"]);
+
+    // One per buyer: a second key is a second purchase, refused as today.
+    let (status, won) = press(&env, &server, 7, 2, "a").await;
+    assert_eq!(status, 202, "{won}");
+    let (status, body) = press(&env, &server, 7, 2, "b").await;
+    assert_eq!(answer(status, &body), "409 duplicate");
+    assert_eq!(body["order_sn"], won["order_sn"]);
+
+    // The key's record lives in Redis for a day, no longer.
+    let record = env
+        .keys()
+        .idempotency(env.stock(1), seckill::domain::UserId::new(7), "buy-2");
+    let ttl: i64 = env.redis.clone().pttl(&record).await.unwrap();
+    assert!((86_000_000..=86_400_000).contains(&ttl), "ttl {ttl}");
+
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let orders = env.orders(1).await;
+    assert_eq!(orders.len(), 3, "{orders:?}");
+}
+
+/// `seconds` from now, to the millisecond (as MySQL keeps times).
+fn at(seconds: i64) -> DateTime<Utc> {
+    use chrono::DurationRound;
+    (Utc::now() + chrono::Duration::seconds(seconds))
+        .duration_trunc(chrono::Duration::milliseconds(1))
+        .unwrap()
+}
+
+/// Waits until `moment` has passed (and a little more, for Redis's clock).
+async fn until(moment: DateTime<Utc>) {
+    let wait = (moment - Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(wait + Duration::from_millis(150)).await;
+}
+
+/// Buys with `users` one after another; their answers by status and code, and the orders
+/// won (with their buyers).
+async fn buy_all(
+    env: &TestEnv,
+    server: &TestServer,
+    item: u64,
+    users: impl Iterator<Item = u64>,
+) -> (BTreeMap<String, u64>, Vec<(u64, String)>) {
+    let mut answers = BTreeMap::new();
+    let mut won = Vec::new();
+    for user in users {
+        let (status, body) = env.buy(server, user, item).await;
+        *answers.entry(answer(status, &body)).or_default() += 1;
+        if status == 202 {
+            won.push((user, body["order_sn"].as_str().unwrap().to_owned()));
+        }
+    }
+    (answers, won)
+}
+
+/// 30 units over 2 buckets: 10 on sale at once, 10 more at each of two waves. Between
+/// waves a press hears `409 between_releases` with the next wave's time and
+/// `Retry-After`; the item and the stats show what is released and what is to come; a
+/// cancelled unit is on sale at once; a wave's units go on sale at its time; `410
+/// sold_out` only when nothing is left to release. A released tranche cannot change; one
+/// to come can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waves_release_units_at_their_times() {
+    let env = TestEnv::new("shapes_waves").await;
+    let server = env.server(ALL_ROLES).await;
+    let (first, second) = (at(4), at(8));
+    let (start, end) = (at(-1), at(3600));
+    let spec = || env.item(1, 30).buckets(2).window(start, end);
+    // Bad plans are named.
+    for (waves, field) in [
+        (vec![(at(-60), 5)], "release[0].at"),
+        (vec![(first, 5), (first, 5)], "release[1].at"),
+        (vec![(first, 0)], "release[0].units"),
+        (vec![(first, 20), (second, 11)], "more than `total`"),
+    ] {
+        let (status, body) = spec().release(&waves).try_put(&server).await;
+        assert_eq!(status, 400, "{body}");
+        assert!(body["detail"].as_str().unwrap().contains(field), "{body}");
+    }
+    spec()
+        .release(&[(first, 10), (second, 10)])
+        .on_sale(&server)
+        .await;
+
+    let (_, item) = env.get(&server, "/api/items/1", None).await;
+    assert_eq!(
+        (item["remaining"].as_u64(), item["released"].as_u64()),
+        (Some(10), Some(10)),
+        "{item}"
+    );
+    assert_eq!(
+        item["next_release_at"]
+            .as_str()
+            .map(|t| t.parse::<DateTime<Utc>>().unwrap()),
+        Some(first)
+    );
+    // Buyers of both buckets: the first 10 win, the next hear "between releases".
+    let mut users = 1..;
+    let (answers, mut won) = buy_all(&env, &server, 1, users.by_ref().take(12)).await;
+    assert_eq!(
+        answers,
+        BTreeMap::from([
+            ("202 queued".into(), 10),
+            ("409 between_releases".into(), 2)
+        ])
+    );
+    let response = env.purchase(&server, 999_999, 1).send().await.unwrap();
+    let retry_after: u64 = response.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=5).contains(&retry_after), "Retry-After {retry_after}");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["code"], "between_releases");
+    assert_eq!(
+        body["next_release_at"]
+            .as_str()
+            .map(|t| t.parse::<DateTime<Utc>>().unwrap()),
+        Some(first)
+    );
+    let (_, item) = env.get(&server, "/api/items/1", None).await;
+    assert_eq!(item["status"], "between_releases", "{item}");
+    let stats = env.stats(&server, 1).await;
+    assert_eq!(
+        (
+            stats["remaining"].as_u64(),
+            stats["unreleased"].as_u64(),
+            stats["consistent"].as_bool()
+        ),
+        (Some(0), Some(20), Some(true)),
+        "{stats}"
+    );
+    // A cancelled unit is on sale now, before the wave.
+    let (holder, cancelled) = won.remove(0);
+    let (status, body) = env
+        .post_as(&server, &format!("/api/orders/{cancelled}/cancel"), holder)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    back_on_sale(&env, &server, 1).await;
+    let (answers, back) = buy_all(&env, &server, 1, users.by_ref().take(2)).await;
+    assert_eq!(
+        answers,
+        BTreeMap::from([("202 queued".into(), 1), ("409 between_releases".into(), 1)])
+    );
+    won.extend(back);
+
+    // A released tranche is fixed; one to come may change.
+    let (status, body) = spec()
+        .release(&[(first, 10), (second, 10)])
+        .try_put(&server)
+        .await;
+    assert_eq!(status, 200, "unchanged: {body}");
+    until(first).await;
+    let (status, body) = spec()
+        .release(&[(first, 9), (second, 11)])
+        .try_put(&server)
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("release_started")),
+        "{body}"
+    );
+    let (status, body) = spec()
+        .release(&[(first, 10), (second, 10)])
+        .try_put(&server)
+        .await;
+    assert_eq!(status, 200, "{body}");
+
+    // The first wave is on sale, over both buckets.
+    let (answers, more) = buy_all(&env, &server, 1, users.by_ref().take(12)).await;
+    assert_eq!(
+        answers,
+        BTreeMap::from([
+            ("202 queued".into(), 10),
+            ("409 between_releases".into(), 2)
+        ])
+    );
+    won.extend(more);
+    until(second).await;
+    let (answers, more) = buy_all(&env, &server, 1, users.by_ref().take(12)).await;
+    assert_eq!(
+        answers,
+        BTreeMap::from([("202 queued".into(), 10), ("410 sold_out".into(), 2)])
+    );
+    won.extend(more);
+    let (_, item) = env.get(&server, "/api/items/1", None).await;
+    assert_eq!(
+        (
+            item["status"].as_str(),
+            item["released"].as_u64(),
+            &item["next_release_at"]
+        ),
+        (Some("sold_out"), Some(30), &Value::Null),
+        "{item}"
+    );
+
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let won: Vec<String> = won.into_iter().map(|(_, sn)| sn).collect();
+    env.assert_invariants(&server, 1, 30, &won).await;
+    let stats = env.stats(&server, 1).await;
+    assert_eq!(stats["unreleased"], json!(0), "{stats}");
+}
