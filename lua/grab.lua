@@ -1,6 +1,7 @@
 -- grab.lua: sell one unit of an item to one user, atomically.
 --
--- KEYS[1] meta          HASH  loaded, paused, start_ms, end_ms, sold, fenced, per_user, waves
+-- KEYS[1] meta          HASH  loaded, paused, start_ms, end_ms, sold, fenced, per_user, waves,
+--                             draw_ms
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] buyers        ZSET  user_id -> won-at ms (this user's shard)
 -- KEYS[4] buyer_orders  HASH  user_id -> the user's live orders (same shard; see below)
@@ -13,8 +14,8 @@
 -- ARGV[4] order JSON    stored in `pending` for the publisher, the relay and order reads
 -- ARGV[5] the buyer's Idempotency-Key, '' for none
 --
--- A buyer record lists the user's live orders by place (lib/places.lua). With `per_user`
--- 1 it is the one order number, as before there were places. A new order takes the first free place (its
+-- A buyer record lists the user's live orders by place (lib/places.lua); a win takes the
+-- first free one. A new order takes the first free place (its
 -- `slot`, which MySQL's unique key on (item, live user, slot) backs).
 --
 -- Waves (`waves`, lib/waves.lua): a unit sells only while the list holds more than a wave
@@ -32,7 +33,7 @@
 -- A script never rolls back: every check happens before the first write (the LPOP).
 
 local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'start_ms', 'end_ms', 'sold',
-  'fenced', 'per_user', 'waves')
+  'fenced', 'per_user', 'waves', 'draw_ms')
 if not meta[1] then
   return {'not_loaded', ''}
 end
@@ -49,6 +50,10 @@ end
 if meta[2] == '1' then
   return {'paused', ''}
 end
+-- A draw's units are given by rank (award.lua), never to the fastest.
+if meta[9] and meta[9] ~= '' then
+  return {'ended', ''}
+end
 local now = tonumber(ARGV[3])
 if now < tonumber(meta[3]) then
   return {'not_started', ''}
@@ -57,16 +62,7 @@ if now >= tonumber(meta[4]) then
   return {'ended', ''}
 end
 
-local held = redis.call('HGET', KEYS[4], ARGV[1])
-local places, live = {}, {}
-if held then
-  for sn in string.gmatch(held, '%S+') do
-    places[#places + 1] = sn
-    if sn ~= '-' then
-      live[#live + 1] = sn
-    end
-  end
-end
+local places, live = parse_places(redis.call('HGET', KEYS[4], ARGV[1]))
 local limit = tonumber(meta[7]) or 1
 if #live >= limit then
   if limit == 1 then
@@ -92,25 +88,8 @@ if not token then
   return {'sold_out', ''}
 end
 
-local slot = #places
-for i = 1, #places do
-  if places[i] == '-' then
-    slot = i - 1
-    break
-  end
-end
-places[slot + 1] = ARGV[2]
-local order = ARGV[4]
-if slot > 0 then
-  -- The order's place travels with it to MySQL (0, the default, is left out).
-  order = string.sub(order, 1, -2) .. ',"slot":' .. slot .. '}'
-end
-
-redis.call('ZADD', KEYS[3], now, ARGV[1])
-redis.call('HSET', KEYS[4], ARGV[1], table.concat(places, ' '))
-redis.call('HINCRBY', KEYS[1], 'sold', 1)
-redis.call('HSET', KEYS[5], ARGV[2], order)
-redis.call('ZADD', KEYS[6], now, ARGV[2])
+local slot = record_win(KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], ARGV[1], ARGV[2], now,
+  ARGV[4], places)
 if key and key ~= '' then
   redis.call('SET', KEYS[7], ARGV[2], 'PX', 86400000)
 end

@@ -338,6 +338,7 @@ fn routers(state: &AppState, roles: &HashSet<Role>, admin_apart: bool) -> (Route
         .merge(purchase::api::router(state))
         .merge(orders::api::router())
         .merge(items::api::router())
+        .merge(crate::draw::api::router())
         .merge(shops::api::router())
         .split_for_parts();
     let (admin, admin_doc) = OpenApiRouter::new()

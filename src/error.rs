@@ -26,6 +26,8 @@ pub enum ApiError {
     ItemNotFound,
     #[error("no such order")]
     OrderNotFound,
+    #[error("no entry of this user in this draw")]
+    EntryNotFound,
     #[error("no such route")]
     RouteNotFound,
     #[error("this route does not take that method (see the Allow header)")]
@@ -105,6 +107,7 @@ impl ApiError {
             Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
             ItemNotFound => (StatusCode::NOT_FOUND, "item_not_found"),
             OrderNotFound => (StatusCode::NOT_FOUND, "order_not_found"),
+            EntryNotFound => (StatusCode::NOT_FOUND, "entry_not_found"),
             RouteNotFound => (StatusCode::NOT_FOUND, "not_found"),
             MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             NotStarted(_) => (StatusCode::FORBIDDEN, "not_started"),

@@ -94,6 +94,8 @@ impl Keys {
             keys.transfers,
             self.ending(stock),
             self.leased(stock),
+            self.entries(stock),
+            self.awarded(stock),
         ];
         all.extend(keys.buyers);
         all.extend(keys.buyer_orders);
@@ -120,6 +122,23 @@ impl Keys {
     /// so needs no place in [`Keys::sale_state`].
     pub fn idempotency(&self, stock: Stock, user: UserId, key: &str) -> String {
         self.stock_key(stock, &format!("idem:{user}:{key}"))
+    }
+
+    /// ZSET of a draw's entries whose home is this bucket: user → rank
+    /// (`src/items/draw.rs`).
+    pub fn entries(&self, stock: Stock) -> String {
+        self.stock_key(stock, "entries")
+    }
+
+    /// HASH of a draw's winners whose home is this bucket: user → the order they were
+    /// given. A winner is given a unit once, ever (a cancelled one passes it on).
+    pub fn awarded(&self, stock: Stock) -> String {
+        self.stock_key(stock, "awarded")
+    }
+
+    /// STRING held by whoever draws the item's winners right now (`SET NX PX`).
+    pub fn draw_lock(&self, item: ItemId) -> String {
+        self.stock_key(Stock::whole(item), "drawing")
     }
 
     /// STRING held by the warm-up of the item running right now (`SET NX PX`).

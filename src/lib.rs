@@ -14,6 +14,7 @@ pub mod broker;
 pub mod config;
 pub mod delay_queue;
 pub mod domain;
+pub mod draw;
 pub mod error;
 pub mod http;
 pub mod items;

@@ -11,11 +11,25 @@ use redis::Script;
 
 use crate::store::{RedisError, redis_timed};
 
-/// Sells one unit: see `lua/grab.lua` (waves: `lua/lib/waves.lua`).
+/// Sells one unit: see `lua/grab.lua` (waves: `lua/lib/waves.lua`; the buyer record:
+/// `lua/lib/places.lua`).
 pub static GRAB: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("../lua/lib/waves.lua"),
+        include_str!("../lua/lib/places.lua"),
         include_str!("../lua/grab.lua")
+    ))
+});
+
+/// Enters a buyer into a draw: see `lua/enter.lua`.
+pub static ENTER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/enter.lua")));
+
+/// Gives a draw's winner a unit: see `lua/award.lua`.
+pub static AWARD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/lib/places.lua"),
+        include_str!("../lua/award.lua")
     ))
 });
 

@@ -40,8 +40,18 @@ const tokens = new SharedArray("tokens", () =>
     .filter((line) => line.length > 0),
 );
 
-// Answers a sale expects: a win, a loss, a repeat, a slow-down. Anything else is an error.
-const EXPECTED = new Set(["queued", "sold_out", "duplicate", "rate_limited", "not_started", "ended"]);
+// Answers a sale expects: a win, a loss, a repeat, a slow-down (and, for shaped sales, a
+// buyer at their `per_user` limit or a wave still to come). Anything else is an error.
+const EXPECTED = new Set([
+  "queued",
+  "sold_out",
+  "duplicate",
+  "limit_reached",
+  "between_releases",
+  "rate_limited",
+  "not_started",
+  "ended",
+]);
 const answers = new Counter("seckill_answers");
 // So that k6's http_req_failed counts only answers outside a sale's normal ones: a "sold
 // out" is the server working, not a failed request.

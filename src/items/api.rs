@@ -47,6 +47,20 @@ struct ItemView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<DateTime<Utc>>)]
     next_release_at: Option<Option<DateTime<Utc>>>,
+    /// Draws: when entries close and winners are drawn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    draw_at: Option<DateTime<Utc>>,
+    /// Draws: SHA-256 of the draw's secret seed (hex), shown from the moment the item is
+    /// on sale, so the seed revealed after the draw can be checked against it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    draw_commitment: Option<String>,
+    /// Draws, once drawn: the seed. An entry's rank is the first six bytes of
+    /// HMAC-SHA256(seed bytes, user id in decimal); the lowest ranks win.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    draw_seed: Option<&'a str>,
+    /// Draws, once drawn: the highest rank given a unit so far.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    draw_cutoff: Option<u64>,
 }
 
 /// What a storefront shows of an item (no token needed).
@@ -88,6 +102,10 @@ async fn get_item(
             per_user: item.per_user,
             released: waves.map(|w| u64::from(item.total).saturating_sub(w.unreleased(now))),
             next_release_at: waves.map(|w| w.next_at(now)),
+            draw_at: item.draw_at,
+            draw_commitment: item.draw_seed.as_deref().map(crate::draw::rank::commitment),
+            draw_seed: item.drawn_at.and(item.draw_seed.as_deref()),
+            draw_cutoff: item.drawn_at.and(item.draw_cutoff),
         },
     ))
 }

@@ -52,6 +52,21 @@ pub struct ItemBody {
     /// sale from `start_at` (each `at` within the window, increasing; `Σ units ≤ total`).
     #[serde(default)]
     release: Waves,
+    /// `draw`: entries until `draw_at`, then `total` winners drawn by rank
+    /// (docs/sale-shapes.md); `sale` (the default): first come, first served.
+    #[serde(default)]
+    mode: Mode,
+    /// A draw's time, within the window (default `end_at`).
+    #[serde(default)]
+    draw_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+enum Mode {
+    #[default]
+    Sale,
+    Draw,
 }
 
 /// The most live orders one buyer may hold of an item.
@@ -110,6 +125,7 @@ impl ItemBody {
                 "`per_user`: 1 to {MAX_PER_USER}"
             )));
         }
+        let draw_at = self.draw()?;
         let release = self.release.to_millis();
         release
             .check(self.start_at, self.end_at, self.total)
@@ -125,6 +141,41 @@ impl ItemBody {
             buckets: self.buckets,
             per_user: self.per_user,
             release,
+            draw_at,
+            draw_seed: match draw_at {
+                Some(_) => Some(crate::draw::rank::new_seed().map_err(anyhow::Error::from)?),
+                None => None,
+            },
         })
+    }
+
+    /// A draw's time (to the millisecond), checked against the rest of the item.
+    fn draw(&self) -> Result<Option<DateTime<Utc>>, ApiError> {
+        if self.mode == Mode::Sale {
+            return match self.draw_at {
+                Some(_) => Err(ApiError::bad_request(
+                    "`draw_at`: only with \"mode\": \"draw\"",
+                )),
+                None => Ok(None),
+            };
+        }
+        let at = self.draw_at.unwrap_or(self.end_at);
+        let at = DateTime::from_timestamp_millis(at.timestamp_millis()).unwrap_or(at);
+        if at <= self.start_at || at > self.end_at {
+            return Err(ApiError::bad_request(
+                "`draw_at`: after `start_at`, at or before `end_at`",
+            ));
+        }
+        if !self.release.is_empty() {
+            return Err(ApiError::bad_request(
+                "`release`: a draw gives its units at once; waves are for sales",
+            ));
+        }
+        if self.per_user != 1 {
+            return Err(ApiError::bad_request(
+                "`per_user`: a draw gives one unit per entry (1)",
+            ));
+        }
+        Ok(Some(at))
     }
 }

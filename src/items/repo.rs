@@ -30,6 +30,16 @@ pub struct Item {
     /// Tranches released after `start_at` (empty: every unit on sale from `start_at`).
     #[sqlx(rename = "release_plan", try_from = "Option<String>")]
     pub release: Waves,
+    /// A draw's time: entries until then, winners drawn at it (`None`: first come, first
+    /// served). See `src/items/draw.rs`.
+    pub draw_at: Option<DateTime<Utc>>,
+    /// The draw's secret seed (hex): never sent with the item; public once drawn.
+    #[serde(skip)]
+    pub draw_seed: Option<String>,
+    /// When the first round of winners was complete (the seed is public from then on).
+    pub drawn_at: Option<DateTime<Utc>>,
+    /// The highest rank given a unit so far.
+    pub draw_cutoff: Option<u64>,
     pub paused: bool,
     /// When a warm-up last loaded the units into Redis (`None`: never).
     pub loaded_at: Option<DateTime<Utc>>,
@@ -70,6 +80,9 @@ pub struct ItemDraft {
     pub buckets: u8,
     pub per_user: u8,
     pub release: Waves,
+    pub draw_at: Option<DateTime<Utc>>,
+    /// A fresh seed for a draw; an item that has one keeps it.
+    pub draw_seed: Option<String>,
 }
 
 /// What [`upsert`] did.
@@ -84,7 +97,7 @@ pub enum Upserted {
     },
 }
 
-const COLUMNS: &str = "id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets, per_user, release_plan, paused, loaded_at, retired_at, unsold";
+const COLUMNS: &str = "id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets, per_user, release_plan, draw_at, draw_seed, drawn_at, draw_cutoff, paused, loaded_at, retired_at, unsold";
 
 /// Items written per transaction by [`upsert_many`].
 const UPSERT_CHUNK: usize = 500;
@@ -276,7 +289,7 @@ async fn upsert_chunk(
 /// One multi-row upsert of these items.
 fn upsert_items(writes: &[&(ItemId, ItemDraft)]) -> QueryBuilder<sqlx::MySql> {
     let mut insert = QueryBuilder::new(
-        "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets, per_user, release_plan) ",
+        "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets, per_user, release_plan, draw_at, draw_seed) ",
     );
     insert.push_values(writes, |mut row, (id, draft)| {
         row.push_bind(id.get())
@@ -289,7 +302,9 @@ fn upsert_items(writes: &[&(ItemId, ItemDraft)]) -> QueryBuilder<sqlx::MySql> {
             .push_bind(draft.pay_timeout_s)
             .push_bind(draft.buckets)
             .push_bind(draft.per_user)
-            .push_bind(draft.release.to_column());
+            .push_bind(draft.release.to_column())
+            .push_bind(draft.draw_at)
+            .push_bind(&draft.draw_seed);
     });
     insert.push(
         " ON DUPLICATE KEY UPDATE
@@ -301,7 +316,8 @@ fn upsert_items(writes: &[&(ItemId, ItemDraft)]) -> QueryBuilder<sqlx::MySql> {
            total = VALUES(total), price_cents = VALUES(price_cents),
            start_at = VALUES(start_at), end_at = VALUES(end_at),
            pay_timeout_s = VALUES(pay_timeout_s), buckets = VALUES(buckets),
-           per_user = VALUES(per_user), release_plan = VALUES(release_plan)",
+           per_user = VALUES(per_user), release_plan = VALUES(release_plan),
+           draw_at = VALUES(draw_at), draw_seed = COALESCE(draw_seed, VALUES(draw_seed))",
     );
     insert
 }
@@ -447,6 +463,42 @@ pub async fn due_for_retirement(
             .fetch_all(db),
     )
     .await
+}
+
+/// Draws whose time has come and whose sale is still on: the draw pass gives their units
+/// by rank (and passes on the units of winners who cancel) until `end_at`.
+pub async fn draws_due(db: &Db) -> Result<Vec<Item>, DbError> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM items
+          WHERE draw_at <= UTC_TIMESTAMP(3) AND end_at > UTC_TIMESTAMP(3)
+            AND loaded_at IS NOT NULL AND retired_at IS NULL"
+    );
+    mysql_timed(sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_all(db)).await
+}
+
+/// Records how far a draw got: every entry ranked at or below `cutoff` was given a unit.
+/// `complete`: the first round is done (units or entries ran out), so the seed goes
+/// public. Counts as a change of the item, so every catalogue learns it.
+pub async fn record_draw(
+    db: &Db,
+    id: ItemId,
+    cutoff: Option<u64>,
+    complete: bool,
+) -> Result<(), DbError> {
+    mysql_timed(
+        sqlx::query(
+            "UPDATE items SET draw_cutoff = IF(? IS NULL, draw_cutoff, GREATEST(COALESCE(draw_cutoff, 0), ?)),
+                    drawn_at = IF(?, COALESCE(drawn_at, UTC_TIMESTAMP(3)), drawn_at)
+              WHERE id = ?",
+        )
+        .bind(cutoff)
+        .bind(cutoff)
+        .bind(complete)
+        .bind(id.get())
+        .execute(db),
+    )
+    .await?;
+    Ok(())
 }
 
 /// Records that the sale is retired, with the units it left unsold: from now on its

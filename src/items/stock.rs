@@ -179,20 +179,13 @@ pub async fn live_states<'a>(
 }
 
 /// Copies what `grab.lua` checks from the MySQL record into a bucket's meta hash: the sale
-/// window, the pause flag, the per-user limit and the bucket's share of the waves.
-/// Harmless before a warm-up (`grab.lua` first checks `loaded`).
+/// window, the pause flag, the per-user limit, the bucket's share of the waves and a
+/// draw's time. Harmless before a warm-up (`grab.lua` first checks `loaded`).
 pub async fn sync_rules<C>(conn: &mut C, keys: &ItemKeys, item: &Item) -> Result<(), RedisError>
 where
     C: redis::aio::ConnectionLike + Send + Sync,
 {
-    let mut fields = rules(
-        item.start_at,
-        item.end_at,
-        item.per_user,
-        &item.release,
-        item.buckets,
-        keys.stock.bucket,
-    );
+    let mut fields = Rules::of(item).meta(keys.stock.bucket);
     fields.push(("paused", i64::from(item.paused).to_string()));
     redis_timed(conn.hset_multiple::<_, _, _, ()>(&keys.meta, &fields)).await
 }
@@ -200,30 +193,56 @@ where
 /// The same for a draft, into a pipeline (a bulk `PUT` of items that exist; the pause is
 /// not the draft's to change).
 pub fn sync_draft_in(pipe: &mut redis::Pipeline, keys: &ItemKeys, draft: &ItemDraft) {
-    let fields = rules(
-        draft.start_at,
-        draft.end_at,
-        draft.per_user,
-        &draft.release,
-        draft.buckets,
-        keys.stock.bucket,
-    );
+    let fields = Rules::of_draft(draft).meta(keys.stock.bucket);
     pipe.hset_multiple(&keys.meta, &fields).ignore();
 }
 
-/// The meta fields of a bucket's rules but the pause (see `lua/grab.lua`).
-pub fn rules(
+/// What the scripts check of an item, but the pause (see `lua/grab.lua`).
+pub struct Rules<'a> {
     start_at: DateTime<Utc>,
     end_at: DateTime<Utc>,
     per_user: u8,
-    waves: &Waves,
+    waves: &'a Waves,
+    draw_at: Option<DateTime<Utc>>,
     buckets: u8,
-    bucket: u8,
-) -> Vec<(&'static str, String)> {
-    vec![
-        ("start_ms", start_at.timestamp_millis().to_string()),
-        ("end_ms", end_at.timestamp_millis().to_string()),
-        ("per_user", per_user.to_string()),
-        ("waves", waves.meta_field(buckets, bucket)),
-    ]
+}
+
+impl<'a> Rules<'a> {
+    pub fn of(item: &'a Item) -> Self {
+        Self {
+            start_at: item.start_at,
+            end_at: item.end_at,
+            per_user: item.per_user,
+            waves: &item.release,
+            draw_at: item.draw_at,
+            buckets: item.buckets,
+        }
+    }
+
+    fn of_draft(draft: &'a ItemDraft) -> Self {
+        Self {
+            start_at: draft.start_at,
+            end_at: draft.end_at,
+            per_user: draft.per_user,
+            waves: &draft.release,
+            draw_at: draft.draw_at,
+            buckets: draft.buckets,
+        }
+    }
+
+    /// One bucket's meta fields (an empty `waves` or `draw_ms`: none).
+    pub fn meta(&self, bucket: u8) -> Vec<(&'static str, String)> {
+        vec![
+            ("start_ms", self.start_at.timestamp_millis().to_string()),
+            ("end_ms", self.end_at.timestamp_millis().to_string()),
+            ("per_user", self.per_user.to_string()),
+            ("waves", self.waves.meta_field(self.buckets, bucket)),
+            (
+                "draw_ms",
+                self.draw_at
+                    .map(|at| at.timestamp_millis().to_string())
+                    .unwrap_or_default(),
+            ),
+        ]
+    }
 }

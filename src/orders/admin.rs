@@ -48,6 +48,9 @@ struct Stats {
     unreleased: Option<u64>,
     /// Units won whose order is not yet in MySQL.
     pending: u64,
+    /// Draws: entries so far.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    entries: Option<u64>,
     /// Orders in MySQL by status.
     orders: StatusCounts,
     /// remaining + unreleased + pending + unpaid + paid = total, right now.
@@ -152,12 +155,31 @@ async fn item_stats(
             remaining,
             unreleased: (!item.release.is_empty()).then_some(unreleased),
             pending: stock.pending,
+            entries: match item.draw_at {
+                Some(_) if item.retired_at.is_none() => Some(entries(redis, keys, &item).await?),
+                _ => None,
+            },
             orders: counts,
             consistent: accounted == u64::from(item.total),
             retired_at: item.retired_at,
             replicas: replica_stats(redis, keys, &item).await,
         },
     ))
+}
+
+/// A draw's entries, over its buckets.
+async fn entries(
+    redis: &crate::store::RedisConns,
+    keys: &crate::keys::Keys,
+    item: &items::repo::Item,
+) -> Result<u64, ApiError> {
+    let mut grouped = crate::store::Grouped::new(redis);
+    for stock in item.stocks() {
+        grouped.group().zcard(keys.entries(stock));
+    }
+    // Each group's answers come as one array: here, of one count.
+    let counts: Vec<(u64,)> = grouped.query(redis).await?;
+    Ok(counts.into_iter().map(|(n,)| n).sum())
 }
 
 /// `POST /admin/items/{id}/reconcile`: what the end-of-sale reconciliation does, now.

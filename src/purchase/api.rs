@@ -138,7 +138,7 @@ async fn flashbuy(
         {
             return Ok(queued(order_sn, item_id));
         }
-        return Err(refusal(refused, &item));
+        return Err(refused.refusal(&item));
     }
     // From this instance's cache (filled from Redis on a miss).
     if !state.shops.open_now(item.item.shop_id).await {
@@ -151,6 +151,9 @@ async fn flashbuy(
     // request refused from memory (which logs nothing at info) skips the cost (measured:
     // the log formatter re-encodes the span's fields, about 13% of that path).
     request_id::record_user(user, Some(item_id));
+    if item.item.draw_at.is_some() {
+        return Box::pin(super::entry::enter(&state, &item, user)).await;
+    }
     // Boxed: the Redis step's future is kilobytes, and every request's future (moved
     // several times through the layers) would otherwise carry it, refused or not.
     Box::pin(sell(&state, item, user, now, key)).await
@@ -225,7 +228,7 @@ async fn sell(
             }
             Err(ApiError::SoldOut)
         }
-        other => Err(refusal(other, &item)),
+        other => Err(other.refusal(&item)),
     }
 }
 
@@ -233,7 +236,8 @@ async fn sell(
 fn from_memory(item: &CatalogItem, now: chrono::DateTime<Utc>) -> Option<GrabOutcome> {
     if now < item.item.start_at {
         Some(GrabOutcome::NotStarted)
-    } else if now >= item.item.end_at {
+    } else if now >= item.item.end_at || item.item.draw_at.is_some_and(|at| now >= at) {
+        // A draw takes no entry after its time (`lua/enter.lua` holds to Redis's clock).
         Some(GrabOutcome::Ended)
     } else if item.item.paused {
         Some(GrabOutcome::Paused)
@@ -250,36 +254,6 @@ fn from_memory(item: &CatalogItem, now: chrono::DateTime<Utc>) -> Option<GrabOut
         }
     } else {
         None
-    }
-}
-
-/// The answer to every outcome but a win, whether memory or `grab.lua` decided it.
-fn refusal(outcome: GrabOutcome, item: &CatalogItem) -> ApiError {
-    match outcome {
-        GrabOutcome::Duplicate(order_sn) => ApiError::Duplicate { order_sn },
-        GrabOutcome::LimitReached(order_sns) => ApiError::LimitReached { order_sns },
-        GrabOutcome::SoldOut => ApiError::SoldOut,
-        GrabOutcome::BetweenReleases(at_ms) => ApiError::BetweenReleases {
-            next_release_at: crate::orders::repo::from_millis(at_ms),
-        },
-        GrabOutcome::StillMoving => {
-            ApiError::Unavailable("units are moving between the item's buckets; press again".into())
-        }
-        GrabOutcome::Paused => ApiError::Paused,
-        // Loaded once and gone: Redis lost it, and an operator has to rebuild it. The buyer
-        // did nothing wrong, and pressing again later may well work.
-        GrabOutcome::NotLoaded if item.item.loaded_at.is_some() => {
-            ApiError::Unavailable("the item's units are being restored; try again shortly".into())
-        }
-        GrabOutcome::NotLoaded => ApiError::NotStarted("the item's units are not loaded yet"),
-        GrabOutcome::Reloading => {
-            ApiError::Unavailable("the item's units are being reloaded; try again shortly".into())
-        }
-        GrabOutcome::NotStarted => ApiError::NotStarted("the sale has not opened yet"),
-        GrabOutcome::Ended => ApiError::Ended,
-        GrabOutcome::Won { .. } | GrabOutcome::Repeat(_) => {
-            ApiError::Internal(anyhow::anyhow!("a win answered as a refusal"))
-        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! The purchase: `POST /api/flashbuy` ([`api`]), decided by one Lua script in Redis
-//! ([`grab`]).
+//! ([`grab`]); on a draw's item, an entry ([`entry`]).
 
 pub mod api;
+pub mod entry;
 pub mod grab;

@@ -711,13 +711,6 @@ pub(super) fn meta_after(
         ("sold", after.sold.to_string()),
         ("paused", i64::from(item.paused).to_string()),
     ];
-    fields.extend(stock::rules(
-        item.start_at,
-        item.end_at,
-        item.per_user,
-        &item.release,
-        item.buckets,
-        bucket,
-    ));
+    fields.extend(stock::Rules::of(item).meta(bucket));
     fields
 }

@@ -10,6 +10,7 @@ mod cli;
 mod clusters;
 mod crashes;
 mod docs;
+mod draws;
 mod ecosystem;
 mod edge;
 mod faults;

@@ -44,6 +44,23 @@ def _sellable(item):
         now = datetime.now(timezone.utc)
         item["start_at"] = (now - timedelta(minutes=1)).isoformat()
         item["end_at"] = (now + timedelta(days=1)).isoformat()
+        _waves_within(item, now)
+
+
+def _waves_within(item, now):
+    """Well-formed waves moved into the window, a minute apart, one unit each, no more of
+    them than units: a generated plan's times lie anywhere."""
+    waves = item.get("release")
+    if not isinstance(waves, list) or not all(isinstance(w, dict) for w in waves):
+        return
+    total = item.get("total")
+    if isinstance(total, int) and total >= 0:
+        del waves[total:]
+    for n, wave in enumerate(waves):
+        if _rfc3339(wave.get("at")):
+            wave["at"] = (now + timedelta(minutes=1 + n)).isoformat()
+        if isinstance(wave.get("units"), int) and wave["units"] >= 1:
+            wave["units"] = 1
 
 
 @schemathesis.hook

@@ -17,6 +17,8 @@ const $ = (id) => document.getElementById(id);
 /** What the server's codes mean, in the buyer's words. */
 const WORDS = {
   sold_out: "Sold out — every unit has been taken.",
+  between_releases: "Everything released so far is taken — more goes on sale at the next wave.",
+  limit_reached: "You hold as many of these as one buyer may.",
   not_started: "The sale has not started yet.",
   ended: "The sale has ended.",
   rate_limited: "Too many tries. Wait a second, then press again.",
@@ -34,11 +36,13 @@ let item = null; // the last answer of GET /api/items/{id}
 let pressed = false; // a purchase is in flight, or won: the button stays off
 let debounce = null;
 let orderSn = null;
+/** Live orders this buyer holds of the item (items with `per_user` > 1 may take more). */
+let held = 0;
 /** Said with the order when the purchase's own answer never arrived. */
 let lostNote = "";
 
-async function api(method, path, body) {
-  const headers = {};
+async function api(method, path, body, extra = {}) {
+  const headers = { ...extra };
   if (token) headers.Authorization = `Bearer ${token}`;
   if (body !== undefined) headers["Content-Type"] = "application/json";
   if (path === "/api/flashbuy") headers["X-Client-Time"] = String(Date.now());
@@ -79,7 +83,10 @@ function render() {
   let line;
   let open = false;
   const soldOut = item.status === "sold_out" || (item.status === "active" && item.remaining === 0);
+  const nextWave = item.next_release_at ? Date.parse(item.next_release_at) : null;
   if (soldOut) line = "Sold out";
+  else if (item.status === "between_releases" && nextWave && now < nextWave)
+    line = `More goes on sale in ${clock(nextWave - now)}`;
   else if (item.status === "ended" || now >= end) line = "The sale has ended";
   else if (item.status === "paused") line = "Paused";
   else if (now < start) line = `Starts in ${clock(start - now)}`;
@@ -98,6 +105,7 @@ async function refreshItem() {
     $("name").textContent = item.name;
     $("remaining").textContent = item.remaining;
     $("total").textContent = item.total;
+    showHeld();
   } else if (!item) {
     $("name").textContent = WORDS[answer.code] || "This item cannot be shown right now.";
   }
@@ -119,6 +127,21 @@ const mayHaveWon = (answer) =>
   answer.http === 0 || answer.http === 502 || answer.http === 504 ||
   answer.code === "unavailable" || answer.code === "bad_answer";
 
+/** "You hold 2 of 3", for an item a buyer may take more than one of. */
+function showHeld() {
+  const limit = item?.per_user || 1;
+  $("held").hidden = limit <= 1 || held === 0;
+  $("held").textContent = `You hold ${held} of ${limit}.`;
+}
+
+/** Counts the buyer's live orders of the item (`my-orders`). */
+async function countHeld() {
+  const mine = await api("GET", `/api/items/${itemId}/my-orders`);
+  if (mine.http !== 200) return;
+  held = mine.orders.filter((o) => o.status !== "cancelled").length;
+  showHeld();
+}
+
 /** Looks for the buyer's order of this item; follows it and answers true if one holds a unit. */
 async function findMyOrder() {
   const order = await api("GET", `/api/items/${itemId}/my-order`);
@@ -129,14 +152,38 @@ async function findMyOrder() {
   return true;
 }
 
+/** After a win: a buyer who may hold more gets the button back. */
+async function mayBuyMore() {
+  await countHeld();
+  if (held < (item?.per_user || 1)) {
+    pressed = false;
+    render();
+  }
+}
+
+/** 128 random bits in hex (`crypto.randomUUID` needs HTTPS; this works on plain HTTP too). */
+function newKey() {
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
 async function buy() {
   pressed = true;
   render();
   say("Sending…");
-  const answer = await api("POST", "/api/flashbuy", { item_id: itemId });
+  // One key per intended purchase: a retry of an answer lost on the way (the same key)
+  // can never buy a second unit.
+  const key = { "Idempotency-Key": newKey() };
+  let answer = await api("POST", "/api/flashbuy", { item_id: itemId }, key);
+  if (mayHaveWon(answer)) answer = await api("POST", "/api/flashbuy", { item_id: itemId }, key);
   if (answer.http === 202) {
     say("You got one! Your order is being written…");
     follow(answer.order_sn);
+    mayBuyMore();
+  } else if (answer.code === "limit_reached") {
+    say(WORDS.limit_reached);
+    held = answer.order_sns.length;
+    showHeld();
   } else if (answer.code === "duplicate") {
     say("You already hold one of these.");
     follow(answer.order_sn);

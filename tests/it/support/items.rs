@@ -18,6 +18,7 @@ pub struct ItemSpec<'e> {
     buckets: u8,
     per_user: u8,
     release: Vec<(DateTime<Utc>, u32)>,
+    draw_at: Option<DateTime<Utc>>,
 }
 
 impl TestEnv {
@@ -34,6 +35,7 @@ impl TestEnv {
             buckets: 1,
             per_user: 1,
             release: Vec::new(),
+            draw_at: None,
         }
     }
 }
@@ -70,6 +72,12 @@ impl ItemSpec<'_> {
         self
     }
 
+    /// A draw at `draw_at`.
+    pub fn draw(mut self, draw_at: DateTime<Utc>) -> Self {
+        self.draw_at = Some(draw_at);
+        self
+    }
+
     /// The body of its `PUT /admin/items/{id}`.
     pub fn body(&self) -> Value {
         let release: Vec<Value> = self
@@ -77,7 +85,7 @@ impl ItemSpec<'_> {
             .iter()
             .map(|(at, units)| json!({ "at": at, "units": units }))
             .collect();
-        json!({
+        let mut body = json!({
             "name": format!("item {}", self.id),
             "shop_id": 1,
             "total": self.total,
@@ -88,7 +96,12 @@ impl ItemSpec<'_> {
             "buckets": self.buckets,
             "per_user": self.per_user,
             "release": release,
-        })
+        });
+        if let Some(draw_at) = self.draw_at {
+            body["mode"] = json!("draw");
+            body["draw_at"] = json!(draw_at);
+        }
+        body
     }
 
     /// `PUT /admin/items/{id}`: its status and answer.

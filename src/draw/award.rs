@@ -1,0 +1,235 @@
+//! The draw: once `draw_at` has passed by Redis's clock (the one entries close by), the
+//! units go to the entries of lowest rank, one each, in rank order; then, every pass until
+//! `end_at`, a unit a winner gave back (a cancel, a missed pay deadline) goes to the next
+//! entry by rank.
+//!
+//! Each winner's unit is given by `lua/award.lua`, which records the winner in the same
+//! step: giving it again answers "repeat". So a scheduler killed mid-draw resumes where
+//! MySQL's `draw_cutoff` says (or before: what was given since answers "repeat"), two
+//! schedulers never give one entry two units, and a winner who cancelled is not given the
+//! unit back. The units are the item's loaded tokens, so no more than `total` are ever
+//! given, whatever runs twice.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use redis::AsyncCommands;
+use tokio_util::sync::CancellationToken;
+
+use crate::background::{Schedule, repeat};
+use crate::domain::{OrderPlaced, OrderSn, Stock, UserId};
+use crate::items::catalog;
+use crate::items::repo::{self, Item};
+use crate::items::transfer::{self, Lending};
+use crate::keys::{ItemKeys, Keys};
+use crate::lua::AWARD;
+use crate::scheduler::Scheduler;
+use crate::store::{RedisConn, RedisError, RedisLock, StoreError, redis_timed};
+
+const EVERY: Duration = Duration::from_secs(1);
+/// How long one scheduler holds an item's draw (a longer draw is safe: see the header).
+const LOCK_FOR: Duration = Duration::from_secs(30);
+/// Entries read per bucket per round.
+const PAGE: isize = 512;
+
+pub async fn run(scheduler: Scheduler, shutdown: CancellationToken) {
+    let scheduler = &scheduler;
+    repeat("drawing winners", Schedule::every(EVERY), &shutdown, || {
+        pass(scheduler)
+    })
+    .await;
+}
+
+async fn pass(scheduler: &Scheduler) -> Result<(), StoreError> {
+    for item in repo::draws_due(&scheduler.db).await? {
+        let Some(lock) = RedisLock::try_take(
+            &scheduler.redis,
+            scheduler.keys.draw_lock(item.id),
+            LOCK_FOR,
+        )
+        .await?
+        else {
+            continue;
+        };
+        let drawn = draw(scheduler, &item).await;
+        lock.let_go(&scheduler.redis).await;
+        match drawn {
+            Ok(Some(round)) if round.given > 0 || round.complete && item.drawn_at.is_none() => {
+                tracing::info!(item = %item.id, given = round.given, cutoff = ?round.cutoff, "draw: units given by rank");
+                repo::record_draw(&scheduler.db, item.id, round.cutoff, round.complete).await?;
+                let mut conn = scheduler.redis.bulk().await?;
+                if let Err(e) = catalog::announce_change(&mut conn, &scheduler.keys, item.id).await
+                {
+                    tracing::warn!(item = %item.id, error = %e, "could not announce a draw; instances see it within a second anyway");
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(item = %item.id, error = %crate::error::cause_chain(&e), "draw: round cut off; the next pass resumes it");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What one round did.
+#[derive(Debug, Default)]
+pub struct Round {
+    /// Units given this round.
+    pub given: u64,
+    /// The highest rank given a unit so far.
+    pub cutoff: Option<u64>,
+    /// Units or entries ran out: every entry of rank ≤ `cutoff` has a unit, and no more
+    /// can be given now.
+    pub complete: bool,
+}
+
+/// One round of the item's draw: `None` while Redis's clock has not reached `draw_at`.
+pub async fn draw(scheduler: &Scheduler, item: &Item) -> Result<Option<Round>, StoreError> {
+    let (Some(draw_at), Some(_)) = (item.draw_at, item.draw_seed.as_ref()) else {
+        return Ok(None);
+    };
+    let redis = &scheduler.redis;
+    let keys = &scheduler.keys;
+    let buckets: Vec<ItemKeys> = item.stocks().map(|s| keys.stock(s)).collect();
+    let mut conn = redis.bulk().await?;
+    let (secs, micros): (i64, i64) = redis_timed(redis::cmd("TIME").query_async(&mut conn)).await?;
+    if secs * 1000 + micros / 1000 < draw_at.timestamp_millis() {
+        return Ok(None);
+    }
+    let mut round = Round {
+        cutoff: item.draw_cutoff,
+        ..Round::default()
+    };
+    let lending = Lending { redis, keys };
+    loop {
+        let page = next_entries(&mut conn, keys, &buckets, round.cutoff).await?;
+        let last_page = page.len() < PAGE as usize;
+        for (user, rank) in page {
+            match give(&mut conn, keys, item, &buckets, user, lending).await? {
+                Given::Won => {
+                    round.given += 1;
+                    round.cutoff = Some(rank);
+                }
+                Given::Repeat => round.cutoff = Some(rank),
+                Given::NoUnit => {
+                    round.complete = true;
+                    return Ok(Some(round));
+                }
+                Given::Wait => return Ok(Some(round)),
+            }
+        }
+        if last_page {
+            round.complete = true;
+            return Ok(Some(round));
+        }
+    }
+}
+
+/// The bucket that keeps `user`'s entry and record of the item.
+fn item_home(item: &Item, user: UserId) -> Stock {
+    Stock::home(item.id, user, item.buckets)
+}
+
+/// The next entries by rank from `cutoff` on (inclusive: an entry tied with the cutoff, or
+/// the cutoff's own, answers "repeat" if it has a unit), merged over the buckets.
+async fn next_entries(
+    conn: &mut RedisConn,
+    keys: &Keys,
+    buckets: &[ItemKeys],
+    cutoff: Option<u64>,
+) -> Result<Vec<(UserId, u64)>, RedisError> {
+    let from = cutoff.map_or("-inf".to_owned(), |c| c.to_string());
+    let mut all: Vec<(UserId, u64)> = Vec::new();
+    for bucket in buckets {
+        let page: Vec<(u64, f64)> = redis_timed(conn.zrangebyscore_limit_withscores(
+            keys.entries(bucket.stock),
+            &from,
+            "+inf",
+            0,
+            PAGE,
+        ))
+        .await?;
+        all.extend(page.into_iter().map(|(u, r)| (UserId::new(u), r as u64)));
+    }
+    // Lowest rank first; a tie (one in ~10^14) by user id as text, as Redis orders it.
+    all.sort_by(|(ua, ra), (ub, rb)| ra.cmp(rb).then_with(|| ua.to_string().cmp(&ub.to_string())));
+    all.truncate(PAGE as usize);
+    Ok(all)
+}
+
+/// What giving one entry a unit came to.
+enum Given {
+    Won,
+    /// It had one already.
+    Repeat,
+    /// No bucket has a unit to give.
+    NoUnit,
+    /// A bucket that may have one cannot lend now (its master is short of replicas).
+    Wait,
+}
+
+/// Gives `user` a unit in their home bucket (`lua/award.lua`), borrowing one from the
+/// item's other buckets while it has none.
+async fn give(
+    conn: &mut RedisConn,
+    keys: &Keys,
+    item: &Item,
+    buckets: &[ItemKeys],
+    user: UserId,
+    lending: Lending<'_>,
+) -> Result<Given, RedisError> {
+    let home = &buckets[usize::from(item_home(item, user).bucket).min(buckets.len() - 1)];
+    let now = Utc::now().timestamp_millis();
+    let order = OrderPlaced {
+        order_sn: OrderSn::generate(home.stock, item.split()),
+        item_id: item.id,
+        user_id: user,
+        created_at_ms: now,
+        pay_deadline_ms: now + i64::from(item.pay_timeout_s) * 1000,
+        slot: 0,
+    };
+    let json = serde_json::to_string(&order)
+        .map_err(|e| RedisError::Unexpected(format!("order JSON: {e}")))?;
+    loop {
+        let (outcome, _): (String, String) = redis_timed(
+            AWARD
+                .key(&home.meta)
+                .key(&home.tokens)
+                .key(home.buyers(user))
+                .key(home.buyer_orders(user))
+                .key(&home.pending)
+                .key(&home.outbox)
+                .key(keys.entries(home.stock))
+                .key(keys.awarded(home.stock))
+                .arg(user.get())
+                .arg(order.order_sn.as_str())
+                .arg(now)
+                .arg(&json)
+                .invoke_async(conn),
+        )
+        .await?;
+        match outcome.as_str() {
+            "won" => return Ok(Given::Won),
+            "repeat" => return Ok(Given::Repeat),
+            "sold_out" if item.split() => {
+                let lenders = buckets.iter().filter(|b| b.stock != home.stock);
+                let borrowed = transfer::borrow(conn, home, lenders, lending).await?;
+                if borrowed.stalled {
+                    return Ok(Given::Wait);
+                }
+                if !borrowed.moved {
+                    return Ok(Given::NoUnit);
+                }
+            }
+            "sold_out" => return Ok(Given::NoUnit),
+            // A warm-up replacing the units, or none loaded: the next pass tries again.
+            "reloading" | "not_loaded" => return Ok(Given::Wait),
+            other => {
+                return Err(RedisError::Unexpected(format!(
+                    "award.lua answered {other:?}"
+                )));
+            }
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! A draw's fairness, in numbers anyone can check: the seed, its commitment, each entry's
+//! rank.
+//!
+//! The seed (32 random bytes) is made when the item is first written as a draw and kept
+//! secret in MySQL; `GET /api/items/{id}` shows its SHA-256 (the commitment) from then on,
+//! and the seed itself once the draw is done. An entry's rank is the first six bytes of
+//! HMAC-SHA256(key = the seed's bytes, message = the user id in decimal), read as a
+//! big-endian integer: fixed by the seed and the user alone, so nobody — operators
+//! included — can choose winners after seeing who entered, and anyone holding the seed can
+//! check a rank. The lowest ranks win (ties, a chance of one in ~10^14 per pair, by user
+//! id as text). Six bytes so that a rank is exact as a Redis sorted-set score (a double).
+
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+
+use crate::domain::UserId;
+
+/// A new secret seed, in hex.
+pub fn new_seed() -> Result<String, getrandom::Error> {
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed)?;
+    Ok(hex::encode(seed))
+}
+
+/// The commitment shown before the draw: SHA-256 of the seed's bytes, in hex.
+pub fn commitment(seed_hex: &str) -> String {
+    let bytes = hex::decode(seed_hex).unwrap_or_default();
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// An entry's rank (see the module's header); lower wins.
+pub fn rank(seed_hex: &str, user: UserId) -> u64 {
+    let key = hex::decode(seed_hex).unwrap_or_default();
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&key)
+        .unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+    mac.update(user.get().to_string().as_bytes());
+    let digest = mac.finalize().into_bytes();
+    digest[..6]
+        .iter()
+        .fold(0u64, |rank, byte| (rank << 8) | u64::from(*byte))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEED: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+    #[test]
+    fn ranks_follow_from_the_seed_and_the_user_alone() {
+        assert_eq!(rank(SEED, UserId::new(42)), rank(SEED, UserId::new(42)));
+        assert_ne!(rank(SEED, UserId::new(42)), rank(SEED, UserId::new(43)));
+        let other = "ff".repeat(32);
+        assert_ne!(rank(SEED, UserId::new(42)), rank(&other, UserId::new(42)));
+        assert!(rank(SEED, UserId::new(42)) < 1 << 48, "exact as a double");
+    }
+
+    #[test]
+    fn a_rank_is_what_anyone_can_compute_with_the_seed() {
+        // HMAC-SHA256(key = bytes 00..1f, "7"), first six bytes: computed independently
+        // (python3: hmac.new(bytes(range(32)), b"7", "sha256").hexdigest()[:12]).
+        assert_eq!(rank(SEED, UserId::new(7)), 0x43c8_75c1_027e);
+        // sha256(bytes 00..1f).
+        assert_eq!(
+            commitment(SEED),
+            "630dcd2966c4336691125448bbb25b4ff412a49c732db2c8abc1b8581bd710dd"
+        );
+    }
+
+    #[test]
+    fn seeds_are_new_each_time() {
+        let (a, b) = (new_seed().unwrap(), new_seed().unwrap());
+        assert_eq!(a.len(), 64);
+        assert_ne!(a, b);
+    }
+}
