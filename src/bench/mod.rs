@@ -45,6 +45,15 @@ pub struct BenchArgs {
     /// item over many buckets"), when --units sets the item up.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
     pub buckets: u8,
+    /// Live orders one user may hold (`per_user`, 1–100), when --units sets the item up:
+    /// users pressing more than once then buy more than once, up to it.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub per_user: u8,
+    /// Waves, when --units sets the item up: `+SECONDS:UNITS` after the start, comma
+    /// separated (`+10:300,+20:300`); the rest of the units are on sale from the start.
+    /// Presses between waves answer `409 between_releases`.
+    #[arg(long, value_parser = parse_waves)]
+    pub release: Option<Waves>,
     /// The shop a new item belongs to (a shop not seen before is created, open).
     #[arg(long, default_value_t = 1)]
     pub shop: u64,
@@ -84,6 +93,31 @@ pub struct BenchArgs {
     /// How long to wait for the order queue to drain before checking the invariants.
     #[arg(long, default_value_t = 120)]
     pub drain_timeout_s: u64,
+}
+
+/// Waves as --release gives them: seconds after the start and units.
+#[derive(Clone, Debug)]
+pub struct Waves(pub Vec<(u32, u32)>);
+
+fn parse_waves(s: &str) -> Result<Waves, String> {
+    s.split(',')
+        .map(|wave| {
+            let (at, units) = wave
+                .trim()
+                .strip_prefix('+')
+                .and_then(|w| w.split_once(':'))
+                .ok_or_else(|| format!("{wave:?}: a wave is +SECONDS:UNITS"))?;
+            let at = at
+                .trim_end_matches('s')
+                .parse()
+                .map_err(|_| format!("{wave:?}: seconds are a whole number"))?;
+            let units = units
+                .parse()
+                .map_err(|_| format!("{wave:?}: units are a whole number"))?;
+            Ok((at, units))
+        })
+        .collect::<Result<_, _>>()
+        .map(Waves)
 }
 
 fn parse_start_at(s: &str) -> Result<DateTime<Utc>, String> {

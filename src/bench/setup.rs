@@ -92,6 +92,17 @@ pub async fn prepare(
     };
     if args.item.is_none() || args.units.is_some() {
         let units = args.units.unwrap_or(DEFAULT_UNITS);
+        let release: Vec<Value> = args
+            .release
+            .iter()
+            .flat_map(|w| &w.0)
+            .map(|(after, units)| {
+                json!({
+                    "at": start_at + chrono::Duration::seconds(i64::from(*after)),
+                    "units": units,
+                })
+            })
+            .collect();
         admin
             .call(
                 Method::PUT,
@@ -105,6 +116,8 @@ pub async fn prepare(
                     "end_at": start_at + chrono::Duration::hours(1),
                     "price_cents": 100,
                     "buckets": args.buckets,
+                    "per_user": args.per_user,
+                    "release": release,
                 })),
             )
             .await?;

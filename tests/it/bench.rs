@@ -70,6 +70,41 @@ async fn bench_rehearses_a_hot_item_over_buckets() {
     server.stop().await;
 }
 
+/// A shaped sale: two per buyer, a third of the units in a wave two seconds in, presses
+/// spread over four seconds: some buyers hold two, the wave sells, every invariant holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bench_rehearses_a_shaped_sale() {
+    let env = TestEnv::new("bench_shapes").await;
+    let server = env.server(ALL_ROLES).await;
+    let out = out_dir("shapes");
+    #[rustfmt::skip]
+    let args = [
+        "--item", "705", "--units", "60", "--per-user", "2", "--release", "+2:20",
+        "--users", "40", "--requests", "400", "--rate", "100", "--concurrency", "20",
+    ];
+    let output = bench(&env, &server, &args, &out).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("GO: every invariant held"), "{stdout}");
+    let orders = env.orders(705).await;
+    assert_eq!(
+        orders.len(),
+        60,
+        "every unit sold, the wave's too: {orders:?}"
+    );
+    let mut per_user = std::collections::HashMap::<u64, u32>::new();
+    for (_, user, _) in &orders {
+        *per_user.entry(*user).or_default() += 1;
+    }
+    assert!(per_user.values().all(|n| *n <= 2), "{per_user:?}");
+    assert!(per_user.values().any(|n| *n == 2), "{per_user:?}");
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bench_rehearses_a_sale_and_proves_the_invariants() {
     let env = TestEnv::new("bench_ok").await;

@@ -374,6 +374,24 @@ async fn failover_without_wait() {
     }
 }
 
+/// The sale shapes on the cluster, each as on one Redis: more than one per buyer with
+/// retried keys (over 4 buckets), keys alone, waves over 2 buckets, and a draw by rank
+/// over 4 buckets (items 1–4 of one namespace).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sale_shapes_work_on_a_redis_cluster() {
+    let Turn { env, .. } = &turn("redis_shapes").await;
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.scheduler_poll_ms = 200;
+            s.rate_per_user = 0;
+        })
+        .await;
+    crate::shapes::per_user_with_retried_keys(env, &server, 1).await;
+    crate::shapes::idempotency_keys(env, &server, 2).await;
+    crate::shapes::waves(env, &server, 3).await;
+    crate::draws::draw_by_rank(env, &server, 4).await;
+}
+
 /// A hot item over 8 buckets on the cluster (their hash tags put them on several
 /// masters), with `WAIT 1` (loans between buckets wait for their lender's replica too): a
 /// crowd buys every unit exactly once, one per user, with the total check and the

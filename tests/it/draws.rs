@@ -97,33 +97,30 @@ async fn drawn(env: &TestEnv, server: &TestServer, item: u64, limit: Duration) -
 /// commits to its seed before and shows it after; the 50 lowest ranks win, each an order
 /// as a purchase's; `my-entry` tells each entrant; after `draw_at` no entry is taken; a
 /// winner's cancel passes the unit to the next entry by rank.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_draw_gives_its_units_by_rank_and_passes_a_cancelled_one_on() {
-    let env = TestEnv::new("draws_rank").await;
-    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+pub async fn draw_by_rank(env: &TestEnv, server: &TestServer, item: u64) {
     let draw_at = Utc::now() + chrono::Duration::seconds(6);
     let (status, body) = env
         .item(1, 50)
         .buckets(4)
         .draw(draw_at)
-        .try_put(&server)
+        .try_put(server)
         .await;
     assert_eq!(status, 201, "{body}");
     assert!(
         body["item"].get("draw_seed").is_none(),
         "the seed stays secret: {body}"
     );
-    env.warmup(&server, 1).await;
-    let (_, item) = env.get(&server, "/api/items/1", None).await;
-    let commitment = item["draw_commitment"].as_str().unwrap().to_owned();
-    assert_eq!(commitment.len(), 64, "{item}");
-    assert!(item.get("draw_seed").is_none(), "{item}");
+    env.warmup(server, item).await;
+    let (_, shown) = env.get(server, &format!("/api/items/{item}"), None).await;
+    let commitment = shown["draw_commitment"].as_str().unwrap().to_owned();
+    assert_eq!(commitment.len(), 64, "{shown}");
+    assert!(shown.get("draw_seed").is_none(), "{shown}");
 
     // Entries through the API.
     let answers: Vec<(u16, Value)> = futures::stream::iter(1..=400u64)
         .map(|user| {
-            let (env, server) = (&env, &server);
-            async move { env.buy(server, user, 1).await }
+            let (env, server) = (env, server);
+            async move { env.buy(server, user, item).await }
         })
         .buffer_unordered(32)
         .collect()
@@ -135,62 +132,68 @@ async fn a_draw_gives_its_units_by_rank_and_passes_a_cancelled_one_on() {
             .or_default() += 1;
     }
     assert_eq!(by_code, BTreeMap::from([("202 entered".into(), 400)]));
-    let (status, again) = env.buy(&server, 7, 1).await;
+    let (status, again) = env.buy(server, 7, item).await;
     assert_eq!(
         (status, again["code"].as_str(), again["entry_id"].as_str()),
-        (200, Some("entered"), Some("1:7"))
+        (200, Some("entered"), Some(format!("{item}:7").as_str()))
     );
-    let (status, mine) = env.get(&server, "/api/items/1/my-entry", Some(7)).await;
+    let (status, mine) = env
+        .get(server, &format!("/api/items/{item}/my-entry"), Some(7))
+        .await;
     assert_eq!(
         (status, mine["status"].as_str(), &mine["rank"]),
         (200, Some("entered"), &Value::Null),
         "{mine}"
     );
     assert_eq!(
-        env.get(&server, "/api/items/1/my-entry", Some(100_000_000))
-            .await
-            .0,
+        env.get(
+            server,
+            &format!("/api/items/{item}/my-entry"),
+            Some(100_000_000)
+        )
+        .await
+        .0,
         404
     );
 
-    let seed = seed_of(&env, 1).await;
-    enter_directly(&env, 1, 4, &seed, 401..100_001).await;
-    let stats = env.stats(&server, 1).await;
+    let seed = seed_of(env, item).await;
+    enter_directly(env, item, 4, &seed, 401..100_001).await;
+    let stats = env.stats(server, item).await;
     assert_eq!(stats["entries"], 100_000, "{stats}");
 
     until(draw_at).await;
-    let (status, late) = env.buy(&server, 200_000, 1).await;
+    let (status, late) = env.buy(server, 200_000, item).await;
     assert_eq!(
         (status, late["code"].as_str()),
         (403, Some("ended")),
         "{late}"
     );
-    let item = drawn(&env, &server, 1, Duration::from_secs(30)).await;
-    let published = item["draw_seed"].as_str().unwrap();
+    let shown = drawn(env, server, item, Duration::from_secs(30)).await;
+    let published = shown["draw_seed"].as_str().unwrap();
     assert_eq!(published, seed);
     assert_eq!(
         hex::encode(Sha256::digest(hex::decode(&seed).unwrap())),
         commitment
     );
 
-    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    quiet(env, server, item, &amqp_url(), Duration::from_secs(30)).await;
     let expected = lowest(&seed, 1..100_001, 51);
-    let winners: HashSet<u64> = live_buyers(&env, 1).await.into_iter().collect();
+    let winners: HashSet<u64> = live_buyers(env, item).await.into_iter().collect();
     assert_eq!(
         winners,
         expected[..50].iter().copied().collect(),
         "the 50 lowest ranks win"
     );
     assert_eq!(
-        item["draw_cutoff"].as_u64(),
+        shown["draw_cutoff"].as_u64(),
         Some(rank(&seed, UserId::new(expected[49])))
     );
-    env.assert_invariants(&server, 1, 50, &[]).await;
+    env.assert_invariants(server, item, 50, &[]).await;
 
     // Each entrant learns how they fared.
     let winner = expected[0];
     let (_, mine) = env
-        .get(&server, "/api/items/1/my-entry", Some(winner))
+        .get(server, &format!("/api/items/{item}/my-entry"), Some(winner))
         .await;
     assert_eq!(mine["status"], "won", "{mine}");
     assert_eq!(
@@ -199,21 +202,25 @@ async fn a_draw_gives_its_units_by_rank_and_passes_a_cancelled_one_on() {
     );
     let sn = mine["order_sn"].as_str().unwrap().to_owned();
     let (_, order) = env
-        .get(&server, &format!("/api/orders/{sn}"), Some(winner))
+        .get(server, &format!("/api/orders/{sn}"), Some(winner))
         .await;
     assert_eq!(order["status"], "unpaid", "{order}");
     let loser = (1..=400).find(|u| !winners.contains(u)).unwrap();
-    let (_, theirs) = env.get(&server, "/api/items/1/my-entry", Some(loser)).await;
+    let (_, theirs) = env
+        .get(server, &format!("/api/items/{item}/my-entry"), Some(loser))
+        .await;
     assert_eq!(theirs["status"], "not_drawn", "{theirs}");
 
     // A winner cancels: the unit passes to the 51st rank.
     let (status, body) = env
-        .post_as(&server, &format!("/api/orders/{sn}/cancel"), winner)
+        .post_as(server, &format!("/api/orders/{sn}/cancel"), winner)
         .await;
     assert_eq!(status, 200, "{body}");
     let next = expected[50];
     eventually(Duration::from_secs(15), "the unit passed on", || async {
-        let (_, theirs) = env.get(&server, "/api/items/1/my-entry", Some(next)).await;
+        let (_, theirs) = env
+            .get(server, &format!("/api/items/{item}/my-entry"), Some(next))
+            .await;
         if theirs["status"] == "won" {
             Ok(())
         } else {
@@ -221,19 +228,27 @@ async fn a_draw_gives_its_units_by_rank_and_passes_a_cancelled_one_on() {
         }
     })
     .await;
-    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
-    let winners: HashSet<u64> = live_buyers(&env, 1).await.into_iter().collect();
+    quiet(env, server, item, &amqp_url(), Duration::from_secs(30)).await;
+    let winners: HashSet<u64> = live_buyers(env, item).await.into_iter().collect();
     assert!(winners.contains(&next) && !winners.contains(&winner));
     assert_eq!(winners.len(), 50);
-    env.assert_invariants(&server, 1, 50, &[]).await;
+    env.assert_invariants(server, item, 50, &[]).await;
     let (_, mine) = env
-        .get(&server, "/api/items/1/my-entry", Some(winner))
+        .get(server, &format!("/api/items/{item}/my-entry"), Some(winner))
         .await;
     assert_eq!(
         mine["order_sn"].as_str(),
         Some(sn.as_str()),
         "a winner is given a unit once: {mine}"
     );
+}
+
+/// [`draw_by_rank`] on one Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_draw_gives_its_units_by_rank_and_passes_a_cancelled_one_on() {
+    let env = TestEnv::new("draws_rank").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    draw_by_rank(&env, &server, 1).await;
 }
 
 /// 3,000 units over 2 buckets among 30,000 entries; the scheduler drawing them is killed
@@ -298,4 +313,47 @@ async fn a_draw_cut_off_by_a_killed_scheduler_resumes_and_never_gives_twice() {
     assert_eq!(given().await, 3_000);
     env.assert_invariants(&server, 1, 3_000, &[]).await;
     drop(second);
+}
+
+/// A measurement, by hand (docs/benchmarks.md, "A draw"): a million entries over 16
+/// buckets, 1,000 units; how long entering them into Redis took, and the draw from
+/// `draw_at` to the seed's publication and to the last order in MySQL.
+/// `cargo test --release --test it draws::a_million_entries -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, run by hand"]
+async fn a_million_entries() {
+    let env = TestEnv::new("draws_million").await;
+    let server = env.server(ALL_ROLES).await;
+    let draw_at = Utc::now() + chrono::Duration::seconds(40);
+    env.item(1, 1_000)
+        .buckets(16)
+        .draw(draw_at)
+        .on_sale(&server)
+        .await;
+    let seed = seed_of(&env, 1).await;
+    let began = std::time::Instant::now();
+    enter_directly(&env, 1, 16, &seed, 1..1_000_001).await;
+    eprintln!(
+        "1,000,000 entries written in {:.1} s",
+        began.elapsed().as_secs_f64()
+    );
+    let stats = env.stats(&server, 1).await;
+    assert_eq!(stats["entries"], 1_000_000, "{stats}");
+    assert!(
+        Utc::now() < draw_at,
+        "entering took past draw_at: give it more time"
+    );
+    until(draw_at).await;
+    let began = std::time::Instant::now();
+    drawn(&env, &server, 1, Duration::from_secs(120)).await;
+    let drawn_in = began.elapsed();
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(120)).await;
+    eprintln!(
+        "draw of 1,000 among 1,000,000: seed published {:.2} s after draw_at, every order in MySQL after {:.2} s",
+        drawn_in.as_secs_f64(),
+        began.elapsed().as_secs_f64()
+    );
+    let expected: HashSet<u64> = lowest(&seed, 1..1_000_001, 1_000).into_iter().collect();
+    let winners: HashSet<u64> = live_buyers(&env, 1).await.into_iter().collect();
+    assert_eq!(winners, expected);
 }

@@ -56,27 +56,24 @@ type KeyedPresses = (String, Vec<(u16, Value)>);
 /// an answer it could not read): every key buys at most one unit and both of its answers
 /// name it; nobody ends with more than 3; the fourth purchase hears `409 limit_reached`
 /// naming the three; `my-orders` lists them; the stores agree.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn buyers_hold_up_to_per_user_and_a_retried_key_never_buys_twice() {
-    let env = TestEnv::new("shapes_per_user").await;
-    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
-    env.item(1, 240)
+pub async fn per_user_with_retried_keys(env: &TestEnv, server: &TestServer, item: u64) {
+    env.item(item, 240)
         .per_user(3)
         .buckets(4)
-        .on_sale(&server)
+        .on_sale(server)
         .await;
 
     let users: Vec<u64> = (1..=120).collect();
     let outcomes: Vec<(u64, Vec<KeyedPresses>)> = futures::stream::iter(users.clone())
         .map(|user| {
-            let (env, server) = (&env, &server);
+            let (env, server) = (env, server);
             async move {
                 let mut presses = Vec::new();
                 for n in 1..=4 {
                     let key = format!("order-{user}-{n}");
                     let (a, b) = tokio::join!(
-                        press(env, server, user, 1, &key),
-                        press(env, server, user, 1, &key)
+                        press(env, server, user, item, &key),
+                        press(env, server, user, item, &key)
                     );
                     presses.push((key, vec![a, b]));
                 }
@@ -131,14 +128,18 @@ async fn buyers_hold_up_to_per_user_and_a_retried_key_never_buys_twice() {
         "answers: {answers:?}"
     );
 
-    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    quiet(env, server, item, &amqp_url(), Duration::from_secs(30)).await;
     let won: Vec<String> = won.into_iter().collect();
-    env.assert_invariants(&server, 1, 240, &won).await;
+    env.assert_invariants(server, item, 240, &won).await;
 
     // my-orders lists a buyer's orders, as their 202s named them.
     let (buyer, theirs) = won_by.iter().find(|(_, sns)| sns.len() == 3).unwrap();
     let (status, body) = env
-        .get(&server, "/api/items/1/my-orders", Some(*buyer))
+        .get(
+            server,
+            &format!("/api/items/{item}/my-orders"),
+            Some(*buyer),
+        )
         .await;
     assert_eq!(status, 200, "{body}");
     let listed: HashSet<String> = body["orders"]
@@ -153,72 +154,86 @@ async fn buyers_hold_up_to_per_user_and_a_retried_key_never_buys_twice() {
     // is sold out, and the cancelled unit is what they get back.
     let cancelled = theirs.iter().next().unwrap().clone();
     let (status, body) = env
-        .post_as(&server, &format!("/api/orders/{cancelled}/cancel"), *buyer)
+        .post_as(server, &format!("/api/orders/{cancelled}/cancel"), *buyer)
         .await;
     assert_eq!(status, 200, "{body}");
-    back_on_sale(&env, &server, 1).await;
-    let (status, body) = press(&env, &server, *buyer, 1, "after-cancel").await;
+    back_on_sale(env, server, item).await;
+    let (status, body) = press(env, server, *buyer, item, "after-cancel").await;
     assert_eq!(answer(status, &body), "202 queued", "{body}");
-    let (status, body) = press(&env, &server, *buyer, 1, "one-more").await;
+    let (status, body) = press(env, server, *buyer, item, "one-more").await;
     assert_eq!(answer(status, &body), "409 limit_reached", "{body}");
+}
+
+/// [`per_user_with_retried_keys`] on one Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn buyers_hold_up_to_per_user_and_a_retried_key_never_buys_twice() {
+    let env = TestEnv::new("shapes_per_user").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    per_user_with_retried_keys(&env, &server, 1).await;
 }
 
 /// `Idempotency-Key` one buyer at a time: a bad key is `400` and buys nothing; the same
 /// key answers the same `202` after the sell-out and after a cancel; a new key is a new
 /// purchase; with one per buyer, a second key hears `409 duplicate`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idempotency_key_answers_the_same_order() {
-    let env = TestEnv::new("shapes_idempotency").await;
-    let server = env.server(ALL_ROLES).await;
-    env.item(1, 2).per_user(2).on_sale(&server).await;
-    env.item(2, 5).on_sale(&server).await;
+pub async fn idempotency_keys(env: &TestEnv, server: &TestServer, item: u64) {
+    let single = item + 100;
+    env.item(item, 2).per_user(2).on_sale(server).await;
+    env.item(single, 5).on_sale(server).await;
 
     for bad in ["x".repeat(65), "tab\there".to_owned()] {
-        let (status, body) = press(&env, &server, 7, 1, &bad).await;
+        let (status, body) = press(env, server, 7, item, &bad).await;
         assert_eq!(answer(status, &body), "400 bad_request", "{bad:?}: {body}");
         assert!(body["detail"].as_str().unwrap().contains("Idempotency-Key"));
     }
-    let (status, first) = press(&env, &server, 7, 1, "buy-1").await;
+    let (status, first) = press(env, server, 7, item, "buy-1").await;
     assert_eq!(status, 202, "{first}");
-    let (status, again) = press(&env, &server, 7, 1, "buy-1").await;
+    let (status, again) = press(env, server, 7, item, "buy-1").await;
     assert_eq!((status, &again["order_sn"]), (202, &first["order_sn"]));
     // Another buyer takes the last unit: sold out, yet the key still answers its order.
-    assert_eq!(env.buy(&server, 8, 1).await.0, 202);
-    assert_eq!(env.buy(&server, 9, 1).await.0, 410);
-    let (status, again) = press(&env, &server, 7, 1, "buy-1").await;
+    assert_eq!(env.buy(server, 8, item).await.0, 202);
+    assert_eq!(env.buy(server, 9, item).await.0, 410);
+    let (status, again) = press(env, server, 7, item, "buy-1").await;
     assert_eq!((status, &again["order_sn"]), (202, &first["order_sn"]));
     // Cancelled: the key still names it; a new key buys the unit that came back.
     let sn = first["order_sn"].as_str().unwrap();
     assert_eq!(
-        env.post_as(&server, &format!("/api/orders/{sn}/cancel"), 7)
+        env.post_as(server, &format!("/api/orders/{sn}/cancel"), 7)
             .await
             .0,
         200
     );
-    let (status, again) = press(&env, &server, 7, 1, "buy-1").await;
+    let (status, again) = press(env, server, 7, item, "buy-1").await;
     assert_eq!((status, &again["order_sn"]), (202, &first["order_sn"]));
-    back_on_sale(&env, &server, 1).await;
-    let (status, fresh) = press(&env, &server, 7, 1, "buy-2").await;
+    back_on_sale(env, server, item).await;
+    let (status, fresh) = press(env, server, 7, item, "buy-2").await;
     assert_eq!(status, 202, "{fresh}");
     assert_ne!(fresh["order_sn"], first["order_sn"]);
 
     // One per buyer: a second key is a second purchase, refused as today.
-    let (status, won) = press(&env, &server, 7, 2, "a").await;
+    let (status, won) = press(env, server, 7, single, "a").await;
     assert_eq!(status, 202, "{won}");
-    let (status, body) = press(&env, &server, 7, 2, "b").await;
+    let (status, body) = press(env, server, 7, single, "b").await;
     assert_eq!(answer(status, &body), "409 duplicate");
     assert_eq!(body["order_sn"], won["order_sn"]);
 
     // The key's record lives in Redis for a day, no longer.
     let record = env
         .keys()
-        .idempotency(env.stock(1), seckill::domain::UserId::new(7), "buy-2");
+        .idempotency(env.stock(item), seckill::domain::UserId::new(7), "buy-2");
     let ttl: i64 = env.redis.clone().pttl(&record).await.unwrap();
     assert!((86_000_000..=86_400_000).contains(&ttl), "ttl {ttl}");
 
-    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
-    let orders = env.orders(1).await;
+    quiet(env, server, item, &amqp_url(), Duration::from_secs(30)).await;
+    let orders = env.orders(item).await;
     assert_eq!(orders.len(), 3, "{orders:?}");
+}
+
+/// [`idempotency_keys`] on one Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_answers_the_same_order() {
+    let env = TestEnv::new("shapes_idempotency").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    idempotency_keys(&env, &server, 1).await;
 }
 
 /// `seconds` from now, to the millisecond (as MySQL keeps times).
@@ -261,13 +276,10 @@ async fn buy_all(
 /// cancelled unit is on sale at once; a wave's units go on sale at its time; `410
 /// sold_out` only when nothing is left to release. A released tranche cannot change; one
 /// to come can.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waves_release_units_at_their_times() {
-    let env = TestEnv::new("shapes_waves").await;
-    let server = env.server(ALL_ROLES).await;
+pub async fn waves(env: &TestEnv, server: &TestServer, item: u64) {
     let (first, second) = (at(4), at(8));
     let (start, end) = (at(-1), at(3600));
-    let spec = || env.item(1, 30).buckets(2).window(start, end);
+    let spec = || env.item(item, 30).buckets(2).window(start, end);
     // Bad plans are named.
     for (waves, field) in [
         (vec![(at(-60), 5)], "release[0].at"),
@@ -275,30 +287,30 @@ async fn waves_release_units_at_their_times() {
         (vec![(first, 0)], "release[0].units"),
         (vec![(first, 20), (second, 11)], "more than `total`"),
     ] {
-        let (status, body) = spec().release(&waves).try_put(&server).await;
+        let (status, body) = spec().release(&waves).try_put(server).await;
         assert_eq!(status, 400, "{body}");
         assert!(body["detail"].as_str().unwrap().contains(field), "{body}");
     }
     spec()
         .release(&[(first, 10), (second, 10)])
-        .on_sale(&server)
+        .on_sale(server)
         .await;
 
-    let (_, item) = env.get(&server, "/api/items/1", None).await;
+    let (_, shown) = env.get(server, &format!("/api/items/{item}"), None).await;
     assert_eq!(
-        (item["remaining"].as_u64(), item["released"].as_u64()),
+        (shown["remaining"].as_u64(), shown["released"].as_u64()),
         (Some(10), Some(10)),
-        "{item}"
+        "{shown}"
     );
     assert_eq!(
-        item["next_release_at"]
+        shown["next_release_at"]
             .as_str()
             .map(|t| t.parse::<DateTime<Utc>>().unwrap()),
         Some(first)
     );
     // Buyers of both buckets: the first 10 win, the next hear "between releases".
     let mut users = 1..;
-    let (answers, mut won) = buy_all(&env, &server, 1, users.by_ref().take(12)).await;
+    let (answers, mut won) = buy_all(env, server, item, users.by_ref().take(12)).await;
     assert_eq!(
         answers,
         BTreeMap::from([
@@ -306,7 +318,7 @@ async fn waves_release_units_at_their_times() {
             ("409 between_releases".into(), 2)
         ])
     );
-    let response = env.purchase(&server, 999_999, 1).send().await.unwrap();
+    let response = env.purchase(server, 999_999, item).send().await.unwrap();
     let retry_after: u64 = response.headers()["retry-after"]
         .to_str()
         .unwrap()
@@ -321,9 +333,9 @@ async fn waves_release_units_at_their_times() {
             .map(|t| t.parse::<DateTime<Utc>>().unwrap()),
         Some(first)
     );
-    let (_, item) = env.get(&server, "/api/items/1", None).await;
-    assert_eq!(item["status"], "between_releases", "{item}");
-    let stats = env.stats(&server, 1).await;
+    let (_, shown) = env.get(server, &format!("/api/items/{item}"), None).await;
+    assert_eq!(shown["status"], "between_releases", "{shown}");
+    let stats = env.stats(server, item).await;
     assert_eq!(
         (
             stats["remaining"].as_u64(),
@@ -336,11 +348,11 @@ async fn waves_release_units_at_their_times() {
     // A cancelled unit is on sale now, before the wave.
     let (holder, cancelled) = won.remove(0);
     let (status, body) = env
-        .post_as(&server, &format!("/api/orders/{cancelled}/cancel"), holder)
+        .post_as(server, &format!("/api/orders/{cancelled}/cancel"), holder)
         .await;
     assert_eq!(status, 200, "{body}");
-    back_on_sale(&env, &server, 1).await;
-    let (answers, back) = buy_all(&env, &server, 1, users.by_ref().take(2)).await;
+    back_on_sale(env, server, item).await;
+    let (answers, back) = buy_all(env, server, item, users.by_ref().take(2)).await;
     assert_eq!(
         answers,
         BTreeMap::from([("202 queued".into(), 1), ("409 between_releases".into(), 1)])
@@ -350,13 +362,13 @@ async fn waves_release_units_at_their_times() {
     // A released tranche is fixed; one to come may change.
     let (status, body) = spec()
         .release(&[(first, 10), (second, 10)])
-        .try_put(&server)
+        .try_put(server)
         .await;
     assert_eq!(status, 200, "unchanged: {body}");
     until(first).await;
     let (status, body) = spec()
         .release(&[(first, 9), (second, 11)])
-        .try_put(&server)
+        .try_put(server)
         .await;
     assert_eq!(
         (status, body["code"].as_str()),
@@ -365,12 +377,12 @@ async fn waves_release_units_at_their_times() {
     );
     let (status, body) = spec()
         .release(&[(first, 10), (second, 10)])
-        .try_put(&server)
+        .try_put(server)
         .await;
     assert_eq!(status, 200, "{body}");
 
     // The first wave is on sale, over both buckets.
-    let (answers, more) = buy_all(&env, &server, 1, users.by_ref().take(12)).await;
+    let (answers, more) = buy_all(env, server, item, users.by_ref().take(12)).await;
     assert_eq!(
         answers,
         BTreeMap::from([
@@ -380,26 +392,34 @@ async fn waves_release_units_at_their_times() {
     );
     won.extend(more);
     until(second).await;
-    let (answers, more) = buy_all(&env, &server, 1, users.by_ref().take(12)).await;
+    let (answers, more) = buy_all(env, server, item, users.by_ref().take(12)).await;
     assert_eq!(
         answers,
         BTreeMap::from([("202 queued".into(), 10), ("410 sold_out".into(), 2)])
     );
     won.extend(more);
-    let (_, item) = env.get(&server, "/api/items/1", None).await;
+    let (_, shown) = env.get(server, &format!("/api/items/{item}"), None).await;
     assert_eq!(
         (
-            item["status"].as_str(),
-            item["released"].as_u64(),
-            &item["next_release_at"]
+            shown["status"].as_str(),
+            shown["released"].as_u64(),
+            &shown["next_release_at"]
         ),
         (Some("sold_out"), Some(30), &Value::Null),
-        "{item}"
+        "{shown}"
     );
 
-    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    quiet(env, server, item, &amqp_url(), Duration::from_secs(30)).await;
     let won: Vec<String> = won.into_iter().map(|(_, sn)| sn).collect();
-    env.assert_invariants(&server, 1, 30, &won).await;
-    let stats = env.stats(&server, 1).await;
+    env.assert_invariants(server, item, 30, &won).await;
+    let stats = env.stats(server, item).await;
     assert_eq!(stats["unreleased"], json!(0), "{stats}");
+}
+
+/// [`waves`] on one Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waves_release_units_at_their_times() {
+    let env = TestEnv::new("shapes_waves").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    waves(&env, &server, 1).await;
 }

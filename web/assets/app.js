@@ -19,6 +19,8 @@ const WORDS = {
   sold_out: "Sold out — every unit has been taken.",
   between_releases: "Everything released so far is taken — more goes on sale at the next wave.",
   limit_reached: "You hold as many of these as one buyer may.",
+  entered: "You are in the draw. Winners are drawn at the time shown above.",
+  not_drawn: "Not drawn this time. If a winner gives their unit back, it may still come to you.",
   not_started: "The sale has not started yet.",
   ended: "The sale has ended.",
   rate_limited: "Too many tries. Wait a second, then press again.",
@@ -84,7 +86,13 @@ function render() {
   let open = false;
   const soldOut = item.status === "sold_out" || (item.status === "active" && item.remaining === 0);
   const nextWave = item.next_release_at ? Date.parse(item.next_release_at) : null;
-  if (soldOut) line = "Sold out";
+  const drawAt = item.draw_at ? Date.parse(item.draw_at) : null;
+  $("buy").textContent = drawAt ? "Enter the draw" : "Buy now";
+  if (drawAt && now >= start && now < drawAt) {
+    line = `Entries close in ${clock(drawAt - now)}; winners are drawn then`;
+    open = true;
+  } else if (drawAt && now >= drawAt && now < end) line = "Entries are closed; winners are drawn";
+  else if (soldOut) line = "Sold out";
   else if (item.status === "between_releases" && nextWave && now < nextWave)
     line = `More goes on sale in ${clock(nextWave - now)}`;
   else if (item.status === "ended" || now >= end) line = "The sale has ended";
@@ -176,7 +184,10 @@ async function buy() {
   const key = { "Idempotency-Key": newKey() };
   let answer = await api("POST", "/api/flashbuy", { item_id: itemId }, key);
   if (mayHaveWon(answer)) answer = await api("POST", "/api/flashbuy", { item_id: itemId }, key);
-  if (answer.http === 202) {
+  if (answer.code === "entered") {
+    say(WORDS.entered);
+    followEntry();
+  } else if (answer.http === 202) {
     say("You got one! Your order is being written…");
     follow(answer.order_sn);
     mayBuyMore();
@@ -201,6 +212,20 @@ async function buy() {
     }, wait);
   }
   render();
+}
+
+/** After entering a draw: asks how the entry fared until it is decided. */
+async function followEntry() {
+  for (;;) {
+    const entry = await api("GET", `/api/items/${itemId}/my-entry`);
+    if (entry.http === 200 && entry.status === "won") {
+      say("You were drawn! Pay to keep it.");
+      follow(entry.order_sn);
+      return;
+    }
+    if (entry.http === 200 && entry.status === "not_drawn") say(WORDS.not_drawn);
+    await new Promise((resolve) => setTimeout(resolve, 2 * ITEM_EVERY_MS));
+  }
 }
 
 /** Polls the order until it is in the database (unpaid), then offers to pay. */
@@ -272,8 +297,19 @@ $("signin").addEventListener("submit", signIn);
 $("signin").hidden = Boolean(token);
 // Back after a lost answer or a reload: a unit already held is shown, not offered again.
 if (token) {
-  findMyOrder().then((found) => {
-    if (found) say("You already hold one of these.");
+  findMyOrder().then(async (found) => {
+    if (found) {
+      say("You already hold one of these.");
+      return;
+    }
+    // An entry in a draw, from an earlier visit: follow it.
+    const entry = await api("GET", `/api/items/${itemId}/my-entry`);
+    if (entry.http === 200) {
+      pressed = true;
+      render();
+      say(WORDS.entered);
+      followEntry();
+    }
   });
 }
 refreshItem();
