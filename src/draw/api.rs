@@ -51,7 +51,7 @@ struct MyEntry {
     params(("item_id" = ItemId, Path)),
     responses(
         (status = 200, description = "`ok`: `entered`, `won` (with `order_sn`) or `not_drawn`", body = MyEntry),
-        (status = 404, description = "`entry_not_found`: the user did not enter (or the item is no draw); `item_not_found`", body = Refusal),
+        (status = 404, description = "`entry_not_found`: the user did not enter (or there is no such draw)", body = Refusal),
         (status = 429, description = "`rate_limited`", body = Refusal),
     )
 )]
@@ -68,10 +68,12 @@ async fn my_entry(
         ..
     } = &*state;
     request_id::record_user(user, Some(item_id));
-    let item = catalog.get(item_id).await?.ok_or(ApiError::ItemNotFound)?;
-    if item.item.draw_at.is_none() {
-        return Err(ApiError::EntryNotFound);
-    }
+    // No such item, or not a draw: no entry either.
+    let item = catalog
+        .get(item_id)
+        .await?
+        .filter(|item| item.item.draw_at.is_some())
+        .ok_or(ApiError::EntryNotFound)?;
     let home = item.home(user).stock;
     let mut conn = redis.hot().await?;
     let (rank, won): (Option<u64>, Option<String>) = redis_timed(

@@ -1,4 +1,5 @@
-//! The draw: once `draw_at` has passed by Redis's clock (the one entries close by), the
+//! The draw (run by the scheduler: `crate::scheduler::draws`): once `draw_at` has passed by
+//! Redis's clock (the one entries close by), the
 //! units go to the entries of lowest rank, one each, in rank order; then, every pass until
 //! `end_at`, a unit a winner gave back (a cancel, a missed pay deadline) goes to the next
 //! entry by rank.
@@ -10,67 +11,18 @@
 //! unit back. The units are the item's loaded tokens, so no more than `total` are ever
 //! given, whatever runs twice.
 
-use std::time::Duration;
-
 use chrono::Utc;
 use redis::AsyncCommands;
-use tokio_util::sync::CancellationToken;
 
-use crate::background::{Schedule, repeat};
 use crate::domain::{OrderPlaced, OrderSn, Stock, UserId};
-use crate::items::catalog;
-use crate::items::repo::{self, Item};
+use crate::items::repo::Item;
 use crate::items::transfer::{self, Lending};
 use crate::keys::{ItemKeys, Keys};
 use crate::lua::AWARD;
-use crate::scheduler::Scheduler;
-use crate::store::{RedisConn, RedisError, RedisLock, StoreError, redis_timed};
+use crate::store::{RedisConn, RedisConns, RedisError, redis_timed};
 
-const EVERY: Duration = Duration::from_secs(1);
-/// How long one scheduler holds an item's draw (a longer draw is safe: see the header).
-const LOCK_FOR: Duration = Duration::from_secs(30);
 /// Entries read per bucket per round.
 const PAGE: isize = 512;
-
-pub async fn run(scheduler: Scheduler, shutdown: CancellationToken) {
-    let scheduler = &scheduler;
-    repeat("drawing winners", Schedule::every(EVERY), &shutdown, || {
-        pass(scheduler)
-    })
-    .await;
-}
-
-async fn pass(scheduler: &Scheduler) -> Result<(), StoreError> {
-    for item in repo::draws_due(&scheduler.db).await? {
-        let Some(lock) = RedisLock::try_take(
-            &scheduler.redis,
-            scheduler.keys.draw_lock(item.id),
-            LOCK_FOR,
-        )
-        .await?
-        else {
-            continue;
-        };
-        let drawn = draw(scheduler, &item).await;
-        lock.let_go(&scheduler.redis).await;
-        match drawn {
-            Ok(Some(round)) if round.given > 0 || round.complete && item.drawn_at.is_none() => {
-                tracing::info!(item = %item.id, given = round.given, cutoff = ?round.cutoff, "draw: units given by rank");
-                repo::record_draw(&scheduler.db, item.id, round.cutoff, round.complete).await?;
-                let mut conn = scheduler.redis.bulk().await?;
-                if let Err(e) = catalog::announce_change(&mut conn, &scheduler.keys, item.id).await
-                {
-                    tracing::warn!(item = %item.id, error = %e, "could not announce a draw; instances see it within a second anyway");
-                }
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(item = %item.id, error = %crate::error::cause_chain(&e), "draw: round cut off; the next pass resumes it");
-            }
-        }
-    }
-    Ok(())
-}
 
 /// What one round did.
 #[derive(Debug, Default)]
@@ -85,12 +37,14 @@ pub struct Round {
 }
 
 /// One round of the item's draw: `None` while Redis's clock has not reached `draw_at`.
-pub async fn draw(scheduler: &Scheduler, item: &Item) -> Result<Option<Round>, StoreError> {
+pub async fn draw(
+    redis: &RedisConns,
+    keys: &Keys,
+    item: &Item,
+) -> Result<Option<Round>, RedisError> {
     let (Some(draw_at), Some(_)) = (item.draw_at, item.draw_seed.as_ref()) else {
         return Ok(None);
     };
-    let redis = &scheduler.redis;
-    let keys = &scheduler.keys;
     let buckets: Vec<ItemKeys> = item.stocks().map(|s| keys.stock(s)).collect();
     let mut conn = redis.bulk().await?;
     let (secs, micros): (i64, i64) = redis_timed(redis::cmd("TIME").query_async(&mut conn)).await?;

@@ -22,7 +22,6 @@ use super::catalog::Catalog;
 use super::regroup::Regrouping;
 use super::repo::{self, Item, Upserted};
 use super::stock;
-use super::waves::Waves;
 
 /// The operators' item calls: write one or many, pause, resume. (Warm-ups: `crate::warmup`;
 /// stats and reconciliation: `crate::orders::admin`.)
@@ -85,7 +84,7 @@ async fn put_item(
     }
     let draft = body.validate()?;
     if let Some(live) = repo::get(db, id).await? {
-        fixed_waves(&live, &draft.release)?;
+        super::body::fixed_waves(&live, &draft.release)?;
     }
     let regrouping = Regrouping::hold(db, redis, keys, &[(id, draft.clone())]).await?;
     let upserted = repo::upsert(db, id, &draft, &regrouping.kept).await;
@@ -104,23 +103,6 @@ async fn put_item(
     };
     let item = spread_rules(db, redis, keys, catalog, id).await?;
     Ok(envelope(status, code, WrittenItem { item }))
-}
-
-/// A loaded item's tranches already on sale stay as they are (`409 release_started`).
-pub(super) fn fixed_waves(live: &Item, next: &Waves) -> Result<(), ApiError> {
-    if live.loaded_at.is_none() {
-        return Ok(());
-    }
-    match live.release.released_changed(next, chrono::Utc::now()) {
-        None => Ok(()),
-        Some(at) => Err(ApiError::Conflict {
-            code: "release_started",
-            detail: format!(
-                "the tranche of {} is on sale already: it may not be changed, removed or added; only tranches still to come may",
-                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-            ),
-        }),
-    }
 }
 
 /// `POST /admin/items/{id}/pause`

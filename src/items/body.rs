@@ -8,7 +8,7 @@ use crate::domain::{ItemId, Stock};
 use crate::error::ApiError;
 use crate::store::{STORABLE, storable};
 
-use super::repo::ItemDraft;
+use super::repo::{Item, ItemDraft};
 use super::waves::Waves;
 
 /// The most units one item may have (a million units is about 60 MB of Redis).
@@ -177,5 +177,22 @@ impl ItemBody {
             ));
         }
         Ok(Some(at))
+    }
+}
+
+/// A loaded item's tranches already on sale stay as they are (`409 release_started`).
+pub fn fixed_waves(live: &Item, next: &Waves) -> Result<(), ApiError> {
+    if live.loaded_at.is_none() {
+        return Ok(());
+    }
+    match live.release.released_changed(next, chrono::Utc::now()) {
+        None => Ok(()),
+        Some(at) => Err(ApiError::Conflict {
+            code: "release_started",
+            detail: format!(
+                "the tranche of {} is on sale already: it may not be changed, removed or added; only tranches still to come may",
+                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+        }),
     }
 }

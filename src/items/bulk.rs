@@ -104,7 +104,7 @@ pub(super) async fn put_items(
         .collect();
     for (n, (id, draft)) in drafts.iter().enumerate() {
         if let Some(item) = live.get(id) {
-            super::admin::fixed_waves(item, &draft.release).map_err(|e| match e {
+            super::body::fixed_waves(item, &draft.release).map_err(|e| match e {
                 ApiError::Conflict { code, detail } => ApiError::Conflict {
                     code,
                     detail: format!("items[{n}]: {detail}"),

@@ -1,6 +1,6 @@
 //! The scheduler role's work after the win: pay deadlines and reminders from the delay
 //! queue, cancels cut off before their unit came back, the compensation scan, end-of-sale
-//! reconciliation, retiring ended sales from Redis, draws (`crate::draw::award`), and the
+//! reconciliation, retiring ended sales from Redis, draws (`draws.rs`), and the
 //! outbox relay. The per-bucket
 //! passes look only at the buckets marked for them (`src/marks.rs`); a slow safety sweep
 //! puts back marks lost with a process.
@@ -13,6 +13,7 @@ pub mod deadlines;
 pub mod wake;
 
 mod compensate;
+mod draws;
 mod retention;
 mod sweep;
 
@@ -85,7 +86,7 @@ impl Scheduler {
         tasks.spawn(sweep::run(self.clone(), relay, shutdown.clone()));
         tasks.spawn(compensate::run(self.clone(), shutdown.clone()));
         tasks.spawn(retention::run(self.clone(), shutdown.clone()));
-        tasks.spawn(crate::draw::award::run(self.clone(), shutdown.clone()));
+        tasks.spawn(draws::run(self.clone(), shutdown.clone()));
         tasks.spawn(self.clone().end_of_sale(shutdown.clone()));
         tasks.spawn(self.clone().finish_cut_off(shutdown.clone()));
         deadlines::run(self, wake, shutdown).await;

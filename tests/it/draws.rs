@@ -42,16 +42,22 @@ async fn enter_directly(
     let id = ItemId::new(item).unwrap();
     let keys = env.keys();
     let mut conn = env.redis.clone();
-    let all: Vec<u64> = users.collect();
-    for chunk in all.chunks(5_000) {
-        let mut pipe = redis::pipe();
-        for user in chunk {
-            let user = UserId::new(*user);
-            let home = Stock::home(id, user, buckets);
-            pipe.zadd(keys.entries(home), user.get(), rank(seed, user))
-                .ignore();
+    // One pipeline per bucket: on a cluster, a pipeline's keys share one slot.
+    let mut by_bucket: BTreeMap<Stock, Vec<(u64, u64)>> = BTreeMap::new();
+    for user in users.map(UserId::new) {
+        let home = Stock::home(id, user, buckets);
+        by_bucket
+            .entry(home)
+            .or_default()
+            .push((rank(seed, user), user.get()));
+    }
+    for (stock, entries) in by_bucket {
+        for chunk in entries.chunks(5_000) {
+            let () = conn
+                .zadd_multiple(keys.entries(stock), chunk)
+                .await
+                .unwrap();
         }
-        let () = pipe.query_async(&mut conn).await.unwrap();
     }
 }
 
@@ -100,7 +106,7 @@ async fn drawn(env: &TestEnv, server: &TestServer, item: u64, limit: Duration) -
 pub async fn draw_by_rank(env: &TestEnv, server: &TestServer, item: u64) {
     let draw_at = Utc::now() + chrono::Duration::seconds(6);
     let (status, body) = env
-        .item(1, 50)
+        .item(item, 50)
         .buckets(4)
         .draw(draw_at)
         .try_put(server)

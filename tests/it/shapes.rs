@@ -423,3 +423,87 @@ async fn waves_release_units_at_their_times() {
     let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
     waves(&env, &server, 1).await;
 }
+
+/// The recovery procedure (docs/operations.md) on a shaped sale: two per buyer and a wave
+/// still to come, over 2 buckets. After Redis loses everything, the rebuild loads only
+/// what is neither held nor in a wave to come; each buyer's places come back (a buyer at
+/// the limit hears `409 limit_reached` naming both orders, a cancel frees one place),
+/// and the wave's units stay off sale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_after_redis_lost_a_shaped_sale_keeps_places_and_waves() {
+    let env = TestEnv::new("shapes_rebuild").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    env.item(1, 12)
+        .per_user(2)
+        .buckets(2)
+        .release(&[(at(3600), 4)])
+        .on_sale(&server)
+        .await;
+    let mut won = Vec::new();
+    for user in [1, 1, 2, 3, 4, 5, 6, 7] {
+        let (status, body) = env.buy(&server, user, 1).await;
+        assert_eq!(status, 202, "user {user}: {body}");
+        won.push(body["order_sn"].as_str().unwrap().to_owned());
+    }
+    let (status, body) = env.buy(&server, 8, 1).await;
+    assert_eq!(answer(status, &body), "409 between_releases", "{body}");
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+
+    env.lose_redis_state().await;
+    assert_eq!(env.admin_post(&server, "/admin/items/1/pause").await.0, 200);
+    let (status, report) = env.admin_post(&server, "/admin/items/1/warmup").await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(
+        (report["held"].as_u64(), report["remaining"].as_u64()),
+        (Some(8), Some(4)),
+        "{report}"
+    );
+    assert_eq!(
+        env.admin_post(&server, "/admin/items/1/resume").await.0,
+        200
+    );
+
+    let (status, body) = env.buy(&server, 1, 1).await;
+    assert_eq!(answer(status, &body), "409 limit_reached", "{body}");
+    let named: HashSet<&str> = body["order_sns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(named, won[..2].iter().map(String::as_str).collect());
+    let (status, body) = env.buy(&server, 8, 1).await;
+    assert_eq!(answer(status, &body), "409 between_releases", "{body}");
+    let stats = env.stats(&server, 1).await;
+    assert_eq!(
+        (
+            stats["remaining"].as_u64(),
+            stats["unreleased"].as_u64(),
+            stats["consistent"].as_bool()
+        ),
+        (Some(0), Some(4), Some(true)),
+        "{stats}"
+    );
+
+    // A cancel frees the first place; its unit is on sale, and the buyer takes it again.
+    let (status, body) = env
+        .post_as(&server, &format!("/api/orders/{}/cancel", won[0]), 1)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    back_on_sale(&env, &server, 1).await;
+    let (status, body) = env.buy(&server, 1, 1).await;
+    assert_eq!(status, 202, "{body}");
+    won.push(body["order_sn"].as_str().unwrap().to_owned());
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let cancelled_by_mysql = env
+        .orders(1)
+        .await
+        .into_iter()
+        .filter(|(sn, _, status)| status == "cancelled" && *sn != won[0])
+        .count();
+    assert_eq!(
+        cancelled_by_mysql, 0,
+        "MySQL refused no order as a second one in a place"
+    );
+    env.assert_invariants(&server, 1, 12, &won).await;
+}

@@ -246,13 +246,26 @@ impl TestEnv {
             .unwrap()
     }
 
-    /// Units on sale in Redis.
+    /// Units listed in Redis, over every bucket of the item (waves still to come among
+    /// them).
     pub async fn remaining(&self, item: u64) -> u64 {
-        self.redis
-            .clone()
-            .llen(self.item_keys(item).tokens)
+        let (buckets,): (u8,) = sqlx::query_as("SELECT buckets FROM items WHERE id = ?")
+            .bind(item)
+            .fetch_one(&self.db)
             .await
-            .unwrap()
+            .unwrap();
+        let keys = self.keys();
+        let mut units = 0;
+        for stock in Stock::all(ItemId::new(item).expect("an item id"), buckets) {
+            let listed: u64 = self
+                .redis
+                .clone()
+                .llen(keys.stock(stock).tokens)
+                .await
+                .unwrap();
+            units += listed;
+        }
+        units
     }
 
     pub fn admin(
