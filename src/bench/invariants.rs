@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::config::Settings;
 use crate::domain::{ItemId, Stock};
+
 use crate::items::repo as items;
 use crate::items::stock::{StockSnapshot, item_snapshot};
 use crate::keys::Keys;
@@ -71,16 +72,56 @@ pub async fn check_all(
     let redis = RedisConns::new(settings.redis_url.expose()).context("SECKILL_REDIS_URL")?;
     let db = connect_mysql(settings.database_url.expose()).await?;
     let keys = Keys::new(&settings.namespace);
-    let buckets = items::get(&db, item)
+    let record = items::get(&db, item)
         .await
         .context("reading the item from MySQL")?
-        .with_context(|| format!("item {item} is not in MySQL"))?
-        .buckets;
+        .with_context(|| format!("item {item} is not in MySQL"))?;
 
-    let stock = drain(&redis, &keys, Stock::all(item, buckets), drain_timeout).await?;
+    let stock = drain(&redis, &keys, record.stocks(), drain_timeout).await?;
     let orders = orders(&db, item, run).await?;
+    let mut checks = judge(&stock, &orders, run, drain_timeout);
+    if record.draw_cutoff.is_some() || record.drawn_at.is_some() {
+        checks.push(drawn_by_rank(&db, &redis, &keys, &record).await?);
+    }
     db.close().await;
-    Ok(judge(&stock, &orders, run, drain_timeout))
+    Ok(checks)
+}
+
+/// A draw's check: every entry ranked at or below the published cut-off was given a unit
+/// (it has an order, in whatever state), and nobody else was.
+async fn drawn_by_rank(
+    db: &Db,
+    redis: &RedisConns,
+    keys: &Keys,
+    item: &items::Item,
+) -> anyhow::Result<Check> {
+    let cutoff = item.draw_cutoff.unwrap_or(0);
+    let mut ranked: HashSet<u64> = HashSet::new();
+    let mut conn = redis.bulk().await.context("connecting to Redis")?;
+    for stock in item.stocks() {
+        let users: Vec<u64> =
+            redis::AsyncCommands::zrangebyscore(&mut conn, keys.entries(stock), "-inf", cutoff)
+                .await
+                .context("reading the draw's entries")?;
+        ranked.extend(users);
+    }
+    let given: HashSet<u64> = repo::users_with_orders(db, item.id)
+        .await
+        .context("reading the draw's orders")?
+        .into_iter()
+        .collect();
+    let strays = given.difference(&ranked).count();
+    let missed = ranked.difference(&given).count();
+    Ok(check(
+        6,
+        "a draw's units went to its lowest ranks",
+        strays == 0 && missed == 0,
+        format!(
+            "{} entries ranked at or below the cut-off {cutoff}, {} with an order; {strays} orders of others, {missed} of them without one",
+            ranked.len(),
+            ranked.len() - missed
+        ),
+    ))
 }
 
 /// Polls Redis until no won unit waits for its order row, or the time is up.

@@ -54,6 +54,11 @@ pub struct BenchArgs {
     /// Presses between waves answer `409 between_releases`.
     #[arg(long, value_parser = parse_waves)]
     pub release: Option<Waves>,
+    /// A draw, when --units sets the item up: presses are entries until this many seconds
+    /// after the start, then the units go to the entries of lowest rank; the bench waits
+    /// for the draw and checks that they did.
+    #[arg(long, value_name = "SECONDS", conflicts_with_all = ["release", "per_user"])]
+    pub draw: Option<u32>,
     /// The shop a new item belongs to (a shop not seen before is created, open).
     #[arg(long, default_value_t = 1)]
     pub shop: u64,
@@ -177,6 +182,9 @@ pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<bool> {
         start_at,
     };
     let run = crowd.fire().await?;
+    if args.draw.is_some() {
+        setup::wait_for_draw(&admin, item.id, Duration::from_secs(args.drain_timeout_s)).await?;
+    }
 
     let checks = invariants::check_all(
         &settings,

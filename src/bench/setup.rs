@@ -1,9 +1,10 @@
 //! The item a rehearsal sells: set up through the admin API, or an existing one.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use chrono::{DateTime, Utc};
+use indicatif::ProgressBar;
 use reqwest::Method;
 use serde_json::{Value, json};
 use url::Url;
@@ -80,6 +81,31 @@ pub struct ItemInfo {
     pub remaining: u64,
 }
 
+/// Waits (up to `limit`) until the item's draw is done: its seed is published.
+pub async fn wait_for_draw(admin: &Admin, id: ItemId, limit: Duration) -> anyhow::Result<()> {
+    let bar = ProgressBar::new_spinner();
+    bar.enable_steady_tick(Duration::from_millis(100));
+    let deadline = Instant::now() + limit;
+    loop {
+        let item = admin
+            .call(Method::GET, &format!("/api/items/{id}"), None)
+            .await?;
+        if item["draw_seed"].is_string() {
+            bar.finish_and_clear();
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "item {id}: not drawn within {limit:?} (is a scheduler running?)"
+        );
+        bar.set_message(format!(
+            "waiting for the draw at {}",
+            item["draw_at"].as_str().unwrap_or("?")
+        ));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Sets the item up (or checks the existing one) and answers what it holds.
 pub async fn prepare(
     admin: &Admin,
@@ -103,23 +129,24 @@ pub async fn prepare(
                 })
             })
             .collect();
+        let mut body = json!({
+            "name": format!("bench item {id}"),
+            "shop_id": args.shop,
+            "total": units,
+            // Started a moment before the presses, so the first one is on time.
+            "start_at": start_at - chrono::Duration::milliseconds(500),
+            "end_at": start_at + chrono::Duration::hours(1),
+            "price_cents": 100,
+            "buckets": args.buckets,
+            "per_user": args.per_user,
+            "release": release,
+        });
+        if let Some(after) = args.draw {
+            body["mode"] = json!("draw");
+            body["draw_at"] = json!(start_at + chrono::Duration::seconds(i64::from(after)));
+        }
         admin
-            .call(
-                Method::PUT,
-                &format!("/admin/items/{id}"),
-                Some(json!({
-                    "name": format!("bench item {id}"),
-                    "shop_id": args.shop,
-                    "total": units,
-                    // Started a moment before the presses, so the first one is on time.
-                    "start_at": start_at - chrono::Duration::milliseconds(500),
-                    "end_at": start_at + chrono::Duration::hours(1),
-                    "price_cents": 100,
-                    "buckets": args.buckets,
-                    "per_user": args.per_user,
-                    "release": release,
-                })),
-            )
+            .call(Method::PUT, &format!("/admin/items/{id}"), Some(body))
             .await?;
         // Paused while it loads: a forced warm-up refuses a live sale (`sale_live`), and
         // an existing item's new total would otherwise stand in MySQL unloaded.

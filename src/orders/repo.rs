@@ -86,6 +86,16 @@ pub async fn orders_of_user(
     .await
 }
 
+/// The users with an order of the item, in any state.
+pub async fn users_with_orders(db: &Db, item: ItemId) -> Result<Vec<u64>, DbError> {
+    mysql_timed(
+        sqlx::query_scalar("SELECT DISTINCT user_id FROM orders WHERE item_id = ?")
+            .bind(item.get())
+            .fetch_all(db),
+    )
+    .await
+}
+
 /// Many orders by number, in one query (absent ones are simply not in the answer).
 pub async fn find_many(db: &Db, sns: &[&str]) -> Result<Vec<OrderRow>, DbError> {
     if sns.is_empty() {

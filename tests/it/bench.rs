@@ -105,6 +105,35 @@ async fn bench_rehearses_a_shaped_sale() {
     server.stop().await;
 }
 
+/// A draw: the crowd's presses are entries for three seconds, the bench waits for the
+/// draw and checks that the 30 units went to the lowest ranks (its sixth check).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bench_rehearses_a_draw() {
+    let env = TestEnv::new("bench_draw").await;
+    let server = env.server(ALL_ROLES).await;
+    let out = out_dir("draw");
+    #[rustfmt::skip]
+    let args = [
+        "--item", "706", "--units", "30", "--buckets", "2", "--draw", "3",
+        "--users", "200", "--requests", "300", "--rate", "150", "--concurrency", "20",
+    ];
+    let output = bench(&env, &server, &args, &out).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for line in [
+        "✔ 6. a draw's units went to its lowest ranks",
+        "GO: every invariant held",
+    ] {
+        assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
+    }
+    assert_eq!(env.orders(706).await.len(), 30);
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn bench_rehearses_a_sale_and_proves_the_invariants() {
     let env = TestEnv::new("bench_ok").await;

@@ -258,8 +258,8 @@ async fn a_draw_gives_its_units_by_rank_and_passes_a_cancelled_one_on() {
 }
 
 /// 3,000 units over 2 buckets among 30,000 entries; the scheduler drawing them is killed
-/// (SIGKILL) mid-draw and another takes over: every unit is given once, each to one of the
-/// 3,000 lowest ranks, nobody twice.
+/// (SIGKILL) mid-draw and two others take over side by side: every unit is given once, each
+/// to one of the 3,000 lowest ranks, nobody twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_draw_cut_off_by_a_killed_scheduler_resumes_and_never_gives_twice() {
     let env = TestEnv::new("draws_crash").await;
@@ -304,6 +304,7 @@ async fn a_draw_cut_off_by_a_killed_scheduler_resumes_and_never_gives_twice() {
     );
 
     let second = env.server(&[Role::Scheduler]).await;
+    let third = env.server(&[Role::Scheduler]).await;
     let item = drawn(&env, &server, 1, Duration::from_secs(60)).await;
     assert_eq!(item["draw_seed"].as_str(), Some(seed.as_str()));
     quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(60)).await;
@@ -318,7 +319,7 @@ async fn a_draw_cut_off_by_a_killed_scheduler_resumes_and_never_gives_twice() {
     assert_eq!(unique, expected, "the 3,000 lowest ranks");
     assert_eq!(given().await, 3_000);
     env.assert_invariants(&server, 1, 3_000, &[]).await;
-    drop(second);
+    drop((second, third));
 }
 
 /// A measurement, by hand (docs/benchmarks.md, "A draw"): a million entries over 16
@@ -362,4 +363,46 @@ async fn a_million_entries() {
     let expected: HashSet<u64> = lowest(&seed, 1..1_000_001, 1_000).into_iter().collect();
     let winners: HashSet<u64> = live_buyers(&env, 1).await.into_iter().collect();
     assert_eq!(winners, expected);
+}
+
+/// Two draws of one item at the very same time (no lock between them, as if two
+/// schedulers' leases overlapped): 200 units among 5,000 entries, each given once, to the
+/// 200 lowest ranks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_draws_at_once_give_nobody_twice() {
+    let env = TestEnv::new("draws_twice").await;
+    let server = env.server(&[Role::Api, Role::Consumer]).await;
+    let draw_at = Utc::now() + chrono::Duration::seconds(2);
+    env.item(1, 200)
+        .buckets(2)
+        .draw(draw_at)
+        .on_sale(&server)
+        .await;
+    let seed = seed_of(&env, 1).await;
+    enter_directly(&env, 1, 2, &seed, 1..5_001).await;
+    until(draw_at).await;
+
+    let redis = seckill::store::RedisConns::new(env.settings.redis_url.expose()).unwrap();
+    let keys = env.keys();
+    let item = seckill::items::repo::get(&env.db, ItemId::new(1).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    let (a, b) = tokio::join!(
+        seckill::draw::award::draw(&redis, &keys, &item),
+        seckill::draw::award::draw(&redis, &keys, &item)
+    );
+    let (a, b) = (a.unwrap().unwrap(), b.unwrap().unwrap());
+    assert_eq!(a.given + b.given, 200, "{a:?} {b:?}");
+
+    // The orders go out through the relay, the scheduler role's (its own draw pass finds
+    // nothing left to give).
+    let _relay = env.server(&[Role::Scheduler]).await;
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let buyers = live_buyers(&env, 1).await;
+    let unique: HashSet<u64> = buyers.iter().copied().collect();
+    assert_eq!((buyers.len(), unique.len()), (200, 200));
+    let expected: HashSet<u64> = lowest(&seed, 1..5_001, 200).into_iter().collect();
+    assert_eq!(unique, expected);
+    env.assert_invariants(&server, 1, 200, &[]).await;
 }

@@ -45,6 +45,8 @@ def _sellable(item):
         item["start_at"] = (now - timedelta(minutes=1)).isoformat()
         item["end_at"] = (now + timedelta(days=1)).isoformat()
         _waves_within(item, now)
+        if _rfc3339(item.get("draw_at")):
+            item["draw_at"] = (now + timedelta(hours=1)).isoformat()
 
 
 def _waves_within(item, now):
