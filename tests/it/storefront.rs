@@ -38,15 +38,27 @@ async fn the_page_buys_with_one_click_debounces_a_double_click_and_shows_sold_ou
         .put(&server)
         .await;
     env.warmup(&server, 903).await;
+    // Shaped sales: between two waves (the one unit on sale bought), up to 3 per buyer,
+    // and a draw taking entries for an hour.
+    env.item(904, 2)
+        .release(&[(now + chrono::Duration::hours(1), 1)])
+        .on_sale(&server)
+        .await;
+    assert_eq!(env.buy(&server, 98, 904).await.0, 202);
+    env.item(905, 10).per_user(3).on_sale(&server).await;
+    env.item(906, 10)
+        .draw(now + chrono::Duration::hours(1))
+        .on_sale(&server)
+        .await;
     let nginx = Nginx::start(server.addr, server.addr).await;
 
-    let tokens = [1, 2, 3, 4].map(|user| env.token(user)).join(",");
+    let tokens = [1, 2, 3, 4, 5, 6].map(|user| env.token(user)).join(",");
     let output = tokio::task::spawn_blocking(move || {
         Command::new("node")
             .args(["--test", "--test-concurrency=1", "test/"])
             .current_dir(WEB)
             .env("STOREFRONT_URL", nginx.url(""))
-            .env("STOREFRONT_ITEMS", "901,902,903")
+            .env("STOREFRONT_ITEMS", "901,902,903,904,905,906")
             .env("STOREFRONT_TOKENS", tokens)
             .env("CHROMIUM", chromium)
             .env(
@@ -64,7 +76,7 @@ async fn the_page_buys_with_one_click_debounces_a_double_click_and_shows_sold_ou
         "browser test failed:\n{report}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(report.contains("# pass 5"), "{report}");
+    assert!(report.contains("# pass 8"), "{report}");
 
     // What the clicks did: user 1 bought and paid, user 2's double click bought once, user
     // 4 bought once though the answer was lost, user 3 (sold out, not started) bought
@@ -77,4 +89,9 @@ async fn the_page_buys_with_one_click_debounces_a_double_click_and_shows_sold_ou
     assert_eq!(seen, [(1, "paid"), (2, "unpaid"), (4, "unpaid")]);
     assert_eq!(env.orders(902).await.len(), 1);
     assert!(env.orders(903).await.is_empty());
+    // User 5 bought two of item 905 with two clicks; user 6 entered the draw, once.
+    env.wait_for_orders(&server, 905, 2, Duration::from_secs(20))
+        .await;
+    let stats = env.stats(&server, 906).await;
+    assert_eq!(stats["entries"], 1, "{stats}");
 }

@@ -1,8 +1,8 @@
 // The storefront in a real headless Chromium, against nginx in front of a real server.
 // tests/it/storefront.rs sets the sale up and runs this with:
 //   STOREFRONT_URL      nginx's address (http://127.0.0.1:PORT)
-//   STOREFRONT_ITEMS    on-sale,sold-out,later item ids
-//   STOREFRONT_TOKENS   four user tokens, comma-separated
+//   STOREFRONT_ITEMS    on-sale,sold-out,later,between-waves,three-per-buyer,draw item ids
+//   STOREFRONT_TOKENS   six user tokens, comma-separated
 //   CHROMIUM            the browser (default /usr/bin/chromium, Debian's package)
 //   STOREFRONT_SHOTS    optional folder for screenshots
 import { after, before, test } from "node:test";
@@ -16,7 +16,8 @@ const need = (name) => {
   return value;
 };
 const base = need("STOREFRONT_URL");
-const [onSale, soldOut, later] = need("STOREFRONT_ITEMS").split(",");
+const [onSale, soldOut, later, betweenWaves, threePerBuyer, draw] =
+  need("STOREFRONT_ITEMS").split(",");
 const tokens = need("STOREFRONT_TOKENS").split(",");
 const shots = process.env.STOREFRONT_SHOTS;
 
@@ -126,4 +127,44 @@ test("a sale yet to start counts down and cannot be bought", async () => {
   assert.equal(await page.isDisabled("#buy"), true);
   await shot(page, "countdown");
   await page.close();
+});
+
+test("between waves, a countdown to the next one", async () => {
+  const { page, purchases } = await open(betweenWaves, tokens[2]);
+  await text(page, "#countdown", /More goes on sale in \d\d:\d\d:\d\d/);
+  assert.equal(await page.isDisabled("#buy"), true);
+  await shot(page, "between-waves");
+  assert.equal(purchases.length, 0);
+  await page.close();
+});
+
+test("a buyer who may hold three sees how many they hold, and buys again", async () => {
+  const { page, purchases } = await open(threePerBuyer, tokens[4]);
+  await text(page, "#countdown", /On sale now/);
+  await page.click("#buy");
+  await text(page, "#held", /You hold 1 of 3/);
+  await page.waitForFunction(() => !document.querySelector("#buy").disabled);
+  await page.click("#buy");
+  await text(page, "#held", /You hold 2 of 3/);
+  await shot(page, "two-of-three");
+  assert.equal(purchases.length, 2);
+  assert.notEqual(purchases[0]["idempotency-key"], purchases[1]["idempotency-key"]);
+  await page.close();
+});
+
+test("a draw takes an entry, and remembers it after a reload", async () => {
+  const { page, purchases } = await open(draw, tokens[5]);
+  await text(page, "#countdown", /Entries close in/);
+  assert.equal(await page.textContent("#buy"), "Enter the draw");
+  await page.click("#buy");
+  await text(page, "#outcome", /You are in the draw/);
+  await shot(page, "entered");
+  assert.equal(purchases.length, 1);
+  await page.close();
+
+  const again = await open(draw, tokens[5]);
+  await text(again.page, "#outcome", /You are in the draw/);
+  assert.equal(await again.page.isDisabled("#buy"), true);
+  assert.equal(again.purchases.length, 0);
+  await again.page.close();
 });
