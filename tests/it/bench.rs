@@ -27,6 +27,19 @@ async fn bench(env: &TestEnv, server: &TestServer, args: &[&str], out: &std::pat
         .unwrap()
 }
 
+/// Asserts that the bench said GO (exit 0), and each of `lines`.
+fn said_go(output: &Output, lines: &[&str]) {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for line in lines.iter().chain(&["GO: every invariant held"]) {
+        assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
+    }
+}
+
 /// The rehearsal of a hot item over four buckets, a fifth of the winners cancelling (their
 /// units back in their buckets, sold again across them): every invariant holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -83,13 +96,7 @@ async fn bench_rehearses_a_shaped_sale() {
         "--users", "40", "--requests", "400", "--rate", "100", "--concurrency", "20",
     ];
     let output = bench(&env, &server, &args, &out).await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(stdout.contains("GO: every invariant held"), "{stdout}");
+    said_go(&output, &[]);
     let orders = env.orders(705).await;
     assert_eq!(
         orders.len(),
@@ -118,18 +125,7 @@ async fn bench_rehearses_a_draw() {
         "--users", "200", "--requests", "300", "--rate", "150", "--concurrency", "20",
     ];
     let output = bench(&env, &server, &args, &out).await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    for line in [
-        "✔ 6. a draw's units went to its lowest ranks",
-        "GO: every invariant held",
-    ] {
-        assert!(stdout.contains(line), "{line:?} missing from:\n{stdout}");
-    }
+    said_go(&output, &["✔ 6. a draw's units went to its lowest ranks"]);
     assert_eq!(env.orders(706).await.len(), 30);
     server.stop().await;
 }

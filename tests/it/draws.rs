@@ -338,11 +338,24 @@ async fn a_million_entries() {
         .on_sale(&server)
         .await;
     let seed = seed_of(&env, 1).await;
+    let memory = || async {
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query_async(&mut env.redis.clone())
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .unwrap()
+    };
+    let before = memory().await;
     let began = std::time::Instant::now();
     enter_directly(&env, 1, 16, &seed, 1..1_000_001).await;
     eprintln!(
-        "1,000,000 entries written in {:.1} s",
-        began.elapsed().as_secs_f64()
+        "1,000,000 entries written in {:.1} s; Redis used_memory +{} MB",
+        began.elapsed().as_secs_f64(),
+        (memory().await - before) / 1_000_000
     );
     let stats = env.stats(&server, 1).await;
     assert_eq!(stats["entries"], 1_000_000, "{stats}");
