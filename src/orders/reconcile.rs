@@ -207,7 +207,7 @@ async fn check(
     })
 }
 
-/// Buyer records (user → order) of one bucket whose order is not pending in Redis and not
+/// Buyer records (user → their orders) of one bucket naming an order not pending in Redis and not
 /// unpaid or paid in MySQL: cancelled with its unit never returned, or lost altogether.
 async fn stale_buyers(
     db: &Db,
@@ -225,8 +225,14 @@ async fn stale_buyers(
         pipe.hgetall(key);
     }
     let maps: Vec<HashMap<u64, String>> = redis_timed(pipe.query_async(&mut conn)).await?;
-    for map in maps {
-        records.extend(map);
+    // A record holds the user's orders by place (`lua/lib/places.lua`): each is looked at.
+    for (user, record) in maps.into_iter().flatten() {
+        records.extend(
+            record
+                .split(' ')
+                .filter(|place| *place != "-")
+                .map(|sn| (user, sn.to_owned())),
+        );
     }
     if records.is_empty() {
         return Ok(Vec::new());

@@ -10,6 +10,8 @@ use futures::StreamExt;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 
+use seckill::Role;
+
 use crate::history::quiet;
 use crate::support::*;
 
@@ -506,4 +508,48 @@ async fn a_rebuild_after_redis_lost_a_shaped_sale_keeps_places_and_waves() {
         "MySQL refused no order as a second one in a place"
     );
     env.assert_invariants(&server, 1, 12, &won).await;
+}
+
+/// Reconciliation on an item with two per buyer: an order ended in MySQL by hand, its unit
+/// never given back, sits in a buyer record beside a live order; the reconciliation finds
+/// it (`stale_buyers` 1), returns its unit and frees its place only, so the buyer may buy
+/// one more and then hears `409 limit_reached`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconciliation_finds_a_stale_order_among_a_buyers_places() {
+    let env = TestEnv::new("shapes_reconcile").await;
+    let server = env
+        .server_with(&[Role::Api, Role::Consumer], |s| s.rate_per_user = 0)
+        .await;
+    env.item(1, 5).per_user(2).on_sale(&server).await;
+    let mut won = Vec::new();
+    for _ in 0..2 {
+        let (status, body) = env.buy(&server, 7, 1).await;
+        assert_eq!(status, 202, "{body}");
+        won.push(body["order_sn"].as_str().unwrap().to_owned());
+    }
+    env.wait_for_orders(&server, 1, 2, Duration::from_secs(20))
+        .await;
+    sqlx::query("UPDATE orders SET status = 'cancelled' WHERE order_sn = ?")
+        .bind(&won[0])
+        .execute(&env.db)
+        .await
+        .unwrap();
+
+    let (status, report) = env.admin_post(&server, "/admin/items/1/reconcile").await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["stale_buyers"], 1, "{report}");
+    assert_eq!(report["consistent"], true, "{report}");
+    back_on_sale(&env, &server, 1).await;
+    let (status, body) = env.buy(&server, 7, 1).await;
+    assert_eq!(status, 202, "the stale place is free: {body}");
+    won.push(body["order_sn"].as_str().unwrap().to_owned());
+    let (status, body) = env.buy(&server, 7, 1).await;
+    assert_eq!(answer(status, &body), "409 limit_reached", "{body}");
+    let named: HashSet<&str> = body["order_sns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(named, [won[1].as_str(), won[2].as_str()].into());
 }
