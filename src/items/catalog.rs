@@ -206,8 +206,6 @@ impl CatalogItem {
             ItemStatus::Paused
         } else if now < self.item.start_at {
             ItemStatus::Scheduled
-        } else if self.sold_out() && self.item.release.next_at(now).is_none() {
-            ItemStatus::SoldOut
         } else if self.on_sale(now) == 0 && self.item.release.next_at(now).is_some() {
             ItemStatus::BetweenReleases
         } else if self.sold_out() {

@@ -167,7 +167,7 @@ async fn bought_with(
     user: UserId,
     key: &str,
 ) -> Option<OrderSn> {
-    let record = state.keys.idempotency(item.home(user).stock, user, key);
+    let record = IdempotencyKey::of(&state.keys, item, user, key.to_owned()).record;
     let mut conn = state.redis.hot().await.ok()?;
     let sn: Option<String> = redis_timed(redis::AsyncCommands::get(&mut conn, record))
         .await
@@ -189,10 +189,7 @@ async fn sell(
     key: Option<String>,
 ) -> Result<Response, ApiError> {
     let item_id = item.item.id;
-    let idempotency = key.map(|key| IdempotencyKey {
-        record: state.keys.idempotency(item.home(user).stock, user, &key),
-        key,
-    });
+    let idempotency = key.map(|key| IdempotencyKey::of(&state.keys, &item, user, key));
     // Before the grab (`SECKILL_REDIS_WAIT_REPLICAS`): the replicas a win will wait for,
     // on the master serving the buyer's bucket now. While that master is short of them no
     // unit is taken there — it could never be confirmed.

@@ -6,7 +6,7 @@ use redis::{Script, ScriptInvocation};
 use crate::domain::{OrderSn, UserId};
 use crate::error::ApiError;
 use crate::items::catalog::CatalogItem;
-use crate::keys::ItemKeys;
+use crate::keys::{ItemKeys, Keys};
 use crate::lua::{GIVE_BACK, GRAB};
 use crate::store::{RedisError, redis_timed};
 
@@ -59,6 +59,15 @@ impl GrabOutcome {
 pub struct IdempotencyKey {
     pub key: String,
     pub record: String,
+}
+
+impl IdempotencyKey {
+    pub fn of(keys: &Keys, item: &CatalogItem, user: UserId, key: String) -> Self {
+        Self {
+            record: keys.idempotency(item.home(user).stock, user, &key),
+            key,
+        }
+    }
 }
 
 impl GrabOutcome {
