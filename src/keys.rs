@@ -169,6 +169,12 @@ impl Keys {
         format!("{}:items:v1", self.namespace)
     }
 
+    /// ZSET of the draws to come and under way: item id → `draw_at` (ms). See
+    /// `src/draw/schedule.rs`.
+    pub fn draws(&self) -> String {
+        format!("{}:draws:v1", self.namespace)
+    }
+
     /// ZSET of the buckets a kind of background work must look at: bucket (as
     /// [`Stock`] displays it) → when (ms; 0 = at once). See `src/marks.rs`.
     pub fn marks(&self, work: &str) -> String {

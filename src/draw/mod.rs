@@ -2,8 +2,10 @@
 //! (`crate::purchase::entry`); at `draw_at` the scheduler (`crate::scheduler`'s draw pass)
 //! gives the units to the entries of lowest rank ([`award`]), and passes a cancelled or timed-out winner's unit to the next
 //! entry by rank until `end_at`; a buyer asks how they fared at `my-entry` ([`api`]).
-//! The ranks and the seed that fixes them in advance: [`rank`].
+//! The ranks and the seed that fixes them in advance: [`rank`]; which draws are coming:
+//! [`schedule`].
 
 pub mod api;
 pub mod award;
 pub mod rank;
+pub mod schedule;

@@ -182,6 +182,9 @@ async fn spread_rules(
     for bucket in item.stocks() {
         stock::sync_rules(&mut conn, &keys.stock(bucket), &item).await?;
     }
+    let mut pipe = redis::pipe();
+    crate::draw::schedule::note_in(&mut pipe, keys, id, item.draw_at);
+    crate::store::redis_timed(pipe.query_async::<()>(&mut conn)).await?;
     refresh_everywhere(catalog, id).await;
     Ok(item)
 }

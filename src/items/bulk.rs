@@ -131,6 +131,15 @@ pub(super) async fn put_items(
             stock::sync_draft_in(grouped.group(), &keys.stock(bucket), draft);
         }
     }
+    // Every written item's draw (or none) in the draw pass's schedule.
+    let stored: std::collections::HashSet<ItemId> = done
+        .iter()
+        .filter(|(_, outcome)| matches!(outcome, Upserted::Created | Upserted::Updated))
+        .map(|(id, _)| *id)
+        .collect();
+    for (id, draft) in drafts.iter().filter(|(id, _)| stored.contains(id)) {
+        crate::draw::schedule::note_in(grouped.group(), keys, *id, draft.draw_at);
+    }
     grouped.run(redis).await?;
     catalog.announce_all().await;
 

@@ -465,17 +465,6 @@ pub async fn due_for_retirement(
     .await
 }
 
-/// Draws whose time has come and whose sale is still on: the draw pass gives their units
-/// by rank (and passes on the units of winners who cancel) until `end_at`.
-pub async fn draws_due(db: &Db) -> Result<Vec<Item>, DbError> {
-    let sql = format!(
-        "SELECT {COLUMNS} FROM items
-          WHERE draw_at <= UTC_TIMESTAMP(3) AND end_at > UTC_TIMESTAMP(3)
-            AND loaded_at IS NOT NULL AND retired_at IS NULL"
-    );
-    mysql_timed(sqlx::query_as(sqlx::AssertSqlSafe(sql)).fetch_all(db)).await
-}
-
 /// Records how far a draw got: every entry ranked at or below `cutoff` was given a unit.
 /// `complete`: the first round is done (units or entries ran out), so the seed goes
 /// public. Counts as a change of the item, so every catalogue learns it.

@@ -7,9 +7,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use redis::{AsyncCommands, Value};
+use redis::Value;
 
 use crate::domain::{ItemId, Stock};
+use crate::draw;
 use crate::items::repo::{self, Item};
 use crate::items::stock;
 use crate::keys::{ItemKeys, Keys};
@@ -164,16 +165,23 @@ async fn fresh_only<'i>(
 }
 
 /// Each bucket in one call of `load_fresh.lua` (units and meta, guarded by `seen`), after
-/// putting them in the items index: a bucket there with nothing loaded costs the sweeps
-/// nothing.
+/// putting them in the items index (a bucket there with nothing loaded costs the sweeps
+/// nothing) and their draws, if any, in the draw pass's schedule.
 async fn load_buckets(
     redis: &RedisConns,
     keys: &Keys,
     buckets: &[Bucket<'_>],
 ) -> Result<(), WarmupError> {
     let members: Vec<String> = buckets.iter().map(|b| b.keys.stock.to_string()).collect();
+    // The index and the draws' schedule are two keys of two slots: a group each.
+    let mut listed = Grouped::new(redis);
+    listed.group().sadd(keys.items_index(), &members).ignore();
+    let schedule = listed.group();
+    for bucket in buckets.iter().filter(|b| b.keys.stock.bucket == 0) {
+        draw::schedule::note_in(schedule, keys, bucket.item.id, bucket.item.draw_at);
+    }
+    listed.run(redis).await?;
     let mut conn = redis.bulk().await?;
-    redis_timed(conn.sadd::<_, _, ()>(keys.items_index(), &members)).await?;
     redis_timed(LOAD_FRESH.prepare_invoke().load_async(&mut conn)).await?;
 
     let mut grouped = Grouped::new(redis);

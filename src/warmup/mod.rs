@@ -221,8 +221,14 @@ impl Warmup<'_> {
     /// sweeps walk.
     async fn index(&self, item: &Item) -> Result<(), WarmupError> {
         let members: Vec<String> = item.stocks().map(|s| s.to_string()).collect();
-        let mut conn = self.redis.bulk().await?;
-        redis_timed(conn.sadd::<_, _, ()>(self.keys.items_index(), members)).await?;
+        // Two keys of two slots: a group each (one pipeline on one server).
+        let mut grouped = Grouped::new(self.redis);
+        grouped
+            .group()
+            .sadd(self.keys.items_index(), members)
+            .ignore();
+        crate::draw::schedule::note_in(grouped.group(), self.keys, item.id, item.draw_at);
+        grouped.run(self.redis).await?;
         Ok(())
     }
 

@@ -104,7 +104,7 @@ async fn drawn(env: &TestEnv, server: &TestServer, item: u64, limit: Duration) -
 /// as a purchase's; `my-entry` tells each entrant; after `draw_at` no entry is taken; a
 /// winner's cancel passes the unit to the next entry by rank.
 pub async fn draw_by_rank(env: &TestEnv, server: &TestServer, item: u64) {
-    let draw_at = Utc::now() + chrono::Duration::seconds(6);
+    let draw_at = Utc::now() + chrono::Duration::seconds(12);
     let (status, body) = env
         .item(item, 50)
         .buckets(4)
@@ -164,6 +164,10 @@ pub async fn draw_by_rank(env: &TestEnv, server: &TestServer, item: u64) {
 
     let seed = seed_of(env, item).await;
     enter_directly(env, item, 4, &seed, 401..100_001).await;
+    assert!(
+        Utc::now() < draw_at,
+        "entering took past draw_at: the draw may have missed some"
+    );
     let stats = env.stats(server, item).await;
     assert_eq!(stats["entries"], 100_000, "{stats}");
 

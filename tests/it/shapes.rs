@@ -279,7 +279,7 @@ async fn buy_all(
 /// sold_out` only when nothing is left to release. A released tranche cannot change; one
 /// to come can.
 pub async fn waves(env: &TestEnv, server: &TestServer, item: u64) {
-    let (first, second) = (at(4), at(8));
+    let (first, second) = (at(8), at(14));
     let (start, end) = (at(-1), at(3600));
     let spec = || env.item(item, 30).buckets(2).window(start, end);
     // Bad plans are named.
@@ -326,7 +326,7 @@ pub async fn waves(env: &TestEnv, server: &TestServer, item: u64) {
         .unwrap()
         .parse()
         .unwrap();
-    assert!((1..=5).contains(&retry_after), "Retry-After {retry_after}");
+    assert!((1..=8).contains(&retry_after), "Retry-After {retry_after}");
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["code"], "between_releases");
     assert_eq!(
