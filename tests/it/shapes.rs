@@ -553,3 +553,24 @@ async fn reconciliation_finds_a_stale_order_among_a_buyers_places() {
         .collect();
     assert_eq!(named, [won[1].as_str(), won[2].as_str()].into());
 }
+
+/// A wave needs no scheduler: with only an API instance running (nothing to crash in the
+/// middle of a release), the wave's units go on sale at its time, by Redis's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wave_opens_with_no_scheduler_running() {
+    let env = TestEnv::new("shapes_no_scheduler").await;
+    let server = env.server_with(&[Role::Api], |s| s.rate_per_user = 0).await;
+    let wave = at(5);
+    env.item(1, 4).release(&[(wave, 2)]).on_sale(&server).await;
+    let (answers, _) = buy_all(&env, &server, 1, 1..=3).await;
+    assert_eq!(
+        answers,
+        BTreeMap::from([("202 queued".into(), 2), ("409 between_releases".into(), 1)])
+    );
+    until(wave).await;
+    let (answers, _) = buy_all(&env, &server, 1, 3..=5).await;
+    assert_eq!(
+        answers,
+        BTreeMap::from([("202 queued".into(), 2), ("410 sold_out".into(), 1)])
+    );
+}
