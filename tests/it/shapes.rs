@@ -46,6 +46,31 @@ async fn back_on_sale(env: &TestEnv, server: &TestServer, item: u64) {
     .await;
 }
 
+/// The order numbers a `409 limit_reached` names.
+fn named(body: &Value) -> HashSet<String> {
+    body["order_sns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|sn| sn.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The stats of an item between waves: nothing on sale, `unreleased` held back, and it
+/// adds up.
+async fn held_back(env: &TestEnv, server: &TestServer, item: u64, unreleased: u64) {
+    let stats = env.stats(server, item).await;
+    assert_eq!(
+        (
+            stats["remaining"].as_u64(),
+            stats["unreleased"].as_u64(),
+            stats["consistent"].as_bool()
+        ),
+        (Some(0), Some(unreleased), Some(true)),
+        "{stats}"
+    );
+}
+
 fn answer(status: u16, body: &Value) -> String {
     format!("{status} {}", body["code"].as_str().unwrap_or("?"))
 }
@@ -109,13 +134,7 @@ pub async fn per_user_with_retried_keys(env: &TestEnv, server: &TestServer, item
         let (status, body) = presses[3].1[0].clone();
         if mine.len() == 3 && status != 410 {
             assert_eq!(answer(status, &body), "409 limit_reached", "{body}");
-            let named: HashSet<String> = body["order_sns"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|sn| sn.as_str().unwrap().to_owned())
-                .collect();
-            assert_eq!(&named, mine);
+            assert_eq!(&named(&body), mine);
         }
     }
     eprintln!("answers: {answers:?}");
@@ -337,16 +356,7 @@ pub async fn waves(env: &TestEnv, server: &TestServer, item: u64) {
     );
     let (_, shown) = env.get(server, &format!("/api/items/{item}"), None).await;
     assert_eq!(shown["status"], "between_releases", "{shown}");
-    let stats = env.stats(server, item).await;
-    assert_eq!(
-        (
-            stats["remaining"].as_u64(),
-            stats["unreleased"].as_u64(),
-            stats["consistent"].as_bool()
-        ),
-        (Some(0), Some(20), Some(true)),
-        "{stats}"
-    );
+    held_back(env, server, item, 20).await;
     // A cancelled unit is on sale now, before the wave.
     let (holder, cancelled) = won.remove(0);
     let (status, body) = env
@@ -467,25 +477,10 @@ async fn a_rebuild_after_redis_lost_a_shaped_sale_keeps_places_and_waves() {
 
     let (status, body) = env.buy(&server, 1, 1).await;
     assert_eq!(answer(status, &body), "409 limit_reached", "{body}");
-    let named: HashSet<&str> = body["order_sns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
-    assert_eq!(named, won[..2].iter().map(String::as_str).collect());
+    assert_eq!(named(&body), won[..2].iter().cloned().collect());
     let (status, body) = env.buy(&server, 8, 1).await;
     assert_eq!(answer(status, &body), "409 between_releases", "{body}");
-    let stats = env.stats(&server, 1).await;
-    assert_eq!(
-        (
-            stats["remaining"].as_u64(),
-            stats["unreleased"].as_u64(),
-            stats["consistent"].as_bool()
-        ),
-        (Some(0), Some(4), Some(true)),
-        "{stats}"
-    );
+    held_back(&env, &server, 1, 4).await;
 
     // A cancel frees the first place; its unit is on sale, and the buyer takes it again.
     let (status, body) = env
@@ -545,13 +540,7 @@ async fn reconciliation_finds_a_stale_order_among_a_buyers_places() {
     won.push(body["order_sn"].as_str().unwrap().to_owned());
     let (status, body) = env.buy(&server, 7, 1).await;
     assert_eq!(answer(status, &body), "409 limit_reached", "{body}");
-    let named: HashSet<&str> = body["order_sns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
-    assert_eq!(named, [won[1].as_str(), won[2].as_str()].into());
+    assert_eq!(named(&body), [won[1].clone(), won[2].clone()].into());
 }
 
 /// A wave needs no scheduler: with only an API instance running (nothing to crash in the
