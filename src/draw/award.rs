@@ -19,7 +19,7 @@ use crate::items::repo::Item;
 use crate::items::transfer::{self, Lending};
 use crate::keys::{ItemKeys, Keys};
 use crate::lua::AWARD;
-use crate::store::{RedisConn, RedisConns, RedisError, redis_timed};
+use crate::store::{Grouped, RedisConn, RedisConns, RedisError, redis_timed};
 
 /// Entries read per bucket per round.
 const PAGE: isize = 512;
@@ -55,6 +55,11 @@ pub async fn draw(
         cutoff: item.draw_cutoff,
         ..Round::default()
     };
+    // Every unit given (the usual state between the draw and `end_at`): nothing to read.
+    if listed(redis, &buckets).await? == 0 {
+        round.complete = true;
+        return Ok(Some(round));
+    }
     let lending = Lending { redis, keys };
     loop {
         let page = next_entries(&mut conn, keys, &buckets, round.cutoff).await?;
@@ -78,6 +83,17 @@ pub async fn draw(
             return Ok(Some(round));
         }
     }
+}
+
+/// Units on the buckets' lists (one round trip per server).
+async fn listed(redis: &RedisConns, buckets: &[ItemKeys]) -> Result<u64, RedisError> {
+    let mut grouped = Grouped::new(redis);
+    for bucket in buckets {
+        grouped.group().llen(&bucket.tokens);
+    }
+    // Each group's answers come as one array: here, of one length.
+    let lengths: Vec<(u64,)> = grouped.query(redis).await?;
+    Ok(lengths.into_iter().map(|(n,)| n).sum())
 }
 
 /// The bucket that keeps `user`'s entry and record of the item.

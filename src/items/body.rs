@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use crate::domain::{ItemId, Stock};
 use crate::error::ApiError;
-use crate::store::{STORABLE, storable};
+use crate::store::{STORABLE, storable, to_millis};
 
 use super::repo::{Item, ItemDraft};
 use super::waves::Waves;
@@ -159,8 +159,7 @@ impl ItemBody {
                 None => Ok(None),
             };
         }
-        let at = self.draw_at.unwrap_or(self.end_at);
-        let at = DateTime::from_timestamp_millis(at.timestamp_millis()).unwrap_or(at);
+        let at = to_millis(self.draw_at.unwrap_or(self.end_at));
         if at <= self.start_at || at > self.end_at {
             return Err(ApiError::bad_request(
                 "`draw_at`: after `start_at`, at or before `end_at`",

@@ -59,14 +59,11 @@ impl Waves {
     /// The plan with its times to the millisecond, as MySQL keeps the sale window: a plan
     /// sent again compares equal to the one stored.
     pub fn to_millis(&self) -> Self {
-        let at_ms = |at: DateTime<Utc>| {
-            DateTime::from_timestamp_millis(at.timestamp_millis()).unwrap_or(at)
-        };
         Self(
             self.0
                 .iter()
                 .map(|w| Wave {
-                    at: at_ms(w.at),
+                    at: crate::store::to_millis(w.at),
                     units: w.units,
                 })
                 .collect(),

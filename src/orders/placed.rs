@@ -104,9 +104,15 @@ pub async fn held_by(
         redis_timed(conn.hget(keys.buyer_orders(user), user.get())).await?;
     Ok(record
         .iter()
-        .flat_map(|r| r.split(' '))
+        .flat_map(|r| orders_in(r))
         .filter_map(OrderSn::parse)
         .collect())
+}
+
+/// The order numbers a buyer record holds, by place (`lua/lib/places.lua`: `-` marks a
+/// free place).
+pub fn orders_in(record: &str) -> impl Iterator<Item = &str> {
+    record.split(' ').filter(|place| *place != "-")
 }
 
 /// The order as Redis's `pending` hash holds it (won, not yet in MySQL), if it does.

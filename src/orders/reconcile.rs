@@ -16,6 +16,7 @@ use crate::items::repo::Item;
 use crate::items::stock;
 use crate::keys::Keys;
 use crate::orders::ending::{self, Held};
+use crate::orders::placed;
 use crate::orders::repo::{self, CancelReason, OrderStatus, StatusCounts};
 use crate::store::{Db, DbError, RedisConns, RedisError, RedisLock, StoreError, redis_timed};
 use crate::telemetry::Meters;
@@ -227,12 +228,7 @@ async fn stale_buyers(
     let maps: Vec<HashMap<u64, String>> = redis_timed(pipe.query_async(&mut conn)).await?;
     // A record holds the user's orders by place (`lua/lib/places.lua`): each is looked at.
     for (user, record) in maps.into_iter().flatten() {
-        records.extend(
-            record
-                .split(' ')
-                .filter(|place| *place != "-")
-                .map(|sn| (user, sn.to_owned())),
-        );
+        records.extend(placed::orders_in(&record).map(|sn| (user, sn.to_owned())));
     }
     if records.is_empty() {
         return Ok(Vec::new());

@@ -20,6 +20,12 @@ pub fn storable(at: chrono::DateTime<chrono::Utc>) -> bool {
     (1..=i64::from(i32::MAX)).contains(&at.timestamp())
 }
 
+/// An instant to the millisecond, as MySQL's `DATETIME(3)` keeps it: a time sent again
+/// compares equal to the one stored.
+pub fn to_millis(at: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
+    chrono::DateTime::from_timestamp_millis(at.timestamp_millis()).unwrap_or(at)
+}
+
 /// [`storable`]'s range, for the refusal.
 pub const STORABLE: &str = "between 1970-01-01T00:00:01Z and 2038-01-19T03:14:07Z";
 
