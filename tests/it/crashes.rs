@@ -82,10 +82,10 @@ async fn a_consumer_killed_mid_batch_leaves_every_order_exactly_once() {
     })
     .await;
 
-    // Its MySQL slowed so the drain takes seconds: on a fast machine it would finish the
-    // 4,000 before the kill.
+    // Its MySQL slowed (80 ms an answer) so the drain takes ten seconds or more: with 20 ms
+    // a loaded CI machine once let it finish all 4,000 between two looks at the count.
     let slow_mysql = TcpProxy::start(mysql_addr()).await;
-    slow_mysql.set_delay(Duration::from_millis(20));
+    slow_mysql.set_delay(Duration::from_millis(80));
     let (mut first, _server, _lines, _reader) =
         serve(seckill(&env).args(["serve", "--roles", "consumer"]).env(
             "SECKILL_DATABASE_URL",
