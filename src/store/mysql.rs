@@ -45,7 +45,8 @@ pub enum DbError {
 
 impl DbError {
     /// Whether MySQL chose this transaction as a deadlock's victim and rolled it back
-    /// (SQLSTATE 40001, error 1213): running it again is safe.
+    /// (SQLSTATE 40001, error 1213; on Galera also a commit that lost certification to
+    /// another node's write): running it again is safe.
     pub fn is_deadlock(&self) -> bool {
         match self {
             DbError::Sql(sqlx::Error::Database(e)) => e.code().as_deref() == Some("40001"),
@@ -73,6 +74,11 @@ impl DbError {
     pub fn is_unavailable(&self) -> bool {
         match self {
             DbError::Timeout(_) | DbError::Busy => true,
+            // SQLSTATE class 08, a connection exception: also a Galera node outside the
+            // primary component (error 1047, 08S01); 70100: the connection was killed.
+            DbError::Sql(sqlx::Error::Database(e)) => e
+                .code()
+                .is_some_and(|code| code.starts_with("08") || code == "70100"),
             DbError::Sql(e) => matches!(
                 e,
                 sqlx::Error::Io(_)
@@ -122,11 +128,12 @@ where
     }
 }
 
-/// Connects, creating the database named in the URL first when it does not exist.
+/// Connects, creating the database named in the URL first when it does not exist. Several
+/// comma-separated URLs are the nodes of one Galera cluster (see `galera`).
 pub async fn connect_mysql(url: &str) -> anyhow::Result<MySqlPool> {
-    let options =
-        MySqlConnectOptions::from_str(url).context("SECKILL_DATABASE_URL is not a MySQL URL")?;
-    let database = options
+    let urls: Vec<&str> = url.split(',').map(str::trim).collect();
+    let nodes = super::galera::parse(&urls)?;
+    let database = nodes[0]
         .get_database()
         .context("SECKILL_DATABASE_URL names no database (…:3306/seckill)")?
         .to_owned();
@@ -137,13 +144,24 @@ pub async fn connect_mysql(url: &str) -> anyhow::Result<MySqlPool> {
                 .all(|b| b.is_ascii_alphanumeric() || b == b'_'),
         "database name {database:?}: use only A-Z, a-z, 0-9 and '_'"
     );
-    create_database(url, &database).await?;
-    MySqlPoolOptions::new()
+    // On a cluster the first node that answers creates it; Galera replicates the DDL.
+    let mut created = Err(anyhow::anyhow!("no URL"));
+    for url in &urls {
+        created = create_database(url, &database).await;
+        if created.is_ok() {
+            break;
+        }
+    }
+    created?;
+    let pool = MySqlPoolOptions::new()
         .max_connections(16)
         .min_connections(1)
         // Fail fast: a request waits at most this long for a connection, never forever.
-        .acquire_timeout(Duration::from_secs(1))
-        .connect_with(options)
+        .acquire_timeout(Duration::from_secs(1));
+    if nodes.len() > 1 {
+        return super::galera::connect(nodes, pool).await;
+    }
+    pool.connect_with(nodes[0].clone())
         .await
         .with_context(|| format!("cannot connect to MySQL database {database}"))
 }

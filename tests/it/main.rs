@@ -14,6 +14,7 @@ mod draws;
 mod ecosystem;
 mod edge;
 mod faults;
+mod galera;
 mod history;
 mod layout;
 mod lifecycle;

@@ -140,6 +140,12 @@ impl TestEnv {
         Self::on(name, mysql_server, &redis_url()).await
     }
 
+    /// [`TestEnv::new`] with its database on a Galera cluster (`nodes`: the servers' URLs):
+    /// the servers, and the test's own checks, get one URL per node.
+    pub async fn on_galera(name: &str, nodes: &[String]) -> Self {
+        Self::on(name, &nodes.join(","), &redis_url()).await
+    }
+
     /// [`TestEnv::new`] on a Redis Cluster (`seeds`: its nodes' URLs, comma-separated).
     pub async fn on_redis_cluster(name: &str, seeds: &str) -> Self {
         Self::on(name, &mysql_server_url(), seeds).await
@@ -152,7 +158,12 @@ impl TestEnv {
         let database = namespace.clone();
         let mut settings = Settings::from_env().expect("settings from the environment");
         settings.namespace = namespace.clone();
-        settings.database_url = Secret::new(format!("{mysql_server}/{database}"));
+        // One URL per server (several: a Galera cluster's nodes), each naming the database.
+        let urls: Vec<String> = mysql_server
+            .split(',')
+            .map(|server| format!("{server}/{database}"))
+            .collect();
+        settings.database_url = Secret::new(urls.join(","));
         settings.redis_url = Secret::new(redis);
         settings.amqp_url = Secret::new(amqp_url());
         settings.http_addr = "127.0.0.1:0".parse().unwrap();
@@ -177,7 +188,12 @@ impl TestEnv {
                 .unwrap(),
             namespace,
             database,
-            mysql_server: mysql_server.to_owned(),
+            // The clean-up drops the database through the first (Galera replicates it).
+            mysql_server: mysql_server
+                .split(',')
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
         }
     }
 
@@ -459,6 +475,11 @@ impl TestEnv {
     }
 
     /// This test's database, reached through `proxy` (a [`TcpProxy`] in front of MariaDB).
+    /// The test's database name.
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
     pub fn database_url_via(&self, proxy: SocketAddr) -> seckill::config::Secret {
         seckill::config::Secret::new(format!("mysql://root@{proxy}/{}", self.database))
     }

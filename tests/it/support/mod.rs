@@ -5,6 +5,7 @@
 //! (`wait`).
 
 mod env;
+mod galera;
 mod items;
 mod nginx;
 mod private;
@@ -14,6 +15,7 @@ mod server;
 mod wait;
 
 pub use env::*;
+pub use galera::*;
 pub use nginx::*;
 pub use private::*;
 pub use process::*;

@@ -20,7 +20,7 @@ pub fn scratch(what: &str) -> PathBuf {
 }
 
 /// Hands a directory to a service account (the servers drop root to it).
-fn give_to(dir: &Path, user: &str) {
+pub(super) fn give_to(dir: &Path, user: &str) {
     let status = Command::new("chown")
         .args(["-R", &format!("{user}:{user}"), &dir.display().to_string()])
         .status()
@@ -32,7 +32,7 @@ fn give_to(dir: &Path, user: &str) {
     );
 }
 
-async fn listening(port: u16, what: &str, within: Duration) {
+pub(super) async fn listening(port: u16, what: &str, within: Duration) {
     eventually(within, &format!("{what} listening on {port}"), || async {
         tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await

@@ -1,0 +1,214 @@
+//! A private MariaDB Galera cluster on loopback (Debian's `galera-4`): each node a
+//! `mariadbd` with its own data directory and four spare ports (SQL, group communication,
+//! incremental and full state transfer by rsync), killed on drop.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::private::{give_to, listening, scratch};
+use super::{eventually, free_port};
+
+const PROVIDER: &str = "/usr/lib/galera/libgalera_smm.so";
+/// A silent node is suspected after 2 s and evicted after 4 (Galera's defaults: 5 and 15):
+/// until then the others' commits wait for it, so a test would wait 15 s per fault.
+const QUICK: &str = "evs.keepalive_period=PT0.5S;evs.suspect_timeout=PT2S;\
+                     evs.inactive_timeout=PT4S;evs.inactive_check_period=PT0.5S";
+
+struct Node {
+    port: u16,
+    gcomm: u16,
+    ist: u16,
+    sst: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+pub struct PrivateGalera {
+    nodes: Vec<Node>,
+}
+
+impl PrivateGalera {
+    /// `n` nodes in one primary component, the first bootstrapping it.
+    pub async fn start(n: usize) -> Self {
+        let mut cluster = Self {
+            nodes: (0..n)
+                .map(|_| {
+                    let dir = scratch("galera");
+                    give_to(&dir, "mysql");
+                    let installed = Command::new("mariadb-install-db")
+                        .args([
+                            "--no-defaults",
+                            &format!("--datadir={}", dir.join("data").display()),
+                            "--user=mysql",
+                            "--skip-test-db",
+                        ])
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null())
+                        .status()
+                        .expect("mariadb-install-db on PATH");
+                    assert!(installed.success(), "mariadb-install-db: {installed}");
+                    Node {
+                        port: free_port(),
+                        gcomm: free_port(),
+                        ist: free_port(),
+                        sst: free_port(),
+                        dir,
+                        child: None,
+                    }
+                })
+                .collect(),
+        };
+        cluster.launch(0, true).await;
+        cluster.wait_until_joined(0, 1).await;
+        for node in 1..n {
+            cluster.launch(node, false).await;
+        }
+        for node in 0..n {
+            cluster.wait_until_joined(node, n).await;
+        }
+        cluster
+    }
+
+    /// The nodes' server URLs, comma-separated (tests add their database to each).
+    pub fn urls(&self) -> Vec<String> {
+        (0..self.nodes.len()).map(|n| self.url(n)).collect()
+    }
+
+    pub fn url(&self, node: usize) -> String {
+        format!("mysql://root@127.0.0.1:{}", self.nodes[node].port)
+    }
+
+    pub fn port(&self, node: usize) -> u16 {
+        self.nodes[node].port
+    }
+
+    async fn launch(&mut self, node: usize, bootstrap: bool) {
+        let members: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.gcomm))
+            .collect();
+        let n = &self.nodes[node];
+        let mut args = vec![
+            "--no-defaults".to_owned(),
+            format!("--datadir={}", n.dir.join("data").display()),
+            format!("--port={}", n.port),
+            "--bind-address=127.0.0.1".to_owned(),
+            format!("--socket={}", n.dir.join("mysqld.sock").display()),
+            format!("--pid-file={}", n.dir.join("mysqld.pid").display()),
+            format!("--log-error={}", n.dir.join("error.log").display()),
+            "--user=mysql".to_owned(),
+            "--skip-grant-tables".to_owned(),
+            "--innodb-buffer-pool-size=64M".to_owned(),
+            "--binlog-format=ROW".to_owned(),
+            "--innodb-autoinc-lock-mode=2".to_owned(),
+            "--wsrep-on=ON".to_owned(),
+            format!("--wsrep-provider={PROVIDER}"),
+            format!("--wsrep-cluster-address=gcomm://{}", members.join(",")),
+            format!("--wsrep-node-address=127.0.0.1:{}", n.gcomm),
+            format!(
+                "--wsrep-provider-options=gmcast.listen_addr=tcp://127.0.0.1:{};ist.recv_addr=127.0.0.1:{};{QUICK}",
+                n.gcomm, n.ist
+            ),
+            format!("--wsrep-sst-receive-address=127.0.0.1:{}", n.sst),
+            "--wsrep-sst-method=rsync".to_owned(),
+            format!("--wsrep-node-name=node{node}"),
+        ];
+        if bootstrap {
+            args.push("--wsrep-new-cluster".to_owned());
+        }
+        let child = Command::new("mariadbd")
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mariadbd on PATH");
+        let port = n.port;
+        self.nodes[node].child = Some(child);
+        listening(port, "private Galera node", Duration::from_secs(60)).await;
+    }
+
+    /// Waits until `node` is ready in a primary component of `size` nodes.
+    pub async fn wait_until_joined(&self, node: usize, size: usize) {
+        let url = self.url(node);
+        eventually(
+            Duration::from_secs(60),
+            &format!("Galera node {node} ready among {size}"),
+            || async {
+                let status = self.status(&url).await?;
+                if status == ("ON".to_owned(), "Primary".to_owned(), size.to_string()) {
+                    Ok(())
+                } else {
+                    Err(format!("{status:?}"))
+                }
+            },
+        )
+        .await;
+    }
+
+    /// A node's `wsrep_ready`, `wsrep_cluster_status`, `wsrep_cluster_size`.
+    pub async fn node_status(&self, node: usize) -> Result<(String, String, String), String> {
+        self.status(&self.url(node)).await
+    }
+
+    async fn status(&self, url: &str) -> Result<(String, String, String), String> {
+        let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT UPPER(VARIABLE_NAME), VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
+             WHERE VARIABLE_NAME IN ('WSREP_READY', 'WSREP_CLUSTER_STATUS', 'WSREP_CLUSTER_SIZE')",
+        )
+        .fetch_all(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+        let value = |name: &str| {
+            rows.iter()
+                .find(|(n, _)| n == name)
+                .map_or(String::new(), |(_, v)| v.clone())
+        };
+        Ok((
+            value("WSREP_READY"),
+            value("WSREP_CLUSTER_STATUS"),
+            value("WSREP_CLUSTER_SIZE"),
+        ))
+    }
+
+    /// Cuts a node off from the others' group communication (`gmcast.isolate`), as a
+    /// partition would: it stays up and answers, outside the primary component (1047).
+    pub async fn isolate(&self, node: usize, isolated: bool) {
+        let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&self.url(node))
+            .await
+            .unwrap();
+        let option = format!("gmcast.isolate={}", u8::from(isolated));
+        sqlx::query("SET GLOBAL wsrep_provider_options = ?")
+            .bind(option)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill(&mut self, node: usize) {
+        if let Some(mut child) = self.nodes[node].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts a killed node again: it rejoins and catches up by state transfer.
+    pub async fn restart(&mut self, node: usize) {
+        self.launch(node, false).await;
+        self.wait_until_joined(node, self.nodes.len()).await;
+    }
+}
+
+impl Drop for PrivateGalera {
+    fn drop(&mut self) {
+        for node in 0..self.nodes.len() {
+            self.kill(node);
+            let _ = std::fs::remove_dir_all(&self.nodes[node].dir);
+        }
+    }
+}
