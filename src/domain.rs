@@ -240,6 +240,18 @@ impl OrderSn {
     pub fn as_str(&self) -> &str {
         &self.text
     }
+
+    /// When the order was won, in ms since the epoch: its ULID's time (the clock of the
+    /// instance that sold it).
+    pub fn won_at_ms(&self) -> i64 {
+        self.text
+            .split(['-', '_'])
+            .nth(1)
+            .and_then(|ulid| ulid::Ulid::from_string(ulid).ok())
+            .map_or(0, |ulid| {
+                i64::try_from(ulid.timestamp_ms()).unwrap_or(i64::MAX)
+            })
+    }
 }
 
 impl TryFrom<String> for OrderSn {

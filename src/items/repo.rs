@@ -7,7 +7,7 @@ use serde::Serialize;
 use sqlx::QueryBuilder;
 
 use crate::domain::{ItemId, Stock};
-use crate::store::{Db, DbError, mysql_timed, retrying_deadlocks};
+use crate::store::{Db, DbError, mysql_begin, mysql_timed, retrying_deadlocks};
 
 use super::waves::Waves;
 
@@ -134,7 +134,7 @@ pub async fn recent(
     changed_since: Option<DateTime<Utc>>,
     ended_within: std::time::Duration,
 ) -> Result<(Vec<Item>, DateTime<Utc>), DbError> {
-    let mut tx = mysql_timed(db.begin()).await?;
+    let mut tx = mysql_begin(db).await?;
     let (now,): (DateTime<Utc>,) =
         mysql_timed(sqlx::query_as("SELECT UTC_TIMESTAMP(3)").fetch_one(&mut *tx)).await?;
     let within = ended_within.as_secs();

@@ -12,7 +12,8 @@ use crate::domain::{OrderPlaced, OrderSn, Stock, UserId};
 use crate::keys::{ItemKeys, Keys};
 use crate::marks::{self, Work};
 use crate::store::{
-    Db, DbError, Grouped, RedisConns, RedisError, mysql_timed, redis_timed, retrying_deadlocks,
+    Db, DbError, Grouped, RedisConns, RedisError, mysql_begin, mysql_timed, redis_timed,
+    retrying_deadlocks,
 };
 
 use super::repo::{self, OrderStatus};
@@ -32,7 +33,7 @@ pub async fn write(db: &Db, orders: &[OrderPlaced]) -> Result<(), DbError> {
 }
 
 async fn write_once(db: &Db, orders: &[OrderPlaced]) -> Result<(), DbError> {
-    let mut tx = mysql_timed(db.begin()).await?;
+    let mut tx = mysql_begin(db).await?;
     for rows in orders.chunks(ROWS_PER_INSERT) {
         mysql_timed(repo::insert_batch(&mut *tx, rows, OrderStatus::Unpaid)).await?;
         // The affected-rows count cannot tell a redelivered order (already there) from
@@ -112,7 +113,16 @@ pub async fn held_by(
 /// The order numbers a buyer record holds, by place (`lua/lib/places.lua`: `-` marks a
 /// free place).
 pub fn orders_in(record: &str) -> impl Iterator<Item = &str> {
-    record.split(' ').filter(|place| *place != "-")
+    places_in(record).map(|(_, sn)| sn)
+}
+
+/// [`orders_in`] with each order's place (its `slot`).
+pub fn places_in(record: &str) -> impl Iterator<Item = (u8, &str)> {
+    record
+        .split(' ')
+        .enumerate()
+        .filter(|(_, place)| *place != "-")
+        .map(|(slot, sn)| (u8::try_from(slot).unwrap_or(u8::MAX), sn))
 }
 
 /// The order as Redis's `pending` hash holds it (won, not yet in MySQL), if it does.

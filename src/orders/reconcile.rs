@@ -1,16 +1,17 @@
-//! End-of-sale reconciliation: units held by orders that can no longer be paid come back,
-//! buyer records that no live order backs are cleared, and Redis is checked against MySQL
+//! End-of-sale reconciliation: orders MySQL lost are written back from what Redis holds,
+//! units held by orders that can no longer be paid come back, buyer records that no live
+//! order backs are cleared, and Redis is checked against MySQL
 //! (docs/contract.md, invariant 4). It runs by itself once a sale's end plus its pay timeout has
 //! passed, and by hand through `POST /admin/items/{id}/reconcile`. It only ends orders
 //! that are over and returns units through `release.lua`; a disagreement it cannot explain
 //! is reported loudly, never papered over.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::domain::{ItemId, Stock, UserId};
+use crate::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
 use crate::error::ApiError;
 use crate::items::repo::Item;
 use crate::items::stock;
@@ -18,7 +19,9 @@ use crate::keys::Keys;
 use crate::orders::ending::{self, Held};
 use crate::orders::placed;
 use crate::orders::repo::{self, CancelReason, OrderStatus, StatusCounts};
-use crate::store::{Db, DbError, RedisConns, RedisError, RedisLock, StoreError, redis_timed};
+use crate::store::{
+    Db, DbError, RedisConns, RedisError, RedisLock, StoreError, mysql_timed, redis_timed,
+};
 use crate::telemetry::Meters;
 
 /// Longest a reconciliation may hold its item's lock (it is released when done).
@@ -74,6 +77,10 @@ pub struct Report {
     pub released: u64,
     /// Buyer records no live order backed, cleared (their units came back too).
     pub stale_buyers: u64,
+    /// Orders Redis holds as won, no longer pending, that MySQL had no row of (a failover
+    /// to an asynchronous replica that had not received them): written back as `unpaid`
+    /// from the buyer record (user, order number, place) and the number's time.
+    pub written_back: u64,
     pub total: u64,
     pub remaining: u64,
     pub sold: u64,
@@ -114,7 +121,25 @@ async fn run(
         // Retired from Redis: every order was final by then, nothing is left to return.
         return check(db, redis, keys, item, Some(record), &[], total).await;
     }
-    // 1. Unpaid orders past their deadline: cancelled, units back.
+    // 1. Buyer records, in every bucket, whose order is neither pending nor live in MySQL:
+    // written back when MySQL has no row at all, stale when its row is cancelled.
+    let stocks: Vec<Stock> = match &record {
+        Some(record) => record.stocks().collect(),
+        None => vec![Stock::whole(item)],
+    };
+    let (mut stale, mut lost) = (Vec::new(), Vec::new());
+    for stock in &stocks {
+        let found = unbacked(db, redis, keys, *stock).await?;
+        stale.extend(found.stale);
+        lost.extend(found.lost);
+    }
+    let written_back = match &record {
+        Some(record) => write_back(db, record, &lost).await?,
+        None => 0,
+    };
+
+    // 2. Unpaid orders past their deadline (those written back among them): cancelled,
+    // units back.
     let (mut cancelled, mut released) = (0, 0);
     loop {
         let overdue = repo::overdue_unpaid(db, item, Duration::ZERO, BATCH).await?;
@@ -130,18 +155,10 @@ async fn run(
         }
     }
 
-    // 2. Buyer records whose order is neither pending nor live in MySQL, in every bucket.
-    let stocks: Vec<Stock> = match &record {
-        Some(record) => record.stocks().collect(),
-        None => vec![Stock::whole(item)],
-    };
-    let mut stale = Vec::new();
-    for stock in &stocks {
-        stale.extend(stale_buyers(db, redis, keys, *stock).await?);
-    }
+    // 3. Stale buyer records: their units back.
     let stale_buyers = ending::release(redis, keys, &stale).await?.len() as u64;
 
-    // 3. Redis against MySQL, twice before crying wolf.
+    // 4. Redis against MySQL, twice before crying wolf.
     let mut report = check(db, redis, keys, item, None, &stocks, total).await?;
     if !report.consistent {
         tokio::time::sleep(RECHECK_AFTER).await;
@@ -164,6 +181,7 @@ async fn run(
         cancelled,
         released,
         stale_buyers,
+        written_back,
         ..report
     })
 }
@@ -192,6 +210,7 @@ async fn check(
         cancelled: 0,
         released: 0,
         stale_buyers: 0,
+        written_back: 0,
         total,
         remaining: snapshot.remaining,
         sold: snapshot.sold,
@@ -208,19 +227,34 @@ async fn check(
     })
 }
 
+/// A bucket's buyer records that no live order backs.
+struct Unbacked {
+    /// Their order's row is cancelled: the unit was never given back.
+    stale: Vec<Held>,
+    /// MySQL has no row of their order at all.
+    lost: Vec<Lost>,
+}
+
+/// An order a buyer record holds that MySQL has no row of.
+struct Lost {
+    user: UserId,
+    order_sn: String,
+    slot: u8,
+}
+
 /// Buyer records (user → their orders) of one bucket naming an order not pending in Redis and not
 /// unpaid or paid in MySQL: cancelled with its unit never returned, or lost altogether.
-async fn stale_buyers(
+async fn unbacked(
     db: &Db,
     redis: &RedisConns,
     keys: &Keys,
     stock: Stock,
-) -> Result<Vec<Held>, ReconcileError> {
+) -> Result<Unbacked, ReconcileError> {
     let item_keys = keys.stock(stock);
     let mut conn = redis.bulk().await?;
     // Buyer records first, then pending, then MySQL: an order moving from pending to MySQL
     // meanwhile is seen in one of the two (the consumer commits before it clears pending).
-    let mut records: Vec<(u64, String)> = Vec::new();
+    let mut records: Vec<Lost> = Vec::new();
     let mut pipe = redis::pipe();
     for key in item_keys.buyer_order_shards() {
         pipe.hgetall(key);
@@ -228,42 +262,82 @@ async fn stale_buyers(
     let maps: Vec<HashMap<u64, String>> = redis_timed(pipe.query_async(&mut conn)).await?;
     // A record holds the user's orders by place (`lua/lib/places.lua`): each is looked at.
     for (user, record) in maps.into_iter().flatten() {
-        records.extend(placed::orders_in(&record).map(|sn| (user, sn.to_owned())));
+        records.extend(placed::places_in(&record).map(|(slot, sn)| Lost {
+            user: UserId::new(user),
+            order_sn: sn.to_owned(),
+            slot,
+        }));
     }
     if records.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Unbacked {
+            stale: Vec::new(),
+            lost: Vec::new(),
+        });
     }
-    let sns: Vec<&str> = records.iter().map(|(_, sn)| sn.as_str()).collect();
     let pending: Vec<bool> = {
         let mut pipe = redis::pipe();
-        for sn in &sns {
-            pipe.hexists(&item_keys.pending, *sn);
+        for record in &records {
+            pipe.hexists(&item_keys.pending, &record.order_sn);
         }
         redis_timed(pipe.query_async(&mut conn)).await?
     };
     drop(conn);
-    let not_pending: Vec<&str> = sns
-        .iter()
+    let not_pending: Vec<Lost> = records
+        .into_iter()
         .zip(&pending)
         .filter(|(_, p)| !**p)
-        .map(|(sn, _)| *sn)
+        .map(|(record, _)| record)
         .collect();
-    let mut live = HashSet::new();
-    for chunk in not_pending.chunks(LOOKUP_CHUNK) {
+    let sns: Vec<&str> = not_pending.iter().map(|r| r.order_sn.as_str()).collect();
+    let mut rows = HashMap::new();
+    for chunk in sns.chunks(LOOKUP_CHUNK) {
         for row in repo::find_many(db, chunk).await? {
-            if row.status != OrderStatus::Cancelled {
-                live.insert(row.order_sn.to_string());
-            }
+            rows.insert(row.order_sn.to_string(), row.status);
         }
     }
-    let not_pending: HashSet<&str> = not_pending.into_iter().collect();
-    Ok(records
+    let (mut stale, mut lost) = (Vec::new(), Vec::new());
+    for record in not_pending {
+        match rows.get(&record.order_sn) {
+            None => lost.push(record),
+            Some(OrderStatus::Cancelled) => stale.push(Held {
+                stock,
+                user: record.user,
+                order_sn: record.order_sn,
+            }),
+            Some(_) => {}
+        }
+    }
+    Ok(Unbacked { stale, lost })
+}
+
+/// Writes the `lost` orders back as `unpaid`, won at their number's time with the item's
+/// pay timeout; how many were written. Loud: it means MySQL lost acknowledged commits.
+async fn write_back(db: &Db, item: &Item, lost: &[Lost]) -> Result<u64, ReconcileError> {
+    let orders: Vec<OrderPlaced> = lost
         .iter()
-        .filter(|(_, sn)| not_pending.contains(sn.as_str()) && !live.contains(sn))
-        .map(|(user, sn)| Held {
-            stock,
-            user: UserId::new(*user),
-            order_sn: sn.clone(),
+        .filter_map(|lost| {
+            let order_sn = OrderSn::parse(&lost.order_sn)?;
+            let won_at = order_sn.won_at_ms();
+            Some(OrderPlaced {
+                item_id: order_sn.item(),
+                order_sn,
+                user_id: lost.user,
+                created_at_ms: won_at,
+                pay_deadline_ms: won_at + i64::from(item.pay_timeout_s) * 1000,
+                slot: lost.slot,
+            })
         })
-        .collect())
+        .collect();
+    if orders.is_empty() {
+        return Ok(0);
+    }
+    for chunk in orders.chunks(LOOKUP_CHUNK) {
+        mysql_timed(repo::insert_batch(db, chunk, OrderStatus::Unpaid)).await?;
+    }
+    tracing::error!(
+        item = %item.id,
+        orders = orders.len(),
+        "reconciliation: won orders no longer pending had no row in MySQL (lost commits?); written back as unpaid"
+    );
+    Ok(orders.len() as u64)
 }

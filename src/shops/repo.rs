@@ -5,7 +5,7 @@ use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 use sqlx::QueryBuilder;
 
-use crate::store::{Db, DbError, mysql_timed};
+use crate::store::{Db, DbError, mysql_begin, mysql_timed};
 
 use super::hours::{self, Exception, Hours, Override, Weekly};
 
@@ -106,7 +106,7 @@ pub async fn all_ids(db: &Db) -> Result<Vec<u64>, DbError> {
 /// Replaces the shop's hours (creating the shop if it is new), in one transaction. Like
 /// every change, it flags the shop for Redis (`redis_stale`) in the same write.
 pub async fn set_hours(db: &Db, id: u64, hours: &Hours) -> Result<(), DbError> {
-    let mut tx = mysql_timed(db.begin()).await?;
+    let mut tx = mysql_begin(db).await?;
     mysql_timed(
         sqlx::query(
             "INSERT INTO shops (id, timezone, updated_at, redis_stale)

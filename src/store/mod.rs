@@ -14,8 +14,8 @@ pub use self::grouped::Grouped;
 pub use self::lock::RedisLock;
 pub use self::misses::MissLimit;
 pub use self::mysql::{
-    Db, DbError, STORABLE, connect_mysql, migrate, retrying_deadlocks, storable,
-    timed as mysql_timed, to_millis,
+    Db, DbError, STORABLE, begin as mysql_begin, connect_mysql, migrate, retrying_deadlocks,
+    storable, timed as mysql_timed, to_millis,
 };
 pub use self::redis_conns::{RedisConn, RedisConns, RedisError, timed as redis_timed};
 pub use self::replicas::{Replication, ShortOfReplicas, WaitRule};

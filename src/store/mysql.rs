@@ -75,10 +75,14 @@ impl DbError {
         match self {
             DbError::Timeout(_) | DbError::Busy => true,
             // SQLSTATE class 08, a connection exception: also a Galera node outside the
-            // primary component (error 1047, 08S01); 70100: the connection was killed.
-            DbError::Sql(sqlx::Error::Database(e)) => e
-                .code()
-                .is_some_and(|code| code.starts_with("08") || code == "70100"),
+            // primary component (error 1047, 08S01); 70100: the connection was killed;
+            // 1205: a lock wait (or a Galera read waiting for the cluster) timed out.
+            DbError::Sql(sqlx::Error::Database(e)) => {
+                e.code()
+                    .is_some_and(|code| code.starts_with("08") || code == "70100")
+                    || e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                        .is_some_and(|e| e.number() == 1205)
+            }
             DbError::Sql(e) => matches!(
                 e,
                 sqlx::Error::Io(_)
@@ -99,6 +103,24 @@ pub async fn timed<T>(call: impl Future<Output = Result<T, sqlx::Error>>) -> Res
         .await
         .map_err(|_| DbError::Timeout(STORE_TIMEOUT))?
         .map_err(DbError::from)
+}
+
+/// Begins a transaction within the store time limit. Not `timed(db.begin())`: a `BEGIN`
+/// cut off after it was sent leaves its connection inside a transaction sqlx does not know
+/// of, and back in the pool every read on it sees the snapshot of that moment (seen when a
+/// Galera cluster stalled for seconds evicting a node: a stats read counted the orders of
+/// before the stall for minutes). Here the `BEGIN` runs on in its own task when the caller
+/// gives up, and the transaction it opens is dropped there, which rolls it back.
+pub async fn begin(db: &Db) -> Result<sqlx::Transaction<'static, sqlx::MySql>, DbError> {
+    let begin = tokio::spawn({
+        let db = db.clone();
+        async move { db.begin().await }
+    });
+    match tokio::time::timeout(STORE_TIMEOUT, begin).await {
+        Ok(Ok(begun)) => begun.map_err(DbError::from),
+        Ok(Err(_)) => Err(DbError::Sql(sqlx::Error::WorkerCrashed)),
+        Err(_) => Err(DbError::Timeout(STORE_TIMEOUT)),
+    }
 }
 
 /// How often a transaction that lost a deadlock is run again.

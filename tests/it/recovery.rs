@@ -1,5 +1,6 @@
 //! Warm-ups that must not sell a unit twice: after Redis lost an item's state while orders
-//! were still on their way to MySQL, and two at once.
+//! were still on their way to MySQL, and two at once; and orders MySQL lost (a failover to
+//! an asynchronous replica) written back by the reconciliation.
 
 use std::time::Duration;
 
@@ -154,4 +155,65 @@ async fn two_warmups_at_once_never_wipe_or_shorten_the_stock() {
         assert!(side.is_empty(), "{side:?}");
     }
     server.stop().await;
+}
+
+/// Orders a MySQL failover to an asynchronous replica lost after the consumer committed and
+/// acked them (rows deleted behind the server's back): the reconciliation writes them back
+/// from the buyer records — number, user, place — and then has nothing more to write.
+#[tokio::test]
+async fn reconciliation_writes_back_orders_mysql_lost() {
+    let env = TestEnv::new("writeback").await;
+    let server = env
+        .server_with(&[Role::Api, Role::Consumer], |s| s.rate_per_user = 0)
+        .await;
+    env.item(1, 10).per_user(2).on_sale(&server).await;
+    let (mut won, _) = buy_each(&env, &server, 1, [1, 2, 3, 4, 4]).await;
+    assert_eq!(won.len(), 5);
+    env.wait_for_orders(&server, 1, 5, Duration::from_secs(20))
+        .await;
+    // User 2's order, and user 4's second (in place 1).
+    let lost = [won[1].clone(), won[4].clone()];
+    for sn in &lost {
+        sqlx::query("DELETE FROM orders WHERE order_sn = ?")
+            .bind(sn)
+            .execute(&env.db)
+            .await
+            .unwrap();
+    }
+
+    let (status, report) = env.admin_post(&server, "/admin/items/1/reconcile").await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["written_back"], 2, "{report}");
+    assert_eq!(report["stale_buyers"], 0, "{report}");
+    assert_eq!(report["consistent"], true, "{report}");
+    let rows: Vec<(String, u64, u8, String)> = sqlx::query_as(
+        "SELECT order_sn, user_id, slot, status FROM orders WHERE order_sn IN (?, ?) ORDER BY user_id",
+    )
+    .bind(&lost[0])
+    .bind(&lost[1])
+    .fetch_all(&env.db)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            (lost[0].clone(), 2, 0, "unpaid".to_owned()),
+            (lost[1].clone(), 4, 1, "unpaid".to_owned()),
+        ]
+    );
+    let (status, again) = env.admin_post(&server, "/admin/items/1/reconcile").await;
+    assert_eq!(
+        (status, again["written_back"].as_u64()),
+        (200, Some(0)),
+        "{again}"
+    );
+    // The buyer's order reads as theirs again.
+    let (status, mine) = env.get(&server, "/api/items/1/my-order", Some(2)).await;
+    assert_eq!(
+        (status, mine["order_sn"].as_str()),
+        (200, Some(lost[0].as_str())),
+        "{mine}"
+    );
+    won.sort();
+    env.assert_invariants(&server, 1, 10, &won).await;
 }
