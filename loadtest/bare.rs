@@ -101,7 +101,6 @@ async fn grab_handler(
         &bare.keys,
         user,
         &order.order_sn,
-        now,
         &payload,
         None,
     )

@@ -7,12 +7,14 @@
 -- KEYS[4] buyer_orders  HASH  user_id -> the user's live orders (same shard; see below)
 -- KEYS[5] pending       HASH  order_sn -> order JSON (won, not yet in MySQL)
 -- KEYS[6] outbox        ZSET  order_sn -> won-at ms (not yet confirmed by RabbitMQ)
--- KEYS[7] idempotency   STRING the order this user's key bought (only with ARGV[5])
+-- KEYS[7] idempotency   STRING the order this user's key bought (only with ARGV[4])
 -- ARGV[1] user_id
 -- ARGV[2] order_sn      the number this order gets if the user wins
--- ARGV[3] now           server time, ms since the epoch
--- ARGV[4] order JSON    stored in `pending` for the publisher, the relay and order reads
--- ARGV[5] the buyer's Idempotency-Key, '' for none
+-- ARGV[3] order JSON    stored in `pending` for the publisher, the relay and order reads
+-- ARGV[4] the buyer's Idempotency-Key, '' for none
+--
+-- The sale's window is judged by Redis's own TIME, not by the caller's clock: a host whose
+-- clock runs ahead or behind sells exactly when the others do.
 --
 -- A buyer record lists the user's live orders by place (lib/places.lua); a win takes the
 -- first free one. A new order takes the first free place (its
@@ -37,7 +39,7 @@ local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'start_ms', 'end_m
 if not meta[1] then
   return {'not_loaded', ''}
 end
-local key = ARGV[5]
+local key = ARGV[4]
 if key and key ~= '' then
   local bought = redis.call('GET', KEYS[7])
   if bought then
@@ -54,7 +56,8 @@ end
 if meta[9] and meta[9] ~= '' then
   return {'ended', ''}
 end
-local now = tonumber(ARGV[3])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if now < tonumber(meta[3]) then
   return {'not_started', ''}
 end
@@ -89,7 +92,7 @@ if not token then
 end
 
 local slot = record_win(KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], ARGV[1], ARGV[2], now,
-  ARGV[4], places)
+  ARGV[3], places)
 if key and key ~= '' then
   redis.call('SET', KEYS[7], ARGV[2], 'PX', 86400000)
 end

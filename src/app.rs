@@ -55,6 +55,10 @@ impl Server {
         migrate(&db).await?;
 
         let redis = connect_redis(&settings).await?;
+        // Before anything decides by the time (`clock`).
+        if let Err(e) = crate::clock::measure(&redis).await {
+            tracing::warn!(error = %crate::error::cause_chain(&e), "cannot measure this host's clock against Redis yet; trusting it until then");
+        }
         let keys = Keys::new(&settings.namespace);
         let broker = Broker::new(
             settings.amqp_url.expose(),
@@ -145,6 +149,7 @@ impl Server {
 
         let mut background = JoinSet::new();
         background.spawn(crate::telemetry::upkeep(workers.clone()));
+        background.spawn(crate::clock::keep(state.redis.clone(), workers.clone()));
         background.spawn(crate::http::health::watch(state.clone(), workers.clone()));
         if roles.contains(&Role::Api) {
             spawn_api_upkeep(&state, &workers, &mut background);

@@ -7,8 +7,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use chrono::Utc;
-
 use crate::config::{RemindStages, Settings};
 use crate::domain::{OrderPlaced, OrderSn, Stock};
 use crate::keys::Keys;
@@ -92,7 +90,7 @@ impl Plan {
     /// something falls due (each a group of its own: they are keys of different slots).
     /// Idempotent: adding them twice changes nothing.
     pub fn schedule(&self, grouped: &mut Grouped, keys: &Keys, orders: &[OrderPlaced]) {
-        let now_ms = Utc::now().timestamp_millis();
+        let now_ms = crate::clock::now().timestamp_millis();
         let mut by_stock: BTreeMap<Stock, Vec<(i64, String)>> = BTreeMap::new();
         let mut wake_seconds = BTreeSet::new();
         for order in orders {
@@ -148,7 +146,7 @@ pub async fn claim<C>(
 where
     C: redis::aio::ConnectionLike + Send,
 {
-    let now = Utc::now().timestamp_millis();
+    let now = crate::clock::now().timestamp_millis();
     let lease_end_ms = now + lease_ms as i64;
     let members: Vec<String> = redis_timed(
         CLAIM

@@ -152,7 +152,7 @@ impl ApiError {
             ApiError::RateLimited { retry_after } => Some(*retry_after),
             ApiError::Paused | ApiError::ShopClosed => Some(Duration::from_secs(5)),
             ApiError::BetweenReleases { next_release_at } => Some(
-                (*next_release_at - chrono::Utc::now())
+                (*next_release_at - crate::clock::now())
                     .to_std()
                     .unwrap_or_default(),
             ),

@@ -11,6 +11,7 @@ pub mod background;
 pub mod bench;
 pub mod breaker;
 pub mod broker;
+pub mod clock;
 pub mod config;
 pub mod delay_queue;
 pub mod domain;

@@ -10,8 +10,6 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
-
 use crate::domain::Stock;
 use crate::keys::Keys;
 use crate::lua::{MARKS_SETTLE, MARKS_TAKE};
@@ -105,7 +103,8 @@ where
             Ok(next) => next,
             Err(e) => {
                 // Looked at again soon, not only when the lease runs out (best effort).
-                let again = Utc::now().timestamp_millis() + AGAIN_AFTER_FAILURE.as_millis() as i64;
+                let again =
+                    crate::clock::now().timestamp_millis() + AGAIN_AFTER_FAILURE.as_millis() as i64;
                 let again = taken.stocks.iter().map(|stock| (*stock, Some(again)));
                 let _ = taken.settle(redis, keys, again).await;
                 return Err(e);
@@ -138,7 +137,7 @@ async fn take(
     lease: Duration,
     limit: usize,
 ) -> Result<Taken, RedisError> {
-    let now = Utc::now().timestamp_millis();
+    let now = crate::clock::now().timestamp_millis();
     let marker = now + lease.as_millis() as i64;
     let mut conn = redis.bulk().await?;
     let members: Vec<String> = redis_timed(

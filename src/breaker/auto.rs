@@ -13,7 +13,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
@@ -145,7 +144,7 @@ impl Signals {
 }
 
 fn now_s() -> u64 {
-    u64::try_from(Utc::now().timestamp()).unwrap_or(0)
+    u64::try_from(crate::clock::now().timestamp()).unwrap_or(0)
 }
 
 /// When the signals trip a closed breaker: the reason, or `None`.
@@ -205,7 +204,7 @@ pub async fn control(
             cool_down_s: Some(to.cool_down.as_secs()),
             by: me.clone(),
             reason: reason.clone(),
-            at: Utc::now(),
+            at: crate::clock::now(),
         });
         match store::move_auto(&redis, &keys, Scope::Global, from, setting.as_ref()).await {
             Ok(true) => {
@@ -277,7 +276,11 @@ fn next_move(
         }
         AutoState::Open => {
             let since = current
-                .map(|s| (Utc::now() - s.at).to_std().unwrap_or(Duration::ZERO))
+                .map(|s| {
+                    (crate::clock::now() - s.at)
+                        .to_std()
+                        .unwrap_or(Duration::ZERO)
+                })
                 .unwrap_or(Duration::ZERO);
             if since < cool_down {
                 return None;

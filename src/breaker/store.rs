@@ -128,7 +128,7 @@ pub async fn set_manual(
             cool_down_s: None,
             by: by.to_owned(),
             reason: reason.to_owned(),
-            at: Utc::now(),
+            at: crate::clock::now(),
         };
         let json = serde_json::to_string(&setting)
             .map_err(|e| RedisError::Unexpected(format!("breaker setting: {e}")))?;

@@ -11,7 +11,6 @@
 //! unit back. The units are the item's loaded tokens, so no more than `total` are ever
 //! given, whatever runs twice.
 
-use chrono::Utc;
 use redis::AsyncCommands;
 
 use crate::domain::{OrderPlaced, OrderSn, Stock, UserId};
@@ -150,7 +149,7 @@ async fn give(
     lending: Lending<'_>,
 ) -> Result<Given, RedisError> {
     let home = &buckets[usize::from(item_home(item, user).bucket).min(buckets.len() - 1)];
-    let now = Utc::now().timestamp_millis();
+    let now = crate::clock::now().timestamp_millis();
     let order = OrderPlaced {
         order_sn: OrderSn::generate(home.stock, item.split()),
         item_id: item.id,

@@ -168,7 +168,7 @@ impl FromRequestParts<AppState> for ClientTime {
             .ok_or_else(|| {
                 ApiError::bad_request("X-Client-Time is not a number of ms since the epoch")
             })?;
-        let skew_ms = client_ms.saturating_sub(chrono::Utc::now().timestamp_millis());
+        let skew_ms = client_ms.saturating_sub(crate::clock::now().timestamp_millis());
         if skew_ms.unsigned_abs() > state.settings.clock_skew_ms {
             return Err(ApiError::ClockSkew {
                 skew_ms,

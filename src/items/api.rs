@@ -84,7 +84,7 @@ async fn get_item(
     let entry = catalog.get(id).await?.ok_or(ApiError::ItemNotFound)?;
     catalog.fresh_stock(&entry).await;
     let item = &entry.item;
-    let now = Utc::now();
+    let now = crate::clock::now();
     let waves = (!item.release.is_empty()).then_some(&item.release);
     Ok(ok(
         "ok",

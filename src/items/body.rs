@@ -184,7 +184,7 @@ pub fn fixed_waves(live: &Item, next: &Waves) -> Result<(), ApiError> {
     if live.loaded_at.is_none() {
         return Ok(());
     }
-    match live.release.released_changed(next, chrono::Utc::now()) {
+    match live.release.released_changed(next, crate::clock::now()) {
         None => Ok(()),
         Some(at) => Err(ApiError::Conflict {
             code: "release_started",

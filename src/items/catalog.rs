@@ -270,7 +270,7 @@ impl Catalog {
             .map_err(DbError::Shared)?;
         Ok(found.map(|item| {
             let entry = self.upsert(item);
-            if entry.stock_read(Utc::now()) {
+            if entry.stock_read(crate::clock::now()) {
                 // Its stock, at the next refresh rather than in half a second.
                 self.inner.wake.notify_one();
             }
@@ -300,7 +300,7 @@ impl Catalog {
     /// Puts a definition in the map, keeping the live stock of an earlier version (an
     /// item no longer current leaves it).
     fn upsert(&self, item: Item) -> Arc<CatalogItem> {
-        if !current(&item, Utc::now()) {
+        if !current(&item, crate::clock::now()) {
             self.forget(&[item.id]);
             return self.other(item);
         }
@@ -343,7 +343,7 @@ impl Catalog {
 
     /// Drops the items whose sale ended more than [`KEPT_AFTER_END`] ago.
     fn forget_old(&self) {
-        let now = Utc::now();
+        let now = crate::clock::now();
         let gone: Vec<ItemId> = {
             let items = self.inner.items.read().unwrap_or_else(|e| e.into_inner());
             items
@@ -425,7 +425,7 @@ impl Catalog {
     /// [`STOCK_READS_PER_TICK`] buckets in all; sales over for an hour are left alone.
     /// Its cost is the window's, whatever the catalogue's size.
     fn stock_to_read(&self, announced: &[ItemId]) -> Vec<Arc<CatalogItem>> {
-        let now = Utc::now();
+        let now = crate::clock::now();
         let items = self.inner.items.read().unwrap_or_else(|e| e.into_inner());
         let current = |e: &&Arc<CatalogItem>| e.stock_read(now);
         if items.len() <= STOCK_READS_PER_TICK {
@@ -467,7 +467,7 @@ impl Catalog {
             entries.iter().flat_map(|e| e.buckets.iter()),
         )
         .await?;
-        let now_ms = Utc::now().timestamp_millis();
+        let now_ms = crate::clock::now().timestamp_millis();
         let mut states = states.into_iter();
         for entry in entries {
             let mut loaded = true;
@@ -496,7 +496,7 @@ impl Catalog {
             return;
         }
         let read_at = entry.live.read_at_ms.load(Ordering::Relaxed);
-        if Utc::now().timestamp_millis() - read_at <= STOCK_FRESH_FOR_MS {
+        if crate::clock::now().timestamp_millis() - read_at <= STOCK_FRESH_FOR_MS {
             return;
         }
         let read = tokio::time::timeout(

@@ -13,8 +13,6 @@
 
 use std::time::Duration;
 
-use chrono::Utc;
-
 use crate::domain::Stock;
 use crate::keys::{ItemKeys, Keys};
 use crate::lua::{LEND, RECEIVE, UNLEND};
@@ -71,7 +69,7 @@ pub async fn borrow(
                 .key(&lender.lent)
                 .arg(&transfer)
                 .arg(home.stock.bucket)
-                .arg(Utc::now().timestamp_millis())
+                .arg(crate::clock::now().timestamp_millis())
                 .invoke_async(conn),
         )
         .await?;
@@ -204,7 +202,7 @@ pub async fn next_look(
         grouped.group().hlen(keys.lent(*lender));
     }
     let loans: Vec<(u64,)> = grouped.query(redis).await?;
-    let later = Utc::now().timestamp_millis() + STUCK_AFTER.as_millis() as i64;
+    let later = crate::clock::now().timestamp_millis() + STUCK_AFTER.as_millis() as i64;
     Ok(loans
         .into_iter()
         .map(|(n,)| (n > 0).then_some(later))
@@ -221,7 +219,7 @@ pub async fn settle_loans(
     older_than: Option<Duration>,
 ) -> Result<Settled, RedisError> {
     let cutoff = older_than.map_or(i64::MAX, |age| {
-        Utc::now().timestamp_millis() - age.as_millis() as i64
+        crate::clock::now().timestamp_millis() - age.as_millis() as i64
     });
     let mut settled = Settled::default();
     for lender in lenders {

@@ -140,7 +140,7 @@ async fn item_stats(
     // wave's very moment Redis's may differ by a little; the sum does not).
     let unreleased = match item.retired_at {
         Some(_) => 0,
-        None => item.release.unreleased(chrono::Utc::now()),
+        None => item.release.unreleased(crate::clock::now()),
     };
     let remaining = stock.remaining.saturating_sub(unreleased);
     let accounted = remaining + unreleased + stock.pending + counts.unpaid + counts.paid;

@@ -8,7 +8,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
@@ -80,7 +79,7 @@ impl Relay {
         let (outbox, pending) = (self.keys.outbox(stock), self.keys.pending(stock));
         let mut conn = self.redis.bulk().await?;
         loop {
-            let due = Utc::now().timestamp_millis() - RELAY_AFTER.as_millis() as i64;
+            let due = crate::clock::now().timestamp_millis() - RELAY_AFTER.as_millis() as i64;
             // Claimed entries (negative scores: on their way) are always due.
             let entries: Vec<(String, f64)> =
                 redis_timed(conn.zrangebyscore_limit_withscores(&outbox, "-inf", due, 0, BATCH))
@@ -209,7 +208,8 @@ impl Relay {
                 .query_async(&mut conn),
         )
         .await?;
-        let stale_before = Utc::now().timestamp_millis() - PENDING_STALE_AFTER.as_millis() as i64;
+        let stale_before =
+            crate::clock::now().timestamp_millis() - PENDING_STALE_AFTER.as_millis() as i64;
         let stale: Vec<OrderPlaced> = entries
             .iter()
             .zip(&in_outbox)
@@ -228,7 +228,8 @@ impl Relay {
         let (written, lost): (Vec<&OrderPlaced>, Vec<&OrderPlaced>) = stale
             .iter()
             .partition(|o| written.contains(o.order_sn.as_str()));
-        let lost_before = Utc::now().timestamp_millis() - PENDING_LOST_AFTER.as_millis() as i64;
+        let lost_before =
+            crate::clock::now().timestamp_millis() - PENDING_LOST_AFTER.as_millis() as i64;
         let lost: Vec<&OrderPlaced> = lost
             .into_iter()
             .filter(|o| o.created_at_ms < lost_before)

@@ -125,7 +125,7 @@ async fn flashbuy(
         item_id = item_id.get(),
         "flashbuy_start"
     );
-    let now = Utc::now();
+    let now = crate::clock::now();
     let item = state
         .catalog
         .get(item_id)
@@ -404,7 +404,6 @@ impl Attempt<'_> {
             home,
             order.user_id,
             &order.order_sn,
-            order.created_at_ms,
             self.order_json,
             self.idempotency,
         )

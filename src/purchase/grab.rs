@@ -107,14 +107,12 @@ pub async fn grab(
     keys: &ItemKeys,
     user: UserId,
     order_sn: &OrderSn,
-    now_ms: i64,
     order_json: &str,
     idempotency: Option<&IdempotencyKey>,
 ) -> Result<GrabOutcome, RedisError> {
     let mut call = purchase_keys(&GRAB, keys, user, idempotency);
     call.arg(user.get())
         .arg(order_sn.as_str())
-        .arg(now_ms)
         .arg(order_json)
         .arg(idempotency.map_or("", |i| i.key.as_str()));
     let (outcome, detail): (String, String) = redis_timed(call.invoke_async(conn)).await?;

@@ -6,7 +6,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use serde_json::json;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -118,7 +117,7 @@ async fn handle(scheduler: &Scheduler, stock: Stock, claimed: Claimed) -> Result
         later.extend(unsent);
     }
 
-    let retry_at = Utc::now().timestamp_millis() + RETRY_AFTER.as_millis() as i64;
+    let retry_at = crate::clock::now().timestamp_millis() + RETRY_AFTER.as_millis() as i64;
     let mut conn = scheduler.redis.bulk().await?;
     let lease = claimed.lease_end_ms;
     let mine = delay::finish(&mut conn, &scheduler.keys, stock, lease, &done, None).await?

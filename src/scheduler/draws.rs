@@ -11,7 +11,6 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -50,7 +49,7 @@ struct Known {
 
 async fn pass(scheduler: &Scheduler, known: &Mutex<Known>) -> Result<(), StoreError> {
     let (redis, keys) = (&scheduler.redis, &scheduler.keys);
-    let now = Utc::now();
+    let now = crate::clock::now();
     let due = {
         let mut conn = redis.bulk().await?;
         schedule::due(&mut conn, keys, now).await?
@@ -106,7 +105,7 @@ async fn record(scheduler: &Scheduler, item: &mut Item, round: Round) -> Result<
     }
     item.draw_cutoff = round.cutoff.or(item.draw_cutoff);
     if first_done {
-        item.drawn_at = Some(Utc::now());
+        item.drawn_at = Some(crate::clock::now());
     }
     tracing::info!(item = %item.id, given = round.given, cutoff = ?round.cutoff, "draw: units given by rank");
     repo::record_draw(&scheduler.db, item.id, round.cutoff, round.complete).await?;

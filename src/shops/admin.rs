@@ -113,7 +113,7 @@ async fn put_status(
             "`reason`: at most 500 characters; `by`: at most 100",
         ));
     }
-    if body.until.is_some_and(|until| until <= Utc::now()) {
+    if body.until.is_some_and(|until| until <= crate::clock::now()) {
         return Err(ApiError::bad_request("`until` is in the past"));
     }
     if body.until.is_some_and(|until| !storable(until)) {
@@ -200,7 +200,7 @@ where
         });
     };
     let result = async {
-        let now = Utc::now();
+        let now = crate::clock::now();
         let before = repo::load(&state.db, id).await?;
         write(state.db.clone()).await?;
         let after = repo::load(&state.db, id)
@@ -220,7 +220,7 @@ where
     // Whatever Redis did: instances reload the shop from MySQL when told.
     state.shops.reload(id).await;
     announce(&state.broker, id).await;
-    let open = after.open_at(Utc::now());
+    let open = after.open_at(crate::clock::now());
     if let Err(e) = pushed {
         tracing::warn!(shop = id, what, by, reason, open, error = %crate::error::cause_chain(&e), "shop changed in MySQL, not yet in Redis");
         return Err(ApiError::Unavailable(format!(

@@ -59,7 +59,7 @@ async fn status(
 pub(super) fn view(shop: &Shop) -> ShopView {
     ShopView {
         shop_id: shop.id,
-        open: shop.open_at(Utc::now()),
+        open: shop.open_at(crate::clock::now()),
         updated_at: shop.updated_at,
     }
 }

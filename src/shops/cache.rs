@@ -177,7 +177,7 @@ impl Shops {
     /// instance has not loaded yet is loaded now; one nobody can tell about (both stores
     /// down, never seen) counts as open: the stock is safe either way.
     pub async fn open_now(&self, id: u64) -> bool {
-        let now = chrono::Utc::now();
+        let now = crate::clock::now();
         if let Some(shop) = self.last_known(id) {
             return shop.open_at(now);
         }

@@ -200,7 +200,7 @@ impl Warmup<'_> {
             });
         }
         let rebuild = self.must_rebuild(&item, &first_look).await?;
-        if (first_look.loaded || rebuild) && item.on_sale_at(Utc::now()) {
+        if (first_look.loaded || rebuild) && item.on_sale_at(crate::clock::now()) {
             return Err(WarmupError::LiveSale);
         }
         if rebuild {
@@ -275,7 +275,7 @@ impl Warmup<'_> {
     ) -> Result<(), WarmupError> {
         let stopped = self.stopped_at(item).await?;
         let publishers_done = stopped + PUBLISHERS_DONE_AFTER;
-        if let Ok(wait) = (publishers_done - Utc::now()).to_std() {
+        if let Ok(wait) = (publishers_done - crate::clock::now()).to_std() {
             progress(Progress::Waiting(format!(
                 "waiting {:.0} s for orders in the servers' publishers",
                 wait.as_secs_f64().ceil()
@@ -315,7 +315,7 @@ impl Warmup<'_> {
         let history = repo::history(self.db, item.id).await?;
         Ok(if item.paused {
             history.paused_at.unwrap_or(history.updated_at)
-        } else if Utc::now() >= item.end_at {
+        } else if crate::clock::now() >= item.end_at {
             item.end_at
         } else {
             history.updated_at
@@ -343,7 +343,7 @@ impl Warmup<'_> {
             .await?
             .iter()
             .any(|fields| fields[0].is_some());
-        if (was_loaded || rebuild) && item.on_sale_at(Utc::now()) {
+        if (was_loaded || rebuild) && item.on_sale_at(crate::clock::now()) {
             return Err(WarmupError::LiveSale);
         }
         // Every bucket held back before the decisive read: from here on nothing sells,
@@ -521,7 +521,7 @@ fn started_ms(server: &redis::InfoDict) -> Result<i64, WarmupError> {
     let uptime_s: i64 = server
         .get("uptime_in_seconds")
         .ok_or_else(|| RedisError::Unexpected("INFO server has no uptime_in_seconds".into()))?;
-    Ok(Utc::now().timestamp_millis() - uptime_s * 1000)
+    Ok(crate::clock::now().timestamp_millis() - uptime_s * 1000)
 }
 
 /// What a bucket's meta says after a load.
@@ -606,7 +606,7 @@ async fn fill_buyers(
     loading: &LoadingKeys,
     holders: &[&Holder],
 ) -> Result<(), WarmupError> {
-    let now = Utc::now().timestamp_millis();
+    let now = crate::clock::now().timestamp_millis();
     let records = buyer_records(holders);
     for chunk in records.chunks(BATCH as usize) {
         let mut pipe = redis::pipe();
@@ -712,7 +712,7 @@ pub(super) fn meta_after(
     after: &BucketMeta,
 ) -> Vec<(&'static str, String)> {
     let mut fields = vec![
-        ("loaded", Utc::now().timestamp_millis().to_string()),
+        ("loaded", crate::clock::now().timestamp_millis().to_string()),
         ("total", after.total.to_string()),
         ("sold", after.sold.to_string()),
         ("paused", i64::from(item.paused).to_string()),

@@ -7,6 +7,7 @@ mod buckets;
 mod burst;
 mod catalogue;
 mod cli;
+mod clock;
 mod clusters;
 mod crashes;
 mod docs;
