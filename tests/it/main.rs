@@ -15,6 +15,7 @@ mod draws;
 mod ecosystem;
 mod edge;
 mod faults;
+mod fleet;
 mod galera;
 mod history;
 mod layout;

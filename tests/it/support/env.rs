@@ -146,6 +146,14 @@ impl TestEnv {
         Self::on(name, &nodes.join(","), &redis_url()).await
     }
 
+    /// [`TestEnv::new`] on stores of its own (a fleet's): a MySQL server, a Redis and a
+    /// RabbitMQ by URL.
+    pub async fn on_stores(name: &str, mysql_server: &str, redis: &str, amqp: &str) -> Self {
+        let mut env = Self::on(name, mysql_server, redis).await;
+        env.settings.amqp_url = Secret::new(amqp);
+        env
+    }
+
     /// [`TestEnv::new`] on a Redis Cluster (`seeds`: its nodes' URLs, comma-separated).
     pub async fn on_redis_cluster(name: &str, seeds: &str) -> Self {
         Self::on(name, &mysql_server_url(), seeds).await

@@ -6,6 +6,7 @@
 
 mod env;
 mod galera;
+mod hosts;
 mod items;
 mod nginx;
 mod private;
@@ -16,6 +17,7 @@ mod wait;
 
 pub use env::*;
 pub use galera::*;
+pub use hosts::*;
 pub use nginx::*;
 pub use private::*;
 pub use process::*;

@@ -1,0 +1,242 @@
+//! Hosts on one machine (`dev/fleet-hosts.sh`): each a network namespace with an address
+//! on a bridge of the test's own, cut from another with `nft` and healed; the services of
+//! a fleet started on them. The machine itself is the checker's host: it reaches every
+//! host, and no host reaches it (or the machine's shared services). Everything made —
+//! namespaces, links, processes — is removed on drop, also when a test fails.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::private::{give_to, scratch};
+use super::{TestServer, eventually, serve};
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dev/fleet-hosts.sh");
+
+pub struct Hosts {
+    net: u8,
+    addresses: HashMap<String, IpAddr>,
+    /// The stores' processes.
+    services: Vec<Child>,
+    /// `seckill` processes, stopped between sales.
+    servers: Vec<Child>,
+    dirs: Vec<PathBuf>,
+}
+
+fn script(args: &[&str]) -> String {
+    let done = Command::new(SCRIPT).args(args).output().expect(SCRIPT);
+    assert!(
+        done.status.success(),
+        "dev/fleet-hosts.sh {args:?}: {}",
+        super::said(&done)
+    );
+    String::from_utf8_lossy(&done.stdout).into_owned()
+}
+
+impl Hosts {
+    /// Makes the hosts, on a bridge no other test uses.
+    pub fn up(names: &[&str]) -> Self {
+        let net = (100..=250u8)
+            .find(|net| {
+                !std::path::Path::new(&format!("/sys/class/net/skbr{net}")).exists()
+                    && !std::path::Path::new(&format!("/run/netns/sk{net}-{}", names[0])).exists()
+            })
+            .expect("a free 10.77.x.0/24");
+        let mut args = vec!["up".to_owned(), net.to_string()];
+        args.extend(names.iter().map(|n| n.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        // Made before the hosts: its drop removes them even if making one fails.
+        let mut hosts = Self {
+            net,
+            addresses: HashMap::new(),
+            services: Vec::new(),
+            servers: Vec::new(),
+            dirs: Vec::new(),
+        };
+        hosts.addresses = script(&args)
+            .lines()
+            .filter_map(|line| line.split_once(' '))
+            .map(|(host, address)| (host.to_owned(), address.parse().expect("an address")))
+            .collect();
+        hosts
+    }
+
+    pub fn ip(&self, host: &str) -> IpAddr {
+        self.addresses[host]
+    }
+
+    fn namespace(&self, host: &str) -> String {
+        format!("sk{}-{host}", self.net)
+    }
+
+    /// `program` to run on `host`.
+    pub fn on(&self, host: &str, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.namespace(host), program]);
+        command
+    }
+
+    /// Drops everything between two hosts (both ways), until [`Hosts::heal`].
+    pub fn cut(&self, host: &str, other: &str) {
+        script(&["cut", &self.net.to_string(), host, other]);
+    }
+
+    pub fn heal(&self, host: &str, other: &str) {
+        script(&["heal", &self.net.to_string(), host, other]);
+    }
+
+    fn spawn(&mut self, mut command: Command) {
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("ip netns exec");
+        self.services.push(child);
+    }
+
+    async fn listening(&self, host: &str, port: u16, what: &str, within: Duration) {
+        let addr = (self.ip(host), port);
+        eventually(within, &format!("{what} on {host}"), || async move {
+            tokio::net::TcpStream::connect(addr)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+        .await;
+    }
+
+    /// A Redis on `host`, port 6379, keeping nothing on disk: its URL.
+    pub async fn redis(&mut self, host: &str) -> String {
+        let ip = self.ip(host).to_string();
+        let mut command = self.on(host, "redis-server");
+        command.args([
+            "--bind",
+            &ip,
+            "--port",
+            "6379",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+        ]);
+        self.spawn(command);
+        self.listening(host, 6379, "Redis", Duration::from_secs(10))
+            .await;
+        format!("redis://{ip}:6379")
+    }
+
+    /// A MariaDB on `host`, port 3306 (root without a password): its server URL.
+    pub async fn mariadb(&mut self, host: &str) -> String {
+        let dir = scratch("fleet-mariadb");
+        give_to(&dir, "mysql");
+        let installed = Command::new("mariadb-install-db")
+            .args([
+                "--no-defaults",
+                &format!("--datadir={}", dir.join("data").display()),
+                "--user=mysql",
+                "--skip-test-db",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("mariadb-install-db on PATH");
+        assert!(installed.success(), "mariadb-install-db: {installed}");
+        let ip = self.ip(host).to_string();
+        let mut command = self.on(host, "mariadbd");
+        command.args([
+            "--no-defaults".to_owned(),
+            format!("--datadir={}", dir.join("data").display()),
+            "--port=3306".to_owned(),
+            format!("--bind-address={ip}"),
+            format!("--socket={}", dir.join("mysqld.sock").display()),
+            format!("--pid-file={}", dir.join("mysqld.pid").display()),
+            format!("--log-error={}", dir.join("error.log").display()),
+            "--user=mysql".to_owned(),
+            "--skip-grant-tables".to_owned(),
+            "--innodb-buffer-pool-size=64M".to_owned(),
+        ]);
+        self.spawn(command);
+        self.dirs.push(dir);
+        self.listening(host, 3306, "MariaDB", Duration::from_secs(30))
+            .await;
+        format!("mysql://root@{ip}:3306")
+    }
+
+    /// A RabbitMQ node on `host`, port 5672: its URL.
+    pub async fn rabbitmq(&mut self, host: &str) -> String {
+        let dir = scratch("fleet-rabbit");
+        let ip = self.ip(host).to_string();
+        std::fs::write(
+            dir.join("rabbitmq.conf"),
+            format!("listeners.tcp.1 = {ip}:5672\nloopback_users = none\n"),
+        )
+        .unwrap();
+        std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
+        give_to(&dir, "rabbitmq");
+        let mut command = self.on(host, "rabbitmq-server");
+        command
+            .arg("-detached")
+            .env("RABBITMQ_NODENAME", "seckill@localhost")
+            .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq.conf"))
+            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
+            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+            .env("RABBITMQ_LOG_BASE", dir.join("log"));
+        let status = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("rabbitmq-server on PATH");
+        assert!(status.success(), "rabbitmq-server -detached: {status}");
+        self.dirs.push(dir);
+        self.listening(host, 5672, "RabbitMQ", Duration::from_secs(90))
+            .await;
+        format!("amqp://guest:guest@{ip}:5672/%2f")
+    }
+
+    /// `seckill serve` with `roles` on `host` (the environment's settings, listening on the
+    /// host's address, port 8080); the server, for the test to call.
+    pub fn seckill(&mut self, host: &str, env: &super::TestEnv, roles: &str) -> TestServer {
+        let mut command = self.on(host, env!("CARGO_BIN_EXE_seckill"));
+        command
+            .envs(env.vars())
+            .env_remove("RUST_LOG")
+            .env("SECKILL_HTTP_ADDR", format!("{}:8080", self.ip(host)))
+            .args(["serve", "--roles", roles]);
+        let (child, server, _lines, _reader) = serve(&mut command);
+        self.servers.push(child);
+        server
+    }
+
+    /// Stops every `seckill` started on the hosts (SIGTERM, then waits).
+    pub fn stop_servers(&mut self) {
+        for child in &mut self.servers {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+        }
+        for child in &mut self.servers {
+            let _ = child.wait();
+        }
+        self.servers.clear();
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        for child in self.servers.iter_mut().chain(&mut self.services) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // Also what a detached server left running in a namespace (RabbitMQ, epmd).
+        let _ = Command::new(SCRIPT)
+            .args(["down", &self.net.to_string()])
+            .status();
+        for dir in &self.dirs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
