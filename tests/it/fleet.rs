@@ -1,5 +1,5 @@
 //! The fleet on hosts of its own (network namespaces on this machine, `dev/fleet-hosts.sh`):
-//! two API hosts, a worker host (consumer and scheduler), and a host each for Redis,
+//! two API hosts, two worker hosts (consumer and scheduler), and a host each for Redis,
 //! MariaDB and RabbitMQ; the test is the load generator and the checker, on the machine's
 //! own host. Each fault cuts links between hosts during a live sale and heals them; after
 //! each, the history check of `history.rs` (every `202` exactly one row, nothing sold twice,
@@ -23,7 +23,9 @@ struct Fleet {
 
 impl Fleet {
     async fn start() -> Self {
-        let mut hosts = Hosts::up(&["redis", "mysql", "rabbit", "api1", "api2", "worker"]);
+        let mut hosts = Hosts::up(&[
+            "redis", "mysql", "rabbit", "api1", "api2", "worker1", "worker2",
+        ]);
         let redis = hosts.redis("redis").await;
         let mysql = hosts.mariadb("mysql").await;
         let amqp = hosts.rabbitmq("rabbit").await;
@@ -35,13 +37,26 @@ impl Fleet {
         }
     }
 
-    /// A sale's world on the fleet's stores, and its servers: API hosts 1 and 2 and the
-    /// worker host.
-    async fn sale(&mut self, name: &str) -> (TestEnv, [TestServer; 2]) {
+    /// A sale's world on the fleet's stores, and its servers (with `settings` beyond the
+    /// environment's): API hosts 1 and 2 and worker hosts 1 and 2.
+    async fn sale(&mut self, name: &str, settings: &[(&str, &str)]) -> (TestEnv, [TestServer; 2]) {
+        self.sale_with(name, settings, ["consumer,scheduler"; 2])
+            .await
+    }
+
+    /// [`Fleet::sale`] with the worker hosts' roles.
+    async fn sale_with(
+        &mut self,
+        name: &str,
+        settings: &[(&str, &str)],
+        workers: [&str; 2],
+    ) -> (TestEnv, [TestServer; 2]) {
         let env = TestEnv::on_stores(name, &self.mysql, &self.redis, &self.amqp).await;
-        let api1 = self.hosts.seckill("api1", &env, "api");
-        let api2 = self.hosts.seckill("api2", &env, "api");
-        self.hosts.seckill("worker", &env, "consumer,scheduler");
+        let api1 = self.hosts.seckill("api1", &env, "api", settings);
+        let api2 = self.hosts.seckill("api2", &env, "api", settings);
+        for (host, roles) in ["worker1", "worker2"].into_iter().zip(workers) {
+            self.hosts.seckill(host, &env, roles, settings);
+        }
         (env, [api1, api2])
     }
 }
@@ -60,13 +75,14 @@ async fn the_fleet_loses_nothing_when_links_between_hosts_are_cut_and_healed() {
     api_host_cut_off_from_redis(&mut fleet).await;
     api_host_cut_off_from_rabbitmq(&mut fleet).await;
     worker_host_cut_off_from_mysql_mid_drain(&mut fleet).await;
+    scheduler_host_frozen_holding_its_lease(&mut fleet).await;
 }
 
 /// API host 1 loses Redis for two seconds mid-burst: its purchases answer `503` within
 /// the one-second budget (no answer slower than 1.5 s), buyers press again at host 2, and
 /// after the heal nothing was sold twice and every `202` is one row.
 async fn api_host_cut_off_from_redis(fleet: &mut Fleet) {
-    let (env, apis) = fleet.sale("fleet_redis").await;
+    let (env, apis) = fleet.sale("fleet_redis", &[]).await;
     const UNITS: u32 = 500;
     env.item(1, UNITS).on_sale(&apis[0]).await;
     let answered = AtomicU64::new(0);
@@ -114,7 +130,7 @@ async fn api_host_cut_off_from_redis(fleet: &mut Fleet) {
 /// API host 1 loses RabbitMQ (not Redis): 300 buyers pressing there all win, their orders
 /// waiting in the outbox; after the heal every one reaches MySQL once.
 async fn api_host_cut_off_from_rabbitmq(fleet: &mut Fleet) {
-    let (env, apis) = fleet.sale("fleet_rabbit").await;
+    let (env, apis) = fleet.sale("fleet_rabbit", &[]).await;
     const UNITS: u32 = 300;
     env.item(1, UNITS).on_sale(&apis[0]).await;
     fleet.hosts.cut("api1", "rabbit");
@@ -142,11 +158,11 @@ async fn api_host_cut_off_from_rabbitmq(fleet: &mut Fleet) {
     fleet.hosts.stop_servers();
 }
 
-/// The worker host loses MySQL while it drains 4,000 orders (cut once some hundreds are
+/// The worker hosts lose MySQL while it drains 4,000 orders (cut once some hundreds are
 /// written, so a batch's commit is in flight or its answer lost), for three seconds:
 /// afterwards every order is in MySQL exactly once.
 async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet) {
-    let (env, apis) = fleet.sale("fleet_mysql").await;
+    let (env, apis) = fleet.sale("fleet_mysql", &[]).await;
     const UNITS: u32 = 4_000;
     env.item(1, UNITS).on_sale(&apis[0]).await;
     let answered = AtomicU64::new(0);
@@ -162,7 +178,8 @@ async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet) {
             }
         })
         .await;
-        hosts.cut("worker", "mysql");
+        hosts.cut("worker1", "mysql");
+        hosts.cut("worker2", "mysql");
         let began = Instant::now();
         let written = env.orders(1).await.len();
         assert!(
@@ -170,7 +187,8 @@ async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet) {
             "drained before the cut ({written})"
         );
         tokio::time::sleep(Duration::from_secs(3)).await;
-        hosts.heal("worker", "mysql");
+        hosts.heal("worker1", "mysql");
+        hosts.heal("worker2", "mysql");
         began
     };
     let (mut ledger, began) = tokio::join!(crowd(&env, 1, 1..4_001, &at, &answered), cut);
@@ -185,4 +203,99 @@ async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet) {
     )
     .await;
     fleet.hosts.stop_servers();
+}
+
+/// The lease of the schedulers of [`scheduler_host_frozen_holding_its_lease`].
+const LEASE_MS: u64 = 3_000;
+
+/// 500 orders fall due at once (a 3 s pay timeout) and worker host 1, the only scheduler,
+/// freezes (SIGSTOP) as they do — holding leases, mid-pass; a scheduler starts on host 2
+/// and takes over once the leases run out, and host 1 wakes after it did: every order is
+/// cancelled once, every unit back once, and none later than a lease (and a little) after
+/// its deadline.
+async fn scheduler_host_frozen_holding_its_lease(fleet: &mut Fleet) {
+    let lease = LEASE_MS.to_string();
+    let settings = [
+        ("SECKILL_SCHEDULER_LEASE_MS", lease.as_str()),
+        ("SECKILL_SCHEDULER_POLL_MS", "200"),
+    ];
+    let (env, apis) = fleet
+        .sale_with("fleet_lease", &settings, ["consumer,scheduler", "consumer"])
+        .await;
+    const UNITS: u32 = 500;
+    env.item(1, UNITS).paying_within(3).on_sale(&apis[0]).await;
+    let answered = AtomicU64::new(0);
+    let at = either(&apis);
+    let mut ledger = crowd(&env, 1, 1..501, &at, &answered).await;
+    assert_eq!(ledger.won.len(), UNITS as usize, "{:?}", ledger.answers);
+    // Frozen while it holds leases on due deadlines (its claim is in Redis).
+    let leased = env.keys().leased(env.stock(1));
+    eventually(
+        Duration::from_secs(20),
+        "worker 1 holding leases",
+        || async {
+            let held: u64 = redis::AsyncCommands::zcard(&mut env.redis.clone(), &leased)
+                .await
+                .unwrap();
+            if held > 0 {
+                Ok(())
+            } else {
+                Err("no lease yet".to_owned())
+            }
+        },
+    )
+    .await;
+    fleet.hosts.freeze("worker1", true);
+    let began = Instant::now();
+    let at_freeze = cancelled(&env).await;
+    fleet.hosts.seckill("worker2", &env, "scheduler", &settings);
+    tokio::time::sleep(Duration::from_millis(2 * LEASE_MS).saturating_sub(began.elapsed())).await;
+    fleet.hosts.freeze("worker1", false);
+    eprintln!("fleet: worker host 1 frozen with {at_freeze} of {UNITS} orders cancelled");
+    eventually(Duration::from_secs(30), "every order cancelled", || async {
+        let cancelled = cancelled(&env).await;
+        if cancelled == u64::from(UNITS) {
+            Ok(())
+        } else {
+            Err(format!("{cancelled}"))
+        }
+    })
+    .await;
+    let (late_ms,): (i64,) = sqlx::query_as(
+        "SELECT CAST(MAX(TIMESTAMPDIFF(MICROSECOND, pay_deadline, updated_at)) / 1000 AS SIGNED) \
+         FROM orders WHERE item_id = 1",
+    )
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    eprintln!("fleet: the latest cancel came {late_ms} ms after its deadline");
+    assert!(
+        late_ms <= LEASE_MS as i64 + 2_000,
+        "a deadline missed by {late_ms} ms, more than a lease ({LEASE_MS} ms) and 2 s"
+    );
+    // Every unit back exactly once: nothing is held, and the stock adds up to the total.
+    ledger.won.sort();
+    after_fault(
+        &env,
+        &apis[0],
+        UNITS,
+        &fleet.amqp,
+        "scheduler host frozen holding its lease",
+        began,
+        &mut ledger,
+    )
+    .await;
+    fleet.hosts.stop_servers();
+}
+
+/// The item's orders cancelled by the deadline pass.
+async fn cancelled(env: &TestEnv) -> u64 {
+    let (n,): (i64,) = sqlx::query_as(
+        "SELECT COUNT(*) FROM orders WHERE item_id = 1 AND status = 'cancelled' \
+         AND cancel_reason = 'timeout'",
+    )
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    n as u64
 }

@@ -20,8 +20,8 @@ pub struct Hosts {
     addresses: HashMap<String, IpAddr>,
     /// The stores' processes.
     services: Vec<Child>,
-    /// `seckill` processes, stopped between sales.
-    servers: Vec<Child>,
+    /// `seckill` processes, stopped between sales, and which host each runs on.
+    servers: Vec<(String, Child)>,
     dirs: Vec<PathBuf>,
 }
 
@@ -85,6 +85,20 @@ impl Hosts {
 
     pub fn heal(&self, host: &str, other: &str) {
         script(&["heal", &self.net.to_string(), host, other]);
+    }
+
+    /// Freezes every process on `host` (SIGSTOP), as a host that stalls — a VM paused, a
+    /// long GC — or, with `false`, lets them run again (SIGCONT).
+    pub fn freeze(&self, host: &str, frozen: bool) {
+        let pids = Command::new("ip")
+            .args(["netns", "pids", &self.namespace(host)])
+            .output()
+            .expect("ip netns pids");
+        for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+            let _ = Command::new("kill")
+                .args([if frozen { "-STOP" } else { "-CONT" }, pid])
+                .status();
+        }
     }
 
     fn spawn(&mut self, mut command: Command) {
@@ -198,27 +212,36 @@ impl Hosts {
     }
 
     /// `seckill serve` with `roles` on `host` (the environment's settings, listening on the
-    /// host's address, port 8080); the server, for the test to call.
-    pub fn seckill(&mut self, host: &str, env: &super::TestEnv, roles: &str) -> TestServer {
+    /// host's address, port 8080 for its first server, 8081 for a second, …); the server,
+    /// for the test to call.
+    pub fn seckill(
+        &mut self,
+        host: &str,
+        env: &super::TestEnv,
+        roles: &str,
+        settings: &[(&str, &str)],
+    ) -> TestServer {
+        let port = 8080 + self.servers.iter().filter(|(on, _)| on == host).count();
         let mut command = self.on(host, env!("CARGO_BIN_EXE_seckill"));
         command
             .envs(env.vars())
+            .envs(settings.iter().copied())
             .env_remove("RUST_LOG")
-            .env("SECKILL_HTTP_ADDR", format!("{}:8080", self.ip(host)))
+            .env("SECKILL_HTTP_ADDR", format!("{}:{port}", self.ip(host)))
             .args(["serve", "--roles", roles]);
         let (child, server, _lines, _reader) = serve(&mut command);
-        self.servers.push(child);
+        self.servers.push((host.to_owned(), child));
         server
     }
 
     /// Stops every `seckill` started on the hosts (SIGTERM, then waits).
     pub fn stop_servers(&mut self) {
-        for child in &mut self.servers {
+        for (_, child) in &mut self.servers {
             let _ = Command::new("kill")
                 .args(["-TERM", &child.id().to_string()])
                 .status();
         }
-        for child in &mut self.servers {
+        for (_, child) in &mut self.servers {
             let _ = child.wait();
         }
         self.servers.clear();
@@ -227,7 +250,8 @@ impl Hosts {
 
 impl Drop for Hosts {
     fn drop(&mut self) {
-        for child in self.servers.iter_mut().chain(&mut self.services) {
+        let servers = self.servers.iter_mut().map(|(_, child)| child);
+        for child in servers.chain(&mut self.services) {
             let _ = child.kill();
             let _ = child.wait();
         }
