@@ -87,6 +87,10 @@ down)
     [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
     ip netns del "$name"
   done
+  # A namespace goes once its last process has; its link may outlive the name a while.
+  for link in $(ip -br link | awk '{ print $1 }' | sed 's/@.*//' | grep "^sk$net-" || true); do
+    ip link del "$link" 2>/dev/null || true
+  done
   ip link del "$bridge" 2>/dev/null || true
   ;;
 *)

@@ -1,5 +1,6 @@
 //! The fleet on hosts of its own (network namespaces on this machine, `dev/fleet-hosts.sh`):
-//! two API hosts, two worker hosts (consumer and scheduler), and a host each for Redis,
+//! two API hosts, two worker hosts (consumer and scheduler), six Redis hosts (a cluster of
+//! three masters and their replicas, each node on a host of its own), and a host each for
 //! MariaDB and RabbitMQ; the test is the load generator and the checker, on the machine's
 //! own host. Each fault cuts links between hosts during a live sale and heals them; after
 //! each, the history check of `history.rs` (every `202` exactly one row, nothing sold twice,
@@ -13,6 +14,9 @@ use std::time::{Duration, Instant};
 use crate::history::{after_fault, crowd, mid_burst};
 use crate::support::*;
 
+/// The Redis Cluster's hosts.
+const REDIS: [&str; 6] = ["redis1", "redis2", "redis3", "redis4", "redis5", "redis6"];
+
 /// The hosts and their stores.
 struct Fleet {
     hosts: Hosts,
@@ -23,10 +27,10 @@ struct Fleet {
 
 impl Fleet {
     async fn start() -> Self {
-        let mut hosts = Hosts::up(&[
-            "redis", "mysql", "rabbit", "api1", "api2", "worker1", "worker2",
-        ]);
-        let redis = hosts.redis("redis").await;
+        let mut names = REDIS.to_vec();
+        names.extend(["mysql", "rabbit", "api1", "api2", "worker1", "worker2"]);
+        let mut hosts = Hosts::up(&names);
+        let redis = hosts.redis_cluster(&REDIS).await;
         let mysql = hosts.mariadb("mysql").await;
         let amqp = hosts.rabbitmq("rabbit").await;
         Self {
@@ -72,6 +76,7 @@ fn either(apis: &[TestServer; 2]) -> impl Fn(u64, u32) -> SocketAddr + Sync + '_
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_fleet_loses_nothing_when_links_between_hosts_are_cut_and_healed() {
     let mut fleet = Fleet::start().await;
+    redis_master_cut_off_from_the_cluster(&mut fleet).await;
     api_host_cut_off_from_redis(&mut fleet).await;
     api_host_cut_off_from_rabbitmq(&mut fleet).await;
     worker_host_cut_off_from_mysql_mid_drain(&mut fleet).await;
@@ -93,7 +98,12 @@ async fn api_host_cut_off_from_redis(fleet: &mut Fleet) {
     let slowest = std::sync::Mutex::new(Duration::ZERO);
     let timed = async {
         // Host 1's answers during the cut, timed one by one.
-        let began = mid_burst(&answered, 200, async { hosts.cut("api1", "redis") }).await;
+        let began = mid_burst(&answered, 200, async {
+            for redis in REDIS {
+                hosts.cut("api1", redis);
+            }
+        })
+        .await;
         while began.elapsed() < Duration::from_secs(2) {
             let sent = Instant::now();
             let (status, json) = env.buy(&apis[0], PROBE, 1).await;
@@ -102,7 +112,9 @@ async fn api_host_cut_off_from_redis(fleet: &mut Fleet) {
             let mut slowest = slowest.lock().unwrap();
             *slowest = (*slowest).max(took);
         }
-        hosts.heal("api1", "redis");
+        for redis in REDIS {
+            hosts.heal("api1", redis);
+        }
         began
     };
     let (mut ledger, began) = tokio::join!(crowd(&env, 1, 1..1_501, &at, &answered), timed);
@@ -298,4 +310,64 @@ async fn cancelled(env: &TestEnv) -> u64 {
     .await
     .unwrap();
     n as u64
+}
+
+/// The Redis master of the sale's item cut off from every other Redis host (its replica and
+/// the other masters) mid-burst, while the API hosts still reach it, until the cluster
+/// fails it over; then healed. With `WAIT 1` no acknowledged win is lost and no unit is
+/// sold twice: what the cut-off master took alone was never confirmed.
+async fn redis_master_cut_off_from_the_cluster(fleet: &mut Fleet) {
+    let (env, apis) = fleet
+        .sale("fleet_partition", &[("SECKILL_REDIS_WAIT_REPLICAS", "1")])
+        .await;
+    const UNITS: u32 = 2_000;
+    env.item(1, UNITS).on_sale(&apis[0]).await;
+    let hosts = &fleet.hosts;
+    let master = hosts
+        .redis_master_of(REDIS[0], &env.item_keys(1).meta)
+        .expect("the item's master");
+    let others: Vec<&str> = REDIS.iter().copied().filter(|h| *h != master).collect();
+    let answered = AtomicU64::new(0);
+    let at = either(&apis);
+    let partition = async {
+        let began = mid_burst(&answered, 500, async {
+            for other in &others {
+                hosts.cut(&master, other);
+            }
+        })
+        .await;
+        eventually(
+            Duration::from_secs(30),
+            "the master failed over",
+            || async {
+                match hosts.redis_master_of(others[0], &env.item_keys(1).meta) {
+                    Some(now) if now != master => Ok(()),
+                    now => Err(format!("master {now:?}")),
+                }
+            },
+        )
+        .await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        for other in &others {
+            hosts.heal(&master, other);
+        }
+        eprintln!(
+            "fleet: {master} cut off, failed over, healed after {:?}",
+            began.elapsed()
+        );
+        began
+    };
+    let (mut ledger, began) = tokio::join!(crowd(&env, 1, 1..6_001, &at, &answered), partition);
+    hosts.redis_cluster_whole(&REDIS).await;
+    after_fault(
+        &env,
+        &apis[0],
+        UNITS,
+        &fleet.amqp,
+        "Redis master cut off from its replica and the other masters (WAIT 1)",
+        began,
+        &mut ledger,
+    )
+    .await;
+    fleet.hosts.stop_servers();
 }

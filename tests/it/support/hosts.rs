@@ -41,6 +41,7 @@ impl Hosts {
         let net = (100..=250u8)
             .find(|net| {
                 !std::path::Path::new(&format!("/sys/class/net/skbr{net}")).exists()
+                    && !std::path::Path::new(&format!("/sys/class/net/sk{net}-1")).exists()
                     && !std::path::Path::new(&format!("/run/netns/sk{net}-{}", names[0])).exists()
             })
             .expect("a free 10.77.x.0/24");
@@ -121,26 +122,110 @@ impl Hosts {
         .await;
     }
 
-    /// A Redis on `host`, port 6379, keeping nothing on disk: its URL.
-    pub async fn redis(&mut self, host: &str) -> String {
-        let ip = self.ip(host).to_string();
-        let mut command = self.on(host, "redis-server");
-        command.args([
-            "--bind",
-            &ip,
-            "--port",
-            "6379",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--protected-mode",
-            "no",
-        ]);
-        self.spawn(command);
-        self.listening(host, 6379, "Redis", Duration::from_secs(10))
+    /// A Redis Cluster node on each of `hosts` (port 6379, bus 16379; a replica may always
+    /// take over, the node timeout 2 s), made one cluster with a replica per master — the
+    /// first half masters, each on a host of its own: the seeds' URLs, comma-separated.
+    pub async fn redis_cluster(&mut self, hosts: &[&str]) -> String {
+        for host in hosts {
+            let ip = self.ip(host).to_string();
+            let dir = scratch("fleet-redis");
+            let mut command = self.on(host, "redis-server");
+            command
+                .args(["--bind", &ip, "--port", "6379", "--protected-mode", "no"])
+                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
+                .args(["--cluster-replica-validity-factor", "0"])
+                .args(["--cluster-config-file", "nodes.conf"])
+                .args(["--save", "", "--appendonly", "no"])
+                .args(["--dir", &dir.display().to_string()]);
+            self.spawn(command);
+            self.dirs.push(dir);
+        }
+        let mut addresses = Vec::new();
+        for host in hosts {
+            self.listening(host, 6379, "Redis Cluster node", Duration::from_secs(10))
+                .await;
+            addresses.push(format!("{}:6379", self.ip(host)));
+        }
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .expect("redis-cli on PATH");
+        assert!(
+            created.status.success(),
+            "redis-cli --cluster create: {}",
+            super::said(&created)
+        );
+        self.redis_cluster_whole(hosts).await;
+        addresses
+            .iter()
+            .map(|a| format!("redis://{a}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Waits until every node on `hosts` says the cluster is whole and is a master or a
+    /// replica in step with its master.
+    pub async fn redis_cluster_whole(&self, hosts: &[&str]) {
+        for host in hosts {
+            eventually(
+                Duration::from_secs(60),
+                "the cluster whole",
+                || async move {
+                    let info = self.redis_cli(host, &["CLUSTER", "INFO"]);
+                    let replication = self.redis_cli(host, &["INFO", "replication"]);
+                    let in_step = replication.contains("role:master")
+                        || replication.contains("master_link_status:up");
+                    if info.contains("cluster_state:ok") && in_step {
+                        Ok(())
+                    } else {
+                        Err(format!("{host}: {info}\n{replication}"))
+                    }
+                },
+            )
             .await;
-        format!("redis://{ip}:6379")
+        }
+    }
+
+    /// What `redis-cli` (on this machine) printed for `args` sent to the node on `host`.
+    pub fn redis_cli(&self, host: &str, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-h", &self.ip(host).to_string(), "-p", "6379"])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The host of the Redis Cluster master serving `key`'s slot now (asking `via`), if one
+    /// does (none between a master's failure and its replica's promotion).
+    pub fn redis_master_of(&self, via: &str, key: &str) -> Option<String> {
+        let slot: u16 = self
+            .redis_cli(via, &["CLUSTER", "KEYSLOT", key])
+            .trim()
+            .parse()
+            .expect("a slot");
+        let nodes = self.redis_cli(via, &["CLUSTER", "NODES"]);
+        let ip = nodes
+            .lines()
+            .filter(|line| line.contains("master") && !line.contains("fail"))
+            .find_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let ip = fields[1].split(':').next()?.to_owned();
+                fields[8..]
+                    .iter()
+                    .filter_map(|range| {
+                        let (from, to) = range.split_once('-').unwrap_or((range, range));
+                        Some((from.parse::<u16>().ok()?, to.parse::<u16>().ok()?))
+                    })
+                    .any(|(from, to)| (from..=to).contains(&slot))
+                    .then_some(ip)
+            })?;
+        self.addresses
+            .iter()
+            .find(|(_, address)| address.to_string() == ip)
+            .map(|(host, _)| host.clone())
     }
 
     /// A MariaDB on `host`, port 3306 (root without a password): its server URL.
