@@ -76,17 +76,100 @@ fn either(apis: &[TestServer; 2]) -> impl Fn(u64, u32) -> SocketAddr + Sync + '_
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_fleet_loses_nothing_when_links_between_hosts_are_cut_and_healed() {
     let mut fleet = Fleet::start().await;
-    redis_master_cut_off_from_the_cluster(&mut fleet).await;
-    api_host_cut_off_from_redis(&mut fleet).await;
-    api_host_cut_off_from_rabbitmq(&mut fleet).await;
-    worker_host_cut_off_from_mysql_mid_drain(&mut fleet).await;
-    scheduler_host_frozen_holding_its_lease(&mut fleet).await;
+    for fault in FAULTS {
+        fault.run(&mut fleet, 500).await;
+    }
+}
+
+/// The faults, each one sale.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    RedisMasterCutOff,
+    ApiCutOffFromRedis,
+    ApiCutOffFromRabbitmq,
+    WorkerCutOffFromMysql,
+    SchedulerFrozen,
+}
+
+const FAULTS: [Fault; 5] = [
+    Fault::RedisMasterCutOff,
+    Fault::ApiCutOffFromRedis,
+    Fault::ApiCutOffFromRabbitmq,
+    Fault::WorkerCutOffFromMysql,
+    Fault::SchedulerFrozen,
+];
+
+impl Fault {
+    /// One sale with this fault, striking at a moment `after` picks (answers or rows
+    /// written, kept inside the sale); the history check after it.
+    async fn run(self, fleet: &mut Fleet, after: u64) {
+        match self {
+            Fault::RedisMasterCutOff => {
+                let sale = partitioned_sale(fleet, "1", after.clamp(100, 1_500)).await;
+                after_fault(
+                    &sale.env,
+                    &sale.apis[0],
+                    PARTITIONED_UNITS,
+                    &fleet.amqp,
+                    "Redis master cut off from its replica and the other masters (WAIT 1)",
+                    sale.began,
+                    &mut { sale.ledger },
+                )
+                .await;
+                fleet.hosts.stop_servers();
+            }
+            // Its 500 units sell out after about 500 answers.
+            Fault::ApiCutOffFromRedis => api_host_cut_off_from_redis(fleet, 50 + after % 200).await,
+            Fault::ApiCutOffFromRabbitmq => api_host_cut_off_from_rabbitmq(fleet).await,
+            Fault::WorkerCutOffFromMysql => {
+                worker_host_cut_off_from_mysql_mid_drain(fleet, after.clamp(100, 2_000)).await
+            }
+            Fault::SchedulerFrozen => scheduler_host_frozen_holding_its_lease(fleet).await,
+        }
+    }
+}
+
+/// `FLEET_MINUTES` (default 60) of sale after sale on one fleet, each with a fault from
+/// [`FAULTS`] picked at random at a random moment, the history check after each; prints
+/// the rounds of each kind. `FLEET_SOAK=1 FLEET_MINUTES=60 cargo test --test it
+/// fleet::soak -- --ignored --nocapture` (docs/testing.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "an hour long: FLEET_SOAK=1, see docs/testing.md"]
+async fn soak() {
+    assert_eq!(
+        std::env::var("FLEET_SOAK").as_deref(),
+        Ok("1"),
+        "the soak runs with FLEET_SOAK=1"
+    );
+    let minutes: u64 = std::env::var("FLEET_MINUTES")
+        .ok()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(60);
+    let until = Instant::now() + Duration::from_secs(minutes * 60);
+    let mut fleet = Fleet::start().await;
+    let mut rounds: std::collections::BTreeMap<String, u64> = Default::default();
+    while Instant::now() < until {
+        let random = ulid::Ulid::new().random();
+        let fault = FAULTS[(random % FAULTS.len() as u128) as usize];
+        let after = 50 + (random >> 8) as u64 % 1_000;
+        eprintln!(
+            "soak: round {}: {fault:?} after {after}",
+            rounds.values().sum::<u64>() + 1
+        );
+        fault.run(&mut fleet, after).await;
+        *rounds.entry(format!("{fault:?}")).or_default() += 1;
+        eprintln!("soak: rounds so far {rounds:?}; lost 0, unexpected 0");
+    }
+    eprintln!(
+        "soak: {minutes} min, {} rounds {rounds:?}: every history check passed (lost 0, unexpected 0)",
+        rounds.values().sum::<u64>()
+    );
 }
 
 /// API host 1 loses Redis for two seconds mid-burst: its purchases answer `503` within
 /// the one-second budget (no answer slower than 1.5 s), buyers press again at host 2, and
 /// after the heal nothing was sold twice and every `202` is one row.
-async fn api_host_cut_off_from_redis(fleet: &mut Fleet) {
+async fn api_host_cut_off_from_redis(fleet: &mut Fleet, after: u64) {
     let (env, apis) = fleet.sale("fleet_redis", &[]).await;
     const UNITS: u32 = 500;
     env.item(1, UNITS).on_sale(&apis[0]).await;
@@ -98,7 +181,7 @@ async fn api_host_cut_off_from_redis(fleet: &mut Fleet) {
     let slowest = std::sync::Mutex::new(Duration::ZERO);
     let timed = async {
         // Host 1's answers during the cut, timed one by one.
-        let began = mid_burst(&answered, 200, async {
+        let began = mid_burst(&answered, after, async {
             for redis in REDIS {
                 hosts.cut("api1", redis);
             }
@@ -173,7 +256,7 @@ async fn api_host_cut_off_from_rabbitmq(fleet: &mut Fleet) {
 /// The worker hosts lose MySQL while it drains 4,000 orders (cut once some hundreds are
 /// written, so a batch's commit is in flight or its answer lost), for three seconds:
 /// afterwards every order is in MySQL exactly once.
-async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet) {
+async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet, after: u64) {
     let (env, apis) = fleet.sale("fleet_mysql", &[]).await;
     const UNITS: u32 = 4_000;
     env.item(1, UNITS).on_sale(&apis[0]).await;
@@ -183,7 +266,7 @@ async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet) {
     let cut = async {
         eventually(Duration::from_secs(60), "orders being written", || async {
             let written = env.orders(1).await.len();
-            if written >= 300 {
+            if written >= after as usize {
                 Ok(())
             } else {
                 Err(format!("{written}"))
@@ -312,16 +395,27 @@ async fn cancelled(env: &TestEnv) -> u64 {
     n as u64
 }
 
+/// Units of a [`partitioned_sale`].
+const PARTITIONED_UNITS: u32 = 2_000;
+
+/// A sale through a Redis partition, and what its buyers were told.
+struct PartitionedSale {
+    env: TestEnv,
+    apis: [TestServer; 2],
+    ledger: crate::history::Ledger,
+    began: Instant,
+}
+
 /// The Redis master of the sale's item cut off from every other Redis host (its replica and
-/// the other masters) mid-burst, while the API hosts still reach it, until the cluster
-/// fails it over; then healed. With `WAIT 1` no acknowledged win is lost and no unit is
-/// sold twice: what the cut-off master took alone was never confirmed.
-async fn redis_master_cut_off_from_the_cluster(fleet: &mut Fleet) {
+/// the other masters) after `after` answers of a burst, while the API hosts still reach
+/// it, until the cluster fails it over; then healed. With `WAIT 1` (`wait`) no acknowledged
+/// win may be lost and no unit sold twice: what the cut-off master took alone was never
+/// confirmed.
+async fn partitioned_sale(fleet: &mut Fleet, wait: &str, after: u64) -> PartitionedSale {
     let (env, apis) = fleet
-        .sale("fleet_partition", &[("SECKILL_REDIS_WAIT_REPLICAS", "1")])
+        .sale("fleet_partition", &[("SECKILL_REDIS_WAIT_REPLICAS", wait)])
         .await;
-    const UNITS: u32 = 2_000;
-    env.item(1, UNITS).on_sale(&apis[0]).await;
+    env.item(1, PARTITIONED_UNITS).on_sale(&apis[0]).await;
     let hosts = &fleet.hosts;
     let master = hosts
         .redis_master_of(REDIS[0], &env.item_keys(1).meta)
@@ -330,7 +424,7 @@ async fn redis_master_cut_off_from_the_cluster(fleet: &mut Fleet) {
     let answered = AtomicU64::new(0);
     let at = either(&apis);
     let partition = async {
-        let began = mid_burst(&answered, 500, async {
+        let began = mid_burst(&answered, after, async {
             for other in &others {
                 hosts.cut(&master, other);
             }
@@ -357,17 +451,41 @@ async fn redis_master_cut_off_from_the_cluster(fleet: &mut Fleet) {
         );
         began
     };
-    let (mut ledger, began) = tokio::join!(crowd(&env, 1, 1..6_001, &at, &answered), partition);
+    let (ledger, began) = tokio::join!(crowd(&env, 1, 1..6_001, &at, &answered), partition);
+    drop(at);
     hosts.redis_cluster_whole(&REDIS).await;
-    after_fault(
-        &env,
-        &apis[0],
-        UNITS,
-        &fleet.amqp,
-        "Redis master cut off from its replica and the other masters (WAIT 1)",
+    PartitionedSale {
+        env,
+        apis,
+        ledger,
         began,
-        &mut ledger,
-    )
-    .await;
-    fleet.hosts.stop_servers();
+    }
+}
+
+/// Without `WAIT`, what a partitioned Redis master loses, over `FLEET_ROUNDS` (default 5)
+/// sales: acknowledged wins with no order, and units sold twice, printed for the fault
+/// matrix (docs/faults.md). A measurement, not a check: it asserts nothing of the sort.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a measurement for docs/faults.md"]
+async fn a_redis_partition_without_wait_measured() {
+    let rounds: u64 = std::env::var("FLEET_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(5);
+    let mut fleet = Fleet::start().await;
+    for round in 1..=rounds {
+        let mut sale = partitioned_sale(&mut fleet, "0", 500).await;
+        crate::history::ask_uncertain(&sale.env, &sale.apis[0], 1, &mut sale.ledger).await;
+        // Long enough for every order on its way to land (no quiescence to wait for:
+        // with writes lost the counts may never agree).
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        let tally = crate::history::tally(&sale.env, 1, PARTITIONED_UNITS, &sale.ledger).await;
+        eprintln!(
+            "without WAIT, round {round}: lost {}, unexpected {}, oversold {}",
+            tally.lost.len(),
+            tally.unexpected.len(),
+            tally.oversold
+        );
+        fleet.hosts.stop_servers();
+    }
 }

@@ -253,6 +253,58 @@ pub async fn after_fault(
     total_check(env, server, 1, total, ledger).await;
 }
 
+/// What MySQL holds against what buyers were told.
+pub struct Tally {
+    /// `202`s with no row.
+    pub lost: Vec<String>,
+    /// Rows no answer explains (not a `202`, not named by a `409` or `my-order`, not a
+    /// buyer left uncertain).
+    pub unexpected: Vec<(String, u64, String)>,
+    /// Live rows beyond the item's units.
+    pub oversold: usize,
+}
+
+/// The [`Tally`] of item `item` (`total` units), printed.
+pub async fn tally(env: &TestEnv, item: u64, total: u32, ledger: &Ledger) -> Tally {
+    let rows = env.orders(item).await;
+    let in_mysql: HashSet<&str> = rows.iter().map(|(sn, _, _)| sn.as_str()).collect();
+    let won: HashSet<&str> = ledger.won.iter().map(String::as_str).collect();
+    let lost: Vec<String> = won
+        .iter()
+        .filter(|sn| !in_mysql.contains(**sn))
+        .map(|sn| sn.to_string())
+        .collect();
+    let unexpected: Vec<(String, u64, String)> = rows
+        .iter()
+        .filter(|(sn, user, _)| {
+            !won.contains(sn.as_str())
+                && !ledger.named.contains(sn)
+                && !ledger.uncertain.contains(user)
+        })
+        .cloned()
+        .collect();
+    let live = rows
+        .iter()
+        .filter(|(_, _, status)| status != "cancelled")
+        .count();
+    let oversold = live.saturating_sub(total as usize);
+    eprintln!(
+        "total check, item {item}: {} answers {:?}; {} rows; {} won; {} uncertain buyers; lost {}; unexpected {}; oversold {oversold}",
+        ledger.answers.values().sum::<u64>(),
+        ledger.answers,
+        rows.len(),
+        won.len(),
+        ledger.uncertain.len(),
+        lost.len(),
+        unexpected.len(),
+    );
+    Tally {
+        lost,
+        unexpected,
+        oversold,
+    }
+}
+
 /// The total check: every `202` is exactly one row (lost = 0), every row is explained by
 /// a `202`, a `409` or `my-order` naming it, or a buyer left uncertain (unexpected = 0);
 /// then invariants 1–4 of CONTRACT §7.
@@ -263,32 +315,16 @@ pub async fn total_check(
     total: u32,
     ledger: &Ledger,
 ) {
-    let rows = env.orders(item).await;
-    let in_mysql: HashSet<&str> = rows.iter().map(|(sn, _, _)| sn.as_str()).collect();
-    let won: HashSet<&str> = ledger.won.iter().map(String::as_str).collect();
-    let lost: Vec<&&str> = won.iter().filter(|sn| !in_mysql.contains(**sn)).collect();
-    let unexpected: Vec<&(String, u64, String)> = rows
-        .iter()
-        .filter(|(sn, user, _)| {
-            !won.contains(sn.as_str())
-                && !ledger.named.contains(sn)
-                && !ledger.uncertain.contains(user)
-        })
-        .collect();
-    eprintln!(
-        "total check, item {item}: {} answers {:?}; {} rows; {} won; {} uncertain buyers; lost {}; unexpected {}",
-        ledger.answers.values().sum::<u64>(),
-        ledger.answers,
-        rows.len(),
-        won.len(),
-        ledger.uncertain.len(),
-        lost.len(),
-        unexpected.len(),
-    );
-    assert!(lost.is_empty(), "202s with no row in MySQL: {lost:?}");
+    let tally = tally(env, item, total, ledger).await;
     assert!(
-        unexpected.is_empty(),
-        "rows no answer explains: {unexpected:?}"
+        tally.lost.is_empty(),
+        "202s with no row in MySQL: {:?}",
+        tally.lost
+    );
+    assert!(
+        tally.unexpected.is_empty(),
+        "rows no answer explains: {:?}",
+        tally.unexpected
     );
     env.assert_invariants(server, item, total, &ledger.won)
         .await;
