@@ -1,7 +1,7 @@
 //! The fleet on hosts of its own (network namespaces on this machine, `dev/fleet-hosts.sh`):
 //! two API hosts, two worker hosts (consumer and scheduler), six Redis hosts (a cluster of
-//! three masters and their replicas, each node on a host of its own), and a host each for
-//! MariaDB and RabbitMQ; the test is the load generator and the checker, on the machine's
+//! three masters and their replicas, each node on a host of its own), three MariaDB hosts
+//! (a Galera cluster) and a RabbitMQ host; the test is the load generator and the checker, on the machine's
 //! own host. Each fault cuts links between hosts during a live sale and heals them; after
 //! each, the history check of `history.rs` (every `202` exactly one row, nothing sold twice,
 //! the stock adding up). The stores start once; each sale has its own namespace and
@@ -17,9 +17,14 @@ use crate::support::*;
 /// The Redis Cluster's hosts.
 const REDIS: [&str; 6] = ["redis1", "redis2", "redis3", "redis4", "redis5", "redis6"];
 
+/// The Galera cluster's hosts (the servers write through the first while it is ready).
+const MYSQL: [&str; 3] = ["mysql1", "mysql2", "mysql3"];
+
 /// The hosts and their stores.
 struct Fleet {
     hosts: Hosts,
+    galera: PrivateGalera,
+    /// The Galera nodes' server URLs, comma-separated.
     mysql: String,
     redis: String,
     amqp: String,
@@ -28,13 +33,16 @@ struct Fleet {
 impl Fleet {
     async fn start() -> Self {
         let mut names = REDIS.to_vec();
-        names.extend(["mysql", "rabbit", "api1", "api2", "worker1", "worker2"]);
+        names.extend(MYSQL);
+        names.extend(["rabbit", "api1", "api2", "worker1", "worker2"]);
         let mut hosts = Hosts::up(&names);
         let redis = hosts.redis_cluster(&REDIS).await;
-        let mysql = hosts.mariadb("mysql").await;
+        let galera = PrivateGalera::start_at(MYSQL.iter().map(|h| hosts.place(h)).collect()).await;
+        let mysql = galera.urls().join(",");
         let amqp = hosts.rabbitmq("rabbit").await;
         Self {
             hosts,
+            galera,
             mysql,
             redis,
             amqp,
@@ -89,14 +97,18 @@ enum Fault {
     ApiCutOffFromRabbitmq,
     WorkerCutOffFromMysql,
     SchedulerFrozen,
+    GaleraNodeKilled,
+    GaleraNodeCutOff,
 }
 
-const FAULTS: [Fault; 5] = [
+const FAULTS: [Fault; 7] = [
     Fault::RedisMasterCutOff,
     Fault::ApiCutOffFromRedis,
     Fault::ApiCutOffFromRabbitmq,
     Fault::WorkerCutOffFromMysql,
     Fault::SchedulerFrozen,
+    Fault::GaleraNodeKilled,
+    Fault::GaleraNodeCutOff,
 ];
 
 impl Fault {
@@ -125,6 +137,10 @@ impl Fault {
                 worker_host_cut_off_from_mysql_mid_drain(fleet, after.clamp(100, 2_000)).await
             }
             Fault::SchedulerFrozen => scheduler_host_frozen_holding_its_lease(fleet).await,
+            Fault::GaleraNodeKilled => galera_node_lost(fleet, after.clamp(100, 1_000), true).await,
+            Fault::GaleraNodeCutOff => {
+                galera_node_lost(fleet, after.clamp(100, 1_000), false).await
+            }
         }
     }
 }
@@ -265,7 +281,7 @@ async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet, after: u64)
     let hosts = &fleet.hosts;
     let cut = async {
         eventually(Duration::from_secs(60), "orders being written", || async {
-            let written = env.orders(1).await.len();
+            let written = rows_patiently(&env, 1).await;
             if written >= after as usize {
                 Ok(())
             } else {
@@ -273,8 +289,10 @@ async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet, after: u64)
             }
         })
         .await;
-        hosts.cut("worker1", "mysql");
-        hosts.cut("worker2", "mysql");
+        for mysql in MYSQL {
+            hosts.cut("worker1", mysql);
+            hosts.cut("worker2", mysql);
+        }
         let began = Instant::now();
         let written = env.orders(1).await.len();
         assert!(
@@ -282,8 +300,10 @@ async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet, after: u64)
             "drained before the cut ({written})"
         );
         tokio::time::sleep(Duration::from_secs(3)).await;
-        hosts.heal("worker1", "mysql");
-        hosts.heal("worker2", "mysql");
+        for mysql in MYSQL {
+            hosts.heal("worker1", mysql);
+            hosts.heal("worker2", mysql);
+        }
         began
     };
     let (mut ledger, began) = tokio::join!(crowd(&env, 1, 1..4_001, &at, &answered), cut);
@@ -487,5 +507,60 @@ async fn a_redis_partition_without_wait_measured() {
             tally.oversold
         );
         fleet.hosts.stop_servers();
+    }
+}
+
+/// The Galera node the servers write through (the first listed) lost mid-drain of 4,000
+/// orders, once `after` are written: `killed` (SIGKILL), else cut off from the other two
+/// nodes (a minority: it answers 1047) while every other host still reaches it. Purchases
+/// go on, the writers move to the next node, every order lands once; then the node is
+/// back (restarted, or healed) and in step before the next sale.
+async fn galera_node_lost(fleet: &mut Fleet, after: u64, killed: bool) {
+    let (env, apis) = fleet.sale("fleet_galera", &[]).await;
+    const UNITS: u32 = 4_000;
+    env.item(1, UNITS).on_sale(&apis[0]).await;
+    let answered = AtomicU64::new(0);
+    let at = either(&apis);
+    let (hosts, galera) = (&fleet.hosts, &mut fleet.galera);
+    let fault = async {
+        eventually(Duration::from_secs(60), "orders being written", || async {
+            let written = rows_patiently(&env, 1).await;
+            if written >= after as usize {
+                Ok(())
+            } else {
+                Err(format!("{written}"))
+            }
+        })
+        .await;
+        if killed {
+            galera.kill(0);
+        } else {
+            for other in &MYSQL[1..] {
+                hosts.cut(MYSQL[0], other);
+            }
+        }
+        let began = Instant::now();
+        let written = rows_patiently(&env, 1).await;
+        assert!(
+            written < UNITS as usize,
+            "drained before the fault ({written})"
+        );
+        began
+    };
+    let (mut ledger, began) = tokio::join!(crowd(&env, 1, 1..4_001, &at, &answered), fault);
+    let name = if killed {
+        "the Galera node written through killed mid-drain"
+    } else {
+        "the Galera node written through cut off from the other two mid-drain"
+    };
+    after_fault(&env, &apis[0], UNITS, &fleet.amqp, name, began, &mut ledger).await;
+    fleet.hosts.stop_servers();
+    if killed {
+        fleet.galera.restart(0).await;
+    } else {
+        for other in &MYSQL[1..] {
+            fleet.hosts.heal(MYSQL[0], other);
+        }
+        fleet.galera.wait_until_joined(0, MYSQL.len()).await;
     }
 }

@@ -24,8 +24,7 @@ async fn orders_land_once_when_the_node_written_through_is_cut_off_or_killed() {
     // takes seconds and the fault lands in the middle of it.
     let mut proxies = Vec::new();
     for node in 0..3 {
-        let addr: SocketAddr = ([127, 0, 0, 1], galera.port(node)).into();
-        let proxy = TcpProxy::start(addr).await;
+        let proxy = TcpProxy::start(galera.addr(node)).await;
         proxy.set_delay(Duration::from_millis(60));
         proxies.push(proxy);
     }
@@ -40,7 +39,7 @@ async fn orders_land_once_when_the_node_written_through_is_cut_off_or_killed() {
             "node 0 out of the primary component",
             || async {
                 match galera.node_status(0).await {
-                    Ok((_, status, _)) if status != "Primary" => Ok(()),
+                    Ok((_, status, _, _)) if status != "Primary" => Ok(()),
                     other => Err(format!("{other:?}")),
                 }
             },
@@ -103,7 +102,7 @@ async fn sale_with_fault(
     let faulted = async {
         let began = mid_burst(&answered, 600, async {
             eventually(Duration::from_secs(30), "orders being written", || async {
-                let written = written(env).await;
+                let written = rows_patiently(env, 1).await;
                 if written >= 100 {
                     Ok(())
                 } else {
@@ -114,7 +113,7 @@ async fn sale_with_fault(
             fault.await;
         })
         .await;
-        let at_fault = written(env).await;
+        let at_fault = rows_patiently(env, 1).await;
         assert!(
             at_fault < UNITS as usize,
             "the drain finished before the fault ({at_fault})"
@@ -125,18 +124,4 @@ async fn sale_with_fault(
     after_fault(env, &api, UNITS, &amqp_url(), name, began, &mut ledger).await;
     consumer.stop().await;
     api.stop().await;
-}
-
-/// Orders of item 1 in MySQL, asked again while the node the test reads through is the one
-/// just cut off (its pool moves within a second, as the server's does) and while the
-/// others wait to evict it (seconds: commits wait for every node of the component).
-async fn written(env: &TestEnv) -> usize {
-    eventually(Duration::from_secs(30), "a count of the orders", || async {
-        sqlx::query_as("SELECT COUNT(*) FROM orders WHERE item_id = 1")
-            .fetch_one(&env.db)
-            .await
-            .map(|(rows,): (i64,)| rows as usize)
-            .map_err(|e| e.to_string())
-    })
-    .await
 }

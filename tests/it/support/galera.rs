@@ -1,12 +1,14 @@
-//! A private MariaDB Galera cluster on loopback (Debian's `galera-4`): each node a
-//! `mariadbd` with its own data directory and four spare ports (SQL, group communication,
-//! incremental and full state transfer by rsync), killed on drop.
+//! A private MariaDB Galera cluster (Debian's `galera-4`): each node a `mariadbd` with its
+//! own data directory — on loopback with four spare ports each (SQL, group communication,
+//! incremental and full state transfer by rsync), or on hosts of a fleet (network
+//! namespaces, the standard ports) — killed on drop.
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::private::{give_to, listening, scratch};
+use super::private::{give_to, scratch};
 use super::{eventually, free_port};
 
 const PROVIDER: &str = "/usr/lib/galera/libgalera_smm.so";
@@ -16,6 +18,9 @@ const QUICK: &str = "evs.keepalive_period=PT0.5S;evs.suspect_timeout=PT2S;\
                      evs.inactive_timeout=PT4S;evs.inactive_check_period=PT0.5S";
 
 struct Node {
+    /// Where it listens, and the namespace it runs in (none: this machine's loopback).
+    address: IpAddr,
+    netns: Option<String>,
     port: u16,
     gcomm: u16,
     ist: u16,
@@ -29,11 +34,20 @@ pub struct PrivateGalera {
 }
 
 impl PrivateGalera {
-    /// `n` nodes in one primary component, the first bootstrapping it.
+    /// `n` nodes on loopback in one primary component, the first bootstrapping it.
     pub async fn start(n: usize) -> Self {
+        let loopback = IpAddr::from([127, 0, 0, 1]);
+        Self::start_at((0..n).map(|_| (loopback, None)).collect()).await
+    }
+
+    /// A node at each of `places` (an address and, on a fleet's host, its namespace, where
+    /// the standard ports are free).
+    pub async fn start_at(places: Vec<(IpAddr, Option<String>)>) -> Self {
+        let n = places.len();
         let mut cluster = Self {
-            nodes: (0..n)
-                .map(|_| {
+            nodes: places
+                .into_iter()
+                .map(|(address, netns)| {
                     let dir = scratch("galera");
                     give_to(&dir, "mysql");
                     let installed = Command::new("mariadb-install-db")
@@ -48,11 +62,20 @@ impl PrivateGalera {
                         .status()
                         .expect("mariadb-install-db on PATH");
                     assert!(installed.success(), "mariadb-install-db: {installed}");
+                    let port = |standard| {
+                        if netns.is_some() {
+                            standard
+                        } else {
+                            free_port()
+                        }
+                    };
                     Node {
-                        port: free_port(),
-                        gcomm: free_port(),
-                        ist: free_port(),
-                        sst: free_port(),
+                        address,
+                        port: port(3306),
+                        gcomm: port(4567),
+                        ist: port(4568),
+                        sst: port(4444),
+                        netns,
                         dir,
                         child: None,
                     }
@@ -76,25 +99,26 @@ impl PrivateGalera {
     }
 
     pub fn url(&self, node: usize) -> String {
-        format!("mysql://root@127.0.0.1:{}", self.nodes[node].port)
+        let node = &self.nodes[node];
+        format!("mysql://root@{}:{}", node.address, node.port)
     }
 
-    pub fn port(&self, node: usize) -> u16 {
-        self.nodes[node].port
+    pub fn addr(&self, node: usize) -> std::net::SocketAddr {
+        (self.nodes[node].address, self.nodes[node].port).into()
     }
 
     async fn launch(&mut self, node: usize, bootstrap: bool) {
         let members: Vec<String> = self
             .nodes
             .iter()
-            .map(|n| format!("127.0.0.1:{}", n.gcomm))
+            .map(|n| format!("{}:{}", n.address, n.gcomm))
             .collect();
         let n = &self.nodes[node];
         let mut args = vec![
             "--no-defaults".to_owned(),
             format!("--datadir={}", n.dir.join("data").display()),
             format!("--port={}", n.port),
-            "--bind-address=127.0.0.1".to_owned(),
+            format!("--bind-address={}", n.address),
             format!("--socket={}", n.dir.join("mysqld.sock").display()),
             format!("--pid-file={}", n.dir.join("mysqld.pid").display()),
             format!("--log-error={}", n.dir.join("error.log").display()),
@@ -106,59 +130,99 @@ impl PrivateGalera {
             "--wsrep-on=ON".to_owned(),
             format!("--wsrep-provider={PROVIDER}"),
             format!("--wsrep-cluster-address=gcomm://{}", members.join(",")),
-            format!("--wsrep-node-address=127.0.0.1:{}", n.gcomm),
+            format!("--wsrep-node-address={}:{}", n.address, n.gcomm),
             format!(
-                "--wsrep-provider-options=gmcast.listen_addr=tcp://127.0.0.1:{};ist.recv_addr=127.0.0.1:{};{QUICK}",
-                n.gcomm, n.ist
+                "--wsrep-provider-options=gmcast.listen_addr=tcp://{a}:{};ist.recv_addr={a}:{};{QUICK}",
+                n.gcomm,
+                n.ist,
+                a = n.address
             ),
-            format!("--wsrep-sst-receive-address=127.0.0.1:{}", n.sst),
+            format!("--wsrep-sst-receive-address={}:{}", n.address, n.sst),
             "--wsrep-sst-method=rsync".to_owned(),
             format!("--wsrep-node-name=node{node}"),
         ];
         if bootstrap {
             args.push("--wsrep-new-cluster".to_owned());
         }
-        let child = Command::new("mariadbd")
+        let mut command = match &n.netns {
+            Some(netns) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", netns, "mariadbd"]);
+                command
+            }
+            None => Command::new("mariadbd"),
+        };
+        let child = command
             .args(&args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("mariadbd on PATH");
-        let port = n.port;
+        let addr = (n.address, n.port);
         self.nodes[node].child = Some(child);
-        listening(port, "private Galera node", Duration::from_secs(60)).await;
-    }
-
-    /// Waits until `node` is ready in a primary component of `size` nodes.
-    pub async fn wait_until_joined(&self, node: usize, size: usize) {
-        let url = self.url(node);
         eventually(
             Duration::from_secs(60),
-            &format!("Galera node {node} ready among {size}"),
-            || async {
-                let status = self.status(&url).await?;
-                if status == ("ON".to_owned(), "Primary".to_owned(), size.to_string()) {
-                    Ok(())
-                } else {
-                    Err(format!("{status:?}"))
-                }
+            "a Galera node listening",
+            || async move {
+                tokio::net::TcpStream::connect(addr)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
             },
         )
         .await;
     }
 
-    /// A node's `wsrep_ready`, `wsrep_cluster_status`, `wsrep_cluster_size`.
-    pub async fn node_status(&self, node: usize) -> Result<(String, String, String), String> {
+    /// Waits until `node` is ready and synced in a primary component of `size` nodes —
+    /// and so is every other node (a donor of a state transfer is not, until it is over).
+    pub async fn wait_until_joined(&self, node: usize, size: usize) {
+        let nodes: Vec<usize> = if size == 1 {
+            vec![node]
+        } else {
+            (0..self.nodes.len()).collect()
+        };
+        for node in nodes {
+            let url = self.url(node);
+            eventually(
+                Duration::from_secs(60),
+                &format!("Galera node {node} ready and synced among {size}"),
+                || async {
+                    let status = self.status(&url).await?;
+                    let expected = ("ON", "Primary", size.to_string(), "Synced");
+                    if (
+                        status.0.as_str(),
+                        status.1.as_str(),
+                        status.2.clone(),
+                        status.3.as_str(),
+                    ) == expected
+                    {
+                        Ok(())
+                    } else {
+                        Err(format!("{status:?}"))
+                    }
+                },
+            )
+            .await;
+        }
+    }
+
+    /// A node's `wsrep_ready`, `wsrep_cluster_status`, `wsrep_cluster_size`,
+    /// `wsrep_local_state_comment`.
+    pub async fn node_status(
+        &self,
+        node: usize,
+    ) -> Result<(String, String, String, String), String> {
         self.status(&self.url(node)).await
     }
 
-    async fn status(&self, url: &str) -> Result<(String, String, String), String> {
+    async fn status(&self, url: &str) -> Result<(String, String, String, String), String> {
         let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(url)
             .await
             .map_err(|e| e.to_string())?;
         let rows: Vec<(String, String)> = sqlx::query_as(
             "SELECT UPPER(VARIABLE_NAME), VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS \
-             WHERE VARIABLE_NAME IN ('WSREP_READY', 'WSREP_CLUSTER_STATUS', 'WSREP_CLUSTER_SIZE')",
+             WHERE VARIABLE_NAME IN ('WSREP_READY', 'WSREP_CLUSTER_STATUS', 'WSREP_CLUSTER_SIZE', \
+             'WSREP_LOCAL_STATE_COMMENT')",
         )
         .fetch_all(&mut conn)
         .await
@@ -172,6 +236,7 @@ impl PrivateGalera {
             value("WSREP_READY"),
             value("WSREP_CLUSTER_STATUS"),
             value("WSREP_CLUSTER_SIZE"),
+            value("WSREP_LOCAL_STATE_COMMENT"),
         ))
     }
 
@@ -211,4 +276,20 @@ impl Drop for PrivateGalera {
             let _ = std::fs::remove_dir_all(&self.nodes[node].dir);
         }
     }
+}
+
+/// The orders of `item` in MySQL, asked again while the node the environment reads
+/// through is the one just lost (its pool moves within a second, as the server's does) and
+/// while the others wait to evict it (seconds: commits wait for every node of the
+/// component).
+pub async fn rows_patiently(env: &super::TestEnv, item: u64) -> usize {
+    eventually(Duration::from_secs(30), "a count of the orders", || async {
+        sqlx::query_as("SELECT COUNT(*) FROM orders WHERE item_id = ?")
+            .bind(item)
+            .fetch_one(&env.db)
+            .await
+            .map(|(rows,): (i64,)| rows as usize)
+            .map_err(|e| e.to_string())
+    })
+    .await
 }

@@ -72,6 +72,11 @@ impl Hosts {
         format!("sk{}-{host}", self.net)
     }
 
+    /// Where a server on `host` runs: its address and namespace.
+    pub fn place(&self, host: &str) -> (IpAddr, Option<String>) {
+        (self.ip(host), Some(self.namespace(host)))
+    }
+
     /// `program` to run on `host`.
     pub fn on(&self, host: &str, program: &str) -> Command {
         let mut command = Command::new("ip");
@@ -226,43 +231,6 @@ impl Hosts {
             .iter()
             .find(|(_, address)| address.to_string() == ip)
             .map(|(host, _)| host.clone())
-    }
-
-    /// A MariaDB on `host`, port 3306 (root without a password): its server URL.
-    pub async fn mariadb(&mut self, host: &str) -> String {
-        let dir = scratch("fleet-mariadb");
-        give_to(&dir, "mysql");
-        let installed = Command::new("mariadb-install-db")
-            .args([
-                "--no-defaults",
-                &format!("--datadir={}", dir.join("data").display()),
-                "--user=mysql",
-                "--skip-test-db",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("mariadb-install-db on PATH");
-        assert!(installed.success(), "mariadb-install-db: {installed}");
-        let ip = self.ip(host).to_string();
-        let mut command = self.on(host, "mariadbd");
-        command.args([
-            "--no-defaults".to_owned(),
-            format!("--datadir={}", dir.join("data").display()),
-            "--port=3306".to_owned(),
-            format!("--bind-address={ip}"),
-            format!("--socket={}", dir.join("mysqld.sock").display()),
-            format!("--pid-file={}", dir.join("mysqld.pid").display()),
-            format!("--log-error={}", dir.join("error.log").display()),
-            "--user=mysql".to_owned(),
-            "--skip-grant-tables".to_owned(),
-            "--innodb-buffer-pool-size=64M".to_owned(),
-        ]);
-        self.spawn(command);
-        self.dirs.push(dir);
-        self.listening(host, 3306, "MariaDB", Duration::from_secs(30))
-            .await;
-        format!("mysql://root@{ip}:3306")
     }
 
     /// A RabbitMQ node on `host`, port 5672: its URL.
