@@ -10,7 +10,8 @@
 #                                               <host>'s namespace)
 #   dev/fleet-hosts.sh heal <net> <host> <other> lets it through again
 #   dev/fleet-hosts.sh down <net>               kills every process in the hosts, removes them
-#   ip netns exec sk<net>-<host> <command>      runs a command on a host
+#   ip netns exec sk<net>-<host> <command>      runs a command on a host (which knows the
+#                                               other hosts by name)
 #
 # The machine itself is the checker's host: 10.77.<net>.1 on the bridge. It may open
 # connections to the hosts (the test's load and its checks); the hosts may only answer it,
@@ -63,6 +64,20 @@ table inet fleet {
 EOF
     echo "$host $address"
   done
+  # Every host knows the others by name (`ip netns exec` puts /etc/netns/NS/hosts over
+  # /etc/hosts): what RabbitMQ's node names need.
+  # The machine's own table first (its host name too, which RabbitMQ resolves).
+  table=$(mktemp)
+  cp /etc/hosts "$table"
+  for name in $(ip netns list | awk '{ print $1 }' | grep "^sk$net-"); do
+    ip -n "$name" -4 -o addr show dev eth0 |
+      awk -v host="${name#sk$net-}" '{ split($4, a, "/"); print a[1], host }' >>"$table"
+  done
+  for name in $(ip netns list | awk '{ print $1 }' | grep "^sk$net-"); do
+    mkdir -p "/etc/netns/$name"
+    install -m 644 "$table" "/etc/netns/$name/hosts"
+  done
+  rm -f "$table"
   ;;
 cut | heal)
   host=${1:?which host?}
@@ -86,6 +101,7 @@ down)
     pids=$(ip netns pids "$name" || true)
     [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
     ip netns del "$name"
+    rm -rf "/etc/netns/$name"
   done
   # A namespace goes once its last process has; its link may outlive the name a while.
   for link in $(ip -br link | awk '{ print $1 }' | sed 's/@.*//' | grep "^sk$net-" || true); do

@@ -1,7 +1,7 @@
 //! The fleet on hosts of its own (network namespaces on this machine, `dev/fleet-hosts.sh`):
 //! two API hosts, two worker hosts (consumer and scheduler), six Redis hosts (a cluster of
 //! three masters and their replicas, each node on a host of its own), three MariaDB hosts
-//! (a Galera cluster) and a RabbitMQ host; the test is the load generator and the checker, on the machine's
+//! (a Galera cluster) and three RabbitMQ hosts (a cluster, quorum queues); the test is the load generator and the checker, on the machine's
 //! own host. Each fault cuts links between hosts during a live sale and heals them; after
 //! each, the history check of `history.rs` (every `202` exactly one row, nothing sold twice,
 //! the stock adding up). The stores start once; each sale has its own namespace and
@@ -20,6 +20,9 @@ const REDIS: [&str; 6] = ["redis1", "redis2", "redis3", "redis4", "redis5", "red
 /// The Galera cluster's hosts (the servers write through the first while it is ready).
 const MYSQL: [&str; 3] = ["mysql1", "mysql2", "mysql3"];
 
+/// The RabbitMQ cluster's hosts (the servers use the first while it answers).
+const RABBIT: [&str; 3] = ["rabbit1", "rabbit2", "rabbit3"];
+
 /// The hosts and their stores.
 struct Fleet {
     hosts: Hosts,
@@ -27,23 +30,29 @@ struct Fleet {
     /// The Galera nodes' server URLs, comma-separated.
     mysql: String,
     redis: String,
+    /// The RabbitMQ nodes' URLs, comma-separated (what the servers get).
     amqp: String,
+    /// The first node's URL, for the checks' look at the queue.
+    amqp_check: String,
 }
 
 impl Fleet {
     async fn start() -> Self {
         let mut names = REDIS.to_vec();
         names.extend(MYSQL);
-        names.extend(["rabbit", "api1", "api2", "worker1", "worker2"]);
+        names.extend(RABBIT);
+        names.extend(["api1", "api2", "worker1", "worker2"]);
         let mut hosts = Hosts::up(&names);
         let redis = hosts.redis_cluster(&REDIS).await;
         let galera = PrivateGalera::start_at(MYSQL.iter().map(|h| hosts.place(h)).collect()).await;
         let mysql = galera.urls().join(",");
-        let amqp = hosts.rabbitmq("rabbit").await;
+        let amqp = hosts.rabbitmq_cluster(&RABBIT).await;
+        let amqp_check = amqp.split(',').next().unwrap_or_default().to_owned();
         Self {
             hosts,
             galera,
             mysql,
+            amqp_check,
             redis,
             amqp,
         }
@@ -64,10 +73,13 @@ impl Fleet {
         workers: [&str; 2],
     ) -> (TestEnv, [TestServer; 2]) {
         let env = TestEnv::on_stores(name, &self.mysql, &self.redis, &self.amqp).await;
-        let api1 = self.hosts.seckill("api1", &env, "api", settings);
-        let api2 = self.hosts.seckill("api2", &env, "api", settings);
+        // Orders in quorum queues, replicated over the three RabbitMQ nodes.
+        let mut settings = settings.to_vec();
+        settings.push(("SECKILL_QUEUE_TYPE", "quorum"));
+        let api1 = self.hosts.seckill("api1", &env, "api", &settings);
+        let api2 = self.hosts.seckill("api2", &env, "api", &settings);
         for (host, roles) in ["worker1", "worker2"].into_iter().zip(workers) {
-            self.hosts.seckill(host, &env, roles, settings);
+            self.hosts.seckill(host, &env, roles, &settings);
         }
         (env, [api1, api2])
     }
@@ -99,9 +111,10 @@ enum Fault {
     SchedulerFrozen,
     GaleraNodeKilled,
     GaleraNodeCutOff,
+    RabbitNodeCutOff,
 }
 
-const FAULTS: [Fault; 7] = [
+const FAULTS: [Fault; 8] = [
     Fault::RedisMasterCutOff,
     Fault::ApiCutOffFromRedis,
     Fault::ApiCutOffFromRabbitmq,
@@ -109,6 +122,7 @@ const FAULTS: [Fault; 7] = [
     Fault::SchedulerFrozen,
     Fault::GaleraNodeKilled,
     Fault::GaleraNodeCutOff,
+    Fault::RabbitNodeCutOff,
 ];
 
 impl Fault {
@@ -122,7 +136,7 @@ impl Fault {
                     &sale.env,
                     &sale.apis[0],
                     PARTITIONED_UNITS,
-                    &fleet.amqp,
+                    &fleet.amqp_check,
                     "Redis master cut off from its replica and the other masters (WAIT 1)",
                     sale.began,
                     &mut { sale.ledger },
@@ -141,6 +155,7 @@ impl Fault {
             Fault::GaleraNodeCutOff => {
                 galera_node_lost(fleet, after.clamp(100, 1_000), false).await
             }
+            Fault::RabbitNodeCutOff => rabbit_node_cut_off(fleet, after.clamp(100, 1_500)).await,
         }
     }
 }
@@ -229,7 +244,7 @@ async fn api_host_cut_off_from_redis(fleet: &mut Fleet, after: u64) {
         &env,
         &apis[0],
         UNITS,
-        &fleet.amqp,
+        &fleet.amqp_check,
         "API host cut off from Redis",
         began,
         &mut ledger,
@@ -244,7 +259,9 @@ async fn api_host_cut_off_from_rabbitmq(fleet: &mut Fleet) {
     let (env, apis) = fleet.sale("fleet_rabbit", &[]).await;
     const UNITS: u32 = 300;
     env.item(1, UNITS).on_sale(&apis[0]).await;
-    fleet.hosts.cut("api1", "rabbit");
+    for rabbit in RABBIT {
+        fleet.hosts.cut("api1", rabbit);
+    }
     let began = Instant::now();
     let answered = AtomicU64::new(0);
     let only_host_1 = |_: u64, _: u32| apis[0].addr;
@@ -255,12 +272,14 @@ async fn api_host_cut_off_from_rabbitmq(fleet: &mut Fleet) {
         "host 1 without RabbitMQ still sells: {:?}",
         ledger.answers
     );
-    fleet.hosts.heal("api1", "rabbit");
+    for rabbit in RABBIT {
+        fleet.hosts.heal("api1", rabbit);
+    }
     after_fault(
         &env,
         &apis[0],
         UNITS,
-        &fleet.amqp,
+        &fleet.amqp_check,
         "API host cut off from RabbitMQ",
         began,
         &mut ledger,
@@ -311,7 +330,7 @@ async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet, after: u64)
         &env,
         &apis[0],
         UNITS,
-        &fleet.amqp,
+        &fleet.amqp_check,
         "worker host cut off from MySQL mid-drain",
         began,
         &mut ledger,
@@ -394,7 +413,7 @@ async fn scheduler_host_frozen_holding_its_lease(fleet: &mut Fleet) {
         &env,
         &apis[0],
         UNITS,
-        &fleet.amqp,
+        &fleet.amqp_check,
         "scheduler host frozen holding its lease",
         began,
         &mut ledger,
@@ -553,7 +572,16 @@ async fn galera_node_lost(fleet: &mut Fleet, after: u64, killed: bool) {
     } else {
         "the Galera node written through cut off from the other two mid-drain"
     };
-    after_fault(&env, &apis[0], UNITS, &fleet.amqp, name, began, &mut ledger).await;
+    after_fault(
+        &env,
+        &apis[0],
+        UNITS,
+        &fleet.amqp_check,
+        name,
+        began,
+        &mut ledger,
+    )
+    .await;
     fleet.hosts.stop_servers();
     if killed {
         fleet.galera.restart(0).await;
@@ -563,4 +591,53 @@ async fn galera_node_lost(fleet: &mut Fleet, after: u64, killed: bool) {
         }
         fleet.galera.wait_until_joined(0, MYSQL.len()).await;
     }
+}
+
+/// The RabbitMQ node the servers use (the first listed) cut off from the other two mid-burst,
+/// every other host still reaching it: it pauses (`pause_minority`) and drops its
+/// clients, who move to another node; healed after 5 s, it rejoins. Nothing lost, nothing
+/// written twice.
+async fn rabbit_node_cut_off(fleet: &mut Fleet, after: u64) {
+    let (env, apis) = fleet.sale("fleet_rabbit_node", &[]).await;
+    const UNITS: u32 = 2_000;
+    env.item(1, UNITS).on_sale(&apis[0]).await;
+    let answered = AtomicU64::new(0);
+    let at = either(&apis);
+    let hosts = &fleet.hosts;
+    let cut = async {
+        let began = mid_burst(&answered, after, async {
+            for other in &RABBIT[1..] {
+                hosts.cut(RABBIT[0], other);
+            }
+        })
+        .await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        for other in &RABBIT[1..] {
+            hosts.heal(RABBIT[0], other);
+        }
+        began
+    };
+    let (mut ledger, began) = tokio::join!(crowd(&env, 1, 1..4_001, &at, &answered), cut);
+    // Back in the cluster before the checks look at the queue through it.
+    eventually(
+        Duration::from_secs(60),
+        "the RabbitMQ node back",
+        || async {
+            hosts
+                .rabbitmqctl(RABBIT[0], &["await_online_nodes", "3", "--timeout", "5"])
+                .map(|_| ())
+        },
+    )
+    .await;
+    after_fault(
+        &env,
+        &apis[0],
+        UNITS,
+        &fleet.amqp_check,
+        "a RabbitMQ node cut off from the other two (minority) mid-burst",
+        began,
+        &mut ledger,
+    )
+    .await;
+    fleet.hosts.stop_servers();
 }

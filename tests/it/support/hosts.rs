@@ -233,35 +233,92 @@ impl Hosts {
             .map(|(host, _)| host.clone())
     }
 
-    /// A RabbitMQ node on `host`, port 5672: its URL.
-    pub async fn rabbitmq(&mut self, host: &str) -> String {
-        let dir = scratch("fleet-rabbit");
-        let ip = self.ip(host).to_string();
-        std::fs::write(
-            dir.join("rabbitmq.conf"),
-            format!("listeners.tcp.1 = {ip}:5672\nloopback_users = none\n"),
+    /// A RabbitMQ node on each of `hosts` (port 5672, node `seckill@HOST`), joined into
+    /// one cluster that pauses a minority (`pause_minority`): the nodes' URLs,
+    /// comma-separated.
+    pub async fn rabbitmq_cluster(&mut self, hosts: &[&str]) -> String {
+        for host in hosts {
+            let dir = scratch("fleet-rabbit");
+            let ip = self.ip(host).to_string();
+            std::fs::write(
+                dir.join("rabbitmq.conf"),
+                format!(
+                    "listeners.tcp.1 = {ip}:5672\nloopback_users = none\n\
+                     cluster_partition_handling = pause_minority\n"
+                ),
+            )
+            .unwrap();
+            std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
+            // Not the machine's rabbitmq-env.conf: Debian's keeps epmd and the node's
+            // distribution port on loopback, where no other host reaches them.
+            std::fs::write(dir.join("rabbitmq-env.conf"), "").unwrap();
+            give_to(&dir, "rabbitmq");
+            // One after the other: three Erlang VMs booting at once take the 2-core
+            // machine from everything else for seconds.
+            let status = self
+                .on(host, "rabbitmq-server")
+                .arg("-detached")
+                .env("RABBITMQ_NODENAME", format!("seckill@{host}"))
+                .env("RABBITMQ_CONF_ENV_FILE", dir.join("rabbitmq-env.conf"))
+                .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq.conf"))
+                .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
+                .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
+                .env("RABBITMQ_LOG_BASE", dir.join("log"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("rabbitmq-server on PATH");
+            assert!(status.success(), "rabbitmq-server -detached: {status}");
+            self.dirs.push(dir);
+            self.listening(host, 5672, "RabbitMQ", Duration::from_secs(90))
+                .await;
+        }
+        let seed = format!("seckill@{}", hosts[0]);
+        for host in &hosts[1..] {
+            for step in [
+                vec!["stop_app"],
+                vec!["join_cluster", seed.as_str()],
+                vec!["start_app"],
+            ] {
+                self.rabbitmqctl(host, &step).unwrap();
+            }
+        }
+        self.rabbitmqctl(
+            hosts[0],
+            &[
+                "await_online_nodes",
+                &hosts.len().to_string(),
+                "--timeout",
+                "60",
+            ],
         )
         .unwrap();
-        std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
-        give_to(&dir, "rabbitmq");
-        let mut command = self.on(host, "rabbitmq-server");
-        command
-            .arg("-detached")
-            .env("RABBITMQ_NODENAME", "seckill@localhost")
-            .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq.conf"))
-            .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
-            .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
-            .env("RABBITMQ_LOG_BASE", dir.join("log"));
-        let status = command
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("rabbitmq-server on PATH");
-        assert!(status.success(), "rabbitmq-server -detached: {status}");
-        self.dirs.push(dir);
-        self.listening(host, 5672, "RabbitMQ", Duration::from_secs(90))
-            .await;
-        format!("amqp://guest:guest@{ip}:5672/%2f")
+        hosts
+            .iter()
+            .map(|host| format!("amqp://guest:guest@{}:5672/%2f", self.ip(host)))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `rabbitmqctl` for the node on `host`, run there: what it printed, or why it failed
+    /// (a paused node does not answer).
+    pub fn rabbitmqctl(&self, host: &str, args: &[&str]) -> Result<String, String> {
+        let node = format!("seckill@{host}");
+        let done = self
+            .on(host, "rabbitmqctl")
+            .env("RABBITMQ_CONF_ENV_FILE", "/dev/null")
+            .args(["-q", "-n", &node])
+            .args(args)
+            .output()
+            .expect("rabbitmqctl");
+        if done.status.success() {
+            Ok(String::from_utf8_lossy(&done.stdout).into_owned())
+        } else {
+            Err(format!(
+                "rabbitmqctl {args:?} on {host}: {}",
+                super::said(&done)
+            ))
+        }
     }
 
     /// `seckill serve` with `roles` on `host` (the environment's settings, listening on the
