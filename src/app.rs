@@ -149,7 +149,7 @@ impl Server {
 
         let mut background = JoinSet::new();
         background.spawn(crate::telemetry::upkeep(workers.clone()));
-        background.spawn(crate::clock::keep(state.redis.clone(), workers.clone()));
+        background.spawn(keep_the_clock(state.redis.clone(), workers.clone()));
         background.spawn(crate::http::health::watch(state.clone(), workers.clone()));
         if roles.contains(&Role::Api) {
             spawn_api_upkeep(&state, &workers, &mut background);
@@ -203,6 +203,17 @@ impl Server {
         tracing::info!("stopped");
         result
     }
+}
+
+/// Measures this host's clock against Redis's again and again (`clock`), until `shutdown`.
+async fn keep_the_clock(redis: RedisConns, shutdown: CancellationToken) {
+    crate::background::repeat(
+        "measuring the clock against Redis",
+        crate::background::Schedule::every(crate::clock::MEASURE_EVERY),
+        &shutdown,
+        || crate::clock::measure(&redis),
+    )
+    .await;
 }
 
 /// Redis, with the Lua scripts loaded when it answers (else they load on first use).

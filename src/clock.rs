@@ -11,17 +11,14 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
-use tokio_util::sync::CancellationToken;
-
-use crate::background::{Schedule, repeat};
 use crate::store::{RedisConns, RedisError, redis_timed};
+use chrono::{DateTime, Utc};
 
 /// Redis's clock minus this host's, in ms (0 until first measured).
 static OFFSET_MS: AtomicI64 = AtomicI64::new(0);
 
 /// How often the offset is measured again (a clock drifts, or is stepped).
-const MEASURE_EVERY: Duration = Duration::from_secs(10);
+pub const MEASURE_EVERY: Duration = Duration::from_secs(10);
 /// Round trips per measurement: the quickest one's midpoint is the closest estimate.
 const SAMPLES: usize = 5;
 /// A measurement whose quickest round trip took longer than this says too little.
@@ -59,15 +56,4 @@ pub async fn measure(redis: &RedisConns) -> Result<(), RedisError> {
         }
     }
     Ok(())
-}
-
-/// Measures again every [`MEASURE_EVERY`] until `shutdown`.
-pub async fn keep(redis: RedisConns, shutdown: CancellationToken) {
-    repeat(
-        "measuring the clock against Redis",
-        Schedule::every(MEASURE_EVERY),
-        &shutdown,
-        || measure(&redis),
-    )
-    .await;
 }

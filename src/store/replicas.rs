@@ -377,7 +377,7 @@ impl Replicas {
             return false;
         }
         self.meters.degraded.increment(1);
-        let now_s = crate::clock::now().timestamp();
+        let now_s = chrono::Utc::now().timestamp();
         if self.meters.logged_at_s.swap(now_s, Ordering::Relaxed) != now_s {
             tracing::warn!(
                 required = self.rule.replicas,

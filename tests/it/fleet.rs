@@ -161,8 +161,10 @@ impl Fault {
 }
 
 /// `FLEET_MINUTES` (default 60) of sale after sale on one fleet, each with a fault from
-/// [`FAULTS`] picked at random at a random moment, the history check after each; prints
-/// the rounds of each kind. `FLEET_SOAK=1 FLEET_MINUTES=60 cargo test --test it
+/// [`FAULTS`] (or those named in `FLEET_FAULTS`, comma-separated, e.g.
+/// `GaleraNodeCutOff,GaleraNodeKilled`) picked at random at a random moment, the history
+/// check after each; prints the rounds of each kind, and on a failure the end of every
+/// Galera node's log. `FLEET_SOAK=1 FLEET_MINUTES=60 cargo test --test it
 /// fleet::soak -- --ignored --nocapture` (docs/testing.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "an hour long: FLEET_SOAK=1, see docs/testing.md"]
@@ -176,18 +178,36 @@ async fn soak() {
         .ok()
         .and_then(|m| m.parse().ok())
         .unwrap_or(60);
+    let faults: Vec<Fault> = match std::env::var("FLEET_FAULTS") {
+        Ok(names) => FAULTS
+            .into_iter()
+            .filter(|f| names.split(',').any(|n| n.trim() == format!("{f:?}")))
+            .collect(),
+        Err(_) => FAULTS.to_vec(),
+    };
+    assert!(!faults.is_empty(), "FLEET_FAULTS names none of {FAULTS:?}");
     let until = Instant::now() + Duration::from_secs(minutes * 60);
     let mut fleet = Fleet::start().await;
     let mut rounds: std::collections::BTreeMap<String, u64> = Default::default();
     while Instant::now() < until {
         let random = ulid::Ulid::new().random();
-        let fault = FAULTS[(random % FAULTS.len() as u128) as usize];
+        let fault = faults[(random % faults.len() as u128) as usize];
         let after = 50 + (random >> 8) as u64 % 1_000;
         eprintln!(
             "soak: round {}: {fault:?} after {after}",
             rounds.values().sum::<u64>() + 1
         );
-        fault.run(&mut fleet, after).await;
+        let round = std::panic::AssertUnwindSafe(fault.run(&mut fleet, after));
+        if let Err(failure) = futures::FutureExt::catch_unwind(round).await {
+            for (node, host) in MYSQL.iter().enumerate() {
+                eprintln!(
+                    "soak: {host}'s log ends:\n{}",
+                    fleet.galera.log_tail(node, 30)
+                );
+            }
+            eprintln!("soak: failed after {rounds:?}");
+            std::panic::resume_unwind(failure);
+        }
         *rounds.entry(format!("{fault:?}")).or_default() += 1;
         eprintln!("soak: rounds so far {rounds:?}; lost 0, unexpected 0");
     }

@@ -240,6 +240,14 @@ impl PrivateGalera {
         ))
     }
 
+    /// The last `lines` lines of a node's error log, for a failure's message.
+    pub fn log_tail(&self, node: usize, lines: usize) -> String {
+        let log =
+            std::fs::read_to_string(self.nodes[node].dir.join("error.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(lines).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
     /// Cuts a node off from the others' group communication (`gmcast.isolate`), as a
     /// partition would: it stays up and answers, outside the primary component (1047).
     pub async fn isolate(&self, node: usize, isolated: bool) {
