@@ -124,6 +124,9 @@ impl PrivateGalera {
             format!("--log-error={}", n.dir.join("error.log").display()),
             "--user=mysql".to_owned(),
             "--skip-grant-tables".to_owned(),
+            // No reverse look-up of each client's address: on a host with no reachable
+            // resolver it took seconds per connection, and a node answered nothing.
+            "--skip-name-resolve".to_owned(),
             "--innodb-buffer-pool-size=64M".to_owned(),
             "--binlog-format=ROW".to_owned(),
             "--innodb-autoinc-lock-mode=2".to_owned(),
