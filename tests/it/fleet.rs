@@ -322,15 +322,7 @@ async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet, after: u64)
     let at = either(&apis);
     let hosts = &fleet.hosts;
     let cut = async {
-        eventually(Duration::from_secs(60), "orders being written", || async {
-            let written = rows_patiently(&env, 1).await;
-            if written >= after as usize {
-                Ok(())
-            } else {
-                Err(format!("{written}"))
-            }
-        })
-        .await;
+        written_at_least(&env, after).await;
         for mysql in MYSQL {
             hosts.cut("worker1", mysql);
             hosts.cut("worker2", mysql);
@@ -565,15 +557,7 @@ async fn galera_node_lost(fleet: &mut Fleet, after: u64, killed: bool) {
     let at = either(&apis);
     let (hosts, galera) = (&fleet.hosts, &mut fleet.galera);
     let fault = async {
-        eventually(Duration::from_secs(60), "orders being written", || async {
-            let written = rows_patiently(&env, 1).await;
-            if written >= after as usize {
-                Ok(())
-            } else {
-                Err(format!("{written}"))
-            }
-        })
-        .await;
+        written_at_least(&env, after).await;
         if killed {
             galera.kill(0);
         } else {
@@ -663,4 +647,18 @@ async fn rabbit_node_cut_off(fleet: &mut Fleet, after: u64) {
     )
     .await;
     fleet.hosts.stop_servers();
+}
+
+/// Waits (up to a minute) until MySQL holds at least `rows` orders of item 1: the moment a
+/// mid-drain fault strikes.
+async fn written_at_least(env: &TestEnv, rows: u64) {
+    eventually(Duration::from_secs(60), "orders being written", || async {
+        let written = rows_patiently(env, 1).await;
+        if written >= rows as usize {
+            Ok(())
+        } else {
+            Err(format!("{written}"))
+        }
+    })
+    .await;
 }

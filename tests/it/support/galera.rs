@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::private::{give_to, scratch};
+use super::private::mariadb_data;
 use super::{eventually, free_port};
 
 const PROVIDER: &str = "/usr/lib/galera/libgalera_smm.so";
@@ -48,20 +48,7 @@ impl PrivateGalera {
             nodes: places
                 .into_iter()
                 .map(|(address, netns)| {
-                    let dir = scratch("galera");
-                    give_to(&dir, "mysql");
-                    let installed = Command::new("mariadb-install-db")
-                        .args([
-                            "--no-defaults",
-                            &format!("--datadir={}", dir.join("data").display()),
-                            "--user=mysql",
-                            "--skip-test-db",
-                        ])
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null())
-                        .status()
-                        .expect("mariadb-install-db on PATH");
-                    assert!(installed.success(), "mariadb-install-db: {installed}");
+                    let dir = mariadb_data("galera");
                     let port = |standard| {
                         if netns.is_some() {
                             standard

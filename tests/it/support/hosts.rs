@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::private::{give_to, scratch};
+use super::private::{give_to, master_serving, scratch};
 use super::{TestServer, eventually, serve};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dev/fleet-hosts.sh");
@@ -212,21 +212,7 @@ impl Hosts {
             .parse()
             .expect("a slot");
         let nodes = self.redis_cli(via, &["CLUSTER", "NODES"]);
-        let ip = nodes
-            .lines()
-            .filter(|line| line.contains("master") && !line.contains("fail"))
-            .find_map(|line| {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                let ip = fields[1].split(':').next()?.to_owned();
-                fields[8..]
-                    .iter()
-                    .filter_map(|range| {
-                        let (from, to) = range.split_once('-').unwrap_or((range, range));
-                        Some((from.parse::<u16>().ok()?, to.parse::<u16>().ok()?))
-                    })
-                    .any(|(from, to)| (from..=to).contains(&slot))
-                    .then_some(ip)
-            })?;
+        let (ip, _) = master_serving(&nodes, slot)?;
         self.addresses
             .iter()
             .find(|(_, address)| address.to_string() == ip)

@@ -334,6 +334,26 @@ impl Drop for PrivateRabbit {
     }
 }
 
+/// A fresh directory (named for `what`) holding a new MariaDB data directory, `data`
+/// (`mariadb-install-db`), owned by the server's account.
+pub(super) fn mariadb_data(what: &str) -> PathBuf {
+    let dir = scratch(what);
+    give_to(&dir, "mysql");
+    let installed = Command::new("mariadb-install-db")
+        .args([
+            "--no-defaults",
+            &format!("--datadir={}", dir.join("data").display()),
+            "--user=mysql",
+            "--skip-test-db",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("mariadb-install-db on PATH");
+    assert!(installed.success(), "mariadb-install-db: {installed}");
+    dir
+}
+
 /// A private MariaDB server (`mariadb-install-db` data of its own, no grant tables: root
 /// without a password, like the shared one).
 pub struct PrivateMariaDb {
@@ -344,20 +364,7 @@ pub struct PrivateMariaDb {
 
 impl PrivateMariaDb {
     pub async fn start() -> Self {
-        let dir = scratch("mariadb");
-        give_to(&dir, "mysql");
-        let installed = Command::new("mariadb-install-db")
-            .args([
-                "--no-defaults",
-                &format!("--datadir={}", dir.join("data").display()),
-                "--user=mysql",
-                "--skip-test-db",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("mariadb-install-db on PATH");
-        assert!(installed.success(), "mariadb-install-db: {installed}");
+        let dir = mariadb_data("mariadb");
         let mut db = Self {
             port: free_port(),
             dir,
@@ -502,21 +509,8 @@ impl PrivateRedisCluster {
             .parse()
             .unwrap();
         let nodes = cli(port, &["CLUSTER", "NODES"]);
-        nodes
-            .lines()
-            .filter(|line| line.contains("master") && !line.contains("fail"))
-            .find_map(|line| {
-                let fields: Vec<&str> = line.split_whitespace().collect();
-                let port: u16 = fields[1].split(['@', ':']).nth(1)?.parse().ok()?;
-                fields[8..]
-                    .iter()
-                    .filter_map(|range| {
-                        let (from, to) = range.split_once('-').unwrap_or((range, range));
-                        Some((from.parse::<u16>().ok()?, to.parse::<u16>().ok()?))
-                    })
-                    .any(|(from, to)| (from..=to).contains(&slot))
-                    .then_some(port)
-            })
+        master_serving(&nodes, slot)
+            .and_then(|(_, port)| port.parse().ok())
             .expect("a master for the slot")
     }
 
@@ -643,6 +637,27 @@ pub async fn whole(dir: &Path, ports: &[u16]) {
         )
         .await;
     }
+}
+
+/// The address (host, port) of the live master serving `slot`, as `CLUSTER NODES`
+/// printed them.
+pub(super) fn master_serving(nodes: &str, slot: u16) -> Option<(String, String)> {
+    nodes
+        .lines()
+        .filter(|line| line.contains("master") && !line.contains("fail"))
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let address = fields.get(1)?.split('@').next()?;
+            let (host, port) = address.rsplit_once(':')?;
+            fields[8..]
+                .iter()
+                .filter_map(|range| {
+                    let (from, to) = range.split_once('-').unwrap_or((range, range));
+                    Some((from.parse::<u16>().ok()?, to.parse::<u16>().ok()?))
+                })
+                .any(|(from, to)| (from..=to).contains(&slot))
+                .then(|| (host.to_owned(), port.to_owned()))
+        })
 }
 
 /// Where the node on `port` logs.
