@@ -104,14 +104,13 @@ pub async fn connect(
     let pool = pool
         .after_connect(|conn, _| {
             Box::pin(async move {
-                // No `wsrep_sync_wait`: a read with it on a node just cut off waits on the
-                // cluster for as long as the cut lasts, and the pool, testing each returned
-                // connection with an unbounded ping, starved behind such reads (the soak:
-                // a minute without reads). Without it a read after a move may miss what the
-                // old node committed in the last milliseconds before it (not yet applied
-                // here), which every reader tolerates: writes are idempotent and guarded by
-                // their own conditions, and counts are taken on a quiet sale.
-                ready(conn).await.map_err(sqlx::Error::Protocol)
+                ready(conn).await.map_err(sqlx::Error::Protocol)?;
+                // Galera applies other nodes' writes after it certifies them: a read after
+                // a move waits until this node has applied every write committed before it.
+                sqlx::query("SET SESSION wsrep_sync_wait = 1")
+                    .execute(conn)
+                    .await?;
+                Ok(())
             })
         })
         .before_acquire(opened_since_move(nodes.clone()))
