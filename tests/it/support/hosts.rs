@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::private::{give_to, master_serving, scratch};
+use super::private::{create_cluster, give_to, master_serving, scratch};
 use super::{TestServer, eventually, serve};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dev/fleet-hosts.sh");
@@ -151,17 +151,7 @@ impl Hosts {
                 .await;
             addresses.push(format!("{}:6379", self.ip(host)));
         }
-        let created = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(&addresses)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .output()
-            .expect("redis-cli on PATH");
-        assert!(
-            created.status.success(),
-            "redis-cli --cluster create: {}",
-            super::said(&created)
-        );
+        create_cluster(&addresses);
         self.redis_cluster_whole(hosts).await;
         addresses
             .iter()

@@ -486,17 +486,7 @@ impl PrivateRedisCluster {
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
-        let created = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(&addresses)
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .output()
-            .expect("redis-cli on PATH");
-        assert!(
-            created.status.success(),
-            "redis-cli --cluster create: {}",
-            String::from_utf8_lossy(&created.stdout)
-        );
+        create_cluster(&addresses);
         cluster.wait_ok().await;
         cluster
     }
@@ -637,6 +627,22 @@ pub async fn whole(dir: &Path, ports: &[u16]) {
         )
         .await;
     }
+}
+
+/// Makes the nodes at `addresses` (`host:port`) one cluster with a replica per master
+/// (`redis-cli --cluster create`; the first half become masters).
+pub(super) fn create_cluster(addresses: &[String]) {
+    let created = Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(addresses)
+        .args(["--cluster-replicas", "1", "--cluster-yes"])
+        .output()
+        .expect("redis-cli on PATH");
+    assert!(
+        created.status.success(),
+        "redis-cli --cluster create: {}",
+        said(&created)
+    );
 }
 
 /// The address (host, port) of the live master serving `slot`, as `CLUSTER NODES`
