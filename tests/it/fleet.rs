@@ -130,7 +130,8 @@ const FAULTS: [Fault; 8] = [
 
 impl Fault {
     /// One sale with this fault, striking at a moment `after` picks (answers or rows
-    /// written, kept inside the sale); the history check after it.
+    /// written, kept inside the sale); the history check after it; then the sale's
+    /// servers stop.
     async fn run(self, fleet: &mut Fleet, after: u64) {
         match self {
             Fault::RedisMasterCutOff => {
@@ -145,7 +146,6 @@ impl Fault {
                     &mut { sale.ledger },
                 )
                 .await;
-                fleet.hosts.stop_servers();
             }
             // Its 500 units sell out after about 500 answers.
             Fault::ApiCutOffFromRedis => api_host_cut_off_from_redis(fleet, 50 + after % 200).await,
@@ -160,6 +160,7 @@ impl Fault {
             }
             Fault::RabbitNodeCutOff => rabbit_node_cut_off(fleet, after.clamp(100, 1_500)).await,
         }
+        fleet.hosts.stop_servers();
     }
 }
 
@@ -236,9 +237,7 @@ async fn api_host_cut_off_from_redis(fleet: &mut Fleet, after: u64) {
     let timed = async {
         // Host 1's answers during the cut, timed one by one.
         let began = mid_burst(&answered, after, async {
-            for redis in REDIS {
-                hosts.cut("api1", redis);
-            }
+            hosts.cut("api1", &REDIS);
         })
         .await;
         while began.elapsed() < Duration::from_secs(2) {
@@ -249,9 +248,7 @@ async fn api_host_cut_off_from_redis(fleet: &mut Fleet, after: u64) {
             let mut slowest = slowest.lock().unwrap();
             *slowest = (*slowest).max(took);
         }
-        for redis in REDIS {
-            hosts.heal("api1", redis);
-        }
+        hosts.heal("api1", &REDIS);
         began
     };
     let (mut ledger, began) = tokio::join!(crowd(&env, 1, 1..1_501, &at, &answered), timed);
@@ -273,7 +270,6 @@ async fn api_host_cut_off_from_redis(fleet: &mut Fleet, after: u64) {
         &mut ledger,
     )
     .await;
-    fleet.hosts.stop_servers();
 }
 
 /// API host 1 loses RabbitMQ (not Redis): 300 buyers pressing there all win, their orders
@@ -282,9 +278,7 @@ async fn api_host_cut_off_from_rabbitmq(fleet: &mut Fleet) {
     let (env, apis) = fleet.sale("fleet_rabbit", &[]).await;
     const UNITS: u32 = 300;
     env.item(1, UNITS).on_sale(&apis[0]).await;
-    for rabbit in RABBIT {
-        fleet.hosts.cut("api1", rabbit);
-    }
+    fleet.hosts.cut("api1", &RABBIT);
     let began = Instant::now();
     let answered = AtomicU64::new(0);
     let only_host_1 = |_: u64, _: u32| apis[0].addr;
@@ -295,9 +289,7 @@ async fn api_host_cut_off_from_rabbitmq(fleet: &mut Fleet) {
         "host 1 without RabbitMQ still sells: {:?}",
         ledger.answers
     );
-    for rabbit in RABBIT {
-        fleet.hosts.heal("api1", rabbit);
-    }
+    fleet.hosts.heal("api1", &RABBIT);
     after_fault(
         &env,
         &apis[0],
@@ -308,7 +300,6 @@ async fn api_host_cut_off_from_rabbitmq(fleet: &mut Fleet) {
         &mut ledger,
     )
     .await;
-    fleet.hosts.stop_servers();
 }
 
 /// The worker hosts lose MySQL while it drains 4,000 orders (cut once some hundreds are
@@ -323,10 +314,8 @@ async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet, after: u64)
     let hosts = &fleet.hosts;
     let cut = async {
         written_at_least(&env, after).await;
-        for mysql in MYSQL {
-            hosts.cut("worker1", mysql);
-            hosts.cut("worker2", mysql);
-        }
+        hosts.cut("worker1", &MYSQL);
+        hosts.cut("worker2", &MYSQL);
         let began = Instant::now();
         let written = env.orders(1).await.len();
         assert!(
@@ -334,10 +323,8 @@ async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet, after: u64)
             "drained before the cut ({written})"
         );
         tokio::time::sleep(Duration::from_secs(3)).await;
-        for mysql in MYSQL {
-            hosts.heal("worker1", mysql);
-            hosts.heal("worker2", mysql);
-        }
+        hosts.heal("worker1", &MYSQL);
+        hosts.heal("worker2", &MYSQL);
         began
     };
     let (mut ledger, began) = tokio::join!(crowd(&env, 1, 1..4_001, &at, &answered), cut);
@@ -351,7 +338,6 @@ async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet, after: u64)
         &mut ledger,
     )
     .await;
-    fleet.hosts.stop_servers();
 }
 
 /// The lease of the schedulers of [`scheduler_host_frozen_holding_its_lease`].
@@ -434,7 +420,6 @@ async fn scheduler_host_frozen_holding_its_lease(fleet: &mut Fleet) {
         &mut ledger,
     )
     .await;
-    fleet.hosts.stop_servers();
 }
 
 /// The item's orders cancelled by the deadline pass.
@@ -479,9 +464,7 @@ async fn partitioned_sale(fleet: &mut Fleet, wait: &str, after: u64) -> Partitio
     let at = either(&apis);
     let partition = async {
         let began = mid_burst(&answered, after, async {
-            for other in &others {
-                hosts.cut(&master, other);
-            }
+            hosts.cut(&master, &others);
         })
         .await;
         eventually(
@@ -496,9 +479,7 @@ async fn partitioned_sale(fleet: &mut Fleet, wait: &str, after: u64) -> Partitio
         )
         .await;
         tokio::time::sleep(Duration::from_secs(2)).await;
-        for other in &others {
-            hosts.heal(&master, other);
-        }
+        hosts.heal(&master, &others);
         eprintln!(
             "fleet: {master} cut off, failed over, healed after {:?}",
             began.elapsed()
@@ -561,9 +542,7 @@ async fn galera_node_lost(fleet: &mut Fleet, after: u64, killed: bool) {
         if killed {
             galera.kill(0);
         } else {
-            for other in &MYSQL[1..] {
-                hosts.cut(MYSQL[0], other);
-            }
+            hosts.cut(MYSQL[0], &MYSQL[1..]);
         }
         let began = Instant::now();
         let written = rows_patiently(&env, 1).await;
@@ -593,9 +572,7 @@ async fn galera_node_lost(fleet: &mut Fleet, after: u64, killed: bool) {
     if killed {
         fleet.galera.restart(0).await;
     } else {
-        for other in &MYSQL[1..] {
-            fleet.hosts.heal(MYSQL[0], other);
-        }
+        fleet.hosts.heal(MYSQL[0], &MYSQL[1..]);
         fleet.galera.wait_until_joined(0, MYSQL.len()).await;
     }
 }
@@ -613,15 +590,11 @@ async fn rabbit_node_cut_off(fleet: &mut Fleet, after: u64) {
     let hosts = &fleet.hosts;
     let cut = async {
         let began = mid_burst(&answered, after, async {
-            for other in &RABBIT[1..] {
-                hosts.cut(RABBIT[0], other);
-            }
+            hosts.cut(RABBIT[0], &RABBIT[1..]);
         })
         .await;
         tokio::time::sleep(Duration::from_secs(5)).await;
-        for other in &RABBIT[1..] {
-            hosts.heal(RABBIT[0], other);
-        }
+        hosts.heal(RABBIT[0], &RABBIT[1..]);
         began
     };
     let (mut ledger, began) = tokio::join!(crowd(&env, 1, 1..4_001, &at, &answered), cut);
@@ -646,7 +619,6 @@ async fn rabbit_node_cut_off(fleet: &mut Fleet, after: u64) {
         &mut ledger,
     )
     .await;
-    fleet.hosts.stop_servers();
 }
 
 /// Waits (up to a minute) until MySQL holds at least `rows` orders of item 1: the moment a

@@ -84,13 +84,18 @@ impl Hosts {
         command
     }
 
-    /// Drops everything between two hosts (both ways), until [`Hosts::heal`].
-    pub fn cut(&self, host: &str, other: &str) {
-        script(&["cut", &self.net.to_string(), host, other]);
+    /// Drops everything between `host` and each of `others` (both ways), until
+    /// [`Hosts::heal`].
+    pub fn cut(&self, host: &str, others: &[&str]) {
+        for other in others {
+            script(&["cut", &self.net.to_string(), host, other]);
+        }
     }
 
-    pub fn heal(&self, host: &str, other: &str) {
-        script(&["heal", &self.net.to_string(), host, other]);
+    pub fn heal(&self, host: &str, others: &[&str]) {
+        for other in others {
+            script(&["heal", &self.net.to_string(), host, other]);
+        }
     }
 
     /// Freezes every process on `host` (SIGSTOP), as a host that stalls — a VM paused, a
