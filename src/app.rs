@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -378,13 +378,33 @@ fn routers(state: &AppState, roles: &HashSet<Role>, admin_apart: bool) -> (Route
     }
 }
 
+/// Connections the kernel holds for the server before it accepts them. `TcpListener::bind`
+/// asks for 128, as the standard library does: when a sale opens, nginx (or a crowd
+/// without it) opens hundreds of connections in the same instant, and while the server's
+/// cores are busy selling, the 129th SYN was dropped — its sender waits a second to try
+/// again, past nginx's one-second connect limit, and two such timeouts take the instance
+/// out of nginx's rotation. The kernel caps this at `net.core.somaxconn`.
+const LISTEN_BACKLOG: u32 = 4096;
+
 async fn bind(addr: SocketAddr, what: &'static str) -> anyhow::Result<TcpListener> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
+    let listener = listen(addr).with_context(|| format!("cannot listen on {addr}"))?;
     let bound = listener.local_addr()?;
     tracing::info!(addr = %bound, "{what}");
     Ok(listener)
+}
+
+/// A listener on `addr` with room for a crowd's connections ([`LISTEN_BACKLOG`]).
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // As `TcpListener::bind` does: a restarted server can listen again at once, while
+    // connections of the one before are still in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 async fn serve(

@@ -183,6 +183,28 @@ async fn nginx_serves_the_storefront_itself_and_passes_the_api_on() {
     );
 }
 
+/// A sale opens with hundreds of connections in one instant, from nginx or a crowd: the
+/// kernel must hold them until the busy server accepts them. With the standard 128, the
+/// rest of the SYNs were dropped, nginx's connects timed out after a second and it took
+/// the instance out of rotation (503 "no server answered" on a loaded machine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_server_holds_a_crowds_connections_until_it_accepts_them() {
+    let env = TestEnv::new("edge_backlog").await;
+    let server = env.server(ALL_ROLES).await;
+    let out = std::process::Command::new("ss")
+        .args(["-ltnH", &format!("sport = :{}", server.addr.port())])
+        .output()
+        .expect("ss (iproute2)");
+    let listing = String::from_utf8_lossy(&out.stdout);
+    // A listening socket's Send-Q is its backlog.
+    let backlog: u32 = listing
+        .split_whitespace()
+        .nth(2)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no listener in {listing:?}"));
+    assert!(backlog >= 1024, "backlog {backlog}: {listing}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_client_address_reaches_the_server_and_the_edge_limits_each_address() {
     let env = TestEnv::new("edge_ip").await;
