@@ -39,6 +39,12 @@ impl Nodes {
         *self.current.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether a connection was opened after the pool last moved, so to the node written
+    /// through.
+    fn opened_since_move(&self, meta: &PoolConnectionMetadata) -> bool {
+        meta.age < self.current().1.elapsed()
+    }
+
     fn name(&self, node: usize) -> String {
         let options = &self.nodes[node];
         format!("{}:{}", options.get_host(), options.get_port())
@@ -114,7 +120,19 @@ pub async fn connect(
             })
         })
         .before_acquire(opened_since_move(nodes.clone()))
-        .after_release(opened_since_move(nodes.clone()))
+        .after_release({
+            let nodes = nodes.clone();
+            move |conn, meta| {
+                let fresh = nodes.opened_since_move(&meta);
+                Box::pin(async move {
+                    // One opened before the move is closed, its node not asked.
+                    if !fresh {
+                        return Ok(false);
+                    }
+                    super::mysql::answers_in_time(conn).await
+                })
+            }
+        })
         .connect_with(nodes.nodes[first].clone())
         .await
         .with_context(|| format!("cannot connect to MySQL at {}", nodes.name(first)))?;
@@ -123,8 +141,7 @@ pub async fn connect(
     Ok(pool)
 }
 
-/// Whether a connection was opened after the pool last moved (so to the node written
-/// through): for `before_acquire` and `after_release`, which close it otherwise.
+/// [`Nodes::opened_since_move`] for `before_acquire`, which closes the connection otherwise.
 fn opened_since_move(
     nodes: Arc<Nodes>,
 ) -> impl for<'c> Fn(
@@ -134,10 +151,7 @@ fn opened_since_move(
 + Send
 + Sync
 + 'static {
-    move |_, meta| {
-        let fresh = meta.age < nodes.current().1.elapsed();
-        Box::pin(std::future::ready(Ok(fresh)))
-    }
+    move |_, meta| Box::pin(std::future::ready(Ok(nodes.opened_since_move(&meta))))
 }
 
 /// Checks the node written through every [`CHECK_EVERY`]; when it is not ready, moves the

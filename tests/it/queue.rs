@@ -317,6 +317,53 @@ async fn a_deadlock_victim_is_recognised_for_a_retry() {
     assert!(!seckill::store::DbError::Sql(refused).is_deadlock());
 }
 
+/// Statements given up by their callers' time limits while MySQL still works on them (here
+/// behind a row lock; on a Galera node cut off from its cluster, until it rejoins) do not
+/// keep the pool's connections: a query that needs none of those rows is answered at once.
+#[tokio::test]
+async fn statements_cut_off_by_their_time_limit_leave_the_pool_free() {
+    let env = TestEnv::new("pool_free").await;
+    sqlx::query("CREATE TABLE held (id INT PRIMARY KEY, n INT NOT NULL)")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO held VALUES (1, 0)")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    let url = format!("{}/{}", mysql_server_url(), env.database());
+    let mut holder = <sqlx::MySqlConnection as sqlx::Connection>::connect(&url)
+        .await
+        .unwrap();
+    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::query("SELECT n FROM held WHERE id = 1 FOR UPDATE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+
+    // As many updates as the pool has connections (16), each given up after 200 ms: MySQL
+    // keeps each waiting for the lock (50 s by default), its answer owed on its connection.
+    let given_up = futures::future::join_all((0..16).map(|_| {
+        tokio::time::timeout(
+            Duration::from_millis(200),
+            sqlx::query("UPDATE held SET n = n + 1 WHERE id = 1").execute(&env.db),
+        )
+    }))
+    .await;
+    assert!(given_up.iter().all(Result::is_err), "{given_up:?}");
+
+    // Within seconds the pool answers again, while the lock is still held.
+    let answered = eventually(Duration::from_secs(5), "the pool answering", || async {
+        sqlx::query_as::<_, (i64,)>("SELECT COUNT(*) FROM held")
+            .fetch_one(&env.db)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    assert_eq!(answered.0, 1);
+    sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
+}
+
 /// Waits until the server has declared its queues, then publishes each body to the orders
 /// exchange as the publisher would.
 async fn publish_raw(env: &TestEnv, bodies: &[&[u8]]) {
