@@ -2,6 +2,8 @@
 # Runs nginx in the foreground with nginx/seckill.conf, in front of two seckill servers:
 #   dev/nginx.sh LISTEN API_1 API_2 [STATE_DIR]
 #   dev/nginx.sh 127.0.0.1:8000 127.0.0.1:8081 127.0.0.1:8082
+# SECKILL_LOAD_HOSTS="10.0.0.5 10.0.0.6" exempts a rehearsal's load generators on other
+# hosts from the per-address limit, as this host's own are (nginx/seckill.conf, geo).
 # The storefront under web/ is served from this checkout. Everything nginx writes (its
 # rendered config, pid, logs, temp files) goes to STATE_DIR (default target/nginx).
 # nginx must be installed (dev/tools.sh nginx installs it).
@@ -29,9 +31,16 @@ if [ "$(id -u)" = 0 ]; then
   user_line="user $(stat -c '%U %G' "$web");"
 fi
 
-# Fill in the four addresses of the template (nothing else in it is touched).
+# Fill in the four addresses of the template (nothing else in it is touched), and add the
+# load hosts to the exempt addresses after the template's last one.
+exempt=""
+for host in ${SECKILL_LOAD_HOSTS:-}; do
+  [[ $host =~ ^[0-9A-Fa-f.:/]+$ ]] || { echo "SECKILL_LOAD_HOSTS: $host is not an address" >&2; exit 2; }
+  exempt+="\n    $host \"\";"
+done
 sed -e "s|\${SECKILL_LISTEN}|$listen|g" -e "s|\${SECKILL_API_1}|$api1|g" \
   -e "s|\${SECKILL_API_2}|$api2|g" -e "s|\${SECKILL_WEB_ROOT}|$web|g" \
+  -e "s|^    ::1        \"\";\$|&$exempt|" \
   nginx/seckill.conf >"$state/seckill.conf"
 cp nginx/seckill_proxy.conf "$state/seckill_proxy.conf"
 

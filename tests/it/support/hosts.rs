@@ -15,6 +15,9 @@ use super::{TestServer, eventually, serve};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dev/fleet-hosts.sh");
 
+/// The port of the first `seckill` on a host (a second listens on the next, …).
+pub const FIRST_PORT: u16 = 8080;
+
 pub struct Hosts {
     net: u8,
     addresses: HashMap<String, IpAddr>,
@@ -66,6 +69,11 @@ impl Hosts {
 
     pub fn ip(&self, host: &str) -> IpAddr {
         self.addresses[host]
+    }
+
+    /// The checker's host (the machine itself) on the hosts' bridge.
+    pub fn checker(&self) -> IpAddr {
+        IpAddr::from([10, 77, self.net, 1])
     }
 
     fn namespace(&self, host: &str) -> String {
@@ -312,7 +320,8 @@ impl Hosts {
         roles: &str,
         settings: &[(&str, &str)],
     ) -> TestServer {
-        let port = 8080 + self.servers.iter().filter(|(on, _)| on == host).count();
+        let port =
+            usize::from(FIRST_PORT) + self.servers.iter().filter(|(on, _)| on == host).count();
         let mut command = self.on(host, env!("CARGO_BIN_EXE_seckill"));
         command
             .envs(env.vars())

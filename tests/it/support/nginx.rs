@@ -31,13 +31,41 @@ impl Nginx {
         api_1: SocketAddr,
         api_2: SocketAddr,
     ) -> Self {
-        let port = free_port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        Self::launch(
+            Command::new(checkout.join("dev/nginx.sh")),
+            addr,
+            api_1,
+            api_2,
+        )
+        .await
+    }
+
+    /// nginx on `host` of the fleet (port 8000 of its address) in front of two servers on
+    /// other hosts; the load generator's host (the machine's own) is exempt from the
+    /// per-address limit, as a rehearsal's load hosts are.
+    pub async fn start_on(
+        hosts: &super::Hosts,
+        host: &str,
+        api_1: SocketAddr,
+        api_2: SocketAddr,
+    ) -> Self {
+        let mut command = hosts.on(host, concat!(env!("CARGO_MANIFEST_DIR"), "/dev/nginx.sh"));
+        command.env("SECKILL_LOAD_HOSTS", hosts.checker().to_string());
+        Self::launch(command, SocketAddr::new(hosts.ip(host), 8000), api_1, api_2).await
+    }
+
+    async fn launch(
+        mut command: Command,
+        addr: SocketAddr,
+        api_1: SocketAddr,
+        api_2: SocketAddr,
+    ) -> Self {
         let state = std::env::temp_dir().join(format!(
             "seckill-nginx-{}",
             ulid::Ulid::new().to_string().to_lowercase()
         ));
-        let child = Command::new(checkout.join("dev/nginx.sh"))
+        let child = command
             .args([
                 addr.to_string(),
                 api_1.to_string(),
