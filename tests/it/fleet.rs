@@ -222,9 +222,11 @@ async fn soak() {
         );
         let round = std::panic::AssertUnwindSafe(fault.run(&mut fleet, after));
         if let Err(failure) = futures::FutureExt::catch_unwind(round).await {
+            eprintln!("soak: {}", fleet.hosts.server_warnings(40));
             for (node, host) in MYSQL.iter().enumerate() {
                 eprintln!(
-                    "soak: {host}'s log ends:\n{}",
+                    "soak: {host} ({:?}), its log ends:\n{}",
+                    fleet.galera.node_status(node).await,
                     fleet.galera.log_tail(node, 30)
                 );
             }

@@ -23,10 +23,13 @@ pub struct Hosts {
     addresses: HashMap<String, IpAddr>,
     /// The stores' processes.
     services: Vec<Child>,
-    /// `seckill` processes, stopped between sales, and which host each runs on.
-    servers: Vec<(String, Child)>,
+    /// `seckill` processes, stopped between sales: which host each runs on, and its log.
+    servers: Vec<(String, Child, Log)>,
     dirs: Vec<PathBuf>,
 }
+
+/// A server's log lines, as collected by [`serve`].
+type Log = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
 
 fn script(args: &[&str]) -> String {
     let done = Command::new(SCRIPT).args(args).output().expect(SCRIPT);
@@ -321,7 +324,7 @@ impl Hosts {
         settings: &[(&str, &str)],
     ) -> TestServer {
         let port =
-            usize::from(FIRST_PORT) + self.servers.iter().filter(|(on, _)| on == host).count();
+            usize::from(FIRST_PORT) + self.servers.iter().filter(|(on, ..)| on == host).count();
         let mut command = self.on(host, env!("CARGO_BIN_EXE_seckill"));
         command
             .envs(env.vars())
@@ -329,19 +332,37 @@ impl Hosts {
             .env_remove("RUST_LOG")
             .env("SECKILL_HTTP_ADDR", format!("{}:{port}", self.ip(host)))
             .args(["serve", "--roles", roles]);
-        let (child, server, _lines, _reader) = serve(&mut command);
-        self.servers.push((host.to_owned(), child));
+        let (child, server, log, _reader) = serve(&mut command);
+        self.servers.push((host.to_owned(), child, log));
         server
+    }
+
+    /// The last `lines` warnings and errors of each running `seckill`, for a failure's
+    /// message.
+    pub fn server_warnings(&self, lines: usize) -> String {
+        let mut said = String::new();
+        for (host, child, log) in &self.servers {
+            let log = log.lock().unwrap_or_else(|e| e.into_inner());
+            let warned: Vec<&String> = log
+                .iter()
+                .filter(|line| line.contains("\"WARN\"") || line.contains("\"ERROR\""))
+                .collect();
+            said += &format!("seckill {} on {host}, warnings:\n", child.id());
+            for line in &warned[warned.len().saturating_sub(lines)..] {
+                said += &format!("  {line}\n");
+            }
+        }
+        said
     }
 
     /// Stops every `seckill` started on the hosts (SIGTERM, then waits).
     pub fn stop_servers(&mut self) {
-        for (_, child) in &mut self.servers {
+        for (_, child, _) in &mut self.servers {
             let _ = Command::new("kill")
                 .args(["-TERM", &child.id().to_string()])
                 .status();
         }
-        for (_, child) in &mut self.servers {
+        for (_, child, _) in &mut self.servers {
             let _ = child.wait();
         }
         self.servers.clear();
@@ -350,7 +371,7 @@ impl Hosts {
 
 impl Drop for Hosts {
     fn drop(&mut self) {
-        let servers = self.servers.iter_mut().map(|(_, child)| child);
+        let servers = self.servers.iter_mut().map(|(_, child, _)| child);
         for child in servers.chain(&mut self.services) {
             let _ = child.kill();
             let _ = child.wait();
