@@ -12,10 +12,17 @@ use super::private::mariadb_data;
 use super::{eventually, free_port};
 
 const PROVIDER: &str = "/usr/lib/galera/libgalera_smm.so";
-/// A silent node is suspected after 2 s and evicted after 4 (Galera's defaults: 5 and 15):
-/// until then the others' commits wait for it, so a test would wait 15 s per fault.
+/// A silent node is suspected after 2 s (Galera's default: 5): until then the others'
+/// commits wait for it, so a test would wait that long per fault. The rest keep Galera's
+/// proportions: the remaining nodes have 5 s (`install_timeout`, by default half of
+/// `inactive_timeout`) to agree on the new view. With `inactive_timeout` at 4 s they had
+/// 2, and on a loaded machine the two left after a partition did not agree in time, each
+/// fell back to a non-primary view of its own, and together they stayed non-primary —
+/// MySQL refused every statement until the cut-off node came back (the soak's "minority
+/// stall").
 const QUICK: &str = "evs.keepalive_period=PT0.5S;evs.suspect_timeout=PT2S;\
-                     evs.inactive_timeout=PT4S;evs.inactive_check_period=PT0.5S";
+                     evs.inactive_timeout=PT10S;evs.install_timeout=PT5S;\
+                     evs.inactive_check_period=PT0.5S";
 
 struct Node {
     /// Where it listens, and the namespace it runs in (none: this machine's loopback).
