@@ -239,8 +239,8 @@ impl PrivateGalera {
 
     /// The last `lines` lines of a node's error log, for a failure's message.
     pub fn log_tail(&self, node: usize, lines: usize) -> String {
-        let log =
-            std::fs::read_to_string(self.nodes[node].dir.join("error.log")).unwrap_or_default();
+        let log = std::fs::read(self.nodes[node].dir.join("error.log")).unwrap_or_default();
+        let log = String::from_utf8_lossy(&log);
         let tail: Vec<&str> = log.lines().rev().take(lines).collect();
         tail.into_iter().rev().collect::<Vec<_>>().join("\n")
     }
