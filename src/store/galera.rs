@@ -129,7 +129,7 @@ pub async fn connect(
                     if !fresh {
                         return Ok(false);
                     }
-                    super::mysql::answers_in_time(conn).await
+                    super::given_back::answers_in_time(conn).await
                 })
             }
         })

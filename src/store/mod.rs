@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 mod galera;
+mod given_back;
 mod grouped;
 mod lock;
 mod misses;

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::Context;
-use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{ConnectOptions, Connection, MySqlPool};
 
 use super::STORE_TIMEOUT;
@@ -180,32 +180,13 @@ pub async fn connect_mysql(url: &str) -> anyhow::Result<MySqlPool> {
         .min_connections(1)
         // Fail fast: a request waits at most this long for a connection, never forever.
         .acquire_timeout(Duration::from_secs(1))
-        .after_release(|conn, _| Box::pin(answers_in_time(conn)));
+        .after_release(|conn, _| Box::pin(super::given_back::answers_in_time(conn)));
     if nodes.len() > 1 {
         return super::galera::connect(nodes, pool).await;
     }
     pool.connect_with(nodes[0].clone())
         .await
         .with_context(|| format!("cannot connect to MySQL database {database}"))
-}
-
-/// How long a connection given back to the pool has to answer a ping.
-const RELEASE_WITHIN: Duration = Duration::from_secs(1);
-
-/// Whether a connection given back to the pool answers a ping within [`RELEASE_WITHIN`];
-/// one that does not is closed at once (`Err`), not pooled.
-///
-/// sqlx itself pings every returned connection, after this, with no time limit. A
-/// statement cut off by its caller's time limit leaves its answer owed on the connection,
-/// and the ping waits for it first: on a server that stopped answering (a Galera node cut
-/// off from its cluster holds its commits until it rejoins) each such connection stayed
-/// counted against the pool's 16 while its ping waited, and once 16 were waiting no request
-/// could get a connection, even after the pool had moved to a node that answers.
-pub(super) async fn answers_in_time(conn: &mut MySqlConnection) -> Result<bool, sqlx::Error> {
-    match tokio::time::timeout(RELEASE_WITHIN, conn.ping()).await {
-        Ok(answered) => answered.map(|()| true),
-        Err(_) => Err(sqlx::Error::PoolTimedOut),
-    }
 }
 
 async fn create_database(url: &str, database: &str) -> anyhow::Result<()> {
