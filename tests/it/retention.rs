@@ -61,7 +61,8 @@ async fn consecutive_sales_leave_redis_where_it_started() {
         }
         last_round = ids;
     }
-    let (keys_after, memory_after) = (key_count(&redis).await, used_memory(&redis).await);
+    let keys_after = settled_key_count(&redis, keys_before).await;
+    let memory_after = used_memory(&redis).await;
     eprintln!(
         "{} sales: keys {keys_before} → at most {most_keys} → {keys_after}; used_memory_dataset {memory_before} → {memory_after}",
         SALES_PER_ROUND * ROUNDS
@@ -70,10 +71,6 @@ async fn consecutive_sales_leave_redis_where_it_started() {
         most_keys > keys_before + SALES_PER_ROUND as i64,
         "the sales never showed in Redis: the test measures nothing"
     );
-    if keys_after != keys_before {
-        let left = redis.cmd(&["KEYS", "*"]).await;
-        panic!("retired sales left keys behind: {keys_before} → {keys_after}: {left:?}");
-    }
     // A little slack for allocator rounding; 200 sales held far more (keys above).
     assert!(
         memory_after <= memory_before + 64 * 1024,
@@ -149,7 +146,9 @@ async fn consecutive_sales_leave_redis_where_it_started() {
 async fn sell(env: &TestEnv, server: &TestServer, id: u64, end_at: chrono::DateTime<Utc>) {
     env.item(id, 2)
         .window(Utc::now() - chrono::Duration::seconds(1), end_at)
-        .paying_within(1)
+        // Three seconds: time for the order to reach MySQL and be paid on a loaded
+        // machine (with one, user 1's order was sometimes cancelled first).
+        .paying_within(3)
         .on_sale(server)
         .await;
     let (first, won) = env.buy(server, 1, id).await;
@@ -190,6 +189,50 @@ async fn stamp(env: &TestEnv, id: u64, column: &str) -> Option<chrono::DateTime<
         .await
         .expect("the item's row");
     at
+}
+
+/// The key count once the locks a retirement left behind have expired. A lock whose
+/// release (or whose taking) Redis answered after the caller's time limit, as on a
+/// loaded machine, is left to expire by itself (60 s): the only keys allowed to outlast
+/// the retirement, and only until then.
+async fn settled_key_count(redis: &PrivateRedis, before: i64) -> i64 {
+    let now = key_count(redis).await;
+    if now == before {
+        return now;
+    }
+    let redis::Value::Array(keys) = redis.cmd(&["KEYS", "*{item:*"]).await else {
+        panic!("KEYS");
+    };
+    for key in keys {
+        let redis::Value::BulkString(key) = key else {
+            panic!("a key: {key:?}");
+        };
+        let key = String::from_utf8_lossy(&key).into_owned();
+        let ttl = match redis.cmd(&["PTTL", &key]).await {
+            redis::Value::Int(ms) => ms,
+            other => panic!("PTTL: {other:?}"),
+        };
+        assert!(
+            [":warming", ":reconciling"]
+                .iter()
+                .any(|l| key.ends_with(l))
+                && ttl > 0,
+            "a retired sale left {key} behind (ttl {ttl} ms)"
+        );
+    }
+    eventually(
+        Duration::from_secs(70),
+        "the retirement's leftover locks expired",
+        || async {
+            let now = key_count(redis).await;
+            if now == before {
+                Ok(now)
+            } else {
+                Err(format!("{before} → {now} keys"))
+            }
+        },
+    )
+    .await
 }
 
 async fn key_count(redis: &PrivateRedis) -> i64 {
