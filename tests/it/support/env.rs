@@ -586,6 +586,15 @@ pub async fn queue_depth(queue: &str) -> Option<u32> {
 
 /// [`queue_depth`] on another broker (a private one).
 pub async fn queue_depth_on(amqp: &str, queue: &str) -> Option<u32> {
+    // Unknown after five seconds: the fleet soak's checker once waited forever on a
+    // RabbitMQ node just healed from a partition.
+    tokio::time::timeout(Duration::from_secs(5), look_at_queue(amqp, queue))
+        .await
+        .ok()
+        .flatten()
+}
+
+async fn look_at_queue(amqp: &str, queue: &str) -> Option<u32> {
     let conn = lapin::Connection::connect(amqp, Default::default())
         .await
         .ok()?;
