@@ -146,9 +146,7 @@ async fn consecutive_sales_leave_redis_where_it_started() {
 async fn sell(env: &TestEnv, server: &TestServer, id: u64, end_at: chrono::DateTime<Utc>) {
     env.item(id, 2)
         .window(Utc::now() - chrono::Duration::seconds(1), end_at)
-        // Three seconds: time for the order to reach MySQL and be paid on a loaded
-        // machine (with one, user 1's order was sometimes cancelled first).
-        .paying_within(3)
+        .paying_within(1)
         .on_sale(server)
         .await;
     let (first, won) = env.buy(server, 1, id).await;
