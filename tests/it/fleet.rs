@@ -2,9 +2,10 @@
 //! nginx on an edge host, two API hosts, two worker hosts (consumer and scheduler), six
 //! Redis hosts (a cluster of three masters and their replicas, each node on a host of its
 //! own), three MariaDB hosts (a Galera cluster) and three RabbitMQ hosts (a cluster, quorum
-//! queues); the test is the load generator and the checker, on the machine's own host. Each fault cuts links between hosts during a live sale and heals them; after
-//! each, the history check of `history.rs` (every `202` exactly one row, nothing sold twice,
-//! the stock adding up). The stores start once; each sale has its own namespace and
+//! queues); the test is the load generator and the checker, on the machine's own host.
+//! Each fault cuts links between hosts during a live sale and heals them; after each, the
+//! history check of `history.rs` (every `202` exactly one row, nothing sold twice, the
+//! stock adding up). The stores start once; each sale has its own namespace and
 //! database on them, and its own `seckill` processes.
 
 use std::net::SocketAddr;
@@ -100,7 +101,7 @@ impl Fleet {
 /// on, tries the other host when one does not take the connection, and answers `503` when
 /// neither does); the rest alternate between the API hosts and press again at the other
 /// after an answer that could not tell (as a load balancer's retry would).
-fn either<'a>(
+fn route<'a>(
     apis: &'a [TestServer; 2],
     edge: &'a Nginx,
 ) -> impl Fn(u64, u32) -> SocketAddr + Sync + 'a {
@@ -250,7 +251,7 @@ async fn api_host_cut_off_from_redis(fleet: &mut Fleet, after: u64) {
     const UNITS: u32 = 500;
     env.item(1, UNITS).on_sale(&apis[0]).await;
     let answered = AtomicU64::new(0);
-    let at = either(&apis, &fleet.edge);
+    let at = route(&apis, &fleet.edge);
     let hosts = &fleet.hosts;
     // A buyer of its own presses at host 1 throughout the cut.
     const PROBE: u64 = 900_000;
@@ -331,7 +332,7 @@ async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet, after: u64)
     const UNITS: u32 = 4_000;
     env.item(1, UNITS).on_sale(&apis[0]).await;
     let answered = AtomicU64::new(0);
-    let at = either(&apis, &fleet.edge);
+    let at = route(&apis, &fleet.edge);
     let hosts = &fleet.hosts;
     let cut = async {
         written_at_least(&env, after).await;
@@ -381,7 +382,7 @@ async fn scheduler_host_frozen_holding_its_lease(fleet: &mut Fleet) {
     const UNITS: u32 = 500;
     env.item(1, UNITS).paying_within(3).on_sale(&apis[0]).await;
     let answered = AtomicU64::new(0);
-    let at = either(&apis, &fleet.edge);
+    let at = route(&apis, &fleet.edge);
     let mut ledger = crowd(&env, 1, 1..501, &at, &answered).await;
     assert_eq!(ledger.won.len(), UNITS as usize, "{:?}", ledger.answers);
     // Frozen while it holds leases on due deadlines (its claim is in Redis).
@@ -482,7 +483,7 @@ async fn partitioned_sale(fleet: &mut Fleet, wait: &str, after: u64) -> Partitio
         .expect("the item's master");
     let others: Vec<&str> = REDIS.iter().copied().filter(|h| *h != master).collect();
     let answered = AtomicU64::new(0);
-    let at = either(&apis, &fleet.edge);
+    let at = route(&apis, &fleet.edge);
     let partition = async {
         let began = mid_burst(&answered, after, async {
             hosts.cut(&master, &others);
@@ -556,7 +557,7 @@ async fn galera_node_lost(fleet: &mut Fleet, after: u64, killed: bool) {
     const UNITS: u32 = 4_000;
     env.item(1, UNITS).on_sale(&apis[0]).await;
     let answered = AtomicU64::new(0);
-    let at = either(&apis, &fleet.edge);
+    let at = route(&apis, &fleet.edge);
     let (hosts, galera) = (&fleet.hosts, &mut fleet.galera);
     let fault = async {
         written_at_least(&env, after).await;
@@ -607,7 +608,7 @@ async fn rabbit_node_cut_off(fleet: &mut Fleet, after: u64) {
     const UNITS: u32 = 2_000;
     env.item(1, UNITS).on_sale(&apis[0]).await;
     let answered = AtomicU64::new(0);
-    let at = either(&apis, &fleet.edge);
+    let at = route(&apis, &fleet.edge);
     let hosts = &fleet.hosts;
     let cut = async {
         let began = mid_burst(&answered, after, async {
