@@ -33,10 +33,9 @@ struct Fleet {
     /// The Galera nodes' server URLs, comma-separated.
     mysql: String,
     redis: String,
-    /// The RabbitMQ nodes' URLs, comma-separated (what the servers get).
+    /// The RabbitMQ nodes' URLs, comma-separated (what the servers get, and where the
+    /// checks look at the queue: the first node that answers).
     amqp: String,
-    /// The first node's URL, for the checks' look at the queue.
-    amqp_check: String,
 }
 
 impl Fleet {
@@ -58,13 +57,11 @@ impl Fleet {
         let galera = PrivateGalera::start_at(MYSQL.iter().map(|h| hosts.place(h)).collect()).await;
         let mysql = galera.urls().join(",");
         let amqp = hosts.rabbitmq_cluster(&RABBIT).await;
-        let amqp_check = amqp.split(',').next().unwrap_or_default().to_owned();
         Self {
             hosts,
             edge,
             galera,
             mysql,
-            amqp_check,
             redis,
             amqp,
         }
@@ -160,7 +157,7 @@ impl Fault {
                     &sale.env,
                     &sale.apis[0],
                     PARTITIONED_UNITS,
-                    &fleet.amqp_check,
+                    &fleet.amqp,
                     "Redis master cut off from its replica and the other masters (WAIT 1)",
                     sale.began,
                     &mut { sale.ledger },
@@ -286,7 +283,7 @@ async fn api_host_cut_off_from_redis(fleet: &mut Fleet, after: u64) {
         &env,
         &apis[0],
         UNITS,
-        &fleet.amqp_check,
+        &fleet.amqp,
         "API host cut off from Redis",
         began,
         &mut ledger,
@@ -316,7 +313,7 @@ async fn api_host_cut_off_from_rabbitmq(fleet: &mut Fleet) {
         &env,
         &apis[0],
         UNITS,
-        &fleet.amqp_check,
+        &fleet.amqp,
         "API host cut off from RabbitMQ",
         began,
         &mut ledger,
@@ -354,7 +351,7 @@ async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet, after: u64)
         &env,
         &apis[0],
         UNITS,
-        &fleet.amqp_check,
+        &fleet.amqp,
         "worker host cut off from MySQL mid-drain",
         began,
         &mut ledger,
@@ -436,7 +433,7 @@ async fn scheduler_host_frozen_holding_its_lease(fleet: &mut Fleet) {
         &env,
         &apis[0],
         UNITS,
-        &fleet.amqp_check,
+        &fleet.amqp,
         "scheduler host frozen holding its lease",
         began,
         &mut ledger,
@@ -584,7 +581,7 @@ async fn galera_node_lost(fleet: &mut Fleet, after: u64, killed: bool) {
         &env,
         &apis[0],
         UNITS,
-        &fleet.amqp_check,
+        &fleet.amqp,
         name,
         began,
         &mut ledger,
@@ -635,7 +632,7 @@ async fn rabbit_node_cut_off(fleet: &mut Fleet, after: u64) {
         &env,
         &apis[0],
         UNITS,
-        &fleet.amqp_check,
+        &fleet.amqp,
         "a RabbitMQ node cut off from the other two (minority) mid-burst",
         began,
         &mut ledger,

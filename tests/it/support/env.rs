@@ -584,14 +584,23 @@ pub async fn queue_depth(queue: &str) -> Option<u32> {
     queue_depth_on(&amqp_url(), queue).await
 }
 
-/// [`queue_depth`] on another broker (a private one).
+/// [`queue_depth`] on another broker (a private one), or on a cluster: `amqp` may list
+/// its nodes comma-separated, and the first that answers tells.
 pub async fn queue_depth_on(amqp: &str, queue: &str) -> Option<u32> {
-    // Unknown after five seconds: the fleet soak's checker once waited forever on a
-    // RabbitMQ node just healed from a partition.
-    tokio::time::timeout(Duration::from_secs(5), look_at_queue(amqp, queue))
-        .await
-        .ok()
-        .flatten()
+    for node in amqp.split(',') {
+        // Unknown after five seconds: the fleet soak's checker once waited forever on a
+        // RabbitMQ node just healed from a partition, and in another soak one node could
+        // not tell for a whole minute while the others could.
+        let depth = tokio::time::timeout(Duration::from_secs(5), look_at_queue(node, queue))
+            .await
+            .ok()
+            .flatten();
+        if depth.is_some() {
+            return depth;
+        }
+        eprintln!("queue depth: no answer from {node}");
+    }
+    None
 }
 
 async fn look_at_queue(amqp: &str, queue: &str) -> Option<u32> {
