@@ -1,9 +1,11 @@
-//! The yardstick for `loadtest/bench.sh`: the least an HTTP server must do for a purchase.
+//! The yardsticks for `loadtest/bench.sh`: the least an HTTP server must do for a purchase.
 //!
 //! `POST /grab` reads `{"item_id": N}` and the `X-User` header and runs the same
 //! `EVALSHA grab.lua` as seckill over one multiplexed connection — no auth, no checks, no
-//! logs, no publishing. `GET /hello` answers a constant. seckill's purchase path is
-//! measured against the first; its sold-out path against the second.
+//! logs, no publishing. `POST /minimal` does the same with the least a sale can do in Redis
+//! (`loadtest/lua/minimal.lua`: no window, no outbox), on an item of its own. `GET /hello`
+//! answers a constant. seckill's purchase path is measured against the first two; its
+//! sold-out path against the third.
 //!
 //! `cargo run --release --example bare -- --addr 127.0.0.1:18081 --units 1000000`
 
@@ -22,6 +24,9 @@ use seckill::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
 use seckill::keys::{ItemKeys, Keys};
 use seckill::purchase::grab::grab;
 
+#[path = "fixture.rs"]
+mod fixture;
+
 #[derive(Parser)]
 struct Args {
     #[arg(long, default_value = "127.0.0.1:18081")]
@@ -39,7 +44,8 @@ struct Args {
 #[derive(Clone)]
 struct Bare {
     redis: ConnectionManager,
-    keys: std::sync::Arc<ItemKeys>,
+    /// grab.lua's item (1) and the minimal script's (2).
+    keys: std::sync::Arc<(ItemKeys, ItemKeys)>,
 }
 
 #[derive(Deserialize)]
@@ -50,14 +56,21 @@ struct Body {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let item = ItemId::new(1).ok_or_else(|| anyhow::anyhow!("item 1"))?;
-    let keys = Keys::new(&args.namespace).stock(Stock::whole(item));
+    let namespace = Keys::new(&args.namespace);
+    let item_keys = |id| {
+        ItemId::new(id)
+            .map(|item| namespace.stock(Stock::whole(item)))
+            .ok_or_else(|| anyhow::anyhow!("item {id}"))
+    };
+    let keys = (item_keys(1)?, item_keys(2)?);
     let mut redis = ConnectionManager::new(redis::Client::open(args.redis.as_str())?).await?;
-    load(&mut redis, &keys, args.units).await?;
+    fixture::load(&mut redis, &keys.0, args.units).await?;
+    fixture::load(&mut redis, &keys.1, args.units).await?;
     seckill::lua::preload(&mut redis).await?;
 
     let app = Router::new()
         .route("/grab", post(grab_handler))
+        .route("/minimal", post(minimal_handler))
         .route("/hello", get(hello).post(hello))
         .with_state(Bare {
             redis,
@@ -76,16 +89,20 @@ async fn hello() -> Json<Value> {
     Json(json!({ "code": "hello" }))
 }
 
+fn user(headers: &HeaderMap) -> UserId {
+    headers
+        .get("x-user")
+        .and_then(|v| v.to_str().ok())
+        .and_then(UserId::parse)
+        .unwrap_or(UserId::new(1))
+}
+
 async fn grab_handler(
     State(bare): State<Bare>,
     headers: HeaderMap,
     Json(body): Json<Body>,
 ) -> (StatusCode, Json<Value>) {
-    let user = headers
-        .get("x-user")
-        .and_then(|v| v.to_str().ok())
-        .and_then(UserId::parse)
-        .unwrap_or(UserId::new(1));
+    let user = user(&headers);
     let now = chrono::Utc::now().timestamp_millis();
     let order = OrderPlaced {
         order_sn: OrderSn::generate(Stock::whole(body.item_id), false),
@@ -99,7 +116,7 @@ async fn grab_handler(
     // The very function seckill's purchase handler calls: the same script, keys and args.
     let answer = grab(
         &mut bare.redis.clone(),
-        &bare.keys,
+        &bare.keys.0,
         user,
         &order.order_sn,
         &payload,
@@ -115,34 +132,19 @@ async fn grab_handler(
     }
 }
 
-/// A fresh item: every key of the namespace's item 1 rebuilt, `units` tokens, open window.
-async fn load(redis: &mut ConnectionManager, keys: &ItemKeys, units: u64) -> anyhow::Result<()> {
-    let mut pipe = redis::pipe();
-    pipe.del(&keys.meta)
-        .del(&keys.tokens)
-        .del(&keys.pending)
-        .del(&keys.outbox);
-    for key in keys.all_buyer_keys() {
-        pipe.del(key);
+/// The same request against the minimal script: the price of grab.lua's guarantees shows
+/// as the distance between this and `/grab`.
+async fn minimal_handler(
+    State(bare): State<Bare>,
+    headers: HeaderMap,
+    Json(_): Json<Body>,
+) -> (StatusCode, Json<Value>) {
+    let now = chrono::Utc::now().timestamp_millis();
+    match fixture::minimal(&mut bare.redis.clone(), &bare.keys.1, user(&headers), now).await {
+        Ok(outcome) => (StatusCode::OK, Json(json!({ "code": outcome }))),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "code": "unavailable" })),
+        ),
     }
-    pipe.query_async::<()>(redis).await?;
-    for start in (0..units).step_by(10_000) {
-        let batch: Vec<u64> = (start..(start + 10_000).min(units)).collect();
-        redis::cmd("RPUSH")
-            .arg(&keys.tokens)
-            .arg(batch)
-            .query_async::<()>(redis)
-            .await?;
-    }
-    redis::cmd("HSET")
-        .arg(&keys.meta)
-        .arg(&[
-            ("loaded", "1"),
-            ("paused", "0"),
-            ("start_ms", "0"),
-            ("end_ms", "99999999999999"),
-        ])
-        .query_async::<()>(redis)
-        .await?;
-    Ok(())
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# One command, one run, everything local: seckill's purchase path against a bare axum
-# server doing only the same EVALSHA (also with the pipeline off: the handler's own share),
-# its sold-out path against a bare hello handler given the same requests, the consumer
-# draining 100,000 queued orders into MySQL, and the server's peak memory.
+# One command, one run, everything local: seckill's purchase path against two yardsticks —
+# a bare axum server doing only the same EVALSHA grab.lua, and one running the least a sale
+# can do in Redis (loadtest/lua/minimal.lua), so the price of the outbox and the checks
+# shows — (also with the pipeline off: the handler's own share), its sold-out path against
+# a bare hello handler given the same requests, the consumer draining 100,000 queued
+# orders into MySQL, and the server's peak memory.
 #
 #   ./loadtest/bench.sh            (DURATION=10s CONNECTIONS=64 by default)
 #
@@ -132,6 +134,8 @@ read -r redis_rps redis_p99 < <(run_wrk redis_path "$api/api/flashbuy" TOKENS="$
 peak_kb=$(awk '/VmHWM/ {print $2}' "/proc/$api_pid/status")
 settle
 read -r bare_rps bare_p99 < <(run_wrk bare_grab http://127.0.0.1:18081/grab BARE_USERS=$users ITEM=1 MODE=random)
+settle
+read -r minimal_rps minimal_p99 < <(run_wrk bare_minimal http://127.0.0.1:18081/minimal BARE_USERS=$users ITEM=1 MODE=random)
 
 # The handler's own share: an API server whose broker is unreachable (orders wait in its
 # outbox), so no publishing, RabbitMQ or relay work shares the cores. Its own namespace.
@@ -154,6 +158,7 @@ seckill benchmark — $(nproc) cores, $(date -u +%Y-%m-%d), wrk -t$threads -c$co
 | path                                   | req/s      | p99      | yardstick            | req/s      | p99      | ratio |
 |----------------------------------------|------------|----------|----------------------|------------|----------|-------|
 | purchase, Redis path (wins+duplicates) | $redis_rps | $redis_p99 | bare EVALSHA server | $bare_rps | $bare_p99 | $(ratio "$redis_rps" "$bare_rps") |
+| purchase, Redis path (wins+duplicates) | $redis_rps | $redis_p99 | bare minimal-script server | $minimal_rps | $minimal_p99 | $(ratio "$redis_rps" "$minimal_rps") |
 | the same, pipeline off (no broker)     | $alone_rps | $alone_p99 | bare EVALSHA server | $bare_rps | $bare_p99 | $(ratio "$alone_rps" "$bare_rps") |
 | purchase, sold out (from memory)       | $soldout_rps | $soldout_p99 | bare hello handler, same requests | $hello_rps | $hello_p99 | $(ratio "$soldout_rps" "$hello_rps") |
 

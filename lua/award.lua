@@ -2,12 +2,11 @@
 --
 -- KEYS[1] meta          HASH  loaded, fenced
 -- KEYS[2] tokens        LIST  unsold units
--- KEYS[3] buyers        ZSET  (the winner's shard, as grab.lua)
--- KEYS[4] buyer_orders  HASH  (same shard)
--- KEYS[5] pending       HASH  order_sn -> order JSON
--- KEYS[6] outbox        ZSET  order_sn -> ms
--- KEYS[7] entries       ZSET  user_id -> rank
--- KEYS[8] awarded       HASH  user_id -> the order they were given
+-- KEYS[3] buyer_orders  HASH  (the winner's shard, as grab.lua)
+-- KEYS[4] pending       HASH  order_sn -> order JSON
+-- KEYS[5] outbox        ZSET  order_sn -> ms
+-- KEYS[6] entries       ZSET  user_id -> rank
+-- KEYS[7] awarded       HASH  user_id -> the order they were given
 -- ARGV[1] user_id
 -- ARGV[2] order_sn      the number the order gets
 -- ARGV[3] now           ms since the epoch (the order's time: its pay deadline counts
@@ -28,21 +27,21 @@ local meta = redis.call('HMGET', KEYS[1], 'loaded', 'fenced')
 if not meta[1] then
   return {'not_loaded', ''}
 end
-local given = redis.call('HGET', KEYS[8], ARGV[1])
+local given = redis.call('HGET', KEYS[7], ARGV[1])
 if given then
   return {'repeat', given}
 end
 if meta[2] then
   return {'reloading', ''}
 end
-if not redis.call('ZSCORE', KEYS[7], ARGV[1]) then
+if not redis.call('ZSCORE', KEYS[6], ARGV[1]) then
   return {'not_entered', ''}
 end
-local places = parse_places(redis.call('HGET', KEYS[4], ARGV[1]))
+local places = parse_places(redis.call('HGET', KEYS[3], ARGV[1]))
 if not redis.call('LPOP', KEYS[2]) then
   return {'sold_out', ''}
 end
-record_win(KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], ARGV[1], ARGV[2], tonumber(ARGV[3]),
+record_win(KEYS[1], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], tonumber(ARGV[3]),
   ARGV[4], places)
-redis.call('HSET', KEYS[8], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[7], ARGV[1], ARGV[2])
 return {'won', ARGV[2]}

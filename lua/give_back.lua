@@ -3,11 +3,10 @@
 --
 -- KEYS[1] meta          HASH  sold, fenced
 -- KEYS[2] tokens        LIST  unsold units
--- KEYS[3] buyers        ZSET  user_id -> won-at ms (the user's shard)
--- KEYS[4] buyer_orders  HASH  user_id -> the user's live orders (same shard)
--- KEYS[5] pending       HASH  order_sn -> order JSON
--- KEYS[6] outbox        ZSET  order_sn -> won-at ms; negative once claimed for sending
--- KEYS[7] idempotency   STRING the order the buyer's key bought (only with ARGV[3])
+-- KEYS[3] buyer_orders  HASH  user_id -> the user's live orders (the user's shard)
+-- KEYS[4] pending       HASH  order_sn -> order JSON
+-- KEYS[5] outbox        ZSET  order_sn -> won-at ms; negative once claimed for sending
+-- KEYS[6] idempotency   STRING the order the buyer's key bought (only with ARGV[3])
 -- ARGV[1] user_id
 -- ARGV[2] order_sn
 -- ARGV[3] the buyer's Idempotency-Key, '' for none: its record goes too, so pressing again
@@ -26,18 +25,18 @@
 if redis.call('HEXISTS', KEYS[1], 'fenced') == 1 then
   return 'kept'
 end
-local score = redis.call('ZSCORE', KEYS[6], ARGV[2])
+local score = redis.call('ZSCORE', KEYS[5], ARGV[2])
 if not score or tonumber(score) <= 0 then
   return 'kept'
 end
-if not free_place(KEYS[3], KEYS[4], ARGV[1], ARGV[2]) then
+if not free_place(KEYS[3], ARGV[1], ARGV[2]) then
   return 'kept'
 end
-redis.call('ZREM', KEYS[6], ARGV[2])
-redis.call('HDEL', KEYS[5], ARGV[2])
+redis.call('ZREM', KEYS[5], ARGV[2])
+redis.call('HDEL', KEYS[4], ARGV[2])
 redis.call('RPUSH', KEYS[2], 'g:' .. ARGV[2])
-if ARGV[3] and ARGV[3] ~= '' and redis.call('GET', KEYS[7]) == ARGV[2] then
-  redis.call('DEL', KEYS[7])
+if ARGV[3] and ARGV[3] ~= '' and redis.call('GET', KEYS[6]) == ARGV[2] then
+  redis.call('DEL', KEYS[6])
 end
 redis.call('HINCRBY', KEYS[1], 'sold', -1)
 return 'given_back'

@@ -3,11 +3,10 @@
 -- KEYS[1] meta          HASH  loaded, paused, start_ms, end_ms, sold, fenced, per_user, waves,
 --                             draw_ms
 -- KEYS[2] tokens        LIST  unsold units
--- KEYS[3] buyers        ZSET  user_id -> won-at ms (this user's shard)
--- KEYS[4] buyer_orders  HASH  user_id -> the user's live orders (same shard; see below)
--- KEYS[5] pending       HASH  order_sn -> order JSON (won, not yet in MySQL)
--- KEYS[6] outbox        ZSET  order_sn -> won-at ms (not yet confirmed by RabbitMQ)
--- KEYS[7] idempotency   STRING the order this user's key bought (only with ARGV[4])
+-- KEYS[3] buyer_orders  HASH  user_id -> the user's live orders (this user's shard; below)
+-- KEYS[4] pending       HASH  order_sn -> order JSON (won, not yet in MySQL)
+-- KEYS[5] outbox        ZSET  order_sn -> won-at ms (not yet confirmed by RabbitMQ)
+-- KEYS[6] idempotency   STRING the order this user's key bought (only with ARGV[4])
 -- ARGV[1] user_id
 -- ARGV[2] order_sn      the number this order gets if the user wins
 -- ARGV[3] order JSON    stored in `pending` for the publisher, the relay and order reads
@@ -41,7 +40,7 @@ if not meta[1] then
 end
 local key = ARGV[4]
 if key and key ~= '' then
-  local bought = redis.call('GET', KEYS[7])
+  local bought = redis.call('GET', KEYS[6])
   if bought then
     return {'repeat', bought}
   end
@@ -65,7 +64,7 @@ if now >= tonumber(meta[4]) then
   return {'ended', ''}
 end
 
-local places, live = parse_places(redis.call('HGET', KEYS[4], ARGV[1]))
+local places, live = parse_places(redis.call('HGET', KEYS[3], ARGV[1]))
 local limit = tonumber(meta[7]) or 1
 if #live >= limit then
   if limit == 1 then
@@ -91,9 +90,9 @@ if not token then
   return {'sold_out', ''}
 end
 
-local slot = record_win(KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6], ARGV[1], ARGV[2], now,
-  ARGV[3], places)
+local slot = record_win(KEYS[1], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], now, ARGV[3],
+  places)
 if key and key ~= '' then
-  redis.call('SET', KEYS[7], ARGV[2], 'PX', 86400000)
+  redis.call('SET', KEYS[6], ARGV[2], 'PX', 86400000)
 end
 return {'won', slot}

@@ -3,8 +3,7 @@
 -- KEYS[1] meta          HASH  sold, fenced
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] ending        ZSET  order_sn -> ms: cancels begun, their units not yet back
--- then, per order i (1-based): KEYS[3 + 2i - 1] buyers (ZSET of the user's shard),
---                              KEYS[3 + 2i]     buyer_orders (HASH of the same shard)
+-- then, per order i (1-based): KEYS[3 + i] buyer_orders (HASH of the user's shard)
 -- ARGV[2i - 1] user_id, ARGV[2i] order_sn   of order i
 --
 -- An order's unit comes back only while the user's buyer record still names that very
@@ -26,8 +25,7 @@ end
 local released = {}
 for i = 1, #ARGV / 2 do
   local user, sn = ARGV[2 * i - 1], ARGV[2 * i]
-  local buyers, buyer_orders = KEYS[3 + 2 * i - 1], KEYS[3 + 2 * i]
-  if free_place(buyers, buyer_orders, user, sn) then
+  if free_place(KEYS[3 + i], user, sn) then
     redis.call('RPUSH', KEYS[2], 'r:' .. sn)
     redis.call('HINCRBY', KEYS[1], 'sold', -1)
     released[#released + 1] = sn

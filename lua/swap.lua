@@ -5,9 +5,9 @@
 -- KEYS[1] meta                     HASH
 -- KEYS[2] tokens                   LIST  the live units
 -- KEYS[3] the run's side list      LIST  the units loaded (absent when none)
--- then, for the N buyer shards:  KEYS[3 + 1 .. 3 + 2N]       the live buyer keys (the
---                                  N zsets, then the N hashes)
---                                KEYS[3 + 2N + 1 .. 3 + 4N]  the run's loading copies of
+-- then, for the N buyer shards:  KEYS[3 + 1 .. 3 + N]        the live buyer records
+--                                  (HASH per shard)
+--                                KEYS[3 + N + 1 .. 3 + 2N]   the run's loading copies of
 --                                  them, in the same order (absent when empty)
 -- ARGV[1..5] `loaded`, `sold`, `paused`, `start_ms`, `end_ms` as the warm-up read them
 --            ('' for absent): a sale, a cancel's release, a pause or a resume since

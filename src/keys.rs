@@ -41,7 +41,7 @@ impl Keys {
             replicated: self.replicated(stock),
             lent: self.lent(stock),
             transfers: self.stock_key(stock, "transfers"),
-            buyers: shards("buyers"),
+            legacy_buyers: shards("buyers"),
             buyer_orders: shards("buyer_orders"),
         }
     }
@@ -97,7 +97,7 @@ impl Keys {
             self.entries(stock),
             self.awarded(stock),
         ];
-        all.extend(keys.buyers);
+        all.extend(keys.legacy_buyers);
         all.extend(keys.buyer_orders);
         all
     }
@@ -112,7 +112,6 @@ impl Keys {
         };
         LoadingKeys {
             tokens: self.stock_key(stock, &format!("tokens:loading:{run}")),
-            buyers: shards("buyers"),
             buyer_orders: shards("buyer_orders"),
         }
     }
@@ -251,9 +250,12 @@ pub struct ItemKeys {
     /// HASH of transfers into this bucket: transfer id → `in` (the unit arrived) or `void`
     /// (it never will: its lender took it back).
     pub transfers: String,
-    /// ZSET per shard: `user_id` → won-at ms, for every user holding a unit.
-    buyers: Vec<String>,
-    /// HASH per shard: `user_id` → the `order_sn` they hold (for `409 duplicate`).
+    /// ZSET per shard that servers before 2026-12-03 kept beside `buyer_orders` (`user_id`
+    /// → won-at ms) and nothing read. During a rolling upgrade the old servers may still
+    /// write it; retiring the sale deletes it ([`Keys::sale_state`]).
+    legacy_buyers: Vec<String>,
+    /// HASH per shard: `user_id` → the orders they hold, by place (for `409 duplicate`;
+    /// `lua/lib/places.lua`).
     buyer_orders: Vec<String>,
 }
 
@@ -261,33 +263,21 @@ pub struct ItemKeys {
 #[derive(Clone, Debug)]
 pub struct LoadingKeys {
     pub tokens: String,
-    buyers: Vec<String>,
     buyer_orders: Vec<String>,
 }
 
 impl LoadingKeys {
-    pub fn buyers(&self, user: UserId) -> &str {
-        &self.buyers[user.shard(BUYER_SHARDS) as usize]
-    }
-
     pub fn buyer_orders(&self, user: UserId) -> &str {
         &self.buyer_orders[user.shard(BUYER_SHARDS) as usize]
     }
 
-    /// Every buyer key, in the order of [`ItemKeys::all_buyer_keys`].
-    pub fn all_buyer_keys(&self) -> impl Iterator<Item = &str> {
-        self.buyers
-            .iter()
-            .chain(&self.buyer_orders)
-            .map(String::as_str)
+    /// Every shard of the buyer records, in the order of [`ItemKeys::buyer_order_shards`].
+    pub fn buyer_order_shards(&self) -> &[String] {
+        &self.buyer_orders
     }
 }
 
 impl ItemKeys {
-    pub fn buyers(&self, user: UserId) -> &str {
-        &self.buyers[user.shard(BUYER_SHARDS) as usize]
-    }
-
     pub fn buyer_orders(&self, user: UserId) -> &str {
         &self.buyer_orders[user.shard(BUYER_SHARDS) as usize]
     }
@@ -295,14 +285,6 @@ impl ItemKeys {
     /// Every shard of the user → order records.
     pub fn buyer_order_shards(&self) -> &[String] {
         &self.buyer_orders
-    }
-
-    /// Every buyer key of the item, both kinds.
-    pub fn all_buyer_keys(&self) -> impl Iterator<Item = &str> {
-        self.buyers
-            .iter()
-            .chain(&self.buyer_orders)
-            .map(String::as_str)
     }
 }
 
@@ -317,18 +299,18 @@ mod tests {
         let user = UserId::new(7);
         let shard = user.shard(BUYER_SHARDS);
         assert_eq!(
-            keys.buyers(user),
-            format!("ns:{{item:1001}}:v1:buyers:{shard}")
-        );
-        assert_eq!(
             keys.buyer_orders(user),
             format!("ns:{{item:1001}}:v1:buyer_orders:{shard}")
         );
-        assert_eq!(keys.all_buyer_keys().count(), 2 * BUYER_SHARDS as usize);
+        assert_eq!(keys.buyer_order_shards().len(), BUYER_SHARDS as usize);
         assert!(
-            keys.all_buyer_keys()
+            keys.buyer_order_shards()
+                .iter()
                 .all(|k| k.starts_with("ns:{item:1001}:v1:"))
         );
+        // Retiring a sale deletes the buyer sets servers before 2026-12-03 wrote too.
+        let state = Keys::new("ns").sale_state(Stock::whole(ItemId::new(1001).unwrap()));
+        assert!(state.contains(&format!("ns:{{item:1001}}:v1:buyers:{shard}")));
         let bucket = Keys::new("ns").stock(Stock::new(ItemId::new(1001).unwrap(), 3));
         assert_eq!(bucket.tokens, "ns:{item:1001.3}:v1:tokens");
     }

@@ -21,10 +21,9 @@ local function parse_places(held)
 end
 
 -- Records a won unit: `sn` takes the first free place of `places` (the user's record as
--- parse_places read it), the user joins `buyers`, the bucket's `sold` grows, the order
--- goes into `pending` and the outbox. The order JSON gets its place when not 0. Returns
--- the place.
-local function record_win(meta, buyers, buyer_orders, pending, outbox, user, sn, now, order, places)
+-- parse_places read it), the bucket's `sold` grows, the order goes into `pending` and the
+-- outbox. The order JSON gets its place when not 0. Returns the place.
+local function record_win(meta, buyer_orders, pending, outbox, user, sn, now, order, places)
   local slot = #places
   for i = 1, #places do
     if places[i] == '-' then
@@ -36,7 +35,6 @@ local function record_win(meta, buyers, buyer_orders, pending, outbox, user, sn,
   if slot > 0 then
     order = string.sub(order, 1, -2) .. ',"slot":' .. slot .. '}'
   end
-  redis.call('ZADD', buyers, now, user)
   redis.call('HSET', buyer_orders, user, table.concat(places, ' '))
   redis.call('HINCRBY', meta, 'sold', 1)
   redis.call('HSET', pending, sn, order)
@@ -44,9 +42,13 @@ local function record_win(meta, buyers, buyer_orders, pending, outbox, user, sn,
   return slot
 end
 
--- Frees the place `sn` holds in `user`'s record (and drops the user from `buyers` once
--- they hold nothing). Returns false, changing nothing, when no place holds `sn`.
-local function free_place(buyers, buyer_orders, user, sn)
+-- Frees the place `sn` holds in `user`'s record (the record goes once they hold nothing).
+-- Returns false, changing nothing, when no place holds `sn`.
+--
+-- Servers before 2026-12-03 also kept each buyer in a sorted set `buyers` that nothing
+-- read; during a rolling upgrade they may still write it (and free it): an entry left
+-- there is harmless and goes when the sale is retired.
+local function free_place(buyer_orders, user, sn)
   local places, live = parse_places(redis.call('HGET', buyer_orders, user))
   local found = false
   for i = 1, #places do
@@ -62,7 +64,6 @@ local function free_place(buyers, buyer_orders, user, sn)
   end
   if #live == 1 then
     redis.call('HDEL', buyer_orders, user)
-    redis.call('ZREM', buyers, user)
   else
     redis.call('HSET', buyer_orders, user, table.concat(places, ' '))
   end

@@ -165,7 +165,6 @@ async fn give(
             AWARD
                 .key(&home.meta)
                 .key(&home.tokens)
-                .key(home.buyers(user))
                 .key(home.buyer_orders(user))
                 .key(&home.pending)
                 .key(&home.outbox)

@@ -126,7 +126,7 @@ pub fn ask_held(pipe: &mut redis::Pipeline, keys: &ItemKeys) {
         .arg(&keys.outbox)
         .arg(&keys.lent)
         .arg(&keys.due)
-        .arg(keys.all_buyer_keys().collect::<Vec<_>>());
+        .arg(keys.buyer_order_shards());
 }
 
 /// [`ask_held`]'s first answer: the meta's `loaded` and `fenced`.

@@ -66,8 +66,7 @@ pub async fn release(
             let mut call = RELEASE.key(&item_keys.meta);
             call.key(&item_keys.tokens).key(keys.ending(stock));
             for order in chunk {
-                call.key(item_keys.buyers(order.user))
-                    .key(item_keys.buyer_orders(order.user))
+                call.key(item_keys.buyer_orders(order.user))
                     .arg(order.user.get())
                     .arg(&order.order_sn);
             }

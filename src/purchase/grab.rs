@@ -174,7 +174,6 @@ fn purchase_keys<'a>(
     let mut call = script.prepare_invoke();
     call.key(&keys.meta)
         .key(&keys.tokens)
-        .key(keys.buyers(user))
         .key(keys.buyer_orders(user))
         .key(&keys.pending)
         .key(&keys.outbox);

@@ -606,17 +606,14 @@ async fn fill_buyers(
     loading: &LoadingKeys,
     holders: &[&Holder],
 ) -> Result<(), WarmupError> {
-    let now = crate::clock::now().timestamp_millis();
     let records = buyer_records(holders);
     for chunk in records.chunks(BATCH as usize) {
         let mut pipe = redis::pipe();
         for (user, record) in chunk {
-            pipe.zadd(loading.buyers(*user), user.get(), now)
-                .ignore()
-                .hset(loading.buyer_orders(*user), user.get(), record)
+            pipe.hset(loading.buyer_orders(*user), user.get(), record)
                 .ignore();
         }
-        for key in loading.all_buyer_keys() {
+        for key in loading.buyer_order_shards() {
             pipe.pexpire(key, SIDE_LIST_TTL.as_millis() as i64).ignore();
         }
         redis_timed(pipe.query_async::<()>(&mut *conn)).await?;
@@ -691,7 +688,13 @@ fn swap_parts<'k>(
         item_keys.tokens.as_str(),
         loading.tokens.as_str(),
     ];
-    keys.extend(item_keys.all_buyer_keys().chain(loading.all_buyer_keys()));
+    keys.extend(
+        item_keys
+            .buyer_order_shards()
+            .iter()
+            .chain(loading.buyer_order_shards())
+            .map(String::as_str),
+    );
     let mut args: Vec<String> = seen
         .iter()
         .map(|value| value.clone().unwrap_or_default())

@@ -577,16 +577,7 @@ async fn galera_node_lost(fleet: &mut Fleet, after: u64, killed: bool) {
     } else {
         "the Galera node written through cut off from the other two mid-drain"
     };
-    after_fault(
-        &env,
-        &apis[0],
-        UNITS,
-        &fleet.amqp,
-        name,
-        began,
-        &mut ledger,
-    )
-    .await;
+    after_fault(&env, &apis[0], UNITS, &fleet.amqp, name, began, &mut ledger).await;
     fleet.hosts.stop_servers();
     if killed {
         fleet.galera.restart(0).await;

@@ -32,3 +32,4 @@ mod shapes;
 mod shops;
 mod storefront;
 mod support;
+mod upgrade;

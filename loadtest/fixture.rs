@@ -1,0 +1,73 @@
+//! What the benchmark's examples share (`#[path]`-included by loadtest/bare.rs and
+//! loadtest/redis_cost.rs): a fresh item of their own in Redis, and the minimal
+//! pop-and-record script that is the second yardstick.
+
+use redis::Script;
+use redis::aio::ConnectionLike;
+
+use seckill::domain::UserId;
+use seckill::keys::ItemKeys;
+
+/// `loadtest/lua/minimal.lua`: ZSCORE, LPOP, ZADD, HINCRBY.
+pub static MINIMAL: std::sync::LazyLock<Script> =
+    std::sync::LazyLock::new(|| Script::new(include_str!("lua/minimal.lua")));
+
+/// The minimal script's buyers: a set of its own beside the item's keys (same hash tag).
+pub fn minimal_buyers(keys: &ItemKeys) -> String {
+    format!("{}:minimal_buyers", keys.meta)
+}
+
+/// A fresh item: every key of the item rebuilt, `units` tokens, its window open.
+pub async fn load(
+    redis: &mut impl ConnectionLike,
+    keys: &ItemKeys,
+    units: u64,
+) -> anyhow::Result<()> {
+    let mut pipe = redis::pipe();
+    pipe.del(&keys.meta)
+        .del(&keys.tokens)
+        .del(&keys.pending)
+        .del(&keys.outbox)
+        .del(minimal_buyers(keys));
+    for key in keys.buyer_order_shards() {
+        pipe.del(key);
+    }
+    pipe.query_async::<()>(redis).await?;
+    for start in (0..units).step_by(10_000) {
+        let batch: Vec<u64> = (start..(start + 10_000).min(units)).collect();
+        redis::cmd("RPUSH")
+            .arg(&keys.tokens)
+            .arg(batch)
+            .query_async::<()>(redis)
+            .await?;
+    }
+    redis::cmd("HSET")
+        .arg(&keys.meta)
+        .arg(&[
+            ("loaded", "1"),
+            ("paused", "0"),
+            ("start_ms", "0"),
+            ("end_ms", "99999999999999"),
+            ("sold", "0"),
+        ])
+        .query_async::<()>(redis)
+        .await?;
+    Ok(())
+}
+
+/// One minimal sale to `user`: `won`, `duplicate` or `sold_out`.
+pub async fn minimal(
+    redis: &mut impl ConnectionLike,
+    keys: &ItemKeys,
+    user: UserId,
+    now_ms: i64,
+) -> redis::RedisResult<String> {
+    MINIMAL
+        .key(&keys.meta)
+        .key(&keys.tokens)
+        .key(minimal_buyers(keys))
+        .arg(user.get())
+        .arg(now_ms)
+        .invoke_async(redis)
+        .await
+}

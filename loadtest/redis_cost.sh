@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# What a purchase costs Redis, measured two ways on a private Redis (port 16400) that
+# nothing else uses:
+#   1. per script call, by outcome: `usec_per_call` of EVALSHA in INFO commandstats while
+#      loadtest/redis_cost.rs runs only wins, only duplicates, only sold-out answers, then
+#      the minimal pop-and-record script (loadtest/lua/minimal.lua);
+#   2. per won order, everything included: Redis's CPU (INFO cpu, user + sys) before and
+#      after `seckill bench` sells ORDERS units to as many distinct buyers, each pressing
+#      once, with the whole server running (API, consumer, scheduler) until every order is
+#      in MySQL and the outbox and pending orders are empty; net of Redis's use while the
+#      same server idles for as long.
+#
+#   ./loadtest/redis_cost.sh          (CALLS=50000 ORDERS=20000 by default)
+#
+# Uses the machine's MariaDB and RabbitMQ under the namespace and database `seckill_cost`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. loadtest/lib.sh
+
+calls=${CALLS:-50000}
+orders=${ORDERS:-20000}
+port=16400
+./dev/services.sh
+cargo build --release --locked --bin seckill --example redis_cost 2>&1 | tail -1
+
+out=loadtest/out/redis_cost
+rm -rf "$out" && mkdir -p "$out"
+ns=seckill_cost
+export SECKILL_NAMESPACE=$ns
+export SECKILL_REDIS_URL=redis://127.0.0.1:$port
+export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$ns"
+export SECKILL_ADMIN_TOKEN=bench-admin
+export SECKILL_RATE_PER_USER=0
+export SECKILL_HTTP_ADDR=127.0.0.1:18087
+export RUST_LOG=${RUST_LOG:-info}
+pids=()
+private() { redis-cli -p "$port" "$@"; }
+
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  private shutdown nosave >/dev/null 2>&1 || true
+  forget "$ns"
+}
+cleanup
+trap cleanup EXIT
+
+redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
+  --dir "$PWD/$out" --logfile "$PWD/$out/redis.log" >/dev/null
+for _ in $(seq 50); do private ping >/dev/null 2>&1 && break; sleep 0.1; done
+
+echo "per call: $calls wins, $calls duplicates, $calls sold-out answers, $calls minimal wins" >&2
+target/release/examples/redis_cost --redis "$SECKILL_REDIS_URL" --calls "$calls" | tee "$out/per_call.txt"
+private flushall >/dev/null
+
+# Redis's CPU so far, in µs (user + sys).
+cpu_us() {
+  private info cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.0f", s * 1000000}'
+}
+drained() {
+  [ "$(private eval "local n = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
+      if redis.call('TYPE', k).ok == 'zset' then n = n + redis.call('ZCARD', k) else n = n + redis.call('HLEN', k) end
+    end return n" 0 "$ns:*:outbox*")" = 0 ] &&
+  [ "$(private eval "local n = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do n = n + redis.call('HLEN', k) end return n" 0 "$ns:*:pending*")" = 0 ]
+}
+
+target/release/seckill serve >"$out/server.log" 2>&1 &
+pids+=("$!")
+wait_http "http://$SECKILL_HTTP_ADDR/healthz"
+sleep 3
+idle_s=10
+echo "the server idling for ${idle_s}s" >&2
+before=$(cpu_us)
+sleep "$idle_s"
+idle_rate=$(( ($(cpu_us) - before) / idle_s ))
+
+echo "selling $orders units to $orders buyers, each pressing once" >&2
+before=$(cpu_us)
+t0=$(date +%s.%N)
+target/release/seckill bench --units "$orders" --users "$orders" --requests "$orders" \
+  --connections 64 --out "$out/bench" >"$out/bench.log" 2>&1 ||
+  { echo "seckill bench failed; see $out/bench.log" >&2; exit 1; }
+for _ in $(seq 300); do drained && break; sleep 0.2; done
+drained || { echo "orders still in the outbox or pending; see $out/server.log" >&2; exit 1; }
+after=$(cpu_us)
+t1=$(date +%s.%N)
+won=$(grep -oE '"won": *[0-9]+' "$out/bench/report.json" | head -1 | grep -oE '[0-9]+$' || echo "$orders")
+elapsed_us=$(echo "($t1 - $t0) * 1000000" | bc | cut -d. -f1)
+net=$(( after - before - idle_rate * elapsed_us / 1000000 ))
+
+cat <<REPORT
+
+Redis CPU per won order, everything included ($(date -u +%Y-%m-%d), Redis $(private info server | awk -F: '/^redis_version/ {print $2}' | tr -d '\r')):
+$orders buyers pressing once, $won won; Redis used $(( (after - before) / 1000 )) ms of CPU in $(echo "scale=1; $elapsed_us / 1000000" | bc) s,
+$(( idle_rate * elapsed_us / 1000000000 )) ms of it what the idle server costs in that time:
+**$(echo "scale=1; $net / $won" | bc) µs of Redis CPU per won order**
+REPORT

@@ -1,0 +1,193 @@
+//! A rolling upgrade mid-sale: servers of the previous key layout and of this one selling
+//! the same item side by side, as during a deploy (docs/operations.md, "Upgrading
+//! mid-sale").
+//!
+//! The previous layout is kept as its purchase script (`tests/it/previous/`, the Lua of
+//! 2026-12-02, which also wrote every buyer into a sorted set `buyers`). An old API instance is played by this test running the old
+//! `grab.lua` against the live keys and leaving its orders in the outbox — as one that won
+//! and was then stopped by the deploy before publishing: the new scheduler's relay must
+//! send them.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use redis::Script;
+use seckill::domain::{BUYER_SHARDS, ItemId, OrderPlaced, OrderSn, Stock, UserId};
+
+use crate::support::*;
+
+/// The previous layout's purchase, composed as its server composed it.
+fn previous_grab() -> Script {
+    Script::new(concat!(
+        include_str!("previous/waves.lua"),
+        include_str!("previous/places.lua"),
+        include_str!("previous/grab.lua")
+    ))
+}
+
+/// What a server of the previous layout answered: `won` with the new order's number,
+/// `duplicate` with the one the buyer holds, or another outcome.
+struct OldAnswer {
+    outcome: String,
+    order_sn: String,
+}
+
+/// A purchase by a server of the previous layout: its keys, its arguments, its script.
+async fn old_server_buys(env: &TestEnv, script: &Script, item: u64, user: u64) -> OldAnswer {
+    let keys = env.item_keys(item);
+    let user = UserId::new(user);
+    let shard = user.shard(BUYER_SHARDS);
+    let buyers = format!(
+        "{}:{{item:{item}}}:v1:buyers:{shard}",
+        env.keys().namespace()
+    );
+    let item_id = ItemId::new(item).unwrap();
+    let now = chrono::Utc::now().timestamp_millis();
+    let order = OrderPlaced {
+        order_sn: OrderSn::generate(Stock::whole(item_id), false),
+        item_id,
+        user_id: user,
+        created_at_ms: now,
+        pay_deadline_ms: now + 1_800_000,
+        slot: 0,
+    };
+    let (outcome, detail): (String, String) = script
+        .key(&keys.meta)
+        .key(&keys.tokens)
+        .key(&buyers)
+        .key(keys.buyer_orders(user))
+        .key(&keys.pending)
+        .key(&keys.outbox)
+        .arg(user.get())
+        .arg(order.order_sn.as_str())
+        .arg(serde_json::to_string(&order).unwrap())
+        .arg("")
+        .invoke_async(&mut env.redis.clone())
+        .await
+        .unwrap();
+    let order_sn = match outcome.as_str() {
+        "won" => order.order_sn.to_string(),
+        _ => detail,
+    };
+    OldAnswer { outcome, order_sn }
+}
+
+/// 300 units sold by a new server and an old one in turns, over the same buyers: each
+/// must see the other's buyer records (a buyer who won on one hears `409 duplicate` with
+/// that order on the other), then both at once to the end. Then some of the old server's
+/// buyers cancel through the new one and their units sell again. Every unit is sold once,
+/// nobody holds two, every win reaches MySQL once — the old server's too, which it left in
+/// the outbox and only the new relay sends — and the stock adds up.
+#[tokio::test]
+async fn a_sale_keeps_selling_through_new_servers_beside_old_ones() {
+    let env = TestEnv::new("upgrade").await;
+    let server = env.server(ALL_ROLES).await;
+    env.item(1, 300).on_sale(&server).await;
+    let old = previous_grab();
+    let mut won: HashMap<u64, String> = HashMap::new();
+
+    // 1. The old server sells to users 1–100.
+    for user in 1..=100 {
+        let answer = old_server_buys(&env, &old, 1, user).await;
+        assert_eq!(answer.outcome, "won", "old server, user {user}");
+        won.insert(user, answer.order_sn);
+    }
+    // 2. The new server: users 1–100 hold the old server's orders, 101–200 win.
+    for user in 1..=200 {
+        let (status, json) = env.buy(&server, user, 1).await;
+        if user <= 100 {
+            assert_eq!(
+                (status, json["code"].as_str(), json["order_sn"].as_str()),
+                (409, Some("duplicate"), Some(won[&user].as_str())),
+                "new server, user {user}"
+            );
+        } else {
+            assert_eq!(status, 202, "new server, user {user}: {json}");
+            won.insert(user, json["order_sn"].as_str().unwrap().to_owned());
+        }
+    }
+    // 3. The old server again: users 101–200 hold the new server's orders, 201–250 win.
+    for user in 101..=250 {
+        let answer = old_server_buys(&env, &old, 1, user).await;
+        if user <= 200 {
+            assert_eq!(
+                (answer.outcome.as_str(), answer.order_sn.as_str()),
+                ("duplicate", won[&user].as_str()),
+                "old server, user {user}"
+            );
+        } else {
+            assert_eq!(answer.outcome, "won", "old server, user {user}");
+            won.insert(user, answer.order_sn);
+        }
+    }
+    // 4. Both at once over users 251–400 (in opposite orders, so they meet): the last 50
+    // units, each once, nobody twice.
+    let new_side = async {
+        let mut wins = Vec::new();
+        for user in 251..=400u64 {
+            let (status, json) = env.buy(&server, user, 1).await;
+            match status {
+                202 => wins.push((user, json["order_sn"].as_str().unwrap().to_owned())),
+                409 | 410 => {}
+                other => panic!("new server, user {user}: {other} {json}"),
+            }
+        }
+        wins
+    };
+    let old_side = async {
+        let mut wins = Vec::new();
+        for user in (251..=400u64).rev() {
+            let answer = old_server_buys(&env, &old, 1, user).await;
+            if answer.outcome == "won" {
+                wins.push((user, answer.order_sn));
+            }
+        }
+        wins
+    };
+    let (new_wins, old_wins) = tokio::join!(new_side, old_side);
+    assert_eq!(
+        new_wins.len() + old_wins.len(),
+        50,
+        "the last 50 units, each once"
+    );
+    for (user, sn) in new_wins.into_iter().chain(old_wins) {
+        assert!(won.insert(user, sn).is_none(), "user {user} won twice");
+    }
+
+    // 5. Buyers of the old server cancel through the new one: the place the old script
+    // recorded is freed, and the unit comes back and sells again to a newcomer.
+    env.wait_for_orders(&server, 1, 300, Duration::from_secs(30))
+        .await;
+    for user in 1..=10u64 {
+        let sn = &won[&user];
+        let (status, json) = env
+            .post_as(&server, &format!("/api/orders/{sn}/cancel"), user)
+            .await;
+        assert_eq!(status, 200, "cancel of {sn} by {user}: {json}");
+    }
+    let mut resold = Vec::new();
+    let mut newcomer = 1_000u64;
+    let give_up = Instant::now() + Duration::from_secs(15);
+    while resold.len() < 10 {
+        assert!(
+            Instant::now() < give_up,
+            "{} of 10 cancelled units sold again",
+            resold.len()
+        );
+        let (status, json) = env.buy(&server, newcomer, 1).await;
+        match status {
+            202 => {
+                resold.push(json["order_sn"].as_str().unwrap().to_owned());
+                newcomer += 1;
+            }
+            // Not back on every instance's shelf yet (within half a second).
+            410 => tokio::time::sleep(Duration::from_millis(100)).await,
+            other => panic!("newcomer {newcomer}: {other} {json}"),
+        }
+    }
+
+    let answered: Vec<String> = won.into_values().chain(resold).collect();
+    env.wait_for_orders(&server, 1, 310, Duration::from_secs(30))
+        .await;
+    env.assert_invariants(&server, 1, 300, &answered).await;
+}
