@@ -78,7 +78,7 @@ echo "selling $orders units to $orders buyers, each pressing once" >&2
 before=$(cpu_us)
 t0=$(date +%s.%N)
 target/release/seckill bench --units "$orders" --users "$orders" --requests "$orders" \
-  --connections 64 --out "$out/bench" >"$out/bench.log" 2>&1 ||
+  --concurrency 64 --out "$out/bench" >"$out/bench.log" 2>&1 ||
   { echo "seckill bench failed; see $out/bench.log" >&2; exit 1; }
 for _ in $(seq 300); do drained && break; sleep 0.2; done
 drained || { echo "orders still in the outbox or pending; see $out/server.log" >&2; exit 1; }

@@ -82,16 +82,28 @@ impl Fleet {
         workers: [&str; 2],
     ) -> (TestEnv, [TestServer; 2]) {
         let env = TestEnv::on_stores(name, &self.mysql, &self.redis, &self.amqp).await;
-        // Orders in quorum queues, replicated over the three RabbitMQ nodes.
-        let mut settings = settings.to_vec();
-        settings.push(("SECKILL_QUEUE_TYPE", "quorum"));
-        let api1 = self.hosts.seckill("api1", &env, "api", &settings);
-        let api2 = self.hosts.seckill("api2", &env, "api", &settings);
+        let api1 = fleet_server(&mut self.hosts, "api1", &env, "api", settings);
+        let api2 = fleet_server(&mut self.hosts, "api2", &env, "api", settings);
         for (host, roles) in ["worker1", "worker2"].into_iter().zip(workers) {
-            self.hosts.seckill(host, &env, roles, &settings);
+            fleet_server(&mut self.hosts, host, &env, roles, settings);
         }
         (env, [api1, api2])
     }
+}
+
+/// A `seckill` with `roles` on `host`, set up as every server of the fleet is: orders in
+/// quorum queues, replicated over the three RabbitMQ nodes. (A scheduler started mid-test
+/// without it once could not declare the queues.)
+fn fleet_server(
+    hosts: &mut Hosts,
+    host: &str,
+    env: &TestEnv,
+    roles: &str,
+    settings: &[(&str, &str)],
+) -> TestServer {
+    let mut settings = settings.to_vec();
+    settings.push(("SECKILL_QUEUE_TYPE", "quorum"));
+    hosts.seckill(host, env, roles, &settings)
 }
 
 /// A third of the buyers go through nginx on the edge host (which passes a server's answer
@@ -402,7 +414,12 @@ async fn scheduler_host_frozen_holding_its_lease(fleet: &mut Fleet) {
     fleet.hosts.freeze("worker1", true);
     let began = Instant::now();
     let at_freeze = cancelled(&env).await;
-    fleet.hosts.seckill("worker2", &env, "scheduler", &settings);
+    fleet_server(&mut fleet.hosts, "worker2", &env, "scheduler", &settings);
+    // Its start (migrations, the stores) counts against the deadlines too.
+    eprintln!(
+        "fleet: the second scheduler listening {} ms after the freeze",
+        began.elapsed().as_millis()
+    );
     tokio::time::sleep(Duration::from_millis(2 * LEASE_MS).saturating_sub(began.elapsed())).await;
     fleet.hosts.freeze("worker1", false);
     eprintln!("fleet: worker host 1 frozen with {at_freeze} of {UNITS} orders cancelled");
