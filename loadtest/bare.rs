@@ -20,7 +20,7 @@ use redis::aio::ConnectionManager;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use seckill::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
+use seckill::domain::{ItemId, Stock, UserId};
 use seckill::keys::{ItemKeys, Keys};
 use seckill::purchase::grab::grab;
 
@@ -103,22 +103,13 @@ async fn grab_handler(
     Json(body): Json<Body>,
 ) -> (StatusCode, Json<Value>) {
     let user = user(&headers);
-    let now = chrono::Utc::now().timestamp_millis();
-    let order = OrderPlaced {
-        order_sn: OrderSn::generate(Stock::whole(body.item_id), false),
-        item_id: body.item_id,
-        user_id: user,
-        created_at_ms: now,
-        pay_deadline_ms: now + 1_800_000,
-        slot: 0,
-    };
-    let payload = serde_json::to_string(&order).unwrap_or_default();
+    let (order_sn, payload) = fixture::order(body.item_id, user);
     // The very function seckill's purchase handler calls: the same script, keys and args.
     let answer = grab(
         &mut bare.redis.clone(),
         &bare.keys.0,
         user,
-        &order.order_sn,
+        &order_sn,
         &payload,
         None,
     )

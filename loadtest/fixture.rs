@@ -5,7 +5,7 @@
 use redis::Script;
 use redis::aio::ConnectionLike;
 
-use seckill::domain::UserId;
+use seckill::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
 use seckill::keys::ItemKeys;
 
 /// `loadtest/lua/minimal.lua`: ZSCORE, LPOP, ZADD, HINCRBY.
@@ -53,6 +53,22 @@ pub async fn load(
         .query_async::<()>(redis)
         .await?;
     Ok(())
+}
+
+/// The order a win of `item` by `user` stores, as seckill's purchase handler makes it:
+/// its number and its JSON.
+pub fn order(item: ItemId, user: UserId) -> (OrderSn, String) {
+    let now = chrono::Utc::now().timestamp_millis();
+    let order = OrderPlaced {
+        order_sn: OrderSn::generate(Stock::whole(item), false),
+        item_id: item,
+        user_id: user,
+        created_at_ms: now,
+        pay_deadline_ms: now + 1_800_000,
+        slot: 0,
+    };
+    let json = serde_json::to_string(&order).unwrap_or_default();
+    (order.order_sn, json)
 }
 
 /// One minimal sale to `user`: `won`, `duplicate` or `sold_out`.

@@ -14,9 +14,9 @@
 use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 
-use seckill::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
+use seckill::domain::{ItemId, Stock, UserId};
 use seckill::keys::Keys;
-use seckill::purchase::grab::{GrabOutcome, grab};
+use seckill::purchase::grab::grab;
 
 #[path = "fixture.rs"]
 mod fixture;
@@ -65,9 +65,9 @@ async fn main() -> anyhow::Result<()> {
                 let keys = &keys;
                 async move {
                     let user = UserId::new(first + i);
-                    let (sn, order) = order_of(item, user);
+                    let (sn, order) = fixture::order(item, user);
                     let outcome = grab(&mut conn, keys, user, &sn, &order, None).await?;
-                    Ok(outcome_name(&outcome))
+                    Ok(outcome.as_str().to_owned())
                 }
             },
             expected,
@@ -122,25 +122,6 @@ async fn keep_emptied(mut redis: MultiplexedConnection, keys: [String; 2]) {
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-}
-
-/// The order a win stores, as seckill's purchase handler makes it.
-fn order_of(item: ItemId, user: UserId) -> (OrderSn, String) {
-    let now = chrono::Utc::now().timestamp_millis();
-    let order = OrderPlaced {
-        order_sn: OrderSn::generate(Stock::whole(item), false),
-        item_id: item,
-        user_id: user,
-        created_at_ms: now,
-        pay_deadline_ms: now + 1_800_000,
-        slot: 0,
-    };
-    let json = serde_json::to_string(&order).unwrap_or_default();
-    (order.order_sn, json)
-}
-
-fn outcome_name(outcome: &GrabOutcome) -> String {
-    outcome.as_str().to_owned()
 }
 
 /// Runs `call(conn, i)` for i in 0..n, `in_flight` at a time, checks every answer is
