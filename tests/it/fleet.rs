@@ -240,6 +240,13 @@ async fn soak() {
                     fleet.galera.log_tail(node, 30)
                 );
             }
+            for host in RABBIT {
+                // A node that stopped answering AMQP once went unexplained: its own view.
+                let status = fleet
+                    .hosts
+                    .rabbitmqctl(host, &["-t", "10", "cluster_status"]);
+                eprintln!("soak: {host}'s cluster status: {status:?}");
+            }
             eprintln!("soak: failed after {rounds:?}");
             std::panic::resume_unwind(failure);
         }
