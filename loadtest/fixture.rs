@@ -17,12 +17,8 @@ pub fn minimal_buyers(keys: &ItemKeys) -> String {
     format!("{}:minimal_buyers", keys.meta)
 }
 
-/// A fresh item: every key of the item rebuilt, `units` tokens, its window open.
-pub async fn load(
-    redis: &mut impl ConnectionLike,
-    keys: &ItemKeys,
-    units: u64,
-) -> anyhow::Result<()> {
+/// Deletes every key of the item that a run writes.
+pub async fn clear(redis: &mut impl ConnectionLike, keys: &ItemKeys) -> anyhow::Result<()> {
     let mut pipe = redis::pipe();
     pipe.del(&keys.meta)
         .del(&keys.tokens)
@@ -33,6 +29,16 @@ pub async fn load(
         pipe.del(key);
     }
     pipe.query_async::<()>(redis).await?;
+    Ok(())
+}
+
+/// A fresh item: every key of the item rebuilt, `units` tokens, its window open.
+pub async fn load(
+    redis: &mut impl ConnectionLike,
+    keys: &ItemKeys,
+    units: u64,
+) -> anyhow::Result<()> {
+    clear(redis, keys).await?;
     for start in (0..units).step_by(10_000) {
         let batch: Vec<u64> = (start..(start + 10_000).min(units)).collect();
         redis::cmd("RPUSH")

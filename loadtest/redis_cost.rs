@@ -92,11 +92,7 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     rows.push(("minimal script, a win", cost));
     clearer.abort();
-    fixture::load(&mut redis, &keys, 0).await?;
-    redis::cmd("DEL")
-        .arg(&keys.meta)
-        .query_async::<()>(&mut redis)
-        .await?;
+    fixture::clear(&mut redis, &keys).await?;
 
     println!(
         "\nRedis time per call (INFO commandstats usec_per_call, {n} calls each, {} in flight)\n",

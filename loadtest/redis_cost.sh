@@ -57,11 +57,12 @@ private flushall >/dev/null
 cpu_us() {
   private info cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.0f", s * 1000000}'
 }
+# Orders still in an outbox (ZSET) or pending (HASH), over every bucket of the run.
 drained() {
-  [ "$(private eval "local n = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
-      if redis.call('TYPE', k).ok == 'zset' then n = n + redis.call('ZCARD', k) else n = n + redis.call('HLEN', k) end
-    end return n" 0 "$ns:*:outbox*")" = 0 ] &&
-  [ "$(private eval "local n = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do n = n + redis.call('HLEN', k) end return n" 0 "$ns:*:pending*")" = 0 ]
+  [ "$(private eval "local n = 0
+    for _, k in ipairs(redis.call('KEYS', ARGV[1] .. ':*:v1:outbox')) do n = n + redis.call('ZCARD', k) end
+    for _, k in ipairs(redis.call('KEYS', ARGV[1] .. ':*:v1:pending')) do n = n + redis.call('HLEN', k) end
+    return n" 0 "$ns")" = 0 ]
 }
 
 target/release/seckill serve >"$out/server.log" 2>&1 &
@@ -84,7 +85,8 @@ for _ in $(seq 300); do drained && break; sleep 0.2; done
 drained || { echo "orders still in the outbox or pending; see $out/server.log" >&2; exit 1; }
 after=$(cpu_us)
 t1=$(date +%s.%N)
-won=$(grep -oE '"won": *[0-9]+' "$out/bench/report.json" | head -1 | grep -oE '[0-9]+$' || echo "$orders")
+won=$(grep -oE '"won": *[0-9]+' "$out/bench/report.json" | head -1 | grep -oE '[0-9]+$') ||
+  { echo "no \"won\" in $out/bench/report.json" >&2; exit 1; }
 elapsed_us=$(echo "($t1 - $t0) * 1000000" | bc | cut -d. -f1)
 net=$(( after - before - idle_rate * elapsed_us / 1000000 ))
 
