@@ -279,10 +279,10 @@ async fn a_retirement_cut_off_halfway_is_finished_and_an_unfinished_sale_waits()
         })
         .await;
     }
-    assert!(
-        item_keys(&redis, 1).await > 3,
-        "the sale left nothing to retire"
-    );
+    // At least the meta and a buyer shard: the cut-off below deletes the meta, so a
+    // buyer shard is what the resumed retirement must still find.
+    let left = item_keys(&redis, 1).await;
+    assert!(left.len() >= 2, "the sale left nothing to retire: {left:?}");
 
     // Item 1: cut off after its record and two of its keys.
     sqlx::query("UPDATE items SET retired_at = UTC_TIMESTAMP(3), unsold = 1 WHERE id = 1")
@@ -304,7 +304,11 @@ async fn a_retirement_cut_off_halfway_is_finished_and_an_unfinished_sale_waits()
         .unwrap();
 
     wait_retired(&env, &server, 1).await;
-    assert_eq!(item_keys(&redis, 1).await, 0, "item 1's keys left behind");
+    assert_eq!(
+        item_keys(&redis, 1).await,
+        Vec::<String>::new(),
+        "item 1's keys left behind"
+    );
     let index = env.keys().items_index();
     assert_eq!(
         redis.cmd(&["SISMEMBER", &index, "1"]).await,
@@ -314,23 +318,33 @@ async fn a_retirement_cut_off_halfway_is_finished_and_an_unfinished_sale_waits()
     tokio::time::sleep(Duration::from_secs(5)).await;
     let retired = stamp(&env, 2, "retired_at").await;
     assert!(retired.is_none(), "retired with an order unpaid");
-    assert!(item_keys(&redis, 2).await > 3);
+    assert!(item_keys(&redis, 2).await.len() >= 2);
     sqlx::query("UPDATE orders SET status = 'paid' WHERE item_id = 2 AND status = 'unpaid'")
         .execute(&env.db)
         .await
         .unwrap();
     wait_retired(&env, &server, 2).await;
-    assert_eq!(item_keys(&redis, 2).await, 0, "item 2's keys left behind");
+    assert_eq!(
+        item_keys(&redis, 2).await,
+        Vec::<String>::new(),
+        "item 2's keys left behind"
+    );
     let stats = env.stats(&server, 2).await;
     assert_eq!(stats["consistent"], true, "{stats}");
     server.stop().await;
 }
 
 /// Keys of one item (bucket 0) in the private Redis.
-async fn item_keys(redis: &PrivateRedis, item: u64) -> usize {
+async fn item_keys(redis: &PrivateRedis, item: u64) -> Vec<String> {
     let pattern = format!("*{{item:{item}}}*");
     match redis.cmd(&["KEYS", &pattern]).await {
-        redis::Value::Array(keys) => keys.len(),
+        redis::Value::Array(keys) => keys
+            .iter()
+            .map(|key| match key {
+                redis::Value::BulkString(name) => String::from_utf8_lossy(name).into_owned(),
+                other => format!("{other:?}"),
+            })
+            .collect(),
         other => panic!("KEYS: {other:?}"),
     }
 }
