@@ -14,7 +14,18 @@ use tokio_util::sync::CancellationToken;
 use super::Topology;
 use crate::background::retry;
 
+/// How long a connect to the only node may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a connect to one of several nodes may take before the next is tried. A
+/// healthy node answers in milliseconds; a silent one (its host cut off) held every
+/// fresh server's first connection for the full three seconds, and orders won meanwhile
+/// reached MySQL after their pay deadline was due.
+const NODE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The heartbeat asked for when the URL names none (`?heartbeat=N` does). A node that
+/// stops answering without closing the socket (a host cut off, a paused VM) is noticed
+/// after two heartbeats: with RabbitMQ's own 60 s, a consumer waited two minutes on a
+/// silent node while its orders queued up elsewhere.
+const HEARTBEAT_S: u16 = 5;
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How often the supervisor looks at the connection's health.
 const CHECK_EVERY: Duration = Duration::from_millis(250);
@@ -162,12 +173,17 @@ impl Broker {
             }
             self.inner.link.send_replace(None);
             // Closes a connection whose publishing channel died; fails harmlessly on one
-            // that is already gone.
-            let closing = connection.close(200, "reconnecting".into());
-            let _ = tokio::time::timeout(CLOSE_WITHIN, closing).await;
+            // that is already gone. Waited for only on a stop: a silent node never answers
+            // it, and the orders in the outbox should not wait for that.
+            let closing = async move {
+                let closing = connection.close(200, "reconnecting".into());
+                let _ = tokio::time::timeout(CLOSE_WITHIN, closing).await;
+            };
             if shutdown.is_cancelled() {
+                closing.await;
                 return;
             }
+            tokio::spawn(closing);
             // The node may be gone: another one first.
             self.inner.next.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
@@ -181,27 +197,36 @@ impl Broker {
         let urls = &self.inner.urls;
         let first = self.inner.next.load(Ordering::Relaxed);
         let mut failures = Vec::new();
+        let within = if urls.len() > 1 {
+            NODE_CONNECT_TIMEOUT
+        } else {
+            CONNECT_TIMEOUT
+        };
         for i in (0..urls.len()).map(|k| (first + k) % urls.len()) {
-            match tokio::time::timeout(CONNECT_TIMEOUT, self.connect_to(&urls[i])).await {
+            match tokio::time::timeout(within, self.connect_to(&urls[i])).await {
                 Ok(Ok(link)) => {
                     tracing::info!(node = i + 1, of = urls.len(), "connected to RabbitMQ");
                     self.inner.next.store(i, Ordering::Relaxed);
                     return Ok(link);
                 }
-                Ok(Err(e)) => {
-                    failures.push(format!("node {}: {}", i + 1, crate::error::cause_chain(&e)))
-                }
-                Err(_) => failures.push(format!(
-                    "node {}: no answer within {CONNECT_TIMEOUT:?}",
-                    i + 1
-                )),
+                Ok(Err(e)) => failures.push(format!("node {}: {e}", i + 1)),
+                Err(_) => failures.push(format!("node {}: no answer within {within:?}", i + 1)),
             }
         }
         Err(failures.join("; "))
     }
 
-    async fn connect_to(&self, url: &str) -> lapin::Result<Link> {
-        let connection = Connection::connect(url, ConnectionProperties::default()).await?;
+    async fn connect_to(&self, url: &str) -> Result<Link, String> {
+        let mut uri: lapin::uri::AMQPUri =
+            url.parse().map_err(|e| format!("not an AMQP URL: {e}"))?;
+        uri.query.heartbeat.get_or_insert(HEARTBEAT_S);
+        self.open(uri)
+            .await
+            .map_err(|e| crate::error::cause_chain(&e))
+    }
+
+    async fn open(&self, uri: lapin::uri::AMQPUri) -> lapin::Result<Link> {
+        let connection = Connection::connect_uri(uri, ConnectionProperties::default()).await?;
         let publish = connection.create_channel().await?;
         self.inner.topology.declare(&publish).await?;
         publish

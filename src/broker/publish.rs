@@ -144,18 +144,45 @@ pub async fn publish(
         }
     }
     confirms.resize_with(outbound.len(), || Sent::Not);
-    let (taken, nacked) = await_confirms(confirms).await;
-    if nacked {
+    let (taken, trouble) = await_confirms(confirms).await;
+    if let Some(trouble) = trouble {
         // A quorum queue's publisher state lives in the channel: one that registered
         // while the queue's leader was being replaced (a node had just died) was seen to
         // nack every later publish, for minutes, while other channels published fine. A
         // nack is never routine here (no queue has a length limit), so the channel goes:
-        // the link then reconnects, and the next publish registers afresh.
-        tracing::warn!("the broker refused a message (nack): opening a new publishing channel");
-        let closing = channel.close(200, "nacked; reopening".into());
-        let _ = tokio::time::timeout(CLOSE_WITHIN, closing).await;
+        // the link then reconnects, and the next publish registers afresh. No answer at
+        // all is a node gone silent (its host cut off, its socket still open): the link
+        // moves on to the next node rather than wait for the heartbeat to notice.
+        tracing::warn!(
+            "the broker {}: opening a new publishing channel",
+            trouble.said()
+        );
+        // Not waited for: a silent node never answers the close either, and the caller
+        // (an order batch, a deadline pass) has waited long enough. Closing marks the
+        // channel at once, which the link's supervisor sees.
+        let channel = channel.clone();
+        tokio::spawn(async move {
+            let closing = channel.close(200, "no confirm; reopening".into());
+            let _ = tokio::time::timeout(CLOSE_WITHIN, closing).await;
+        });
     }
     taken
+}
+
+/// Why a publishing channel is given up.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Trouble {
+    Nacked,
+    Silent,
+}
+
+impl Trouble {
+    fn said(self) -> String {
+        match self {
+            Trouble::Nacked => "refused a message (nack)".to_owned(),
+            Trouble::Silent => format!("confirmed nothing within {CONFIRM_TIMEOUT:?}"),
+        }
+    }
 }
 
 /// Publishes orders, [`ORDERS_PER_MESSAGE`] to a message, and tells, order by order,
@@ -200,8 +227,8 @@ fn persistent_json() -> BasicProperties {
 }
 
 /// Waits for each publish's confirm where one is awaited (up to [`CONFIRM_TIMEOUT`]):
-/// whether each was taken, and whether the broker nacked any.
-async fn await_confirms(sent: Vec<Sent>) -> (Vec<bool>, bool) {
+/// whether each was taken, and whether the broker nacked any or left one unanswered.
+async fn await_confirms(sent: Vec<Sent>) -> (Vec<bool>, Option<Trouble>) {
     let outcomes = join_all(sent.into_iter().map(|sent| async move {
         match sent {
             Sent::Not => Ok(false),
@@ -216,17 +243,18 @@ async fn await_confirms(sent: Vec<Sent>) -> (Vec<bool>, bool) {
                         tracing::warn!(reply = %returned.reply_text, "the broker returned a message: no queue took it");
                         Ok(false)
                     }
-                    Ok(Ok(Confirmation::Nack(_))) => Err(()),
-                    Ok(Ok(Confirmation::NotRequested)) | Ok(Err(_)) | Err(_) => Ok(false),
+                    Ok(Ok(Confirmation::Nack(_))) => Err(Trouble::Nacked),
+                    Err(_) => Err(Trouble::Silent),
+                    Ok(Ok(Confirmation::NotRequested)) | Ok(Err(_)) => Ok(false),
                 }
             }
         }
     }))
     .await;
-    let nacked = outcomes.iter().any(Result::is_err);
+    let trouble = outcomes.iter().find_map(|o| o.err());
     (
         outcomes.into_iter().map(|o| o == Ok(true)).collect(),
-        nacked,
+        trouble,
     )
 }
 

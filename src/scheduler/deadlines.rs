@@ -25,6 +25,10 @@ const CLAIM_LIMIT: usize = 500;
 /// A task that cannot be done yet (a deadline MySQL's clock has not reached, a broker
 /// that is down) is tried again after this long.
 const RETRY_AFTER: Duration = Duration::from_millis(500);
+/// How long a pass waits for the broker to take its reminders. Cancels wait behind them
+/// (the next claim comes after), and a reminder can come late where a cancel cannot: a
+/// broker node gone silent once held every pass for the full confirm timeout.
+const REMIND_WITHIN: Duration = Duration::from_secs(1);
 
 pub const REMIND: &str = "order.remind";
 
@@ -170,12 +174,17 @@ async fn remind(
         return Ok((done, Vec::new()));
     }
     let events: Vec<Event> = to_send.iter().map(|(_, e)| e.clone()).collect();
+    let unsent = vec![false; events.len()];
     let confirmed = match scheduler.broker.publish_channel() {
         Some(channel) => {
             let events: Vec<Outbound> = events.iter().map(Outbound::Event).collect();
-            publish(&channel, scheduler.broker.topology(), &events).await
+            let publishing = publish(&channel, scheduler.broker.topology(), &events);
+            // Not taken in time: sent again later, under the same message id.
+            tokio::time::timeout(REMIND_WITHIN, publishing)
+                .await
+                .unwrap_or(unsent)
         }
-        None => vec![false; events.len()],
+        None => unsent,
     };
     let mut later = Vec::new();
     for ((member, _), ok) in to_send.into_iter().zip(&confirmed) {

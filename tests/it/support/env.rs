@@ -514,17 +514,22 @@ impl TestEnv {
 
 impl Drop for TestEnv {
     fn drop(&mut self) {
-        let (namespace, database, mysql_server) = (
-            self.namespace.clone(),
-            self.database.clone(),
-            self.mysql_server.clone(),
-        );
+        // On the stores this environment used (a fleet's, a private cluster's, or the
+        // machine's): a fleet soak once left hundreds of sales' quorum queues on its
+        // RabbitMQ by cleaning up on the machine's broker instead.
+        let stores = Stores {
+            namespace: self.namespace.clone(),
+            database: self.database.clone(),
+            mysql: self.mysql_server.clone(),
+            redis: self.settings.redis_url.expose().to_owned(),
+            amqp: self.settings.amqp_url.expose().to_owned(),
+        };
         // Async clean-up from a synchronous Drop: on a thread with its own runtime.
         let cleaned = std::thread::spawn(move || {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
-                .map(|rt| rt.block_on(cleanup(&namespace, &database, &mysql_server)))
+                .map(|rt| rt.block_on(cleanup(&stores)))
         })
         .join();
         if !matches!(cleaned, Ok(Ok(()))) {
@@ -533,9 +538,32 @@ impl Drop for TestEnv {
     }
 }
 
-async fn cleanup(namespace: &str, database: &str, mysql_server: &str) {
-    // The test's database and any it made beside it (`{database}_…`).
-    if let Ok(pool) = MySqlPool::connect(mysql_server).await {
+/// What a [`TestEnv`] made, and where: each store's URL (several, comma-separated, for a
+/// cluster's nodes).
+struct Stores {
+    namespace: String,
+    database: String,
+    mysql: String,
+    redis: String,
+    amqp: String,
+}
+
+/// How long clean-up waits for one store's node (a fleet's node may be cut off).
+const CLEANUP_WAIT: Duration = Duration::from_secs(5);
+
+async fn cleanup(stores: &Stores) {
+    let Stores {
+        namespace,
+        database,
+        ..
+    } = stores;
+    // The test's database and any it made beside it (`{database}_…`), through the first
+    // node that answers (a Galera cluster replicates the drop).
+    for server in stores.mysql.split(',') {
+        let Ok(Ok(pool)) = tokio::time::timeout(CLEANUP_WAIT, MySqlPool::connect(server)).await
+        else {
+            continue;
+        };
         let like = format!("{}%", database.replace('_', "\\_"));
         let names: Vec<String> = sqlx::query_scalar(
             "SELECT schema_name FROM information_schema.schemata WHERE schema_name LIKE ?",
@@ -551,31 +579,58 @@ async fn cleanup(namespace: &str, database: &str, mysql_server: &str) {
             .execute(&pool)
             .await;
         }
+        break;
     }
-    if let Ok(mut redis) = redis::Client::open(redis_url()).and_then(|c| c.get_connection()) {
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{namespace}:*"))
-            .query(&mut redis)
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _: Result<(), _> = redis::cmd("DEL").arg(keys).query(&mut redis);
+    let _ = tokio::time::timeout(CLEANUP_WAIT, delete_keys(&stores.redis, namespace)).await;
+    for node in stores.amqp.split(',') {
+        let connecting = lapin::Connection::connect(node, Default::default());
+        let Ok(Ok(conn)) = tokio::time::timeout(CLEANUP_WAIT, connecting).await else {
+            continue;
+        };
+        if let Ok(channel) = conn.create_channel().await {
+            let t = Topology::new(namespace);
+            for queue in [&t.orders_queue, &t.dead_queue] {
+                let _ = channel
+                    .queue_delete(queue.as_str().into(), Default::default())
+                    .await;
+            }
+            for exchange in [&t.orders_exchange, &t.dead_exchange, &t.events_exchange] {
+                let _ = channel
+                    .exchange_delete(exchange.as_str().into(), Default::default())
+                    .await;
+            }
         }
+        let _ = tokio::time::timeout(CLEANUP_WAIT, conn.close(200, "bye".into())).await;
+        break;
     }
-    if let Ok(conn) = lapin::Connection::connect(&amqp_url(), Default::default()).await
-        && let Ok(channel) = conn.create_channel().await
+}
+
+/// Deletes the namespace's keys: on one Redis, or on every master of a cluster (`urls`
+/// comma-separated; KEYS asks every master, DEL splits by slot).
+async fn delete_keys(urls: &str, namespace: &str) {
+    let pattern = format!("{namespace}:*");
+    let nodes: Vec<&str> = urls.split(',').collect();
+    if let [url] = nodes.as_slice() {
+        if let Ok(client) = redis::Client::open(*url)
+            && let Ok(mut conn) = client.get_multiplexed_async_connection().await
+        {
+            delete_matching(&mut conn, &pattern).await;
+        }
+    } else if let Ok(client) = redis::cluster::ClusterClient::new(nodes)
+        && let Ok(mut conn) = client.get_async_connection().await
     {
-        let t = Topology::new(namespace);
-        for queue in [&t.orders_queue, &t.dead_queue] {
-            let _ = channel
-                .queue_delete(queue.as_str().into(), Default::default())
-                .await;
-        }
-        for exchange in [&t.orders_exchange, &t.dead_exchange, &t.events_exchange] {
-            let _ = channel
-                .exchange_delete(exchange.as_str().into(), Default::default())
-                .await;
-        }
-        let _ = conn.close(200, "bye".into()).await;
+        delete_matching(&mut conn, &pattern).await;
+    }
+}
+
+async fn delete_matching(conn: &mut impl redis::aio::ConnectionLike, pattern: &str) {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(pattern)
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    if !keys.is_empty() {
+        let _: Result<(), _> = redis::cmd("DEL").arg(keys).query_async(conn).await;
     }
 }
 
