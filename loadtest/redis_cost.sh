@@ -76,6 +76,7 @@ sleep "$idle_s"
 idle_rate=$(( ($(cpu_us) - before) / idle_s ))
 
 echo "selling $orders units to $orders buyers, each pressing once" >&2
+private config resetstat >/dev/null
 before=$(cpu_us)
 t0=$(date +%s.%N)
 target/release/seckill bench --units "$orders" --users "$orders" --requests "$orders" \
@@ -96,4 +97,10 @@ Redis CPU per won order, everything included ($(date -u +%Y-%m-%d), Redis $(priv
 $orders buyers pressing once, $won won; Redis used $(( (after - before) / 1000 )) ms of CPU in $(echo "scale=1; $elapsed_us / 1000000" | bc) s,
 $(( idle_rate * elapsed_us / 1000000000 )) ms of it what the idle server costs in that time:
 **$(echo "scale=1; $net / $won" | bc) µs of Redis CPU per won order**
+
+Where it went, per won order (INFO commandstats over the run, the idle server's share not
+taken out; a command inside a script counts in the script's time and in its own line too):
 REPORT
+private info commandstats | tr -d '\r' | awk -F'[:,=]' -v won="$won" \
+  '/^cmdstat_/ { printf "  %-22s %7.2f µs  %6.2f calls\n", substr($1, 9), $5 / won, $3 / won }' |
+  sort -k2 -nr | head -20

@@ -27,6 +27,8 @@ const NODE_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// silent node while its orders queued up elsewhere.
 const HEARTBEAT_S: u16 = 5;
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long a question to the broker (a queue's depth) may take.
+const ASK_WITHIN: Duration = Duration::from_secs(2);
 /// How often the supervisor looks at the connection's health.
 const CHECK_EVERY: Duration = Duration::from_millis(250);
 /// How long a close waits for the broker's close-ok. Closing is a courtesy (the broker
@@ -46,6 +48,31 @@ struct Inner {
     next: AtomicUsize,
     topology: Topology,
     link: watch::Sender<Option<Link>>,
+}
+
+/// A consumer's channel, and word of when its connection is given up.
+pub struct Opened {
+    pub channel: Channel,
+    pub gone: Gone,
+}
+
+/// Tells when the link has given up the connection a channel lives on.
+pub struct Gone {
+    on: Arc<Connection>,
+    link: watch::Receiver<Option<Link>>,
+}
+
+impl Gone {
+    /// Resolves once the link no longer uses the connection (lost, or left for a node gone
+    /// silent). A consumer must then open a channel again: a connection given up while its
+    /// node is silent stays closing for good, its heartbeat no longer watched, and a
+    /// consumer on it waited for deliveries that never came.
+    pub async fn wait(&mut self) {
+        let on = self.on.clone();
+        let current =
+            |l: &Option<Link>| l.as_ref().is_some_and(|l| Arc::ptr_eq(&l.connection, &on));
+        let _ = self.link.wait_for(|l| !current(l)).await;
+    }
 }
 
 /// A live connection, with the channel all publishes share (publisher confirms on).
@@ -127,6 +154,15 @@ impl Broker {
     }
 
     async fn depth_of(&self, queue: &str) -> Option<u32> {
+        // A node gone silent answers neither the channel's open nor the declare: without a
+        // limit the health watch waited on it for good, and held up the server's stop.
+        tokio::time::timeout(ASK_WITHIN, self.ask_depth(queue))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    async fn ask_depth(&self, queue: &str) -> Option<u32> {
         let connection = self.inner.link.borrow().as_ref()?.connection.clone();
         // A channel of its own: a failed passive declare closes the channel it ran on.
         let channel = connection.create_channel().await.ok()?;
@@ -149,13 +185,23 @@ impl Broker {
     pub async fn open_channel(
         &self,
         shutdown: &CancellationToken,
-    ) -> Option<lapin::Result<Channel>> {
+    ) -> Option<lapin::Result<Opened>> {
         let mut link = self.inner.link.subscribe();
         let connection = tokio::select! {
             () = shutdown.cancelled() => return None,
             found = link.wait_for(Option::is_some) => found.ok()?.as_ref()?.connection.clone(),
         };
-        Some(connection.create_channel().await)
+        let channel = match connection.create_channel().await {
+            Ok(channel) => channel,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(Ok(Opened {
+            channel,
+            gone: Gone {
+                on: connection,
+                link,
+            },
+        }))
     }
 
     /// Connects, declares the topology, and reconnects whenever the connection is lost,

@@ -8,7 +8,7 @@ mod link;
 mod publish;
 mod topology;
 
-pub use self::link::{Broker, CLOSE_WITHIN};
+pub use self::link::{Broker, CLOSE_WITHIN, Gone, Opened};
 pub use self::publish::{
     CONFIRM_TIMEOUT, DeadLetter, Event, Outbound, Outgoing, publish, publish_orders,
 };

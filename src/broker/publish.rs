@@ -153,16 +153,13 @@ pub async fn publish(
         // the link then reconnects, and the next publish registers afresh. No answer at
         // all is a node gone silent (its host cut off, its socket still open): the link
         // moves on to the next node rather than wait for the heartbeat to notice.
-        tracing::warn!(
-            "the broker {}: opening a new publishing channel",
-            trouble.said()
-        );
+        tracing::warn!("the broker {trouble}: opening a new publishing channel");
         // Not waited for: a silent node never answers the close either, and the caller
         // (an order batch, a deadline pass) has waited long enough. Closing marks the
         // channel at once, which the link's supervisor sees.
         let channel = channel.clone();
         tokio::spawn(async move {
-            let closing = channel.close(200, "no confirm; reopening".into());
+            let closing = channel.close(200, "reopening".into());
             let _ = tokio::time::timeout(CLOSE_WITHIN, closing).await;
         });
     }
@@ -176,11 +173,11 @@ enum Trouble {
     Silent,
 }
 
-impl Trouble {
-    fn said(self) -> String {
+impl std::fmt::Display for Trouble {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Trouble::Nacked => "refused a message (nack)".to_owned(),
-            Trouble::Silent => format!("confirmed nothing within {CONFIRM_TIMEOUT:?}"),
+            Trouble::Nacked => write!(f, "refused a message (nack)"),
+            Trouble::Silent => write!(f, "confirmed nothing within {CONFIRM_TIMEOUT:?}"),
         }
     }
 }

@@ -24,7 +24,7 @@ use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
 
 use crate::background;
-use crate::broker::{Broker, CLOSE_WITHIN, DeadLetter, Outbound, publish};
+use crate::broker::{Broker, CLOSE_WITHIN, DeadLetter, Gone, Opened, Outbound, publish};
 use crate::delay_queue::Plan;
 use crate::domain::{OrderPlaced, OrderSn};
 use crate::keys::Keys;
@@ -72,6 +72,8 @@ enum Ended {
     Unanswered,
     /// The broker cancelled the consumer (the queue was deleted, the channel closed).
     Cancelled,
+    /// The link gave up the connection (its node lost or gone silent).
+    GivenUp,
 }
 
 impl Consumer {
@@ -91,8 +93,8 @@ impl Consumer {
             let ended = match opened.await {
                 Ok(None) => return,
                 Err(_) => Ended::Unanswered,
-                Ok(Some(Ok(channel))) => {
-                    let ended = self.consume(&channel, &shutdown).await;
+                Ok(Some(Ok(Opened { channel, mut gone }))) => {
+                    let ended = self.consume(&channel, &mut gone, &shutdown).await;
                     // Whatever ended the session: unacked messages go back to the queue,
                     // and the connection forgets the channel.
                     let closing = channel.close(200, "consumer done".into());
@@ -109,6 +111,9 @@ impl Consumer {
                 Ended::Cancelled => {
                     tracing::warn!("order consumer was cancelled by the broker; resuming");
                 }
+                Ended::GivenUp => {
+                    tracing::warn!("order consumer's connection was given up; resuming");
+                }
                 Ended::Unanswered => {
                     tracing::warn!(
                         "the broker did not answer the order consumer within {} s; a new channel",
@@ -123,7 +128,12 @@ impl Consumer {
         }
     }
 
-    async fn consume(&self, channel: &lapin::Channel, shutdown: &CancellationToken) -> Ended {
+    async fn consume(
+        &self,
+        channel: &lapin::Channel,
+        gone: &mut Gone,
+        shutdown: &CancellationToken,
+    ) -> Ended {
         let started = async {
             channel
                 .basic_qos(PREFETCH, BasicQosOptions::default())
@@ -147,6 +157,7 @@ impl Consumer {
         loop {
             let batch = tokio::select! {
                 () = shutdown.cancelled() => return Ended::Shutdown,
+                () = gone.wait() => return Ended::GivenUp,
                 batch = batches.next() => batch,
             };
             let Some(batch) = batch else {

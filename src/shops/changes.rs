@@ -9,7 +9,7 @@ use lapin::options::{BasicAckOptions, BasicConsumeOptions, QueueBindOptions, Que
 use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
 
-use crate::broker::{Broker, Outbound, publish};
+use crate::broker::{Broker, Opened, Outbound, publish};
 use crate::keys::Keys;
 use crate::store::{Db, RedisConns, RedisError, RedisLock, StoreError};
 
@@ -58,11 +58,11 @@ pub async fn announce(broker: &Broker, shop: u64) {
 /// Follows the announcements with a queue of this instance's own, until shutdown.
 pub async fn follow(broker: Broker, shops: Shops, shutdown: CancellationToken) {
     loop {
-        let Some(channel) = broker.open_channel(&shutdown).await else {
+        let Some(opened) = broker.open_channel(&shutdown).await else {
             return;
         };
         let followed = async {
-            let channel = channel?;
+            let Opened { channel, mut gone } = opened?;
             let queue = channel
                 .queue_declare(
                     "".into(),
@@ -94,6 +94,7 @@ pub async fn follow(broker: Broker, shops: Shops, shutdown: CancellationToken) {
             loop {
                 tokio::select! {
                     () = shutdown.cancelled() => return Ok(()),
+                    () = gone.wait() => return Ok(()),
                     delivery = deliveries.next() => match delivery {
                         Some(Ok(delivery)) => {
                             if let Some(id) = std::str::from_utf8(&delivery.data).ok().and_then(|s| s.parse().ok()) {

@@ -69,6 +69,42 @@ async fn with_the_broker_down_purchases_still_win_and_the_relay_delivers_them_la
     api.stop().await;
 }
 
+/// A broker node gone silent — its sockets open, nothing coming back, as when its host is
+/// cut off or its VM paused — is left for the next node within seconds: orders won after
+/// it went silent reach MySQL and the consumer's deliveries resume. (With RabbitMQ's own
+/// 60 s heartbeat, and an unconfirmed publish only tried again on the same channel, the
+/// servers waited two minutes on the silent node.)
+#[tokio::test]
+async fn a_broker_node_gone_silent_is_left_for_the_next_within_seconds() {
+    let env = TestEnv::new("silentnode").await;
+    // Node 1 is the test's broker through a proxy, node 2 the same broker directly.
+    let node1 = TcpProxy::start(amqp_addr()).await;
+    let urls = format!("amqp://guest:guest@{}/%2f,{}", node1.addr, amqp_url());
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.amqp_url = seckill::config::Secret::new(urls.clone())
+        })
+        .await;
+    env.item(1, 60).on_sale(&server).await;
+    let mut won = buy_many(&env, &server, 1, 1..21).await;
+    env.wait_for_orders(&server, 1, 20, Duration::from_secs(20))
+        .await;
+    // From now on node 1 holds back every answer (its heartbeats too) and closes nothing.
+    node1.set_delay(Duration::from_secs(3_600));
+    let silent = Instant::now();
+    won.extend(buy_many(&env, &server, 1, 21..61).await);
+    env.wait_for_orders(&server, 1, 60, Duration::from_secs(60))
+        .await;
+    let took = silent.elapsed();
+    assert!(
+        took < Duration::from_secs(20),
+        "the orders reached MySQL {took:?} after the node went silent"
+    );
+    eprintln!("a silent broker node: every order in MySQL {took:?} after it went silent");
+    env.assert_invariants(&server, 1, 60, &won).await;
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn with_the_consumer_down_orders_wait_in_the_queue_and_land_once_it_starts() {
     let env = TestEnv::new("consumerdown").await;

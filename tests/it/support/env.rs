@@ -58,6 +58,14 @@ pub fn mysql_addr() -> SocketAddr {
         .unwrap()
 }
 
+/// The RabbitMQ the tests use, as a socket address (for a proxy in front of it).
+pub fn amqp_addr() -> SocketAddr {
+    let url = url::Url::parse(&amqp_url()).unwrap();
+    format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(5672))
+        .parse()
+        .unwrap()
+}
+
 /// A test's own connection to the Redis its servers use: one server, or a cluster.
 #[derive(Clone)]
 pub enum TestRedis {
