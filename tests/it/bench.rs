@@ -81,6 +81,7 @@ async fn bench_rehearses_a_hot_item_over_buckets() {
     let sold = env.orders(704).await;
     assert!(sold.len() >= 40, "{} orders", sold.len());
     server.stop().await;
+    let _ = std::fs::remove_dir_all(out);
 }
 
 /// A shaped sale: two per buyer, a third of the units in a wave two seconds in, presses
@@ -110,6 +111,7 @@ async fn bench_rehearses_a_shaped_sale() {
     assert!(per_user.values().all(|n| *n <= 2), "{per_user:?}");
     assert!(per_user.values().any(|n| *n == 2), "{per_user:?}");
     server.stop().await;
+    let _ = std::fs::remove_dir_all(out);
 }
 
 /// A draw: the crowd's presses are entries for three seconds, the bench waits for the
@@ -128,6 +130,7 @@ async fn bench_rehearses_a_draw() {
     said_go(&output, &["✔ 6. a draw's units went to its lowest ranks"]);
     assert_eq!(env.orders(706).await.len(), 30);
     server.stop().await;
+    let _ = std::fs::remove_dir_all(out);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
