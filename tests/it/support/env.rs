@@ -52,18 +52,24 @@ pub fn amqp_url() -> String {
 
 /// The MariaDB server the tests use, as a socket address (for a proxy in front of it).
 pub fn mysql_addr() -> SocketAddr {
-    let url = url::Url::parse(&mysql_server_url()).unwrap();
-    format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(3306))
-        .parse()
-        .unwrap()
+    socket_addr(&mysql_server_url(), 3306)
 }
 
 /// The RabbitMQ the tests use, as a socket address (for a proxy in front of it).
 pub fn amqp_addr() -> SocketAddr {
-    let url = url::Url::parse(&amqp_url()).unwrap();
-    format!("{}:{}", url.host_str().unwrap(), url.port().unwrap_or(5672))
-        .parse()
-        .unwrap()
+    socket_addr(&amqp_url(), 5672)
+}
+
+/// A store URL's host and port (`default_port` when it names none).
+fn socket_addr(url: &str, default_port: u16) -> SocketAddr {
+    let url = url::Url::parse(url).unwrap();
+    format!(
+        "{}:{}",
+        url.host_str().unwrap(),
+        url.port().unwrap_or(default_port)
+    )
+    .parse()
+    .unwrap()
 }
 
 /// A test's own connection to the Redis its servers use: one server, or a cluster.
@@ -75,21 +81,20 @@ pub enum TestRedis {
 
 impl TestRedis {
     async fn connect(urls: &str) -> Self {
+        Self::try_connect(urls)
+            .await
+            .unwrap_or_else(|e| panic!("Redis at {urls}: {e}"))
+    }
+
+    /// One server's URL, or a cluster's nodes comma-separated.
+    async fn try_connect(urls: &str) -> redis::RedisResult<Self> {
         let urls: Vec<&str> = urls.split(',').collect();
         if let [url] = urls.as_slice() {
-            let conn = redis::Client::open(*url)
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap_or_else(|e| panic!("Redis at {url}: {e}"));
-            Self::One(conn)
+            let client = redis::Client::open(*url)?;
+            Ok(Self::One(client.get_multiplexed_async_connection().await?))
         } else {
-            let conn = redis::cluster::ClusterClient::new(urls)
-                .unwrap()
-                .get_async_connection()
-                .await
-                .expect("the Redis Cluster");
-            Self::Cluster(conn)
+            let client = redis::cluster::ClusterClient::new(urls)?;
+            Ok(Self::Cluster(client.get_async_connection().await?))
         }
     }
 }
@@ -616,29 +621,16 @@ async fn cleanup(stores: &Stores) {
 /// Deletes the namespace's keys: on one Redis, or on every master of a cluster (`urls`
 /// comma-separated; KEYS asks every master, DEL splits by slot).
 async fn delete_keys(urls: &str, namespace: &str) {
-    let pattern = format!("{namespace}:*");
-    let nodes: Vec<&str> = urls.split(',').collect();
-    if let [url] = nodes.as_slice() {
-        if let Ok(client) = redis::Client::open(*url)
-            && let Ok(mut conn) = client.get_multiplexed_async_connection().await
-        {
-            delete_matching(&mut conn, &pattern).await;
-        }
-    } else if let Ok(client) = redis::cluster::ClusterClient::new(nodes)
-        && let Ok(mut conn) = client.get_async_connection().await
-    {
-        delete_matching(&mut conn, &pattern).await;
-    }
-}
-
-async fn delete_matching(conn: &mut impl redis::aio::ConnectionLike, pattern: &str) {
+    let Ok(mut conn) = TestRedis::try_connect(urls).await else {
+        return;
+    };
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(pattern)
-        .query_async(conn)
+        .arg(format!("{namespace}:*"))
+        .query_async(&mut conn)
         .await
         .unwrap_or_default();
     if !keys.is_empty() {
-        let _: Result<(), _> = redis::cmd("DEL").arg(keys).query_async(conn).await;
+        let _: Result<(), _> = redis::cmd("DEL").arg(keys).query_async(&mut conn).await;
     }
 }
 
