@@ -157,8 +157,9 @@ impl PrivateGalera {
             .expect("mariadbd on PATH");
         let addr = (n.address, n.port);
         self.nodes[node].child = Some(child);
+        // Generous: a node restarted on a busy 2-core machine recovers its data first.
         eventually(
-            Duration::from_secs(60),
+            Duration::from_secs(120),
             "a Galera node listening",
             || async move {
                 tokio::net::TcpStream::connect(addr)
@@ -180,8 +181,10 @@ impl PrivateGalera {
         };
         for node in nodes {
             let url = self.url(node);
+            // Generous: a node that rejoins may need a full state transfer (rsync),
+            // slow on a 2-core machine busy with other tests.
             eventually(
-                Duration::from_secs(60),
+                Duration::from_secs(120),
                 &format!("Galera node {node} ready and synced among {size}"),
                 || async {
                     let status = self.status(&url).await?;
@@ -195,7 +198,10 @@ impl PrivateGalera {
                     {
                         Ok(())
                     } else {
-                        Err(format!("{status:?}"))
+                        Err(format!(
+                            "{status:?}; its log ends:\n{}",
+                            self.log_tail(node, 8)
+                        ))
                     }
                 },
             )

@@ -450,6 +450,14 @@ impl PrivateRedisCluster {
                 std::sync::Mutex::new(cluster)
             })
             .await;
+        // Whole before each turn: a test that failed halfway may have left a node
+        // restarting (its guard starts a killed node again, but nobody waits for it), and
+        // the next test must not inherit that as a failure of its own.
+        let (dir, ports) = {
+            let cluster = cluster.lock().unwrap_or_else(|e| e.into_inner());
+            (cluster.dir(), cluster.ports.clone())
+        };
+        whole(&dir, &ports).await;
         (cluster, turn)
     }
 
