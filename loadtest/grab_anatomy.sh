@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Where a grab's Redis time goes, by the method issue 26 measured with: `redis-benchmark
+# -c 16 -P 8` calling the script, `usec_per_call` from INFO commandstats. The private
+# Redis (port 16500) runs on a core of its own and redis-benchmark on another, so `usec`
+# (wall time) is the script's own work. Prints, in µs of Redis per call:
+#   - grab.lua as the server loads it (lua/lib/*.lua prepended): a win, a duplicate,
+#     sold out;
+#   - grab.lua as a Redis Function (FUNCTION LOAD, FCALL): the same three;
+#   - the parts: an empty script, the helpers' definitions alone, the meta HMGET (9
+#     fields, then 3), TIME, a missing buyer's HGET;
+#   - a win without the `sold` HINCRBY, without the outbox ZADD, without both.
+# The outbox and `pending` are emptied every 5 ms, as the publisher and the consumer keep
+# them in a running server. Every figure moves by about ±0.5 µs from run to run here.
+#
+#   ./loadtest/grab_anatomy.sh          (CALLS=200000 per figure by default)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+calls=${CALLS:-200000}
+port=16500
+cores=$(nproc)
+if [ "$cores" -lt 2 ]; then
+  echo "needs two cores: Redis on one, redis-benchmark on the other" >&2
+  exit 1
+fi
+out=loadtest/out/grab_anatomy
+rm -rf "$out" && mkdir -p "$out"
+r() { redis-cli -p "$port" "$@"; }
+
+clearer=
+cleanup() {
+  [ -n "$clearer" ] && kill "$clearer" 2>/dev/null
+  r shutdown nosave >/dev/null 2>&1 || true
+}
+cleanup
+trap cleanup EXIT
+taskset -c 1 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+  --daemonize yes --dir "$PWD/$out" --logfile "$PWD/$out/redis.log" >/dev/null
+for _ in $(seq 50); do r ping >/dev/null 2>&1 && break; sleep 0.1; done
+
+# The scripts: as src/lua.rs composes grab.lua, and variants made from it.
+libs=$(cat lua/lib/waves.lua lua/lib/places.lua)
+grab="$libs
+$(cat lua/grab.lua)"
+without() { # the composed grab.lua without the lines matching each pattern given
+  local script=$grab pattern
+  for pattern in "$@"; do script=$(grep -v -- "$pattern" <<<"$script"); done
+  echo "$script"
+}
+# As a library: the helpers defined once, at load; grab.lua's body a registered function.
+function_library() {
+  echo "#!lua name=anatomy"
+  echo "$libs"
+  echo "local function grab(KEYS, ARGV)"
+  cat lua/grab.lua
+  echo "end"
+  echo "redis.register_function('grab', grab)"
+}
+r function load replace "$(function_library)" >/dev/null
+
+meta=m tokens=t buyers=b pending=p outbox=o
+# Units for every win of a run, the window open.
+fresh() {
+  r flushall >/dev/null
+  r hset "$meta" loaded 1 paused 0 start_ms 0 end_ms 99999999999999 sold 0 >/dev/null
+  r eval "for i = 1, tonumber(ARGV[1]) do redis.call('RPUSH', KEYS[1], i) end" 1 "$tokens" \
+    "$calls" >/dev/null
+  r hset "$buyers" 42 sn42 >/dev/null
+}
+order='{"order_sn":"0000000001A00000000000000000001","item_id":1,"user_id":123456789012,"created_at_ms":1764000000000,"pay_deadline_ms":1764001800000,"slot":0}'
+# µs per script call over CALLS calls of `call...` for user USER (__rand_int__: a new
+# buyer nearly every call).
+measure() { # user call...
+  local user=$1
+  shift
+  r config resetstat >/dev/null
+  taskset -c 0 redis-benchmark -p "$port" -c 16 -P 8 -n "$calls" -r 1000000000 \
+    "$@" 6 "$meta" "$tokens" "$buyers" "$pending" "$outbox" idem \
+    "$user" "sn__rand_int__" "$order" "" >/dev/null
+  r info commandstats |
+    awk -F'[:,=]' '/^cmdstat_(evalsha|fcall):/ {printf "%.2f", $7}'
+}
+script() { # source: its SHA, loaded
+  r script load "$1"
+}
+row() { printf '| %-52s | %6s |\n' "$1" "$2"; }
+
+(while true; do r del "$outbox" "$pending" >/dev/null; sleep 0.005; done) &
+clearer=$!
+
+echo "per call: $calls calls a figure, redis-benchmark -c 16 -P 8, Redis on core 1 alone" >&2
+echo
+echo "| script (µs of Redis per call, $(date -u +%Y-%m-%d)) | µs |"
+echo "|---|---|"
+sha=$(script "$grab")
+fresh
+row "grab.lua, a win" "$(measure __rand_int__ evalsha "$sha")"
+row "grab.lua, a duplicate" "$(measure 42 evalsha "$sha")"
+r del "$tokens" >/dev/null
+row "grab.lua, sold out" "$(measure __rand_int__ evalsha "$sha")"
+fresh
+row "as a Function (FCALL), a win" "$(measure __rand_int__ fcall grab)"
+row "as a Function, a duplicate" "$(measure 42 fcall grab)"
+r del "$tokens" >/dev/null
+row "as a Function, sold out" "$(measure __rand_int__ fcall grab)"
+for part in \
+  "an empty script|return {'won', ''}" \
+  "the helpers' definitions (lua/lib) alone|$libs
+return {'won', ''}" \
+  "the meta HMGET, 9 fields|redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'start_ms', 'end_ms', 'sold', 'fenced', 'per_user', 'waves', 'draw_ms')
+return {'won', ''}" \
+  "the meta HMGET, 3 fields|redis.call('HMGET', KEYS[1], 'loaded', 'start_ms', 'end_ms')
+return {'won', ''}" \
+  "TIME and the ms from it|local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return {'won', ''}" \
+  "a missing buyer's HGET|redis.call('HGET', KEYS[3], ARGV[1])
+return {'won', ''}"; do
+  row "${part%%|*}" "$(measure __rand_int__ evalsha "$(script "${part#*|}")")"
+done
+fresh
+row "a win without HINCRBY sold" \
+  "$(measure __rand_int__ evalsha "$(script "$(without "'HINCRBY', meta")")")"
+fresh
+row "a win without the outbox ZADD" \
+  "$(measure __rand_int__ evalsha "$(script "$(without "'ZADD', outbox")")")"
+fresh
+row "a win without either" \
+  "$(measure __rand_int__ evalsha "$(script "$(without "'HINCRBY', meta" "'ZADD', outbox")")")"
