@@ -108,7 +108,7 @@ async fn grab_handler(
     let answer = grab(
         &mut bare.redis.clone(),
         &bare.keys.0,
-        user,
+        (user, 1),
         &order_sn,
         &payload,
         None,

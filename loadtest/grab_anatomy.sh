@@ -69,14 +69,15 @@ fresh() {
 }
 order='{"order_sn":"0000000001A00000000000000000001","item_id":1,"user_id":123456789012,"created_at_ms":1764000000000,"pay_deadline_ms":1764001800000,"slot":0}'
 # µs per script call over CALLS calls of `call...` for user USER (__rand_int__: a new
-# buyer nearly every call).
+# buyer nearly every call), with the arguments the server passes (no Idempotency-Key,
+# `per_user` 1).
 measure() { # user call...
   local user=$1
   shift
   r config resetstat >/dev/null
   taskset -c 0 redis-benchmark -p "$port" -c 16 -P 8 -n "$calls" -r 1000000000 \
     "$@" 6 "$meta" "$tokens" "$buyers" "$pending" "$outbox" idem \
-    "$user" "sn__rand_int__" "$order" "" >/dev/null
+    "$user" "sn__rand_int__" "$order" "" 1 >/dev/null
   r info commandstats |
     awk -F'[:,=]' '/^cmdstat_(evalsha|fcall):/ {printf "%.2f", $7}'
 }

@@ -11,6 +11,15 @@
 -- ARGV[2] order_sn      the number this order gets if the user wins
 -- ARGV[3] order JSON    stored in `pending` for the publisher, the relay and order reads
 -- ARGV[4] the buyer's Idempotency-Key, '' for none
+-- ARGV[5] the item's `per_user` as the caller's catalogue has it ('' or absent: unknown)
+--
+-- A buyer who already holds that many orders is answered first, before the meta and the
+-- clock are read: it is the crowd's most frequent press that reaches Redis (a retry) and
+-- costs one read this way. It is the truth whatever the sale's state; the window, the
+-- pause and a reload were judged from memory just before. Should the caller's `per_user`
+-- be older than a raise of it (a catalogue refreshes within a second), such a buyer hears
+-- "duplicate" until then, and nothing is taken; a limit lowered meanwhile is caught below,
+-- by the meta's own `per_user`.
 --
 -- The sale's window is judged by Redis's own TIME, not by the caller's clock: a host whose
 -- clock runs ahead or behind sells exactly when the others do.
@@ -33,17 +42,36 @@
 --
 -- A script never rolls back: every check happens before the first write (the LPOP).
 
-local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'start_ms', 'end_ms', 'sold',
-  'fenced', 'per_user', 'waves', 'draw_ms')
-if not meta[1] then
-  return {'not_loaded', ''}
-end
+-- A buyer's key that bought before: its order, whatever else holds.
 local key = ARGV[4]
 if key and key ~= '' then
   local bought = redis.call('GET', KEYS[6])
   if bought then
     return {'repeat', bought}
   end
+end
+
+local held = redis.call('HGET', KEYS[3], ARGV[1])
+local known_limit = tonumber(ARGV[5])
+if held and known_limit then
+  -- One order, the common case: a record of one place is an order number (a record has
+  -- no trailing free places and goes when it holds none).
+  if known_limit == 1 and not string.find(held, ' ', 1, true) then
+    return {'duplicate', held}
+  end
+  local _, live = parse_places(held)
+  if #live >= known_limit then
+    if known_limit == 1 then
+      return {'duplicate', live[1]}
+    end
+    return {'limit_reached', table.concat(live, ' ')}
+  end
+end
+
+local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'start_ms', 'end_ms', 'sold',
+  'fenced', 'per_user', 'waves', 'draw_ms')
+if not meta[1] then
+  return {'not_loaded', ''}
 end
 if meta[6] then
   return {'reloading', ''}
@@ -64,7 +92,7 @@ if now >= tonumber(meta[4]) then
   return {'ended', ''}
 end
 
-local places, live = parse_places(redis.call('HGET', KEYS[3], ARGV[1]))
+local places, live = parse_places(held)
 local limit = tonumber(meta[7]) or 1
 if #live >= limit then
   if limit == 1 then

@@ -282,6 +282,7 @@ async fn run_grab(
     let home = item.home(user);
     let attempt = Attempt {
         order,
+        per_user: item.item.per_user,
         order_json,
         idempotency,
     };
@@ -392,6 +393,8 @@ struct Won<'a> {
 /// One purchase's `grab.lua` call, made again after each unit borrowed.
 struct Attempt<'a> {
     order: &'a OrderPlaced,
+    /// The item's `per_user`, as this instance's catalogue has it.
+    per_user: u8,
     order_json: &'a str,
     idempotency: Option<&'a IdempotencyKey>,
 }
@@ -402,7 +405,7 @@ impl Attempt<'_> {
         grab(
             conn,
             home,
-            order.user_id,
+            (order.user_id, self.per_user),
             &order.order_sn,
             self.order_json,
             self.idempotency,

@@ -102,10 +102,12 @@ impl GrabOutcome {
     }
 }
 
+/// `per_user` is the item's limit as the caller's catalogue has it: a buyer who holds
+/// that many orders is answered from their record alone (see `lua/grab.lua`).
 pub async fn grab(
     conn: &mut impl redis::aio::ConnectionLike,
     keys: &ItemKeys,
-    user: UserId,
+    (user, per_user): (UserId, u8),
     order_sn: &OrderSn,
     order_json: &str,
     idempotency: Option<&IdempotencyKey>,
@@ -114,7 +116,8 @@ pub async fn grab(
     call.arg(user.get())
         .arg(order_sn.as_str())
         .arg(order_json)
-        .arg(idempotency.map_or("", |i| i.key.as_str()));
+        .arg(idempotency.map_or("", |i| i.key.as_str()))
+        .arg(per_user.max(1));
     let (outcome, detail): (String, String) = redis_timed(call.invoke_async(conn)).await?;
     let order = |detail: &str| {
         OrderSn::parse(detail)

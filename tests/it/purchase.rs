@@ -224,6 +224,47 @@ async fn the_sale_answers_win_duplicate_sold_out_and_window() {
     server.stop().await;
 }
 
+/// In Redis a buyer who already holds the item's `per_user` orders is answered from their
+/// record first, before the sale's state (contract section 8): a sale paused in Redis
+/// behind the catalogue's back still tells them `409` with their order, while anyone else
+/// hears `503 paused` from the script, and nothing is taken.
+#[tokio::test]
+async fn a_buyer_at_their_limit_hears_409_first_whatever_redis_says_of_the_sale() {
+    use redis::AsyncCommands;
+    let env = TestEnv::new("holder_first").await;
+    let server = env.server(ALL_ROLES).await;
+    env.item(1, 5).on_sale(&server).await;
+    let (status, won) = env.buy(&server, 1, 1).await;
+    assert_eq!(status, 202, "{won}");
+    let mut redis = env.redis.clone();
+    let meta = env.item_keys(1).meta;
+    redis
+        .hset::<_, _, _, ()>(&meta, "paused", "1")
+        .await
+        .unwrap();
+
+    let (status, again) = env.buy(&server, 1, 1).await;
+    assert_eq!(
+        (status, again["code"].as_str(), again["order_sn"].as_str()),
+        (409, Some("duplicate"), won["order_sn"].as_str()),
+        "{again}"
+    );
+    let (status, other) = env.buy(&server, 2, 1).await;
+    assert_eq!(
+        (status, other["code"].as_str()),
+        (503, Some("paused")),
+        "{other}"
+    );
+    assert_eq!(env.remaining(1).await, 4, "units taken while paused");
+
+    redis
+        .hset::<_, _, _, ()>(&meta, "paused", "0")
+        .await
+        .unwrap();
+    assert_eq!(env.buy(&server, 2, 1).await.0, 202);
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn a_pending_order_reads_as_pending() {
     let env = TestEnv::new("pending").await;
