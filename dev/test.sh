@@ -18,6 +18,11 @@ if [ ! -d web/node_modules/playwright-core ]; then
   (cd web && npm ci --silent --no-audit --no-fund)
 fi
 
+# A failing test's message, not pages of stack frames: CI keeps only the end of the
+# output, and with backtraces on, one fault test's frames pushed the other failures'
+# messages out of it. SECKILL_TEST_BACKTRACE=1 brings the frames back.
+export RUST_BACKTRACE=${SECKILL_TEST_BACKTRACE:-0}
+
 cargo fmt --all -- --check
 cargo clippy --locked --all-targets -- -D warnings
 cargo test --locked "$@"
