@@ -42,6 +42,17 @@
 --
 -- A script never rolls back: every check happens before the first write (the LPOP).
 
+-- The answer to a buyer whose live orders (`live`) reach `limit`, or nil.
+local function at_limit(live, limit)
+  if #live < limit then
+    return nil
+  end
+  if limit == 1 then
+    return {'duplicate', live[1]}
+  end
+  return {'limit_reached', table.concat(live, ' ')}
+end
+
 -- A buyer's key that bought before: its order, whatever else holds.
 local key = ARGV[4]
 if key and key ~= '' then
@@ -60,11 +71,9 @@ if held and known_limit then
     return {'duplicate', held}
   end
   local _, live = parse_places(held)
-  if #live >= known_limit then
-    if known_limit == 1 then
-      return {'duplicate', live[1]}
-    end
-    return {'limit_reached', table.concat(live, ' ')}
+  local refused = at_limit(live, known_limit)
+  if refused then
+    return refused
   end
 end
 
@@ -93,12 +102,9 @@ if now >= tonumber(meta[4]) then
 end
 
 local places, live = parse_places(held)
-local limit = tonumber(meta[7]) or 1
-if #live >= limit then
-  if limit == 1 then
-    return {'duplicate', live[1]}
-  end
-  return {'limit_reached', table.concat(live, ' ')}
+local refused = at_limit(live, tonumber(meta[7]) or 1)
+if refused then
+  return refused
 end
 
 -- HINCRBY below would fail on a `sold` that is not an integer, after the LPOP.
