@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Instructions per request under valgrind's callgrind: deterministic, where timings on a
 # shared 2-core VM move by ±20% between runs, so a 5% change can be judged. The sold-out
-# path, the purchase path that reaches Redis (random users: wins, then duplicates), and
+# path (the crowd pressing again, and presses whose token the server has not seen yet:
+# it remembers tokens that passed), the purchase path that reaches Redis (random users: wins, then duplicates), and
 # loadtest/bare.rs's hello handler given the same requests, each net of what the idle
 # server spends in the same time (its refresh and upkeep loops).
 #
@@ -15,6 +16,8 @@ cd "$(dirname "$0")/.."
 
 duration=${DURATION:-15s}
 users=20000
+# More than wrk sends in $duration under callgrind (about 2,000 requests/s here).
+first_users=$((${duration%s} * 4000))
 ./dev/services.sh
 ./dev/tools.sh wrk valgrind
 cargo build --release --locked --bin seckill --example bare 2>&1 | tail -1
@@ -60,7 +63,7 @@ counted() { # pid command...
 # Requests wrk completed: its output is kept for the report.
 fire() { # name url [env...]
   local name=$1 url=$2; shift 2
-  env "$@" THREADS=1 TOKENS="$out/tokens.txt" wrk -t1 -c4 -d"$duration" \
+  env THREADS=1 TOKENS="$out/tokens.txt" "$@" wrk -t1 -c4 -d"$duration" \
     -s loadtest/wrk/flashbuy.lua "$url" >"$out/$name.txt"
 }
 requests() { awk '/requests in/ {print $1}' "$out/$1.txt"; }
@@ -68,8 +71,10 @@ per_request() { # instructions idle requests
   echo "$(( ($1 - $2) / $3 ))"
 }
 
-echo "minting $users user tokens" >&2
+echo "minting $users user tokens, and $first_users more that are each sent once" >&2
 target/release/seckill token --user 1 --count "$users" --ttl-s 7200 >"$out/tokens.txt"
+target/release/seckill token --user 1000001 --count "$first_users" --ttl-s 7200 \
+  >"$out/first_tokens.txt"
 
 under_callgrind seckill target/release/seckill serve --roles api
 seckill_pid=${pids[-1]}
@@ -77,9 +82,20 @@ wait_http "$api/healthz"
 on_sale 1 1000000
 on_sale 3 1
 echo "sold-out path, Redis path and an idle stretch under callgrind (${duration} each)" >&2
-fire warm "$api/api/flashbuy" ITEM=3 MODE=sequential
+# Every token once, so that the crowd's presses below are repeats, as they are in a sale.
+warmed=0
+while [ "$warmed" -lt "$users" ]; do
+  fire warm "$api/api/flashbuy" ITEM=3 MODE=sequential FIRST_USER=$warmed
+  warmed=$((warmed + $(requests warm)))
+done
 idle=$(counted "$seckill_pid" sleep "${duration%s}")
 sold_out=$(counted "$seckill_pid" fire sold_out "$api/api/flashbuy" ITEM=3 MODE=random)
+first_press=$(counted "$seckill_pid" fire first_press "$api/api/flashbuy" ITEM=3 \
+  MODE=sequential TOKENS="$out/first_tokens.txt")
+if [ "$(requests first_press)" -gt "$first_users" ]; then
+  echo "the first-press run sent some tokens twice: raise first_users" >&2
+  exit 1
+fi
 redis_path=$(counted "$seckill_pid" fire redis_path "$api/api/flashbuy" ITEM=1 MODE=random)
 
 under_callgrind bare target/release/examples/bare --addr "$bare_addr" --namespace instr_bare --units 1000000
@@ -97,6 +113,7 @@ instructions per request (callgrind, $(date -u +%Y-%m-%d); wrk -t1 -c4 -d$durati
 | path                                   | instructions | requests |
 |----------------------------------------|--------------|----------|
 | seckill, sold out (from memory)        | $(per_request "$sold_out" "$idle" "$(requests sold_out)") | $(requests sold_out) |
+| seckill, sold out, each token new      | $(per_request "$first_press" "$idle" "$(requests first_press)") | $(requests first_press) |
 | seckill, Redis path (wins+duplicates)  | $(per_request "$redis_path" "$idle" "$(requests redis_path)") | $(requests redis_path) |
 | bare hello handler (same requests)     | $(per_request "$hello" "$bare_idle" "$(requests hello)") | $(requests hello) |
 | bare EVALSHA server                    | $(per_request "$grab" "$bare_idle" "$(requests bare_grab)") | $(requests bare_grab) |
