@@ -169,11 +169,15 @@ struct Escaped<'a>(&'a mut String);
 impl Escaped<'_> {
     fn escape(&mut self, text: &str) {
         let out = &mut *self.0;
+        if !text.bytes().any(needs_escape) {
+            out.push_str(text);
+            return;
+        }
         // Byte by byte: every character that needs escaping is ASCII, and no byte of a
         // longer UTF-8 character is.
         let mut plain = 0;
         for (at, &byte) in text.as_bytes().iter().enumerate() {
-            if byte != b'"' && byte != b'\\' && byte >= b' ' {
+            if !needs_escape(byte) {
                 continue;
             }
             out.push_str(&text[plain..at]);
@@ -187,6 +191,10 @@ impl Escaped<'_> {
         }
         out.push_str(&text[plain..]);
     }
+}
+
+fn needs_escape(byte: u8) -> bool {
+    byte == b'"' || byte == b'\\' || byte < b' '
 }
 
 impl fmt::Write for Escaped<'_> {

@@ -1,6 +1,7 @@
 //! The shape of every answer under `/api` and `/admin`: a JSON object with `code` and
 //! `trace_id`, plus whatever the answer carries.
 
+use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -13,7 +14,10 @@ use super::request_id;
 pub fn envelope<T: Serialize>(status: StatusCode, code: &'static str, body: T) -> Response {
     match spliced(code, &request_id::current(), &body) {
         Ok(bytes) => {
-            let mut response = (status, bytes).into_response();
+            // Built here rather than by `Vec<u8>::into_response`, whose content type would
+            // only be replaced.
+            let mut response = Response::new(Body::from(bytes));
+            *response.status_mut() = status;
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
