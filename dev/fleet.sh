@@ -6,6 +6,7 @@
 #   target/release/seckill bench --target http://127.0.0.1:8000
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. dev/lib.sh
 
 ./dev/services.sh
 ./dev/tools.sh nginx
@@ -24,10 +25,7 @@ done
 pids+=($!)
 
 for port in 8081 8082 8000; do
-  for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-    sleep 0.1
-  done
+  wait_port "the server or nginx (target/fleet-$port.log, target/nginx)" "$port" 30
 done
 cat >&2 <<MSG
 

@@ -9,6 +9,7 @@
 # nginx must be installed (dev/tools.sh nginx installs it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. dev/lib.sh
 
 if (($# < 3)); then
   echo "usage: $0 LISTEN API_1 API_2 [STATE_DIR]" >&2
@@ -16,9 +17,9 @@ if (($# < 3)); then
 fi
 listen=$1 api1=$2 api2=$3 state=${4:-target/nginx}
 nginx=$(command -v nginx || echo /usr/sbin/nginx)
-[ -x "$nginx" ] || { echo "nginx is not installed: sudo apt-get install nginx (or dev/tools.sh nginx as root)" >&2; exit 1; }
+[ -x "$nginx" ] || die "nginx is not installed: sudo apt-get install nginx (or dev/tools.sh nginx as root)"
 mime=/etc/nginx/mime.types
-[ -r "$mime" ] || { echo "$mime is missing (it comes with Debian's nginx-common)" >&2; exit 1; }
+[ -r "$mime" ] || die "$mime is missing (it comes with Debian's nginx-common)"
 
 mkdir -p "$state/tmp"
 state=$(cd "$state" && pwd)

@@ -8,7 +8,8 @@
 # Needs root (the nodes run as the rabbitmq user, as Debian's package sets them up).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v rabbitmq-server >/dev/null || { echo "rabbitmq-server is missing: sudo apt-get install rabbitmq-server" >&2; exit 1; }
+. dev/lib.sh
+command -v rabbitmq-server >/dev/null || die "rabbitmq-server is missing: sudo apt-get install rabbitmq-server"
 dir=$(pwd)/target/rabbit-cluster
 ports=(5701 5702 5703)
 rm -rf "$dir"
@@ -30,11 +31,7 @@ for port in "${ports[@]}"; do
   nodes+=("$node")
   # One after the other: three Erlang VMs booting at once starve a small machine. Booted
   # once its AMQP port answers.
-  for try in $(seq 120); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-    [ "$try" = 120 ] && { echo "$node did not start: see $dir/$port/log" >&2; exit 1; }
-    sleep 1
-  done
+  wait_port "$node (log: $dir/$port/log)" "$port" 120
 done
 for node in "${nodes[@]:1}"; do
   # A join cut short leaves the node half-joined: reset it and try again.
@@ -42,7 +39,7 @@ for node in "${nodes[@]:1}"; do
     rabbitmqctl -q -n "$node" stop_app
     rabbitmqctl -q -n "$node" reset >/dev/null 2>&1
     rabbitmqctl -q -n "$node" join_cluster "${nodes[0]}" && break
-    [ "$try" = 5 ] && { echo "$node could not join ${nodes[0]}" >&2; exit 1; }
+    [ "$try" = 5 ] && die "$node could not join ${nodes[0]}"
     sleep 2
   done
   rabbitmqctl -q -n "$node" start_app

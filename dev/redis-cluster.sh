@@ -6,7 +6,8 @@
 #     target/release/seckill serve
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v redis-server >/dev/null || { echo "redis-server is missing: sudo apt-get install redis-server" >&2; exit 1; }
+. dev/lib.sh
+command -v redis-server >/dev/null || die "redis-server is missing: sudo apt-get install redis-server"
 dir=target/redis-cluster
 rm -rf "$dir"
 pids=()
@@ -19,7 +20,7 @@ for port in 7000 7001 7002 7003 7004 7005; do
   pids+=($!)
 done
 for port in 7000 7001 7002 7003 7004 7005; do
-  for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+  wait_port "Redis (log: $dir/$port/redis.log)" "$port" 10
 done
 redis-cli --cluster create 127.0.0.1:7000 127.0.0.1:7001 127.0.0.1:7002 \
   127.0.0.1:7003 127.0.0.1:7004 127.0.0.1:7005 --cluster-replicas 1 --cluster-yes >/dev/null

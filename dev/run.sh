@@ -3,6 +3,7 @@
 # the server in the foreground (Ctrl-C stops it), with a curl purchase ready to paste.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. dev/lib.sh
 
 ./dev/services.sh
 cargo build --release --locked --bin seckill
@@ -18,11 +19,7 @@ item=${DEMO_ITEM:-1001}
 server=$!
 trap 'kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true' EXIT INT TERM
 
-for _ in $(seq 100); do
-  curl -fs "$base/healthz" >/dev/null && break
-  kill -0 "$server" 2>/dev/null || { echo "the server exited; see its log above" >&2; exit 1; }
-  sleep 0.1
-done
+wait_http "$base/healthz" 30 "$server"
 
 start=$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)
 end=$(date -u -d '+1 day' +%Y-%m-%dT%H:%M:%SZ)

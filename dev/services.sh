@@ -4,38 +4,12 @@
 # it is missing and this runs as root on Debian/Ubuntu; otherwise say exactly what is
 # missing and how to get it, and fail. Also checks the tools the scripts need.
 set -euo pipefail
-
-log() { printf '\033[1m[services]\033[0m %s\n' "$*" >&2; }
-die() { printf '\033[1;31m[services]\033[0m %s\n' "$*" >&2; exit 1; }
-
-answers() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
-wait_for() { # name port seconds
-  local i
-  for ((i = 0; i < $3 * 5; i++)); do
-    answers "$2" && return 0
-    sleep 0.2
-  done
-  die "$1 did not start listening on 127.0.0.1:$2 within $3 s (see its log)"
-}
-
-can_install() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }
-
-apt_updated=""
-install() { # debian packages...
-  if [ -z "$apt_updated" ]; then
-    log "apt-get update"
-    apt-get update -qq
-    apt_updated=1
-  fi
-  log "installing $*"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
-}
+. "$(dirname "$0")/lib.sh"
 
 missing=()
 need() { # command debian-package
   command -v "$1" >/dev/null && return 0
-  if can_install; then install "$2"; else missing+=("$2 (for $1)"); fi
+  if can_install; then apt_install "$2"; else missing+=("$2 (for $1)"); fi
 }
 
 start_redis() {
@@ -71,7 +45,7 @@ ensure() { # name port binary debian-package start-function wait-seconds
   fi
   if ! command -v "$binary" >/dev/null && [ ! -x "/usr/sbin/$binary" ]; then
     if can_install; then
-      install "$package"
+      apt_install "$package"
       installed+=("$name")
       # Debian starts a freshly installed service by itself when it can.
       sleep 1
@@ -83,7 +57,7 @@ ensure() { # name port binary debian-package start-function wait-seconds
   fi
   log "starting $name"
   "$start"
-  wait_for "$name" "$port" "$seconds"
+  wait_port "$name" "$port" "$seconds"
   log "$name started on 127.0.0.1:$port"
 }
 

@@ -6,6 +6,7 @@
 #   dev/tools.sh nginx chromium node npm docker-compose faketime promtool nft ping rsync galera python-tools
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. dev/lib.sh
 
 package_of() {
   case $1 in
@@ -20,26 +21,15 @@ package_of() {
   esac
 }
 
-install_packages() {
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    printf '\033[1m[tools]\033[0m installing %s\n' "$*" >&2
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
-  else
-    printf '\033[1;31m[tools]\033[0m missing: %s — sudo apt-get install %s\n' "$*" "$*" >&2
-    exit 1
-  fi
-}
-
 # .venv is rebuilt when dev/requirements.txt changes (a copy of it marks what is installed).
 python_tools() {
   local stamp=.venv/requirements.txt
   if [ -f "$stamp" ] && cmp -s dev/requirements.txt "$stamp"; then
     return
   fi
-  command -v python3 >/dev/null || install_packages python3
-  python3 -c 'import ensurepip' 2>/dev/null || install_packages python3-venv
-  printf '\033[1m[tools]\033[0m installing dev/requirements.txt into .venv (PyPI)\n' >&2
+  command -v python3 >/dev/null || apt_install python3
+  python3 -c 'import ensurepip' 2>/dev/null || apt_install python3-venv
+  log "installing dev/requirements.txt into .venv (PyPI)"
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r dev/requirements.txt
   cp dev/requirements.txt "$stamp"
@@ -59,4 +49,4 @@ for tool in "$@"; do
   command -v "$tool" >/dev/null || [ -x "/usr/sbin/$tool" ] || missing+=("$(package_of "$tool")")
 done
 ((${#missing[@]})) || exit 0
-install_packages "${missing[@]}"
+apt_install "${missing[@]}"

@@ -47,7 +47,6 @@ cleanup() {
 cleanup
 trap cleanup EXIT
 
-admin() { curl -fsS -X "$1" "${at:-$api}$2" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" -H 'Content-Type: application/json' ${3:+-d "$3"}; }
 stat() { admin GET "/admin/items/$1/stats" | sed -E "s/.*\"$2\":([0-9]+).*/\1/"; }
 rows() { mariadb -h 127.0.0.1 -u root -N -e "SELECT COUNT(*) FROM \`$ns\`.orders WHERE item_id = $1"; }
 # wrk: prints "requests_per_second p99" from its report.

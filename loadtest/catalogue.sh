@@ -13,6 +13,7 @@
 # the namespace and database `seckill_catalogue_bench`, emptied before and after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. loadtest/lib.sh
 
 sizes=${SIZES:-100 10000 100000}
 ./dev/services.sh
@@ -37,16 +38,15 @@ scheduler_pid=
 cleanup() {
   for pid in $server_pid $scheduler_pid; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   server_pid= scheduler_pid=
-  mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$ns\`" 2>/dev/null || true
-  redis-cli --scan --pattern "$ns:*" | xargs -r -n 1000 redis-cli del >/dev/null || true
-  if command -v rabbitmqctl >/dev/null; then
-    for q in "$ns.orders" "$ns.orders.dead"; do rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true; done
-  fi
+  forget "$ns"
 }
 trap cleanup EXIT
 
-wait_http() { for _ in $(seq 200); do curl -fs "$1" >/dev/null && return 0; sleep 0.1; done; echo "no answer from $1" >&2; exit 1; }
-admin() { curl -fsS -o /dev/null -w '%{time_total}\n' -X "$1" "$api$2" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" -H 'Content-Type: application/json' ${3:+-d "$3"}; }
+# timed_admin METHOD PATH [JSON]: `admin` (loadtest/lib.sh), printing the seconds it took.
+timed_admin() {
+  local admin_curl=(-o /dev/null -w '%{time_total}\n')
+  admin "$@"
+}
 median() { sort -n | awk '{a[NR] = $1} END {printf "%.1f", a[int((NR + 1) / 2)] * 1000}'; }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 redis_cpu() { redis-cli info cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ {t += $2} END {print t}'; }
@@ -96,11 +96,11 @@ for n in $sizes; do
   put=(); warm=(); stats=(); pause=(); resume=()
   for i in 1 2 3 4 5; do
     id=$((n + 1000 + i))
-    put+=("$(admin PUT "/admin/items/$id" "{\"name\":\"new $id\",\"shop_id\":1,\"total\":10,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1}")")
-    warm+=("$(admin POST "/admin/items/$id/warmup")")
-    stats+=("$(admin GET "/admin/items/$id/stats")")
-    pause+=("$(admin POST "/admin/items/$id/pause")")
-    resume+=("$(admin POST "/admin/items/$id/resume")")
+    put+=("$(timed_admin PUT "/admin/items/$id" "{\"name\":\"new $id\",\"shop_id\":1,\"total\":10,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1}")")
+    warm+=("$(timed_admin POST "/admin/items/$id/warmup")")
+    stats+=("$(timed_admin GET "/admin/items/$id/stats")")
+    pause+=("$(timed_admin POST "/admin/items/$id/pause")")
+    resume+=("$(timed_admin POST "/admin/items/$id/resume")")
   done
   # The bulk calls: 10,000 new items written, then loaded.
   bulk=10000

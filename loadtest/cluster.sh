@@ -16,6 +16,7 @@
 # cost per grab and its spread over the masters are what carry over.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. loadtest/lib.sh
 
 duration=${DURATION:-10s}
 connections=${CONNECTIONS:-64}
@@ -45,10 +46,7 @@ server_pid=
 cleanup() {
   for pid in "${pids[@]}" $server_pid; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$ns\`" 2>/dev/null || true
-  if command -v rabbitmqctl >/dev/null; then
-    for q in "$ns.orders" "$ns.orders.dead"; do rabbitmqctl -q delete_queue "$q" >/dev/null 2>&1 || true; done
-  fi
+  forget "$ns"
 }
 trap cleanup EXIT
 
@@ -68,8 +66,6 @@ for p in "${ports[@]}"; do
   redis-cli -p "$p" config set auto-aof-rewrite-percentage 0 >/dev/null
 done
 
-wait_http() { for _ in $(seq 200); do curl -fs "$1" >/dev/null && return 0; sleep 0.1; done; echo "no answer from $1" >&2; exit 1; }
-admin() { curl -fsS -X "$1" "$api$2" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" -H 'Content-Type: application/json' ${3:+-d "$3"}; }
 serve() { # wait replicas
   [ -n "$server_pid" ] && { kill "$server_pid"; wait "$server_pid" 2>/dev/null || true; }
   SECKILL_REDIS_WAIT_REPLICAS=$1 "$bin" serve --roles api,scheduler >"$out/cluster-api.log" 2>&1 &

@@ -43,7 +43,6 @@ cleanup() {
 cleanup
 trap cleanup EXIT
 
-admin() { curl -fsS -X "$1" "$api$2" -H "Authorization: Bearer $SECKILL_ADMIN_TOKEN" -H 'Content-Type: application/json' ${3:+-d "$3"}; }
 under_callgrind() { # name command...
   local name=$1; shift
   valgrind --tool=callgrind --collect-atstart=yes --callgrind-out-file="$out/$name.%p" "$@" \

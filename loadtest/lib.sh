@@ -1,12 +1,7 @@
-# Shared by the load-test scripts (sourced): waiting for a server, and leaving no trace of
-# a run's namespace in the machine's MariaDB, Redis and RabbitMQ.
-
-# wait_http URL: until it answers 2xx (about 60 s; valgrind'd servers start slowly).
-wait_http() {
-  for _ in $(seq 300); do curl -fs "$1" >/dev/null && return 0; sleep 0.2; done
-  echo "no answer from $1" >&2
-  exit 1
-}
+# Shared by the load-test scripts (sourced from the repository's top): dev/lib.sh (messages,
+# waiting for a port or URL, `admin`), leaving no trace of a run's namespace in the
+# machine's MariaDB, Redis and RabbitMQ, and putting an item on sale.
+. dev/lib.sh
 
 # forget NAMESPACE [REDIS_PATTERN...]: drops its database, its Redis keys (and those of
 # the extra patterns) and its order queues.
@@ -22,8 +17,7 @@ forget() {
   fi
 }
 
-# on_sale ID TOTAL: puts the item on sale from a minute ago for a day and loads its units
-# (through the script's own `admin`).
+# on_sale ID TOTAL: puts the item on sale from a minute ago for a day and loads its units.
 on_sale() {
   local start end
   start=$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)

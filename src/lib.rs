@@ -18,6 +18,7 @@ pub mod domain;
 pub mod draw;
 pub mod error;
 pub mod http;
+pub mod invariants;
 pub mod items;
 pub mod keys;
 pub mod lua;

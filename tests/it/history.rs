@@ -266,14 +266,13 @@ pub struct Tally {
 
 /// The [`Tally`] of item `item` (`total` units), printed.
 pub async fn tally(env: &TestEnv, item: u64, total: u32, ledger: &Ledger) -> Tally {
-    let rows = env.orders(item).await;
-    let in_mysql: HashSet<&str> = rows.iter().map(|(sn, _, _)| sn.as_str()).collect();
-    let won: HashSet<&str> = ledger.won.iter().map(String::as_str).collect();
-    let lost: Vec<String> = won
-        .iter()
-        .filter(|sn| !in_mysql.contains(**sn))
-        .map(|sn| sn.to_string())
+    let facts = env.order_facts(item, total, &ledger.won).await;
+    let lost: Vec<String> = seckill::invariants::missing(&ledger.won, &facts)
+        .into_iter()
+        .map(str::to_owned)
         .collect();
+    let rows = env.orders(item).await;
+    let won: HashSet<&str> = ledger.won.iter().map(String::as_str).collect();
     let unexpected: Vec<(String, u64, String)> = rows
         .iter()
         .filter(|(sn, user, _)| {
@@ -283,11 +282,7 @@ pub async fn tally(env: &TestEnv, item: u64, total: u32, ledger: &Ledger) -> Tal
         })
         .cloned()
         .collect();
-    let live = rows
-        .iter()
-        .filter(|(_, _, status)| status != "cancelled")
-        .count();
-    let oversold = live.saturating_sub(total as usize);
+    let oversold = facts.oversold() as usize;
     eprintln!(
         "total check, item {item}: {} answers {:?}; {} rows; {} won; {} uncertain buyers; lost {}; unexpected {}; oversold {oversold}",
         ledger.answers.values().sum::<u64>(),

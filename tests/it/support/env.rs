@@ -16,7 +16,10 @@ use seckill::auth::Jwt;
 use seckill::broker::Topology;
 use seckill::config::Secret;
 use seckill::domain::{ItemId, Stock, UserId};
+use seckill::invariants::{self, Orders, Outcome};
+use seckill::items::stock::item_snapshot;
 use seckill::keys::{ItemKeys, Keys};
+use seckill::orders::repo::OrderStatus;
 use seckill::{Role, Server, Settings};
 
 use super::server::{TestServer, buy};
@@ -426,8 +429,10 @@ impl TestEnv {
         .await;
     }
 
-    /// docs/contract.md section 7, invariants 1 to 4, for a quiescent item: `won` are the order
-    /// numbers of every `202` the test saw.
+    /// docs/contract.md section 7, invariants 1 to 4, for a quiescent item, judged by
+    /// `seckill::invariants` (as `seckill bench` judges a rehearsal) from every row in
+    /// MySQL and the stock in Redis: `won` are the order numbers of every `202` the test
+    /// saw. Then the server's own stats must agree.
     pub async fn assert_invariants(
         &self,
         server: &TestServer,
@@ -435,50 +440,41 @@ impl TestEnv {
         total: u32,
         won: &[String],
     ) {
-        let orders = self.orders(item).await;
-        let live: Vec<_> = orders.iter().filter(|(_, _, s)| s != "cancelled").collect();
-        // 1. No oversell.
-        assert!(
-            live.len() <= total as usize,
-            "oversold: {} live orders for {total} units",
-            live.len()
-        );
-        // 2. No double purchase: at most `per_user` live orders per user.
+        let orders = self.order_facts(item, total, won).await;
+        let (buckets,): (u8,) = sqlx::query_as("SELECT buckets FROM items WHERE id = ?")
+            .bind(item)
+            .fetch_one(&self.db)
+            .await
+            .unwrap();
+        let stocks = Stock::all(ItemId::new(item).expect("an item id"), buckets);
+        let stock = item_snapshot(&mut self.redis.clone(), &self.keys(), stocks)
+            .await
+            .unwrap();
+        let broken: Vec<_> = invariants::judge(&stock, &orders, won, &[], Duration::ZERO)
+            .into_iter()
+            .filter(|check| check.outcome == Outcome::Broken)
+            .map(|check| format!("{}. {}: {}", check.number, check.name, check.detail))
+            .collect();
+        assert!(broken.is_empty(), "invariants broken: {broken:#?}");
+        let stats = self.stats(server, item).await;
+        assert_eq!(stats["consistent"], true, "stats: {stats}");
+        assert_eq!(stats["pending"], 0, "stats: {stats}");
+    }
+
+    /// The item's orders in MySQL as `seckill::invariants` judges them: `total` units,
+    /// `answered` the order numbers of every `202` seen.
+    pub async fn order_facts(&self, item: u64, total: u32, answered: &[String]) -> Orders {
+        let rows = self.orders(item).await;
         let (per_user,): (u8,) = sqlx::query_as("SELECT per_user FROM items WHERE id = ?")
             .bind(item)
             .fetch_one(&self.db)
             .await
             .unwrap();
-        let mut held: std::collections::HashMap<u64, u8> = std::collections::HashMap::new();
-        for (_, user, _) in &live {
-            *held.entry(*user).or_default() += 1;
-        }
-        let over: Vec<_> = held.iter().filter(|(_, n)| **n > per_user).collect();
-        assert!(
-            over.is_empty(),
-            "users holding more than {per_user} live orders: {over:?}"
-        );
-        // 3. Nothing lost: every 202 is exactly one row (order_sn is unique in MySQL).
-        let in_mysql: HashSet<&str> = orders.iter().map(|(sn, _, _)| sn.as_str()).collect();
-        let answered: HashSet<&str> = won.iter().map(String::as_str).collect();
-        assert_eq!(
-            answered.len(),
-            won.len(),
-            "an order number was answered twice"
-        );
-        let missing: Vec<_> = answered.difference(&in_mysql).collect();
-        assert!(missing.is_empty(), "202s missing from MySQL: {missing:?}");
-        // 4. Stock adds up: remaining tokens (waves still to come among them) + unpaid +
-        // paid = total.
-        let remaining = self.remaining(item).await;
-        assert_eq!(
-            remaining as usize + live.len(),
-            total as usize,
-            "stock does not add up"
-        );
-        let stats = self.stats(server, item).await;
-        assert_eq!(stats["consistent"], true, "stats: {stats}");
-        assert_eq!(stats["pending"], 0, "stats: {stats}");
+        let rows = rows.iter().map(|(sn, user, status)| {
+            let status = OrderStatus::try_from(status.clone()).expect("an order status");
+            (sn.as_str(), *user, status)
+        });
+        Orders::from_rows(total.into(), per_user, rows, answered, &[])
     }
 
     /// This environment's settings as the variables a `seckill` process reads.
