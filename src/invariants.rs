@@ -213,7 +213,9 @@ fn nothing_lost(
         }
     }
     if unseen > 0 {
-        detail += &format!("; {unseen} rows whose 202 never reached the caller (an answer lost on the way)");
+        detail += &format!(
+            "; {unseen} rows whose 202 never reached the caller (an answer lost on the way)"
+        );
     }
     check(3, "nothing lost", twice == 0 && missing.is_empty(), detail)
 }
@@ -238,7 +240,11 @@ fn stock_adds_up(stock: &StockSnapshot, orders: &Orders) -> Check {
     )
 }
 
-fn cancelled_units_come_back(stock: &StockSnapshot, orders: &Orders, cancelled: &[String]) -> Check {
+fn cancelled_units_come_back(
+    stock: &StockSnapshot,
+    orders: &Orders,
+    cancelled: &[String],
+) -> Check {
     if cancelled.is_empty() {
         return Check {
             number: 5,

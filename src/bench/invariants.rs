@@ -11,8 +11,8 @@ use indicatif::ProgressBar;
 use crate::config::Settings;
 use crate::domain::{ItemId, Stock};
 
-use crate::items::repo as items;
 use crate::invariants::{Check, Orders, check, doubled, judge};
+use crate::items::repo as items;
 use crate::items::stock::{StockSnapshot, item_snapshot};
 use crate::keys::Keys;
 use crate::orders::repo::{self, OrderStatus};

@@ -6,8 +6,8 @@ use serde::Serialize;
 
 use super::BenchArgs;
 use super::fire::{Run, SLICE};
-use super::invariants::{Check, Outcome};
 use super::setup::ItemInfo;
+use crate::invariants::{Check, Outcome};
 
 #[derive(Debug, Serialize)]
 pub struct Report {

@@ -2,7 +2,6 @@
 //! queues) and its own MySQL database on the machine's shared services, with the calls a
 //! test makes of its servers; everything is removed on drop (also when the test fails).
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
