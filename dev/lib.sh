@@ -38,6 +38,18 @@ wait_http() {
   die "no answer from $1 within ${2:-60} s"
 }
 
+# wait_until SECONDS COMMAND...: until COMMAND succeeds (its output discarded), checked
+# every 0.2 s; returns 1 if it never did.
+wait_until() {
+  local i limit=$1
+  shift
+  for ((i = 0; i < limit * 5; i++)); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  return 1
+}
+
 # can_install: whether apt_install can work here (root on Debian/Ubuntu).
 can_install() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; }
 

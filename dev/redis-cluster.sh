@@ -24,7 +24,8 @@ for port in 7000 7001 7002 7003 7004 7005; do
 done
 redis-cli --cluster create 127.0.0.1:7000 127.0.0.1:7001 127.0.0.1:7002 \
   127.0.0.1:7003 127.0.0.1:7004 127.0.0.1:7005 --cluster-replicas 1 --cluster-yes >/dev/null
-until redis-cli -p 7000 cluster info | grep -q cluster_state:ok; do sleep 0.2; done
+cluster_ok() { redis-cli -p 7000 cluster info | grep -q cluster_state:ok; }
+wait_until 30 cluster_ok || die "the cluster did not come up within 30 s (logs: $dir/*/redis.log)"
 cat >&2 <<MSG
 Redis Cluster up: 3 masters, 3 replicas on 127.0.0.1:7000-7005 (data in $dir).
 

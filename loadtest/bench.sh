@@ -79,16 +79,11 @@ for _ in $(seq 20); do
   THREADS=$threads TOKENS="$out/tokens.txt" ITEM=3 MODE=sequential FIRST_USER=$sold \
     wrk -t$threads -c"$connections" -d5s -s loadtest/wrk/flashbuy.lua "$api/api/flashbuy" >"$out/fill.txt"
 done
-for _ in $(seq 100); do
-  [ "$(stat 3 pending)" = "$fill_units" ] && break
-  sleep 0.2
-done
-[ "$(stat 3 pending)" = "$fill_units" ] || { echo "item 3 did not sell out: $(admin GET /admin/items/3/stats)" >&2; exit 1; }
+all_pending() { [ "$(stat 3 pending)" = "$fill_units" ]; }
+wait_until 20 all_pending || die "item 3 did not sell out: $(admin GET /admin/items/3/stats)"
 # Every order confirmed by the broker: the outbox is empty.
-for _ in $(seq 100); do
-  [ "$(redis-cli zcard "$ns:{item:3}:v1:outbox")" = 0 ] && break
-  sleep 0.2
-done
+outbox_empty() { [ "$(redis-cli zcard "$ns:{item:$1}:v1:outbox")" = 0 ]; }
+wait_until 20 outbox_empty 3 || true
 
 echo "draining $fill_units queued orders with a consumer" >&2
 SECKILL_HTTP_ADDR=127.0.0.1:18082 "$bin" serve --roles consumer >"$out/consumer.log" 2>&1 &
@@ -116,10 +111,7 @@ wait_http "http://127.0.0.1:18081/hello"
 # Each seckill path runs right next to its yardstick, after the broker has settled, so
 # that both see the machine in the same state.
 settle() {
-  for _ in $(seq 100); do
-    [ "$(redis-cli zcard "$ns:{item:1}:v1:outbox")" = 0 ] && break
-    sleep 0.2
-  done
+  wait_until 20 outbox_empty 1 || true
   sleep 2
 }
 settle

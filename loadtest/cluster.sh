@@ -52,11 +52,11 @@ trap cleanup EXIT
 
 ./dev/redis-cluster.sh 2>"$out/cluster.log" &
 pids+=("$!")
-for _ in $(seq 300); do
-  [ "$(redis-cli -p 7000 cluster info 2>/dev/null | grep -c 'cluster_state:ok')" = 1 ] \
-    && [ "$(redis-cli -p 7000 cluster nodes 2>/dev/null | grep -c connected)" = 6 ] && break
-  sleep 0.2
-done
+whole() {
+  [ "$(redis-cli -p 7000 cluster info 2>/dev/null | grep -c 'cluster_state:ok')" = 1 ] &&
+    [ "$(redis-cli -p 7000 cluster nodes 2>/dev/null | grep -c connected)" = 6 ]
+}
+wait_until 60 whole || die "the local Redis Cluster is not whole after 60 s; see $out/cluster.log"
 masters() { for p in "${ports[@]}"; do redis-cli -p "$p" role | head -1 | grep -q master && echo "$p"; done; }
 # Every write still goes to the append-only file, but no node forks in the middle of a
 # run: six nodes snapshotting and rewriting their files at once on two cores made each

@@ -15,6 +15,7 @@
 #   ./loadtest/grab_anatomy.sh          (CALLS=200000 per figure by default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. dev/lib.sh
 
 calls=${CALLS:-200000}
 port=16500
@@ -36,7 +37,7 @@ cleanup
 trap cleanup EXIT
 taskset -c 1 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
   --daemonize yes --dir "$PWD/$out" --logfile "$PWD/$out/redis.log" >/dev/null
-for _ in $(seq 50); do r ping >/dev/null 2>&1 && break; sleep 0.1; done
+wait_until 5 r ping || die "the private Redis did not start; see $out/redis.log"
 
 # The scripts: as src/lua.rs composes grab.lua, and variants made from it.
 libs=$(cat lua/lib/waves.lua lua/lib/places.lua)

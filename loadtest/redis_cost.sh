@@ -57,7 +57,7 @@ if [ -n "${REDIS_CPU:-}" ]; then
 fi
 "${pin[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
   --dir "$PWD/$out" --logfile "$PWD/$out/redis.log" >/dev/null
-for _ in $(seq 50); do private ping >/dev/null 2>&1 && break; sleep 0.1; done
+wait_until 5 private ping || die "the private Redis did not start; see $out/redis.log"
 
 echo "per call: $calls wins, $calls duplicates, $calls sold-out answers, $calls minimal wins" >&2
 target/release/examples/redis_cost --redis "$SECKILL_REDIS_URL" --calls "$calls" | tee "$out/per_call.txt"
@@ -92,8 +92,7 @@ t0=$(date +%s.%N)
 target/release/seckill bench --units "$orders" --users "$orders" --requests "$orders" \
   --concurrency 64 --out "$out/bench" >"$out/bench.log" 2>&1 ||
   { echo "seckill bench failed; see $out/bench.log" >&2; exit 1; }
-for _ in $(seq 300); do drained && break; sleep 0.2; done
-drained || { echo "orders still in the outbox or pending; see $out/server.log" >&2; exit 1; }
+wait_until 60 drained || die "orders still in the outbox or pending; see $out/server.log"
 after=$(cpu_us)
 t1=$(date +%s.%N)
 won=$(grep -oE '"won": *[0-9]+' "$out/bench/report.json" | head -1 | grep -oE '[0-9]+$') ||

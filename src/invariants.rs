@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::items::stock::StockSnapshot;
 use crate::orders::repo::OrderStatus;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -36,6 +35,15 @@ pub(crate) fn check(number: u8, name: &'static str, held: bool, detail: String) 
         outcome,
         detail,
     }
+}
+
+/// What Redis holds of an item, over its buckets.
+#[derive(Debug, Clone, Copy)]
+pub struct InRedis {
+    /// Units still listed (a wave's still to come among them).
+    pub remaining: u64,
+    /// Won units whose order is not in MySQL yet.
+    pub pending: u64,
 }
 
 /// Users holding more live orders than this are named, at most, in a report.
@@ -141,7 +149,7 @@ pub fn missing<'a>(answered: &'a [String], orders: &Orders) -> Vec<&'a str> {
 /// order numbers of every `202`, `cancelled` those of every cancel answered `200`;
 /// `drain_timeout` is how long the caller waited for pending orders (for the report).
 pub fn judge(
-    stock: &StockSnapshot,
+    stock: &InRedis,
     orders: &Orders,
     answered: &[String],
     cancelled: &[String],
@@ -156,7 +164,7 @@ pub fn judge(
     ]
 }
 
-fn no_oversell(stock: &StockSnapshot, orders: &Orders) -> Check {
+fn no_oversell(stock: &InRedis, orders: &Orders) -> Check {
     let live = orders.live();
     check(
         1,
@@ -187,7 +195,7 @@ fn no_double_purchase(orders: &Orders) -> Check {
 
 /// Every `202` is a row, once; rows nobody was told of are named (not a failure).
 fn nothing_lost(
-    stock: &StockSnapshot,
+    stock: &InRedis,
     orders: &Orders,
     answered: &[String],
     drain_timeout: Duration,
@@ -222,7 +230,7 @@ fn nothing_lost(
 
 /// Remaining units (a wave's still to come among them) + unpaid + paid = total, with
 /// nothing pending.
-fn stock_adds_up(stock: &StockSnapshot, orders: &Orders) -> Check {
+fn stock_adds_up(stock: &InRedis, orders: &Orders) -> Check {
     let live = orders.live();
     check(
         4,
@@ -240,11 +248,7 @@ fn stock_adds_up(stock: &StockSnapshot, orders: &Orders) -> Check {
     )
 }
 
-fn cancelled_units_come_back(
-    stock: &StockSnapshot,
-    orders: &Orders,
-    cancelled: &[String],
-) -> Check {
+fn cancelled_units_come_back(stock: &InRedis, orders: &Orders, cancelled: &[String]) -> Check {
     if cancelled.is_empty() {
         return Check {
             number: 5,
@@ -283,19 +287,12 @@ mod tests {
         Told(owned(won), owned(cancelled))
     }
 
-    fn judge(stock: &StockSnapshot, orders: &Orders, told: &Told, wait: Duration) -> Vec<Check> {
+    fn judge(stock: &InRedis, orders: &Orders, told: &Told, wait: Duration) -> Vec<Check> {
         super::judge(stock, orders, &told.0, &told.1, wait)
     }
 
-    fn stock(remaining: u64, pending: u64) -> StockSnapshot {
-        StockSnapshot {
-            loaded: true,
-            loaded_at_ms: Some(1),
-            remaining,
-            sold: 0,
-            pending,
-            reloading: false,
-        }
+    fn stock(remaining: u64, pending: u64) -> InRedis {
+        InRedis { remaining, pending }
     }
 
     /// Three units: a and b unpaid, c cancelled (its unit back), one remaining.

@@ -11,7 +11,7 @@ use indicatif::ProgressBar;
 use crate::config::Settings;
 use crate::domain::{ItemId, Stock};
 
-use crate::invariants::{Check, Orders, check, doubled, judge};
+use crate::invariants::{Check, InRedis, Orders, check, doubled, judge};
 use crate::items::repo as items;
 use crate::items::stock::{StockSnapshot, item_snapshot};
 use crate::keys::Keys;
@@ -37,7 +37,11 @@ pub async fn check_all(
 
     let stock = drain(&redis, &keys, record.stocks(), drain_timeout).await?;
     let orders = orders(&db, item, run).await?;
-    let mut checks = judge(&stock, &orders, &run.won, &run.cancelled, drain_timeout);
+    let in_redis = InRedis {
+        remaining: stock.remaining,
+        pending: stock.pending,
+    };
+    let mut checks = judge(&in_redis, &orders, &run.won, &run.cancelled, drain_timeout);
     if record.draw_cutoff.is_some() || record.drawn_at.is_some() {
         checks.push(drawn_by_rank(&db, &redis, &keys, &record).await?);
     }

@@ -58,6 +58,7 @@ async fn nginx_serves_a_checkout_in_a_private_directory() {
     let checkout = private.join("seckill");
     for file in [
         "dev/nginx.sh",
+        "dev/lib.sh",
         "nginx/seckill.conf",
         "nginx/seckill_proxy.conf",
         "web/index.html",

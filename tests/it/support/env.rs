@@ -15,8 +15,7 @@ use seckill::auth::Jwt;
 use seckill::broker::Topology;
 use seckill::config::Secret;
 use seckill::domain::{ItemId, Stock, UserId};
-use seckill::invariants::{self, Orders, Outcome};
-use seckill::items::stock::item_snapshot;
+use seckill::invariants::{self, InRedis, Orders, Outcome};
 use seckill::keys::{ItemKeys, Keys};
 use seckill::orders::repo::OrderStatus;
 use seckill::{Role, Server, Settings};
@@ -288,23 +287,30 @@ impl TestEnv {
     /// Units listed in Redis, over every bucket of the item (waves still to come among
     /// them).
     pub async fn remaining(&self, item: u64) -> u64 {
+        self.in_redis(item).await.remaining
+    }
+
+    /// The item's units listed and orders pending in Redis, over its buckets (one command
+    /// a key: a cluster's client follows a moved slot for those).
+    pub async fn in_redis(&self, item: u64) -> InRedis {
         let (buckets,): (u8,) = sqlx::query_as("SELECT buckets FROM items WHERE id = ?")
             .bind(item)
             .fetch_one(&self.db)
             .await
             .unwrap();
         let keys = self.keys();
-        let mut units = 0;
+        let mut held = InRedis {
+            remaining: 0,
+            pending: 0,
+        };
         for stock in Stock::all(ItemId::new(item).expect("an item id"), buckets) {
-            let listed: u64 = self
-                .redis
-                .clone()
-                .llen(keys.stock(stock).tokens)
-                .await
-                .unwrap();
-            units += listed;
+            let keys = keys.stock(stock);
+            let listed: u64 = self.redis.clone().llen(keys.tokens).await.unwrap();
+            let pending: u64 = self.redis.clone().hlen(keys.pending).await.unwrap();
+            held.remaining += listed;
+            held.pending += pending;
         }
-        units
+        held
     }
 
     pub fn admin(
@@ -440,15 +446,7 @@ impl TestEnv {
         won: &[String],
     ) {
         let orders = self.order_facts(item, total, won).await;
-        let (buckets,): (u8,) = sqlx::query_as("SELECT buckets FROM items WHERE id = ?")
-            .bind(item)
-            .fetch_one(&self.db)
-            .await
-            .unwrap();
-        let stocks = Stock::all(ItemId::new(item).expect("an item id"), buckets);
-        let stock = item_snapshot(&mut self.redis.clone(), &self.keys(), stocks)
-            .await
-            .unwrap();
+        let stock = self.in_redis(item).await;
         let broken: Vec<_> = invariants::judge(&stock, &orders, won, &[], Duration::ZERO)
             .into_iter()
             .filter(|check| check.outcome == Outcome::Broken)
