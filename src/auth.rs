@@ -138,11 +138,10 @@ impl Jwt {
             .map_err(|_| TokenError::Malformed)?;
         let signature = &decoded[..length];
         let signed_hash = self.signed_hash.hash_one(signed);
-        let remembered = <[u8; SIGNATURE_LEN]>::try_from(signature)
-            .ok()
-            .and_then(|key| Some((key, self.verified.get(&key)?)));
-        let passed = match remembered {
-            Some((_, passed)) if passed.signed_hash == signed_hash => passed,
+        // Any other length fails the HMAC: such a token is neither looked up nor kept.
+        let key = <[u8; SIGNATURE_LEN]>::try_from(signature).ok();
+        let passed = match key.and_then(|key| self.verified.get(&key)) {
+            Some(passed) if passed.signed_hash == signed_hash => passed,
             _ => {
                 let (user, exp) = self.check(signed, signature)?;
                 let passed = Passed {
@@ -150,8 +149,7 @@ impl Jwt {
                     exp,
                     signed_hash,
                 };
-                // A signature that passed is HS256's 32 bytes.
-                if let Ok(key) = <[u8; SIGNATURE_LEN]>::try_from(signature) {
+                if let Some(key) = key {
                     self.verified.insert(key, passed);
                 }
                 passed
