@@ -13,7 +13,7 @@ use crate::domain::{ItemId, Stock};
 
 use crate::invariants::{Check, InRedis, Orders, check, doubled, judge};
 use crate::items::repo as items;
-use crate::items::stock::{StockSnapshot, item_snapshot};
+use crate::items::stock::item_snapshot;
 use crate::keys::Keys;
 use crate::orders::repo::{self, OrderStatus};
 use crate::store::{Db, RedisConns, connect_mysql};
@@ -35,12 +35,8 @@ pub async fn check_all(
         .context("reading the item from MySQL")?
         .with_context(|| format!("item {item} is not in MySQL"))?;
 
-    let stock = drain(&redis, &keys, record.stocks(), drain_timeout).await?;
+    let in_redis = drain(&redis, &keys, record.stocks(), drain_timeout).await?;
     let orders = orders(&db, item, run).await?;
-    let in_redis = InRedis {
-        remaining: stock.remaining,
-        pending: stock.pending,
-    };
     let mut checks = judge(&in_redis, &orders, &run.won, &run.cancelled, drain_timeout);
     if record.draw_cutoff.is_some() || record.drawn_at.is_some() {
         checks.push(drawn_by_rank(&db, &redis, &keys, &record).await?);
@@ -92,7 +88,7 @@ async fn drain(
     keys: &Keys,
     stocks: impl Iterator<Item = Stock> + Clone,
     limit: Duration,
-) -> anyhow::Result<StockSnapshot> {
+) -> anyhow::Result<InRedis> {
     let bar = ProgressBar::new_spinner();
     bar.enable_steady_tick(Duration::from_millis(100));
     let deadline = Instant::now() + limit;
@@ -114,7 +110,10 @@ async fn drain(
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     bar.finish_and_clear();
-    Ok(stock)
+    Ok(InRedis {
+        remaining: stock.remaining,
+        pending: stock.pending,
+    })
 }
 
 /// Order numbers per `IN (…)` query.

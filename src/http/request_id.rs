@@ -53,7 +53,7 @@ pub async fn serve(request: Request, serve: impl AsyncFnOnce(Request) -> Respons
         .filter(|v| is_sane(v))
         .map_or_else(new_id, Arc::from);
     // As a `&str`, not `%id`: a Display value goes through `fmt`'s machinery.
-    let span = tracing::info_span!("request", trace_id = &*id, user_id = Empty, item_id = Empty,);
+    let span = tracing::info_span!("request", trace_id = &*id, user_id = Empty, item_id = Empty);
     let current = Current {
         trace_id: id.clone(),
         method: request.method().clone(),
