@@ -14,7 +14,6 @@ use tokio_util::sync::CancellationToken;
 use utoipa_axum::router::OpenApiRouter;
 
 use crate::auth::Jwt;
-use crate::breaker::auto::Signals;
 use crate::breaker::{self, Breakers};
 use crate::broker::{Broker, Topology};
 use crate::config::{DEV_JWT_SECRET, Role, Settings};
@@ -26,10 +25,11 @@ use crate::orders::consumer::Consumer;
 use crate::outbox::publisher::OrderPublisher;
 use crate::scheduler::Scheduler;
 use crate::shops::cache::Shops;
+use crate::signals::Signals;
 use crate::state::{AppState, Shared};
 use crate::store::{Db, MissLimit, RedisConns, WaitRule, connect_mysql, migrate};
 use crate::telemetry::Meters;
-use crate::{http, items, lua, orders, purchase, shops, warmup};
+use crate::{health, http, items, lua, orders, purchase, shops, warmup};
 
 /// How long a stop waits for background work, and then for the broker connection, after
 /// HTTP has drained: twice the broker's confirm timeout.
@@ -150,7 +150,7 @@ impl Server {
         let mut background = JoinSet::new();
         background.spawn(crate::telemetry::upkeep(workers.clone()));
         background.spawn(keep_the_clock(state.redis.clone(), workers.clone()));
-        background.spawn(crate::http::health::watch(state.clone(), workers.clone()));
+        background.spawn(crate::health::watch(state.clone(), workers.clone()));
         if roles.contains(&Role::Api) {
             spawn_api_upkeep(&state, &workers, &mut background);
         }
@@ -349,7 +349,7 @@ fn spawn_scheduler(state: &AppState, workers: &CancellationToken, background: &m
 /// every feature's routes, merged here and nowhere else. The OpenAPI document describes
 /// them all, whichever roles this instance serves.
 fn routers(state: &AppState, roles: &HashSet<Role>, admin_apart: bool) -> (Router, Option<Router>) {
-    let (health, health_doc) = http::health::router().split_for_parts();
+    let (health, health_doc) = health::router().split_for_parts();
     let (api, api_doc) = OpenApiRouter::new()
         .merge(purchase::api::router(state))
         .merge(orders::api::router())
@@ -363,7 +363,7 @@ fn routers(state: &AppState, roles: &HashSet<Role>, admin_apart: bool) -> (Route
         .merge(orders::admin::router())
         .merge(shops::admin::router())
         .merge(breaker::admin::router())
-        .merge(http::health::metrics_router())
+        .merge(health::metrics_router())
         .split_for_parts();
     let mut main = health;
     if roles.contains(&Role::Api) {

@@ -7,14 +7,15 @@ use tokio::sync::Semaphore;
 
 use crate::auth::Jwt;
 use crate::breaker::Breakers;
-use crate::breaker::auto::Signals;
 use crate::broker::Broker;
 use crate::config::Settings;
+use crate::http::Edge;
 use crate::http::rate_limit::RateLimits;
 use crate::items::catalog::Catalog;
 use crate::keys::Keys;
 use crate::outbox::publisher::OrderPublisher;
 use crate::shops::cache::Shops;
+use crate::signals::Signals;
 use crate::store::{Db, RedisConns};
 use crate::telemetry::Meters;
 
@@ -56,4 +57,18 @@ pub struct Shared {
     pub inflight: Arc<Semaphore>,
     pub meters: Arc<Meters>,
     pub shops: Shops,
+}
+
+impl Edge for AppState {
+    fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    fn jwt(&self) -> &Jwt {
+        &self.jwt
+    }
+
+    fn limits(&self) -> &RateLimits {
+        &self.limits
+    }
 }

@@ -12,13 +12,29 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::domain::ItemId;
-use crate::error::{ApiError, Refusal};
+use crate::http::error::{ApiError, Refusal};
 use crate::http::extract::{Admin, ApiQuery};
 use crate::http::reply::ok;
 use crate::state::{AppState, Shared};
 
 use super::store::{self, AutoState, Setting, Source};
 use super::{Level, Scope};
+
+/// A breaker's refusal, as every route answers it.
+impl From<super::Open> for ApiError {
+    fn from(open: super::Open) -> Self {
+        let super::Open {
+            level,
+            scope,
+            retry_after,
+        } = open;
+        ApiError::CircuitOpen {
+            level,
+            scope,
+            retry_after,
+        }
+    }
+}
 
 /// The audit log's columns: who (`actor`) and why.
 const MAX_BY: usize = 100;

@@ -24,7 +24,6 @@ use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::ItemId;
-use crate::error::ApiError;
 
 /// How strongly a breaker holds back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -109,6 +108,15 @@ pub enum Action {
     OrderChange,
 }
 
+/// A breaker that refused: its level, its scope (`global`, `item:{id}`) and when to try
+/// again. Answered as `503 circuit_open` (`admin.rs`).
+#[derive(Debug)]
+pub struct Open {
+    pub level: u8,
+    pub scope: String,
+    pub retry_after: Duration,
+}
+
 /// Every instance's view of the breaker levels, refreshed from Redis in the background.
 #[derive(Clone)]
 pub struct Breakers {
@@ -161,7 +169,7 @@ impl Breakers {
     }
 
     /// Whether the breakers let this through; the global one first, then the item's.
-    pub fn admit(&self, item: ItemId, action: Action) -> Result<(), ApiError> {
+    pub fn admit(&self, item: ItemId, action: Action) -> Result<(), Open> {
         // The common case, no breaker anywhere, costs one atomic load and one map read.
         for scope in [Scope::Global, Scope::Item(item)] {
             let level = self.level(scope);
@@ -173,7 +181,7 @@ impl Breakers {
                 (Level::Stop, Action::OrderChange) => Some(Duration::from_secs(5)),
             };
             if let Some(retry_after) = refused {
-                return Err(ApiError::CircuitOpen {
+                return Err(Open {
                     level: level as u8,
                     scope: scope.field(),
                     retry_after,

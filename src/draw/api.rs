@@ -8,7 +8,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::domain::{ItemId, OrderSn};
-use crate::error::{ApiError, Refusal};
+use crate::http::error::{ApiError, Refusal};
 use crate::http::extract::{ApiPath, OrderSeeker};
 use crate::http::reply::ok;
 use crate::http::request_id;

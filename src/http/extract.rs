@@ -12,9 +12,9 @@ use serde::de::DeserializeOwned;
 
 use crate::auth::{admin_token_matches, bearer};
 use crate::domain::UserId;
-use crate::error::ApiError;
-use crate::state::AppState;
+use crate::http::error::ApiError;
 
+use super::Edge;
 use super::rate_limit::{Limited, client_ip};
 
 /// A JSON body, whatever its `Content-Type` (curl users forget it), refused with a 400
@@ -76,16 +76,16 @@ impl From<QueryRejection> for ApiError {
 /// A user with a valid token.
 pub struct AuthUser(pub UserId);
 
-impl FromRequestParts<AppState> for AuthUser {
+impl<S: Edge> FromRequestParts<S> for AuthUser {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let header = parts
             .headers
             .get(AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
         let user = bearer(header)
-            .and_then(|token| state.jwt.verify(token))
+            .and_then(|token| state.jwt().verify(token))
             .map_err(|e| ApiError::Unauthorized(e.as_str()))?;
         Ok(AuthUser(user))
     }
@@ -96,10 +96,10 @@ impl FromRequestParts<AppState> for AuthUser {
 /// within theirs.
 pub struct Buyer(pub UserId);
 
-impl FromRequestParts<AppState> for Buyer {
+impl<S: Edge> FromRequestParts<S> for Buyer {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         limited_user(parts, state, Limited::Purchase)
             .await
             .map(Buyer)
@@ -109,30 +109,30 @@ impl FromRequestParts<AppState> for Buyer {
 /// A user looking for their order of an item: limited like a buyer, on a budget of its own.
 pub struct OrderSeeker(pub UserId);
 
-impl FromRequestParts<AppState> for OrderSeeker {
+impl<S: Edge> FromRequestParts<S> for OrderSeeker {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         limited_user(parts, state, Limited::OrderLookup)
             .await
             .map(OrderSeeker)
     }
 }
 
-async fn limited_user(
+async fn limited_user<S: Edge>(
     parts: &mut Parts,
-    state: &AppState,
+    state: &S,
     what: Limited,
 ) -> Result<UserId, ApiError> {
-    if state.limits.per_ip_enabled(what)
+    if state.limits().per_ip_enabled(what)
         && let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>()
     {
         state
-            .limits
-            .check_ip(what, client_ip(&state.settings, *peer, &parts.headers))?;
+            .limits()
+            .check_ip(what, client_ip(state.settings(), *peer, &parts.headers))?;
     }
     let AuthUser(user) = AuthUser::from_request_parts(parts, state).await?;
-    state.limits.check_user(what, user)?;
+    state.limits().check_user(what, user)?;
     Ok(user)
 }
 
@@ -141,16 +141,16 @@ async fn limited_user(
 /// them without limit.
 pub struct Reader;
 
-impl FromRequestParts<AppState> for Reader {
+impl<S: Edge> FromRequestParts<S> for Reader {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        if state.limits.reads_limited()
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        if state.limits().reads_limited()
             && let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>()
         {
             state
-                .limits
-                .check_read(client_ip(&state.settings, *peer, &parts.headers))?;
+                .limits()
+                .check_read(client_ip(state.settings(), *peer, &parts.headers))?;
         }
         Ok(Reader)
     }
@@ -159,10 +159,10 @@ impl FromRequestParts<AppState> for Reader {
 /// `X-Client-Time` (ms since the epoch), within the tolerated skew of server time.
 pub struct ClientTime(pub i64);
 
-impl FromRequestParts<AppState> for ClientTime {
+impl<S: Edge> FromRequestParts<S> for ClientTime {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let value = parts.headers.get("x-client-time").ok_or_else(|| {
             ApiError::bad_request("missing X-Client-Time header (ms since the epoch)")
         })?;
@@ -174,10 +174,10 @@ impl FromRequestParts<AppState> for ClientTime {
                 ApiError::bad_request("X-Client-Time is not a number of ms since the epoch")
             })?;
         let skew_ms = client_ms.saturating_sub(crate::clock::now().timestamp_millis());
-        if skew_ms.unsigned_abs() > state.settings.clock_skew_ms {
+        if skew_ms.unsigned_abs() > state.settings().clock_skew_ms {
             return Err(ApiError::ClockSkew {
                 skew_ms,
-                tolerance_ms: state.settings.clock_skew_ms,
+                tolerance_ms: state.settings().clock_skew_ms,
             });
         }
         Ok(ClientTime(client_ms))
@@ -215,11 +215,11 @@ impl<S: Send + Sync> FromRequestParts<S> for Idempotency {
 /// An operator: `Authorization: Bearer $SECKILL_ADMIN_TOKEN`.
 pub struct Admin;
 
-impl FromRequestParts<AppState> for Admin {
+impl<S: Edge> FromRequestParts<S> for Admin {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let Some(expected) = &state.settings.admin_token else {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Some(expected) = &state.settings().admin_token else {
             return Err(ApiError::Unauthorized(
                 "the admin API is off: set SECKILL_ADMIN_TOKEN",
             ));

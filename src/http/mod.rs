@@ -2,8 +2,8 @@
 //! (extractors, answers, request ids, rate limits, health checks). Each feature brings its
 //! own `router()`; `app.rs` merges them.
 
+pub mod error;
 pub mod extract;
-pub mod health;
 pub mod openapi;
 pub mod rate_limit;
 pub mod reply;
@@ -17,8 +17,11 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tower::ServiceBuilder;
 
-use crate::error::ApiError;
-use crate::state::AppState;
+use crate::auth::Jwt;
+use crate::config::Settings;
+use crate::http::error::ApiError;
+
+use rate_limit::RateLimits;
 
 /// The contract's budget: an answer within one second, whatever a dependency does.
 pub const REQUEST_BUDGET: Duration = Duration::from_secs(1);
@@ -27,11 +30,19 @@ const BULK_BUDGET: Duration = Duration::from_secs(120);
 /// Request bodies are a few dozen bytes; anything bigger is a mistake or an attack.
 const BODY_LIMIT: usize = 64 * 1024;
 
+/// What the edge's extractors read from the server's state. The server's state
+/// (`crate::state::AppState`) provides it, so the edge names no feature.
+pub trait Edge: Send + Sync {
+    fn settings(&self) -> &Settings;
+    fn jwt(&self) -> &Jwt;
+    fn limits(&self) -> &RateLimits;
+}
+
 /// Adds the layers every request passes, outermost first: request id and span with the
 /// time budget (one middleware: each costs a boxed service clone per request), the body
 /// limit; and JSON answers for unknown routes and wrong methods (axum
 /// still adds the `Allow` header to the latter).
-pub fn finish(routes: Router<AppState>, state: AppState) -> Router {
+pub fn finish<S: Clone + Send + Sync + 'static>(routes: Router<S>, state: S) -> Router {
     routes
         .fallback(|| async { ApiError::RouteNotFound })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })

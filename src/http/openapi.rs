@@ -41,7 +41,7 @@ const PATH: &str = "/api/openapi.json";
         (name = "circuit", description = "Operators: circuit breakers"),
         (name = "health", description = "Probes, metrics and this document"),
     ),
-    components(schemas(Envelope, crate::error::Refusal)),
+    components(schemas(Envelope, crate::http::error::Refusal)),
 )]
 struct Fixed;
 
@@ -238,7 +238,7 @@ fn operations(item: &mut PathItem) -> impl Iterator<Item = (HttpMethod, &mut Ope
     .filter_map(|(method, operation)| operation.map(|o| (method, o)))
 }
 
-/// A response whose body is a [`Refusal`](crate::error::Refusal).
+/// A response whose body is a [`Refusal`](crate::http::error::Refusal).
 fn refusal(description: &str) -> Response {
     ResponseBuilder::new()
         .description(description)

@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::domain::UserId;
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 
 pub struct RateLimits {
     per_user: Option<DefaultKeyedRateLimiter<UserId>>,

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use crate::domain::{ItemId, Stock};
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 use crate::store::{STORABLE, storable, to_millis};
 
 use super::repo::{Item, ItemDraft};

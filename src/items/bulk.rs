@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::domain::{ItemId, Stock};
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 use crate::http::extract::{Admin, ApiJson};
 use crate::http::reply::ok;
 use crate::state::{AppState, Shared};

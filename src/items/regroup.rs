@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use crate::domain::{ItemId, Stock};
 use crate::keys::Keys;
-use crate::store::{Db, Grouped, RedisConns, RedisLock, StoreError};
+use crate::lock::RedisLock;
+use crate::store::{Db, Grouped, RedisConns, StoreError};
 
 use super::repo::{self, ItemDraft};
 use super::stock;

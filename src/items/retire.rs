@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use crate::breaker::Scope;
 use crate::keys::Keys;
+use crate::lock::RedisLock;
 use crate::marks::{self, Work};
 use crate::orders::repo as orders;
-use crate::store::{Db, Grouped, RedisConns, RedisLock, StoreError};
+use crate::store::{Db, Grouped, RedisConns, StoreError};
 
 use super::repo::{self, Item};
 use super::stock;

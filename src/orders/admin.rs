@@ -10,7 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::domain::ItemId;
-use crate::error::{ApiError, Refusal};
+use crate::http::error::{ApiError, Refusal};
 use crate::http::extract::{Admin, ApiPath};
 use crate::http::reply::ok;
 use crate::items::repo::Item;
@@ -19,8 +19,21 @@ use crate::keys::Keys;
 use crate::state::{AppState, Shared};
 use crate::store::RedisConns;
 
-use super::reconcile::{Report, reconcile};
+use super::reconcile::{ReconcileError, Report, reconcile};
 use super::repo::{self, StatusCounts};
+
+/// How a reconciliation that did not run is answered.
+impl From<ReconcileError> for ApiError {
+    fn from(e: ReconcileError) -> Self {
+        match e {
+            ReconcileError::Busy => ApiError::Conflict {
+                code: "reconciling",
+                detail: e.to_string(),
+            },
+            ReconcileError::Store(e) => e.into(),
+        }
+    }
+}
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

@@ -16,7 +16,7 @@ use utoipa_axum::routes;
 
 use crate::breaker::Action;
 use crate::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
-use crate::error::{ApiError, Refusal};
+use crate::http::error::{ApiError, Refusal};
 use crate::http::extract::{ApiPath, AuthUser, OrderSeeker};
 use crate::http::reply::ok;
 use crate::http::request_id;

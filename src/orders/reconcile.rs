@@ -12,16 +12,14 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
-use crate::error::ApiError;
 use crate::items::repo::Item;
 use crate::items::stock;
 use crate::keys::Keys;
+use crate::lock::RedisLock;
 use crate::orders::ending::{self, Held};
 use crate::orders::placed;
 use crate::orders::repo::{self, CancelReason, OrderStatus, StatusCounts};
-use crate::store::{
-    Db, DbError, RedisConns, RedisError, RedisLock, StoreError, mysql_timed, redis_timed,
-};
+use crate::store::{Db, DbError, RedisConns, RedisError, StoreError, mysql_timed, redis_timed};
 use crate::telemetry::Meters;
 
 /// Longest a reconciliation may hold its item's lock (it is released when done).
@@ -40,19 +38,6 @@ pub enum ReconcileError {
     Busy,
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-/// How a reconciliation that did not run is answered.
-impl From<ReconcileError> for ApiError {
-    fn from(e: ReconcileError) -> Self {
-        match e {
-            ReconcileError::Busy => ApiError::Conflict {
-                code: "reconciling",
-                detail: e.to_string(),
-            },
-            ReconcileError::Store(e) => e.into(),
-        }
-    }
 }
 
 impl From<DbError> for ReconcileError {

@@ -15,11 +15,11 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::breaker::auto::Signals;
 use crate::broker::{Broker, Outgoing};
 use crate::domain::Stock;
 use crate::keys::Keys;
 use crate::marks::{self, Work};
+use crate::signals::Signals;
 use crate::store::RedisConns;
 use crate::telemetry::Meters;
 

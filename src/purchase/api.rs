@@ -21,7 +21,7 @@ use utoipa_axum::routes;
 use crate::breaker::Action;
 use crate::broker::Outgoing;
 use crate::domain::{ItemId, OrderPlaced, OrderSn, UserId};
-use crate::error::{ApiError, Refusal};
+use crate::http::error::{ApiError, Refusal};
 use crate::http::extract::{ApiJson, Buyer, ClientTime, Idempotency};
 use crate::http::reply::{Code, envelope};
 use crate::http::request_id;
@@ -33,6 +33,7 @@ use crate::state::AppState;
 use crate::store::{RedisConn, RedisError, Replication, ShortOfReplicas, redis_timed};
 
 use super::grab::{GrabOutcome, IdempotencyKey, give_back, grab};
+use super::refusal::refusal;
 
 /// Units a buyer of a split item may borrow into their bucket and lose to others of it
 /// before being told to press again (each round moves a unit: the sale goes on).
@@ -138,7 +139,7 @@ async fn flashbuy(
         {
             return Ok(queued(order_sn, item_id));
         }
-        return Err(refused.refusal(&item));
+        return Err(refusal(refused, &item));
     }
     // From this instance's cache (filled from Redis on a miss).
     if !state.shops.open_now(item.item.shop_id).await {
@@ -225,7 +226,7 @@ async fn sell(
             }
             Err(ApiError::SoldOut)
         }
-        other => Err(other.refusal(&item)),
+        other => Err(refusal(other, &item)),
     }
 }
 

@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 
 use crate::domain::{ItemId, UserId};
 use crate::draw::rank;
-use crate::error::ApiError;
+use crate::http::error::ApiError;
 use crate::http::reply::{envelope, ok};
 use crate::items::catalog::CatalogItem;
 use crate::lua::ENTER;
@@ -17,6 +17,7 @@ use crate::state::AppState;
 use crate::store::redis_timed;
 
 use super::grab::GrabOutcome;
+use super::refusal::refusal;
 
 /// An entry in a draw.
 #[derive(Serialize, ToSchema)]
@@ -60,9 +61,9 @@ pub async fn enter(
         }
         "again" => Ok(ok("entered", entry)),
         "closed" => Err(ApiError::Ended),
-        "not_started" => Err(GrabOutcome::NotStarted.refusal(item)),
-        "not_loaded" => Err(GrabOutcome::NotLoaded.refusal(item)),
-        "reloading" => Err(GrabOutcome::Reloading.refusal(item)),
+        "not_started" => Err(refusal(GrabOutcome::NotStarted, item)),
+        "not_loaded" => Err(refusal(GrabOutcome::NotLoaded, item)),
+        "reloading" => Err(refusal(GrabOutcome::Reloading, item)),
         "paused" => Err(ApiError::Paused),
         other => Err(anyhow::anyhow!("enter.lua answered {other:?}").into()),
     }

@@ -1,6 +1,7 @@
 //! The purchase: `POST /api/flashbuy` ([`api`]), decided by one Lua script in Redis
-//! ([`grab`]); on a draw's item, an entry ([`entry`]).
+//! ([`grab`]), a refusal answered by [`refusal`]; on a draw's item, an entry ([`entry`]).
 
 pub mod api;
 pub mod entry;
 pub mod grab;
+mod refusal;

@@ -20,7 +20,8 @@ use crate::draw::award::{Round, draw};
 use crate::draw::schedule;
 use crate::items::catalog;
 use crate::items::repo::{self, Item};
-use crate::store::{RedisLock, StoreError};
+use crate::lock::RedisLock;
+use crate::store::StoreError;
 
 use super::Scheduler;
 

@@ -11,7 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, Opened, Outbound, publish};
 use crate::keys::Keys;
-use crate::store::{Db, RedisConns, RedisError, RedisLock, StoreError};
+use crate::lock::RedisLock;
+use crate::store::{Db, RedisConns, RedisError, StoreError};
 
 use super::cache::Shops;
 use super::repo::{self, Shop};

@@ -5,14 +5,12 @@ use std::time::Duration;
 mod galera;
 mod given_back;
 mod grouped;
-mod lock;
 mod misses;
 mod mysql;
 mod redis_conns;
 mod replicas;
 
 pub use self::grouped::Grouped;
-pub use self::lock::RedisLock;
 pub use self::misses::MissLimit;
 pub use self::mysql::{
     Db, DbError, STORABLE, begin as mysql_begin, connect_mysql, migrate, retrying_deadlocks,

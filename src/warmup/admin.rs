@@ -13,7 +13,7 @@ use utoipa_axum::routes;
 
 use crate::delay_queue::Plan;
 use crate::domain::ItemId;
-use crate::error::{ApiError, Refusal};
+use crate::http::error::{ApiError, Refusal};
 use crate::http::extract::{Admin, ApiJson, ApiPath, ApiQuery};
 use crate::http::reply::ok;
 use crate::items::bulk::{self, MOST_PER_CALL, Outcome, first_repeated};
@@ -24,6 +24,39 @@ use super::{Warmup, WarmupError, WarmupReport, fresh};
 /// Warm-ups a bulk call runs at once: each holds a pooled Redis connection and briefly
 /// takes a second one, and the pool (16) also serves the relay, the consumer and stats.
 const WARMUPS_AT_ONCE: usize = 4;
+
+/// How a warm-up that did not load is answered.
+impl From<WarmupError> for ApiError {
+    fn from(e: WarmupError) -> Self {
+        let conflict = |code| ApiError::Conflict {
+            code,
+            detail: e.to_string(),
+        };
+        match e {
+            WarmupError::NotFound => ApiError::ItemNotFound,
+            WarmupError::Busy => conflict("warmup_running"),
+            WarmupError::AlreadyLoaded { .. } => conflict("already_loaded"),
+            WarmupError::LiveSale => conflict("sale_live"),
+            WarmupError::InFlight(_) => conflict("orders_in_flight"),
+            WarmupError::OverHeld { .. } => conflict("over_held"),
+            WarmupError::Raced => conflict("raced"),
+            WarmupError::Verify { .. } => ApiError::Internal(e.into()),
+            WarmupError::Redis(e) => ApiError::Redis(e),
+            WarmupError::Database(e) => ApiError::Database(e),
+        }
+    }
+}
+
+/// A warm-up working with this instance's stores.
+fn warmup<'a>(state: &'a AppState, plan: &'a Plan) -> Warmup<'a> {
+    Warmup {
+        db: &state.db,
+        redis: &state.redis,
+        broker: &state.broker,
+        keys: &state.keys,
+        plan,
+    }
+}
 
 pub fn router() -> OpenApiRouter<AppState> {
     let (schemas, paths, bulk_warmup) = routes!(warmup_items);
@@ -65,9 +98,7 @@ async fn warmup_item(
     ApiQuery(query): ApiQuery<WarmupQuery>,
 ) -> Result<Response, ApiError> {
     let plan = Plan::from_settings(&state.settings);
-    let report = Warmup::with(&state, &plan)
-        .run(id, query.force, &|_| {})
-        .await?;
+    let report = warmup(&state, &plan).run(id, query.force, &|_| {}).await?;
     // The warm-up announced itself to every instance; this one need not wait for that.
     let _ = state.catalog.refresh_item(id).await;
     Ok(ok("loaded", report))
@@ -119,7 +150,7 @@ async fn warmup_items(
         )));
     }
     let plan = Plan::from_settings(&state.settings);
-    let warmup = Warmup::with(&state, &plan);
+    let warmup = warmup(&state, &plan);
     let mut decided: HashMap<ItemId, Outcome> = HashMap::new();
     let mut one_by_one = Vec::new();
     let mut fresh_loaded = false;

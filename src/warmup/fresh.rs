@@ -14,9 +14,10 @@ use crate::draw;
 use crate::items::repo::{self, Item};
 use crate::items::stock;
 use crate::keys::{ItemKeys, Keys};
+use crate::lock::RedisLock;
 use crate::lua::LOAD_FRESH;
 use crate::orders::repo as orders;
-use crate::store::{Grouped, RedisConns, RedisLock, redis_timed};
+use crate::store::{Grouped, RedisConns, redis_timed};
 
 use super::{BucketMeta, GUARDED, LOCK_FOR, Warmup, WarmupError, meta_after};
 

@@ -20,18 +20,15 @@ use crate::delay_queue::Plan;
 use crate::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
 use crate::keys::Keys;
 use crate::keys::{ItemKeys, LoadingKeys};
+use crate::lock::RedisLock;
 use crate::lua::SWAP;
 use crate::marks::{self, Work};
 use crate::orders::repo as orders;
-use crate::store::{
-    Db, DbError, Grouped, RedisConn, RedisConns, RedisError, RedisLock, redis_timed,
-};
+use crate::store::{Db, DbError, Grouped, RedisConn, RedisConns, RedisError, redis_timed};
 
-use crate::error::ApiError;
 use crate::items::repo::{self, Item};
 use crate::items::stock::{self, StockSnapshot};
 use crate::items::transfer;
-use crate::state::AppState;
 
 /// Units per RPUSH, and RPUSHes per round trip.
 const BATCH: u64 = 1_000;
@@ -68,19 +65,6 @@ pub struct Warmup<'a> {
     pub keys: &'a Keys,
     /// The deadlines and reminders a rebuild schedules again for unpaid orders.
     pub plan: &'a Plan,
-}
-
-impl<'a> Warmup<'a> {
-    /// A warm-up working with this instance's stores.
-    pub fn with(state: &'a AppState, plan: &'a Plan) -> Self {
-        Warmup {
-            db: &state.db,
-            redis: &state.redis,
-            broker: &state.broker,
-            keys: &state.keys,
-            plan,
-        }
-    }
 }
 
 /// Where a warm-up is, for a progress display.
@@ -134,28 +118,6 @@ pub enum WarmupError {
     Redis(#[from] RedisError),
     #[error(transparent)]
     Database(#[from] DbError),
-}
-
-/// How a warm-up that did not load is answered.
-impl From<WarmupError> for ApiError {
-    fn from(e: WarmupError) -> Self {
-        let conflict = |code| ApiError::Conflict {
-            code,
-            detail: e.to_string(),
-        };
-        match e {
-            WarmupError::NotFound => ApiError::ItemNotFound,
-            WarmupError::Busy => conflict("warmup_running"),
-            WarmupError::AlreadyLoaded { .. } => conflict("already_loaded"),
-            WarmupError::LiveSale => conflict("sale_live"),
-            WarmupError::InFlight(_) => conflict("orders_in_flight"),
-            WarmupError::OverHeld { .. } => conflict("over_held"),
-            WarmupError::Raced => conflict("raced"),
-            WarmupError::Verify { .. } => ApiError::Internal(e.into()),
-            WarmupError::Redis(e) => ApiError::Redis(e),
-            WarmupError::Database(e) => ApiError::Database(e),
-        }
-    }
 }
 
 impl Warmup<'_> {

@@ -1,5 +1,7 @@
-//! The crate's shape: no module of `src/` reaches, through the modules it names, back to
-//! itself (a circle makes every one of them the place to start reading). Modules are files;
+//! The crate's shape: its modules in layers, each naming only its own layer and those below
+//! (the table is [`LAYERS`]); no folder and no module of `src/` reaches, through the modules
+//! it names, back to itself (a circle makes every one of them the place to start reading).
+//! Modules are files;
 //! what a file names is every `crate::…` and `super::…` path outside its tests, and every
 //! path through a module it imported (`use crate::items::repo;` … `repo::get`).
 
@@ -14,27 +16,72 @@ struct Named {
     alias: Option<String>,
 }
 
+/// The layers, lowest first: a module may name modules of its own layer and of the layers
+/// below, never one above. Each layer lists its units: a top-level module (a folder with
+/// everything in it, or a file), or a module inside one that sits elsewhere (the orders
+/// table's rows, below the items that ask about orders). A feature's HTTP surface — its
+/// `api` and `admin` and the files only they use ([`SURFACE`]) — sits above the edge that
+/// serves it. docs/development.md shows the same table.
+const LAYERS: &[(&str, &[&str])] = &[
+    ("ground", &["domain", "config", "error"]),
+    ("parts", &["keys", "telemetry", "auth"]),
+    ("stores", &["store", "lua", "clock", "broker", "background"]),
+    ("records", &["orders::repo"]),
+    (
+        "machinery",
+        &["lock", "signals", "marks", "delay_queue", "outbox"],
+    ),
+    ("features", &["items", "shops", "breaker"]),
+    (
+        "operations",
+        &[
+            "orders",
+            "draw",
+            "warmup",
+            "purchase",
+            "scheduler",
+            "invariants",
+        ],
+    ),
+    ("edge", &["http", "state"]),
+    ("surface", &["health"]),
+    ("whole", &["app", "bench", "main", "lib"]),
+];
+
+/// A feature's HTTP surface besides its `api` and `admin`: the files only they use.
+const SURFACE: &[&str] = &[
+    "items::bulk",
+    "items::body",
+    "purchase::entry",
+    "purchase::refusal",
+];
+
+#[test]
+fn no_module_of_src_names_a_module_of_a_layer_above_it() {
+    let named = named_in(&src());
+    let upward = upward(&named);
+    assert!(
+        upward.is_empty(),
+        "imports from a lower layer to a higher one:\n{}",
+        upward.join("\n")
+    );
+}
+
+#[test]
+fn no_folder_of_src_names_a_folder_that_names_it_back() {
+    let named = named_in(&src());
+    let circles = circles(&folders(&named));
+    assert!(
+        circles.is_empty(),
+        "circles among folders:\n{}",
+        circles.join("\n")
+    );
+}
+
 #[test]
 fn no_module_of_src_names_a_module_that_names_it_back() {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = BTreeMap::new();
-    collect(&src, &src, &mut files);
-    let modules: BTreeSet<Module> = files.keys().cloned().collect();
-    let named: BTreeMap<Module, BTreeSet<Module>> = files
-        .iter()
-        .map(|(module, text)| (module.clone(), names(module, text, &modules)))
-        .collect();
-    let circles: Vec<String> = named
-        .keys()
-        .filter_map(|start| circle_through(start, &named))
-        .map(|circle| {
-            circle
-                .iter()
-                .map(|m| m.join("::"))
-                .collect::<Vec<_>>()
-                .join(" → ")
-        })
-        .collect();
+    let named = named_in(&src());
+    let circles = circles(&named);
     assert!(
         circles.is_empty(),
         "import circles:\n{}",
@@ -44,6 +91,128 @@ fn no_module_of_src_names_a_module_that_names_it_back() {
     assert!(
         named[&vec!["app".to_owned()]].contains(&vec!["purchase".to_owned(), "api".to_owned()])
     );
+}
+
+/// The checks catch what they are for: an upward import and a circle of folders planted in
+/// a copy of the tree's graph.
+#[test]
+fn the_layer_checks_find_a_planted_upward_import_and_a_folder_circle() {
+    let mut named = named_in(&src());
+    let module = |path: &str| -> Module { path.split("::").map(str::to_owned).collect() };
+    named
+        .get_mut(&module("domain"))
+        .unwrap()
+        .insert(module("orders::consumer"));
+    let upward = upward(&named);
+    assert_eq!(
+        upward,
+        ["domain → orders::consumer (ground below operations)"]
+    );
+
+    let mut named = named_in(&src());
+    named
+        .get_mut(&module("lua"))
+        .unwrap()
+        .insert(module("keys"));
+    named
+        .get_mut(&module("keys"))
+        .unwrap()
+        .insert(module("lua"));
+    let circles = circles(&folders(&named));
+    assert!(
+        circles
+            .iter()
+            .any(|c| c.contains("keys") && c.contains("lua")),
+        "{circles:?}"
+    );
+}
+
+fn src() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// Every module of `src` and the other modules it names.
+fn named_in(src: &Path) -> BTreeMap<Module, BTreeSet<Module>> {
+    let mut files = BTreeMap::new();
+    collect(src, src, &mut files);
+    let modules: BTreeSet<Module> = files.keys().cloned().collect();
+    files
+        .iter()
+        .map(|(module, text)| (module.clone(), names(module, text, &modules)))
+        .collect()
+}
+
+/// A module's unit (the longest entry of [`LAYERS`] it lies in, with `surface` appended
+/// for a feature's HTTP surface), its layer's rank and the layer's name.
+fn unit(module: &Module) -> (Module, usize, &'static str) {
+    let joined = module.join("::");
+    let last = module.last().map_or("", String::as_str);
+    let surface =
+        module.len() > 1 && (matches!(last, "api" | "admin") || SURFACE.contains(&joined.as_str()));
+    let within = |entry: &str| joined == entry || joined.starts_with(&format!("{entry}::"));
+    let (rank, name, entry) = LAYERS
+        .iter()
+        .enumerate()
+        .flat_map(|(rank, (name, entries))| entries.iter().map(move |e| (rank, *name, *e)))
+        .filter(|(_, _, entry)| within(entry) || (joined.is_empty() && *entry == "lib"))
+        .max_by_key(|(_, _, entry)| entry.len())
+        .unwrap_or_else(|| panic!("{joined} is in no layer: add it to LAYERS"));
+    let mut unit: Module = entry.split("::").map(str::to_owned).collect();
+    if surface {
+        unit.push("surface".to_owned());
+        let rank = LAYERS.iter().position(|(n, _)| *n == "surface").unwrap();
+        return (unit, rank, "surface");
+    }
+    (unit, rank, name)
+}
+
+/// Every import from a lower layer to a higher one, as `from → to (low below high)`.
+fn upward(named: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<String> {
+    let mut found = Vec::new();
+    for (module, targets) in named {
+        let (_, rank, name) = unit(module);
+        for target in targets {
+            let (_, target_rank, target_name) = unit(target);
+            if target_rank > rank {
+                found.push(format!(
+                    "{} → {} ({name} below {target_name})",
+                    module.join("::"),
+                    target.join("::")
+                ));
+            }
+        }
+    }
+    found
+}
+
+/// The graph among the units of [`LAYERS`] (folders, mostly), without the names inside one.
+fn folders(named: &BTreeMap<Module, BTreeSet<Module>>) -> BTreeMap<Module, BTreeSet<Module>> {
+    let mut graph: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
+    for (module, targets) in named {
+        let from = unit(module).0;
+        let to: BTreeSet<Module> = targets
+            .iter()
+            .map(|target| unit(target).0)
+            .filter(|to| *to != from)
+            .collect();
+        graph.entry(from).or_default().extend(to);
+    }
+    graph
+}
+
+/// Every circle of `graph`, one per module it starts from, as `a → b → a`.
+fn circles(graph: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<String> {
+    graph
+        .keys()
+        .filter_map(|start| circle_through(start, graph))
+        .map(|circle| {
+            circle
+                .iter()
+                .map(|m| m.join("::"))
+                .collect::<Vec<_>>()
+                .join(" → ")
+        })
+        .collect()
 }
 
 /// Every `.rs` file under `dir` as its module path (`mod.rs`, `lib.rs`, `main.rs` are their

@@ -5,8 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::lua::UNLOCK;
-
-use super::{Grouped, RedisConns, RedisError, redis_timed};
+use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
 
 /// How often a waiting taker tries again.
 const RETRY_EVERY: Duration = Duration::from_millis(20);

@@ -11,7 +11,7 @@ use utoipa_axum::routes;
 use crate::state::{AppState, Shared};
 use crate::store::mysql_timed;
 
-use super::reply::{envelope, ok};
+use crate::http::reply::{envelope, ok};
 
 /// Health checks: what every process serves, a worker-only one (no `api` role) too.
 pub fn router() -> OpenApiRouter<AppState> {

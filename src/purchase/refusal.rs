@@ -1,0 +1,37 @@
+//! How a purchase that did not win is answered: each outcome of the grab as one code of
+//! the contract (the HTTP surface of `grab.rs`, shared by `api.rs` and `entry.rs`).
+
+use crate::http::error::ApiError;
+use crate::items::catalog::CatalogItem;
+
+use super::grab::GrabOutcome;
+
+/// The answer to every outcome but a win, whether memory or a script decided it.
+pub fn refusal(outcome: GrabOutcome, item: &CatalogItem) -> ApiError {
+    match outcome {
+        GrabOutcome::Duplicate(order_sn) => ApiError::Duplicate { order_sn },
+        GrabOutcome::LimitReached(order_sns) => ApiError::LimitReached { order_sns },
+        GrabOutcome::SoldOut => ApiError::SoldOut,
+        GrabOutcome::BetweenReleases(at_ms) => ApiError::BetweenReleases {
+            next_release_at: chrono::DateTime::from_timestamp_millis(at_ms).unwrap_or_default(),
+        },
+        GrabOutcome::StillMoving => {
+            ApiError::Unavailable("units are moving between the item's buckets; press again".into())
+        }
+        GrabOutcome::Paused => ApiError::Paused,
+        // Loaded once and gone: Redis lost it, and an operator has to rebuild it. The
+        // buyer did nothing wrong, and pressing again later may well work.
+        GrabOutcome::NotLoaded if item.item.loaded_at.is_some() => {
+            ApiError::Unavailable("the item's units are being restored; try again shortly".into())
+        }
+        GrabOutcome::NotLoaded => ApiError::NotStarted("the item's units are not loaded yet"),
+        GrabOutcome::Reloading => {
+            ApiError::Unavailable("the item's units are being reloaded; try again shortly".into())
+        }
+        GrabOutcome::NotStarted => ApiError::NotStarted("the sale has not opened yet"),
+        GrabOutcome::Ended => ApiError::Ended,
+        GrabOutcome::Won { .. } | GrabOutcome::Repeat(_) => {
+            ApiError::Internal(anyhow::anyhow!("a win answered as a refusal"))
+        }
+    }
+}
