@@ -29,18 +29,9 @@ use super::ending::{self, Held};
 use super::placed;
 use super::repo::{self, CancelReason, OrderRow, OrderStatus, from_millis};
 
-#[derive(Serialize)]
+/// The order statuses a buyer sees: MySQL's three, and `pending`.
+#[derive(Clone, Copy, PartialEq, Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
-enum ShownStatus {
-    Pending,
-    #[serde(untagged)]
-    Stored(OrderStatus),
-}
-
-/// The order statuses a buyer sees, as the document names them.
-#[derive(ToSchema)]
-#[schema(rename_all = "lowercase")]
-#[allow(dead_code)] // a schema only: `ShownStatus` is what is sent
 enum OrderStatusShown {
     /// Won, not yet in MySQL.
     Pending,
@@ -49,14 +40,23 @@ enum OrderStatusShown {
     Cancelled,
 }
 
+impl From<OrderStatus> for OrderStatusShown {
+    fn from(status: OrderStatus) -> Self {
+        match status {
+            OrderStatus::Unpaid => OrderStatusShown::Unpaid,
+            OrderStatus::Paid => OrderStatusShown::Paid,
+            OrderStatus::Cancelled => OrderStatusShown::Cancelled,
+        }
+    }
+}
+
 /// An order as its owner sees it.
 #[derive(Serialize, ToSchema)]
 struct OrderView {
     order_sn: OrderSn,
     item_id: ItemId,
     user_id: UserId,
-    #[schema(value_type = OrderStatusShown)]
-    status: ShownStatus,
+    status: OrderStatusShown,
     created_at: DateTime<Utc>,
     /// When an unpaid order is cancelled and its unit goes back on sale.
     pay_deadline: DateTime<Utc>,
@@ -221,7 +221,7 @@ async fn orders_of(
 impl OrderView {
     /// Holding a unit: pending, unpaid or paid.
     fn is_live(&self) -> bool {
-        !matches!(self.status, ShownStatus::Stored(OrderStatus::Cancelled))
+        self.status != OrderStatusShown::Cancelled
     }
 
     fn pending(order: OrderPlaced) -> Self {
@@ -229,7 +229,7 @@ impl OrderView {
             order_sn: order.order_sn,
             item_id: order.item_id,
             user_id: order.user_id,
-            status: ShownStatus::Pending,
+            status: OrderStatusShown::Pending,
             created_at: from_millis(order.created_at_ms),
             pay_deadline: from_millis(order.pay_deadline_ms),
         }
@@ -242,7 +242,7 @@ impl From<OrderRow> for OrderView {
             user_id: row.user(),
             order_sn: row.order_sn,
             item_id: row.item_id,
-            status: ShownStatus::Stored(row.status),
+            status: row.status.into(),
             created_at: row.created_at,
             pay_deadline: row.pay_deadline,
         }
