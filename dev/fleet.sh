@@ -3,7 +3,7 @@
 # behind nginx on 127.0.0.1:8000, which also serves the storefront. Ctrl-C stops all three.
 #   ./dev/fleet.sh
 #   open http://127.0.0.1:8000/?item=1001&token=$(target/release/seckill token --user 1)
-#   target/release/seckill bench --target http://127.0.0.1:8000
+#   target/release/seckill rehearse --target http://127.0.0.1:8000
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . dev/lib.sh

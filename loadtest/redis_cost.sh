@@ -5,7 +5,7 @@
 #      loadtest/redis_cost.rs runs only wins, only duplicates, only sold-out answers, then
 #      the minimal pop-and-record script (loadtest/lua/minimal.lua);
 #   2. per won order, everything included: Redis's CPU (INFO cpu, user + sys) before and
-#      after `seckill bench` sells ORDERS units to as many distinct buyers, each pressing
+#      after `seckill rehearse` sells ORDERS units to as many distinct buyers, each pressing
 #      once, with the whole server running (API, consumer, scheduler) until every order is
 #      in MySQL and the outbox and pending orders are empty; net of Redis's use while the
 #      same server idles for as long.
@@ -89,9 +89,9 @@ echo "selling $orders units to $orders buyers, each pressing once" >&2
 private config resetstat >/dev/null
 before=$(cpu_us)
 t0=$(date +%s.%N)
-target/release/seckill bench --units "$orders" --users "$orders" --requests "$orders" \
+target/release/seckill rehearse --units "$orders" --users "$orders" --requests "$orders" \
   --concurrency 64 --out "$out/bench" >"$out/bench.log" 2>&1 ||
-  { echo "seckill bench failed; see $out/bench.log" >&2; exit 1; }
+  { echo "seckill rehearse failed; see $out/bench.log" >&2; exit 1; }
 wait_until 60 drained || die "orders still in the outbox or pending; see $out/server.log"
 after=$(cpu_us)
 t1=$(date +%s.%N)

@@ -1,5 +1,5 @@
 //! docs/contract.md section 7, invariants 1 to 5, judged from what MySQL and Redis hold once
-//! an item is quiet — not from the server's own word. One implementation: `seckill bench`
+//! an item is quiet — not from the server's own word. One implementation: `seckill rehearse`
 //! gathers the facts its way (in chunks, for a sale of millions), the integration tests
 //! theirs (every row), and both judge them here.
 

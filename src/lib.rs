@@ -8,7 +8,6 @@
 pub mod app;
 pub mod auth;
 pub mod background;
-pub mod bench;
 pub mod breaker;
 pub mod broker;
 pub mod clock;
@@ -28,6 +27,7 @@ pub mod marks;
 pub mod orders;
 pub mod outbox;
 pub mod purchase;
+pub mod rehearsal;
 pub mod scheduler;
 pub mod shops;
 pub mod signals;

@@ -10,11 +10,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokio_util::sync::CancellationToken;
 
 use seckill::auth::Jwt;
-use seckill::bench::BenchArgs;
 use seckill::broker::{Broker, Topology};
 use seckill::delay_queue::Plan;
 use seckill::domain::{ItemId, UserId};
 use seckill::keys::Keys;
+use seckill::rehearsal::RehearsalArgs;
 use seckill::store::{RedisConns, WaitRule, connect_mysql, migrate};
 use seckill::warmup::{Progress, Warmup};
 use seckill::{Role, Server, Settings, telemetry};
@@ -79,9 +79,11 @@ enum Command {
     },
     /// Rehearse a sale against a running server: fire a crowd, report answers and latency,
     /// then check the invariants against Redis and MySQL (exit 1 when one is broken).
-    Bench {
+    /// `bench`, its name before 2026-12-03, still works.
+    #[command(visible_alias = "bench")]
+    Rehearse {
         #[command(flatten)]
-        bench: Box<BenchArgs>,
+        rehearsal: Box<RehearsalArgs>,
         #[command(flatten)]
         settings: Settings,
     },
@@ -140,9 +142,12 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
             }
             Ok(())
         }
-        Command::Bench { bench, settings } => {
+        Command::Rehearse {
+            rehearsal,
+            settings,
+        } => {
             // A broken invariant is the answer, not an error: exit 1 after the report.
-            let passed = seckill::bench::run(*bench, settings).await?;
+            let passed = seckill::rehearsal::run(*rehearsal, settings).await?;
             return Ok(if passed {
                 ExitCode::SUCCESS
             } else {

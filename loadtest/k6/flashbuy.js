@@ -9,7 +9,7 @@
 // The defaults suit the 2-core machine docs/benchmarks.md measures on, where k6's virtual users
 // share the cores with the server; on a real load host raise SPIKE_VUS (to 500 or more)
 // and lower P99_SPIKE_MS / P99_RAMP_MS (loadtest/k6/README.md).
-// k6 measures the answers; `seckill bench` also proves the outcome (no oversell, nothing
+// k6 measures the answers; `seckill rehearse` also proves the outcome (no oversell, nothing
 // lost) against Redis and MySQL — run it too before the day.
 import http from "k6/http";
 import { check } from "k6";

@@ -391,7 +391,7 @@ fn interactions(report: &Path) -> Vec<Interaction> {
 }
 
 /// The k6 plan, scaled down by its settings, against a real server: its thresholds pass
-/// (k6 exits 0), every answer is one a sale expects, and `seckill bench --requests 0` then
+/// (k6 exits 0), every answer is one a sale expects, and `seckill rehearse --requests 0` then
 /// proves the outcome against Redis and MySQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_k6_plan_runs_and_the_sale_adds_up() {
@@ -455,7 +455,7 @@ async fn the_k6_plan_runs_and_the_sale_adds_up() {
 
     let mut bench = seckill(&env);
     bench
-        .arg("bench")
+        .arg("rehearse")
         .args(["--target", &server.url("")])
         .args(["--item", &item.to_string(), "--requests", "0"])
         .arg("--out")

@@ -45,7 +45,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     ("edge", &["http", "state"]),
     ("surface", &["health"]),
-    ("whole", &["app", "bench", "main", "lib"]),
+    ("whole", &["app", "rehearsal", "main", "lib"]),
 ];
 
 /// A feature's HTTP surface besides its `api` and `admin`: the files only they use.

@@ -2,7 +2,6 @@
 //! compiles once; every test isolates itself (see `support`).
 
 mod admin;
-mod bench;
 mod buckets;
 mod burst;
 mod catalogue;
@@ -26,6 +25,7 @@ mod protection;
 mod purchase;
 mod queue;
 mod recovery;
+mod rehearsal;
 mod retention;
 mod setup;
 mod shapes;

@@ -435,7 +435,7 @@ impl TestEnv {
     }
 
     /// docs/contract.md section 7, invariants 1 to 4, for a quiescent item, judged by
-    /// `seckill::invariants` (as `seckill bench` judges a rehearsal) from every row in
+    /// `seckill::invariants` (as `seckill rehearse` judges a rehearsal) from every row in
     /// MySQL and the stock in Redis: `won` are the order numbers of every `202` the test
     /// saw. Then the server's own stats must agree.
     pub async fn assert_invariants(

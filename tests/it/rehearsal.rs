@@ -1,4 +1,4 @@
-//! `seckill bench`: a rehearsal against a real server proves its outcome, and says NO GO
+//! `seckill rehearse`: a rehearsal against a real server proves its outcome, and says NO GO
 //! (exit 1) when an invariant is broken.
 
 use std::process::Output;
@@ -18,7 +18,7 @@ fn out_dir(env_name: &str) -> std::path::PathBuf {
 async fn bench(env: &TestEnv, server: &TestServer, args: &[&str], out: &std::path::Path) -> Output {
     let mut command = seckill(env);
     command
-        .arg("bench")
+        .arg("rehearse")
         .args(["--target", &server.url("")])
         .args(["--out", out.to_str().unwrap()])
         .args(args);
@@ -43,7 +43,7 @@ fn said_go(output: &Output, lines: &[&str]) {
 /// The rehearsal of a hot item over four buckets, a fifth of the winners cancelling (their
 /// units back in their buckets, sold again across them): every invariant holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn bench_rehearses_a_hot_item_over_buckets() {
+async fn it_rehearses_a_hot_item_over_buckets() {
     let env = TestEnv::new("bench_buckets").await;
     let server = env.server(ALL_ROLES).await;
     let out = out_dir("buckets");
@@ -87,7 +87,7 @@ async fn bench_rehearses_a_hot_item_over_buckets() {
 /// A shaped sale: two per buyer, a third of the units in a wave two seconds in, presses
 /// spread over four seconds: some buyers hold two, the wave sells, every invariant holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn bench_rehearses_a_shaped_sale() {
+async fn it_rehearses_a_shaped_sale() {
     let env = TestEnv::new("bench_shapes").await;
     let server = env.server(ALL_ROLES).await;
     let out = out_dir("shapes");
@@ -117,7 +117,7 @@ async fn bench_rehearses_a_shaped_sale() {
 /// A draw: the crowd's presses are entries for three seconds, the bench waits for the
 /// draw and checks that the 30 units went to the lowest ranks (its sixth check).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn bench_rehearses_a_draw() {
+async fn it_rehearses_a_draw() {
     let env = TestEnv::new("bench_draw").await;
     let server = env.server(ALL_ROLES).await;
     let out = out_dir("draw");
@@ -134,7 +134,7 @@ async fn bench_rehearses_a_draw() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn bench_rehearses_a_sale_and_proves_the_invariants() {
+async fn it_rehearses_a_sale_and_proves_the_invariants() {
     let env = TestEnv::new("bench_ok").await;
     let server = env.server(ALL_ROLES).await;
     let out = out_dir("ok");
@@ -220,7 +220,7 @@ async fn bench_rehearses_a_sale_and_proves_the_invariants() {
 /// warm-up refused the live sale, leaving the new total in MySQL and the old stock in
 /// Redis: NO GO.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn bench_sets_up_a_live_item_again() {
+async fn a_rehearsal_sets_up_a_live_item_again() {
     let env = TestEnv::new("bench_again").await;
     let server = env.server(ALL_ROLES).await;
     env.item(703, 20).on_sale(&server).await;
@@ -252,7 +252,7 @@ async fn bench_sets_up_a_live_item_again() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn bench_says_no_go_when_the_stock_does_not_add_up() {
+async fn a_rehearsal_says_no_go_when_the_stock_does_not_add_up() {
     let env = TestEnv::new("bench_broken").await;
     let server = env.server(ALL_ROLES).await;
     env.item(702, 20).on_sale(&server).await;
@@ -293,7 +293,7 @@ async fn bench_says_no_go_when_the_stock_does_not_add_up() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn bench_at_a_fixed_rate_retries_what_the_server_turns_away() {
+async fn a_rehearsal_at_a_fixed_rate_retries_what_the_server_turns_away() {
     let env = TestEnv::new("bench_rate").await;
     // One purchase a second per user (bursts of two): five users pressing 40 times in
     // about 0.2 s are mostly told to wait.

@@ -12,7 +12,7 @@ use url::Url;
 use crate::config::Secret;
 use crate::domain::ItemId;
 
-use super::BenchArgs;
+use super::RehearsalArgs;
 
 /// Units of a new item when `--units` is not given.
 const DEFAULT_UNITS: u32 = 1000;
@@ -28,7 +28,7 @@ impl Admin {
     pub fn new(base: Url, token: Option<&Secret>) -> anyhow::Result<Self> {
         let token = token
             .context(
-                "SECKILL_ADMIN_TOKEN is not set: the bench sets up the item and reads its \
+                "SECKILL_ADMIN_TOKEN is not set: the rehearsal sets up the item and reads its \
                  stats through the admin API",
             )?
             .expose()
@@ -109,7 +109,7 @@ pub async fn wait_for_draw(admin: &Admin, id: ItemId, limit: Duration) -> anyhow
 /// Sets the item up (or checks the existing one) and answers what it holds.
 pub async fn prepare(
     admin: &Admin,
-    args: &BenchArgs,
+    args: &RehearsalArgs,
     start_at: DateTime<Utc>,
 ) -> anyhow::Result<ItemInfo> {
     let id = match args.item {

@@ -89,7 +89,7 @@ struct Tally {
     retries: u64,
 }
 
-/// One HTTP answer, as far as the bench cares.
+/// One HTTP answer, as far as the rehearsal cares.
 struct Answer {
     status: u16,
     code: String,
@@ -203,7 +203,7 @@ async fn closed(shared: &Arc<Shared>, requests: u64, concurrency: u64) {
     for worker in workers {
         // A press never panics; a join error could only be a panic worth seeing.
         if let Err(e) = worker.await {
-            tracing::error!(error = %e, "a bench worker failed");
+            tracing::error!(error = %e, "a rehearsal worker failed");
         }
     }
 }
@@ -230,7 +230,7 @@ async fn open(shared: &Arc<Shared>, requests: u64, concurrency: u64, rate: u32) 
     }
     for press in presses {
         if let Err(e) = press.await {
-            tracing::error!(error = %e, "a bench press failed");
+            tracing::error!(error = %e, "a rehearsal press failed");
         }
     }
 }

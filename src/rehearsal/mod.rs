@@ -1,4 +1,4 @@
-//! `seckill bench`: rehearses a sale against a running server and proves its outcome.
+//! `seckill rehearse`: rehearses a sale against a running server and proves its outcome.
 //!
 //! It sets up (or reuses) an item through the admin API, fires a crowd of users at
 //! `POST /api/flashbuy`, reports answers and latency, and then — once the order queue has
@@ -26,7 +26,7 @@ pub use report::Report;
 
 /// How the crowd behaves. Every default is the standard rehearsal of docs/rehearsal.md.
 #[derive(clap::Args, Debug, Clone)]
-pub struct BenchArgs {
+pub struct RehearsalArgs {
     /// Base URL the purchases go to: the server, or nginx in front of it.
     /// [default: http://SECKILL_HTTP_ADDR]
     #[arg(long)]
@@ -55,7 +55,7 @@ pub struct BenchArgs {
     #[arg(long, value_parser = parse_waves)]
     pub release: Option<Waves>,
     /// A draw, when --units sets the item up: presses are entries until this many seconds
-    /// after the start, then the units go to the entries of lowest rank; the bench waits
+    /// after the start, then the units go to the entries of lowest rank; the rehearsal waits
     /// for the draw and checks that they did.
     #[arg(long, value_name = "SECONDS", conflicts_with_all = ["release", "per_user"])]
     pub draw: Option<u32>,
@@ -140,7 +140,7 @@ fn parse_start_at(s: &str) -> Result<DateTime<Utc>, String> {
 }
 
 /// Runs the rehearsal; `Ok(true)` when every invariant held.
-pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<bool> {
+pub async fn run(args: RehearsalArgs, settings: Settings) -> anyhow::Result<bool> {
     let target = match &args.target {
         Some(url) => url.clone(),
         None => Url::parse(&format!("http://{}", settings.http_addr))
@@ -151,7 +151,7 @@ pub async fn run(args: BenchArgs, settings: Settings) -> anyhow::Result<bool> {
         // Built without TLS: a rehearsal runs next to the servers or their nginx.
         anyhow::ensure!(
             url.scheme() == "http",
-            "{url}: the bench speaks plain http; aim it at the servers or nginx from inside"
+            "{url}: the rehearsal speaks plain http; aim it at the servers or nginx from inside"
         );
     }
     let admin = setup::Admin::new(admin_url, settings.admin_token.as_ref())?;

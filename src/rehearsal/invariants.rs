@@ -1,4 +1,4 @@
-//! docs/contract.md section 7, checked by the bench itself against Redis and MySQL once the
+//! docs/contract.md section 7, checked by the rehearsal itself against Redis and MySQL once the
 //! order queue has drained — not taken from the server's own word. The facts are gathered
 //! here; [`crate::invariants`] judges them.
 

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::BenchArgs;
+use super::RehearsalArgs;
 use super::fire::{Run, SLICE};
 use super::setup::ItemInfo;
 use crate::invariants::{Check, Outcome};
@@ -96,7 +96,7 @@ fn counts(map: &std::collections::BTreeMap<(u16, String), u64>) -> Vec<Count> {
 
 impl Report {
     pub fn new(
-        args: &BenchArgs,
+        args: &RehearsalArgs,
         target: &url::Url,
         item: &ItemInfo,
         run: &Run,
