@@ -206,16 +206,9 @@ async fn settled_key_count(redis: &PrivateRedis, before: i64) -> i64 {
             panic!("a key: {key:?}");
         };
         let key = String::from_utf8_lossy(&key).into_owned();
-        let ttl = match redis.cmd(&["PTTL", &key]).await {
-            redis::Value::Int(ms) => ms,
-            other => panic!("PTTL: {other:?}"),
-        };
         assert!(
-            [":warming", ":reconciling"]
-                .iter()
-                .any(|l| key.ends_with(l))
-                && ttl > 0,
-            "a retired sale left {key} behind (ttl {ttl} ms)"
+            an_expiring_lock(redis, &key).await,
+            "a retired sale left {key} behind"
         );
     }
     eventually(
@@ -231,6 +224,30 @@ async fn settled_key_count(redis: &PrivateRedis, before: i64) -> i64 {
         },
     )
     .await
+}
+
+/// Whether `key` is a warm-up's or a reconciliation's lock that will expire by itself
+/// (see [`settled_key_count`]).
+async fn an_expiring_lock(redis: &PrivateRedis, key: &str) -> bool {
+    let ttl = match redis.cmd(&["PTTL", key]).await {
+        redis::Value::Int(ms) => ms,
+        other => panic!("PTTL: {other:?}"),
+    };
+    [":warming", ":reconciling"]
+        .iter()
+        .any(|l| key.ends_with(l))
+        && (1..=60_000).contains(&ttl)
+}
+
+/// The keys of `item` a retirement must have deleted: all but the locks left to expire.
+async fn lasting_item_keys(redis: &PrivateRedis, item: u64) -> Vec<String> {
+    let mut lasting = Vec::new();
+    for key in item_keys(redis, item).await {
+        if !an_expiring_lock(redis, &key).await {
+            lasting.push(key);
+        }
+    }
+    lasting
 }
 
 async fn key_count(redis: &PrivateRedis) -> i64 {
@@ -258,6 +275,7 @@ async fn used_memory(redis: &PrivateRedis) -> u64 {
 /// A retirement cut off halfway — MySQL says retired, some keys deleted, the rest, the
 /// index entry and the marks still there — is finished by the next pass whatever the
 /// retention; a sale with an order still unpaid in MySQL is not retired until it is not.
+/// (Locks a loaded machine left to expire may outlast it: `an_expiring_lock`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_retirement_cut_off_halfway_is_finished_and_an_unfinished_sale_waits() {
     let env = TestEnv::new("retire_resume").await;
@@ -305,7 +323,7 @@ async fn a_retirement_cut_off_halfway_is_finished_and_an_unfinished_sale_waits()
 
     wait_retired(&env, &server, 1).await;
     assert_eq!(
-        item_keys(&redis, 1).await,
+        lasting_item_keys(&redis, 1).await,
         Vec::<String>::new(),
         "item 1's keys left behind"
     );
@@ -325,7 +343,7 @@ async fn a_retirement_cut_off_halfway_is_finished_and_an_unfinished_sale_waits()
         .unwrap();
     wait_retired(&env, &server, 2).await;
     assert_eq!(
-        item_keys(&redis, 2).await,
+        lasting_item_keys(&redis, 2).await,
         Vec::<String>::new(),
         "item 2's keys left behind"
     );
