@@ -17,7 +17,7 @@ use crate::auth::Jwt;
 use crate::breaker::{self, Breakers};
 use crate::broker::{Broker, Topology};
 use crate::config::{DEV_JWT_SECRET, Role, Settings};
-use crate::delay_queue::Plan;
+use crate::deps::Deps;
 use crate::http::rate_limit::RateLimits;
 use crate::items::catalog::Catalog;
 use crate::keys::Keys;
@@ -44,6 +44,8 @@ pub struct Server {
     /// Stops the background roles once HTTP has drained.
     workers: CancellationToken,
     publisher_task: tokio::task::JoinHandle<()>,
+    /// What every role's background tasks are built from.
+    deps: Deps,
 }
 
 impl Server {
@@ -80,14 +82,24 @@ impl Server {
 
         let workers = CancellationToken::new();
         let signals = Arc::new(Signals::from_settings(&settings));
-        let (publisher, publisher_task) = OrderPublisher::spawn(
-            broker.clone(),
-            redis.clone(),
-            keys.clone(),
-            signals.clone(),
-            meters.clone(),
-            workers.clone(),
-        );
+        let deps = Deps {
+            settings: Arc::new(settings),
+            keys,
+            db,
+            redis,
+            broker,
+            meters,
+        };
+        let (publisher, publisher_task) =
+            OrderPublisher::spawn(&deps, signals.clone(), workers.clone());
+        let Deps {
+            settings,
+            keys,
+            db,
+            redis,
+            broker,
+            meters,
+        } = deps.clone();
         let breakers = Breakers::new(settings.breaker_throttle_rps);
         if roles.contains(&Role::Api) {
             obey_stored_levels(&breakers, &redis, &keys).await;
@@ -100,7 +112,7 @@ impl Server {
             meters,
             jwt: Arc::new(Jwt::new(&settings.jwt_secret)),
             limits: Arc::new(RateLimits::new(&settings)),
-            settings: Arc::new(settings),
+            settings,
             keys,
             db,
             redis,
@@ -115,6 +127,7 @@ impl Server {
             admin_listener,
             workers,
             publisher_task,
+            deps,
         })
     }
 
@@ -143,6 +156,7 @@ impl Server {
             admin_listener,
             workers,
             publisher_task,
+            deps,
         } = self;
         let broker_stop = CancellationToken::new();
         let broker_task = tokio::spawn(state.broker.clone().run(broker_stop.clone()));
@@ -152,13 +166,14 @@ impl Server {
         background.spawn(keep_the_clock(state.redis.clone(), workers.clone()));
         background.spawn(crate::health::watch(state.clone(), workers.clone()));
         if roles.contains(&Role::Api) {
-            spawn_api_upkeep(&state, &workers, &mut background);
+            spawn_api_upkeep(&state, &deps, &workers, &mut background);
         }
         if roles.contains(&Role::Consumer) {
-            spawn_consumer(&state, &workers, &mut background);
+            background.spawn(Consumer::new(&deps).run(workers.clone()));
         }
         if roles.contains(&Role::Scheduler) {
-            spawn_scheduler(&state, &workers, &mut background);
+            let scheduler = Scheduler::new(&deps, state.shops.clone());
+            background.spawn(scheduler.run(workers.clone()));
         }
 
         let (main, admin) = routers(&state, &roles, admin_listener.is_some());
@@ -271,78 +286,39 @@ async fn obey_stored_levels(breakers: &Breakers, redis: &RedisConns, keys: &Keys
     }
 }
 
-/// What an API instance keeps up to date in the background: the catalogue, shops, breaker
-/// levels (and the automatic breaker), and the rate limiters' memory.
-fn spawn_api_upkeep(state: &AppState, workers: &CancellationToken, background: &mut JoinSet<()>) {
+/// The `api` role's upkeep: the catalogue and shops kept fresh, breaker changes followed
+/// (and the automatic breaker, when on), the rate limits' housekeeping.
+fn spawn_api_upkeep(
+    state: &AppState,
+    deps: &Deps,
+    workers: &CancellationToken,
+    background: &mut JoinSet<()>,
+) {
     background.spawn(state.catalog.clone().run(workers.clone()));
     background.spawn(state.shops.clone().flush_stale(workers.clone()));
+    let shops = state.shops.clone();
     background.spawn(crate::shops::changes::follow(
-        state.broker.clone(),
-        state.shops.clone(),
+        shops,
+        deps.clone(),
         workers.clone(),
     ));
+    let breakers = state.breakers.clone();
     background.spawn(breaker::store::follow(
-        state.breakers.clone(),
-        state.redis.clone(),
-        state.keys.clone(),
-        state.meters.clone(),
+        breakers,
+        deps.clone(),
         workers.clone(),
     ));
     if state.settings.breaker_auto {
+        let signals = state.signals.clone();
         background.spawn(breaker::auto::control(
-            state.signals.clone(),
-            state.settings.clone(),
-            state.redis.clone(),
-            state.db.clone(),
-            state.keys.clone(),
+            signals,
+            deps.clone(),
             workers.clone(),
         ));
     }
     let limits = state.limits.clone();
     let stop = workers.clone();
     background.spawn(async move { limits.housekeeping(stop).await });
-}
-
-/// The `consumer` role: orders from RabbitMQ into MySQL.
-fn spawn_consumer(state: &AppState, workers: &CancellationToken, background: &mut JoinSet<()>) {
-    let consumer = Consumer {
-        broker: state.broker.clone(),
-        db: state.db.clone(),
-        redis: state.redis.clone(),
-        keys: state.keys.clone(),
-        plan: Plan::from_settings(&state.settings),
-        meters: state.meters.clone(),
-    };
-    background.spawn(consumer.run(workers.clone()));
-}
-
-/// The `scheduler` role: deadlines, the relay, sweeps and reconciliation, and the shops'
-/// repairs.
-fn spawn_scheduler(state: &AppState, workers: &CancellationToken, background: &mut JoinSet<()>) {
-    let scheduler = Scheduler {
-        db: state.db.clone(),
-        redis: state.redis.clone(),
-        keys: state.keys.clone(),
-        broker: state.broker.clone(),
-        settings: state.settings.clone(),
-        meters: state.meters.clone(),
-    };
-    background.spawn(scheduler.run(workers.clone()));
-    background.spawn(crate::shops::repair::push_stale(
-        state.shops.clone(),
-        state.db.clone(),
-        state.redis.clone(),
-        state.keys.clone(),
-        state.broker.clone(),
-        workers.clone(),
-    ));
-    background.spawn(crate::shops::repair::run(
-        state.shops.clone(),
-        state.db.clone(),
-        state.broker.clone(),
-        Duration::from_secs(state.settings.shop_repair_every_s),
-        workers.clone(),
-    ));
 }
 
 /// The main router and, when the admin API has a listener of its own, the admin router:

@@ -13,6 +13,7 @@ pub mod broker;
 pub mod clock;
 pub mod config;
 pub mod delay_queue;
+pub mod deps;
 pub mod domain;
 pub mod draw;
 pub mod error;

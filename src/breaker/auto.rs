@@ -15,9 +15,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
-use crate::keys::Keys;
+use crate::deps::Deps;
 use crate::signals::{Signals, Totals};
-use crate::store::{Db, RedisConns};
 
 use super::store::{self, AutoState, Setting, Source};
 use super::{Level, Scope};
@@ -45,14 +44,14 @@ pub fn trip_reason(totals: Totals, settings: &Settings) -> Option<String> {
 }
 
 /// Drives the global breaker from this instance's signals until shutdown.
-pub async fn control(
-    signals: std::sync::Arc<Signals>,
-    settings: std::sync::Arc<Settings>,
-    redis: RedisConns,
-    db: Db,
-    keys: Keys,
-    shutdown: CancellationToken,
-) {
+pub async fn control(signals: std::sync::Arc<Signals>, deps: Deps, shutdown: CancellationToken) {
+    let Deps {
+        settings,
+        redis,
+        db,
+        keys,
+        ..
+    } = deps;
     let me = format!("instance {}", ulid::Ulid::new());
     let base = Duration::from_secs(settings.breaker_open_s);
     let mut seen = AutoState::Closed;

@@ -11,10 +11,10 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::background::{Schedule, repeat};
+use crate::deps::Deps;
 use crate::keys::Keys;
 use crate::lua::BREAKER_AUTO;
 use crate::store::{Db, DbError, RedisConn, RedisConns, RedisError, mysql_timed, redis_timed};
-use crate::telemetry::Meters;
 
 use super::{Breakers, Level, Scope};
 
@@ -210,13 +210,13 @@ pub async fn audit(
 }
 
 /// Keeps `breakers` in step with Redis: every half second, and at once on an announcement.
-pub async fn follow(
-    breakers: Breakers,
-    redis: RedisConns,
-    keys: Keys,
-    meters: Arc<Meters>,
-    shutdown: CancellationToken,
-) {
+pub async fn follow(breakers: Breakers, deps: Deps, shutdown: CancellationToken) {
+    let Deps {
+        redis,
+        keys,
+        meters,
+        ..
+    } = deps;
     let wake = Arc::new(tokio::sync::Notify::new());
     let listener = {
         let (redis, wake, shutdown) = (redis.clone(), wake.clone(), shutdown.clone());

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::background;
 use crate::broker::{Broker, CLOSE_WITHIN, DeadLetter, Gone, Opened, Outbound, publish};
 use crate::delay_queue::Plan;
+use crate::deps::Deps;
 use crate::domain::{OrderPlaced, OrderSn};
 use crate::keys::Keys;
 use crate::store::{Db, RedisConns, StoreError};
@@ -53,13 +54,26 @@ pub const HOLDS_AT_MOST: Duration = Duration::from_secs(MAX_BACKOFF.as_secs() + 
 
 #[derive(Clone)]
 pub struct Consumer {
-    pub broker: Broker,
-    pub db: Db,
-    pub redis: RedisConns,
-    pub keys: Keys,
+    broker: Broker,
+    db: Db,
+    redis: RedisConns,
+    keys: Keys,
     /// What to schedule for each order once it is written.
-    pub plan: Plan,
-    pub meters: Arc<Meters>,
+    plan: Plan,
+    meters: Arc<Meters>,
+}
+
+impl Consumer {
+    pub fn new(deps: &Deps) -> Self {
+        Consumer {
+            broker: deps.broker.clone(),
+            db: deps.db.clone(),
+            redis: deps.redis.clone(),
+            keys: deps.keys.clone(),
+            plan: Plan::from_settings(&deps.settings),
+            meters: deps.meters.clone(),
+        }
+    }
 }
 
 /// Why a consuming session ended.

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, Outgoing};
+use crate::deps::Deps;
 use crate::domain::Stock;
 use crate::keys::Keys;
 use crate::marks::{self, Work};
@@ -63,21 +64,25 @@ impl OrderPublisher {
 
     /// Starts the publishing task; it ends after shutdown, once its buffer is sent.
     pub fn spawn(
-        broker: Broker,
-        redis: RedisConns,
-        keys: Keys,
+        deps: &Deps,
         signals: Arc<Signals>,
-        meters: Arc<Meters>,
         shutdown: CancellationToken,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(BUFFER);
         let dropped = Arc::new(Mutex::new(HashSet::new()));
         let outboxes = Outboxes {
-            redis,
-            keys,
+            redis: deps.redis.clone(),
+            keys: deps.keys.clone(),
             dropped: dropped.clone(),
         };
-        let task = tokio::spawn(run(rx, broker, outboxes, signals, meters, shutdown));
+        let task = tokio::spawn(run(
+            rx,
+            deps.broker.clone(),
+            outboxes,
+            signals,
+            deps.meters.clone(),
+            shutdown,
+        ));
         (Self { tx, dropped }, task)
     }
 }

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::background::{Schedule, repeat};
 use crate::broker::{Broker, Outgoing};
+use crate::deps::Deps;
 use crate::domain::{OrderPlaced, OrderSn, Stock};
 use crate::keys::Keys;
 use crate::marks::{self, Work};
@@ -45,6 +46,16 @@ pub struct Relay {
 }
 
 impl Relay {
+    pub fn new(deps: &Deps) -> Self {
+        Relay {
+            broker: deps.broker.clone(),
+            redis: deps.redis.clone(),
+            db: deps.db.clone(),
+            keys: deps.keys.clone(),
+            meters: deps.meters.clone(),
+        }
+    }
+
     pub async fn run(self, shutdown: CancellationToken) {
         repeat(
             "outbox relay pass",

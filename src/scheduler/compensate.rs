@@ -20,7 +20,7 @@ const GRACE: Duration = Duration::from_secs(2);
 const BATCH: u32 = 1_000;
 
 pub async fn run(scheduler: Scheduler, shutdown: CancellationToken) {
-    let every = Duration::from_secs(scheduler.settings.compensate_every_s);
+    let every = Duration::from_secs(scheduler.deps.settings.compensate_every_s);
     repeat(
         "compensation scan",
         Schedule::every(every),
@@ -32,7 +32,7 @@ pub async fn run(scheduler: Scheduler, shutdown: CancellationToken) {
 
 async fn scan(scheduler: &Scheduler) -> Result<(), StoreError> {
     // Only items that have an overdue unpaid order: one query, not one per item.
-    for item in repo::items_with_overdue(&scheduler.db, GRACE).await? {
+    for item in repo::items_with_overdue(&scheduler.deps.db, GRACE).await? {
         scan_item(scheduler, item).await?;
     }
     Ok(())
@@ -40,7 +40,7 @@ async fn scan(scheduler: &Scheduler) -> Result<(), StoreError> {
 
 async fn scan_item(scheduler: &Scheduler, item: ItemId) -> Result<(), StoreError> {
     loop {
-        let overdue = repo::overdue_unpaid(&scheduler.db, item, GRACE, BATCH).await?;
+        let overdue = repo::overdue_unpaid(&scheduler.deps.db, item, GRACE, BATCH).await?;
         let lost = not_queued(scheduler, &overdue).await?;
         if lost.is_empty() {
             return Ok(());
@@ -69,16 +69,16 @@ async fn not_queued<'a>(
         return Ok(Vec::new());
     }
     // A group per order: orders of one item may sit in different buckets (slots).
-    let mut grouped = Grouped::new(&scheduler.redis);
+    let mut grouped = Grouped::new(&scheduler.deps.redis);
     for order in orders {
         let member = Task::Cancel(order.order_sn.clone()).member();
         let stock = order.order_sn.stock();
         grouped
             .group()
-            .zscore(scheduler.keys.due(stock), &member)
-            .zscore(scheduler.keys.leased(stock), &member);
+            .zscore(scheduler.deps.keys.due(stock), &member)
+            .zscore(scheduler.deps.keys.leased(stock), &member);
     }
-    let scores: Vec<(Option<f64>, Option<f64>)> = grouped.query(&scheduler.redis).await?;
+    let scores: Vec<(Option<f64>, Option<f64>)> = grouped.query(&scheduler.deps.redis).await?;
     Ok(orders
         .iter()
         .zip(scores)

@@ -36,7 +36,7 @@ pub const REMIND: &str = "order.remind";
 /// says something falls due.
 pub async fn run(scheduler: Scheduler, wake: Arc<Notify>, shutdown: CancellationToken) {
     let schedule = Schedule {
-        every: Duration::from_millis(scheduler.settings.scheduler_poll_ms),
+        every: Duration::from_millis(scheduler.deps.settings.scheduler_poll_ms),
         wake: Some(&wake),
         at_start: false,
     };
@@ -47,8 +47,8 @@ pub async fn run(scheduler: Scheduler, wake: Arc<Notify>, shutdown: Cancellation
 /// Takes and handles the due tasks of the buckets marked for it (`src/marks.rs`); each
 /// is looked at again when its next task falls due or its lease runs out.
 pub async fn pass(scheduler: &Scheduler) -> Result<(), StoreError> {
-    let (redis, keys) = (&scheduler.redis, &scheduler.keys);
-    let lease = Duration::from_millis(scheduler.settings.scheduler_lease_ms);
+    let (redis, keys) = (&scheduler.deps.redis, &scheduler.deps.keys);
+    let lease = Duration::from_millis(scheduler.deps.settings.scheduler_lease_ms);
     marks::work_through(redis, keys, Work::Deadlines, lease, |stocks| async move {
         for stock in &stocks {
             work_bucket(scheduler, *stock).await?;
@@ -63,12 +63,12 @@ pub async fn pass(scheduler: &Scheduler) -> Result<(), StoreError> {
 async fn work_bucket(scheduler: &Scheduler, stock: Stock) -> Result<(), StoreError> {
     loop {
         let claimed = {
-            let mut conn = scheduler.redis.bulk().await?;
+            let mut conn = scheduler.deps.redis.bulk().await?;
             delay::claim(
                 &mut conn,
-                &scheduler.keys,
+                &scheduler.deps.keys,
                 stock,
-                scheduler.settings.scheduler_lease_ms,
+                scheduler.deps.settings.scheduler_lease_ms,
                 CLAIM_LIMIT,
             )
             .await?
@@ -122,12 +122,12 @@ async fn handle(scheduler: &Scheduler, stock: Stock, claimed: Claimed) -> Result
     }
 
     let retry_at = crate::clock::now().timestamp_millis() + RETRY_AFTER.as_millis() as i64;
-    let mut conn = scheduler.redis.bulk().await?;
+    let mut conn = scheduler.deps.redis.bulk().await?;
     let lease = claimed.lease_end_ms;
-    let mine = delay::finish(&mut conn, &scheduler.keys, stock, lease, &done, None).await?
+    let mine = delay::finish(&mut conn, &scheduler.deps.keys, stock, lease, &done, None).await?
         + delay::finish(
             &mut conn,
-            &scheduler.keys,
+            &scheduler.deps.keys,
             stock,
             lease,
             &later,
@@ -150,7 +150,7 @@ async fn remind(
     reminders: &[(u8, crate::domain::OrderSn)],
 ) -> Result<(Vec<String>, Vec<String>), StoreError> {
     let sns: Vec<&str> = reminders.iter().map(|(_, sn)| sn.as_str()).collect();
-    let rows = repo::find_many(&scheduler.db, &sns).await?;
+    let rows = repo::find_many(&scheduler.deps.db, &sns).await?;
     let unpaid: std::collections::HashMap<&str, &repo::OrderRow> = rows
         .iter()
         .filter(|r| r.status == OrderStatus::Unpaid)
@@ -175,10 +175,10 @@ async fn remind(
     }
     let events: Vec<Event> = to_send.iter().map(|(_, e)| e.clone()).collect();
     let unsent = vec![false; events.len()];
-    let confirmed = match scheduler.broker.publish_channel() {
+    let confirmed = match scheduler.deps.broker.publish_channel() {
         Some(channel) => {
             let events: Vec<Outbound> = events.iter().map(Outbound::Event).collect();
-            let publishing = publish(&channel, scheduler.broker.topology(), &events);
+            let publishing = publish(&channel, scheduler.deps.broker.topology(), &events);
             // Not taken in time: sent again later, under the same message id.
             tokio::time::timeout(REMIND_WITHIN, publishing)
                 .await

@@ -49,7 +49,7 @@ struct Known {
 }
 
 async fn pass(scheduler: &Scheduler, known: &Mutex<Known>) -> Result<(), StoreError> {
-    let (redis, keys) = (&scheduler.redis, &scheduler.keys);
+    let (redis, keys) = (&scheduler.deps.redis, &scheduler.deps.keys);
     let now = crate::clock::now();
     let due = {
         let mut conn = redis.bulk().await?;
@@ -59,7 +59,7 @@ async fn pass(scheduler: &Scheduler, known: &Mutex<Known>) -> Result<(), StoreEr
     known.items.retain(|id, _| due.contains(id));
     let unknown = due.iter().any(|id| !known.items.contains_key(id));
     if unknown || known.read_at.is_some_and(|at| at.elapsed() >= READ_EVERY) {
-        let items = repo::get_many(&scheduler.db, &due).await?;
+        let items = repo::get_many(&scheduler.deps.db, &due).await?;
         let (on, over): (Vec<Item>, Vec<Item>) = items.into_iter().partition(|item| {
             item.draw_at.is_some() && item.end_at > now && item.retired_at.is_none()
         });
@@ -109,9 +109,9 @@ async fn record(scheduler: &Scheduler, item: &mut Item, round: Round) -> Result<
         item.drawn_at = Some(crate::clock::now());
     }
     tracing::info!(item = %item.id, given = round.given, cutoff = ?round.cutoff, "draw: units given by rank");
-    repo::record_draw(&scheduler.db, item.id, round.cutoff, round.complete).await?;
-    let mut conn = scheduler.redis.bulk().await?;
-    if let Err(e) = catalog::announce_change(&mut conn, &scheduler.keys, item.id).await {
+    repo::record_draw(&scheduler.deps.db, item.id, round.cutoff, round.complete).await?;
+    let mut conn = scheduler.deps.redis.bulk().await?;
+    if let Err(e) = catalog::announce_change(&mut conn, &scheduler.deps.keys, item.id).await {
         tracing::warn!(item = %item.id, error = %e, "could not announce a draw; instances see it within a second anyway");
     }
     Ok(())

@@ -1,7 +1,7 @@
 //! The scheduler role's work after the win: pay deadlines and reminders from the delay
 //! queue, cancels cut off before their unit came back, the compensation scan, end-of-sale
-//! reconciliation, retiring ended sales from Redis, draws (`draws.rs`), and the
-//! outbox relay. The per-bucket
+//! reconciliation, retiring ended sales from Redis, draws (`draws.rs`), the outbox relay,
+//! and the shops' repairs. All are started here, by [`Scheduler::run`]. The per-bucket
 //! passes look only at the buckets marked for them (`src/marks.rs`); a slow safety sweep
 //! puts back marks lost with a process.
 //!
@@ -25,16 +25,15 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::background::{Schedule, repeat};
-use crate::broker::Broker;
-use crate::config::Settings;
+use crate::deps::Deps;
 use crate::items::transfer;
-use crate::keys::Keys;
 use crate::marks::{self, Work};
 use crate::orders::ending::{self, Cancelled, cancel_overdue};
 use crate::orders::repo::CancelReason;
 use crate::outbox::relay::Relay;
-use crate::store::{Db, RedisConns, StoreError};
-use crate::telemetry::Meters;
+use crate::shops::cache::Shops;
+use crate::shops::repair;
+use crate::store::StoreError;
 
 /// How often ended sales are looked for (to reconcile them).
 const END_OF_SALE_EVERY: Duration = Duration::from_secs(2);
@@ -45,44 +44,49 @@ const MARK_LEASE: Duration = Duration::from_secs(30);
 
 #[derive(Clone)]
 pub struct Scheduler {
-    pub db: Db,
-    pub redis: RedisConns,
-    pub keys: Keys,
-    pub broker: Broker,
-    pub settings: Arc<Settings>,
-    pub meters: Arc<Meters>,
+    deps: Deps,
+    shops: Shops,
 }
 
 impl Scheduler {
+    pub fn new(deps: &Deps, shops: Shops) -> Self {
+        Scheduler {
+            deps: deps.clone(),
+            shops,
+        }
+    }
+
+    /// Every task of the scheduler role, until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
         let wake = Arc::new(Notify::new());
         let mut tasks = tokio::task::JoinSet::new();
-        if self.settings.keyspace_events && self.redis.is_cluster() {
+        if self.deps.settings.keyspace_events && self.deps.redis.is_cluster() {
             tracing::info!(
-                poll_ms = self.settings.scheduler_poll_ms,
+                poll_ms = self.deps.settings.scheduler_poll_ms,
                 "keyspace notifications are per node in a Redis Cluster: polling the delay queue"
             );
-        } else if self.settings.keyspace_events {
+        } else if self.deps.settings.keyspace_events {
             tasks.spawn(wake::listen(
-                self.redis.clone(),
-                self.keys.clone(),
+                self.deps.redis.clone(),
+                self.deps.keys.clone(),
                 wake.clone(),
                 shutdown.clone(),
             ));
         } else {
             tracing::info!(
-                poll_ms = self.settings.scheduler_poll_ms,
+                poll_ms = self.deps.settings.scheduler_poll_ms,
                 "keyspace notifications off (SECKILL_KEYSPACE_EVENTS=false): polling the delay queue"
             );
         }
-        let relay = Relay {
-            broker: self.broker.clone(),
-            redis: self.redis.clone(),
-            db: self.db.clone(),
-            keys: self.keys.clone(),
-            meters: self.meters.clone(),
-        };
+        let relay = Relay::new(&self.deps);
         tasks.spawn(relay.clone().run(shutdown.clone()));
+        let shops = || self.shops.clone();
+        tasks.spawn(repair::push_stale(
+            shops(),
+            self.deps.clone(),
+            shutdown.clone(),
+        ));
+        tasks.spawn(repair::run(shops(), self.deps.clone(), shutdown.clone()));
         tasks.spawn(sweep::run(self.clone(), relay, shutdown.clone()));
         tasks.spawn(compensate::run(self.clone(), shutdown.clone()));
         tasks.spawn(retention::run(self.clone(), shutdown.clone()));
@@ -96,14 +100,14 @@ impl Scheduler {
     /// Cancels those of these orders that are unpaid past their deadline, units back.
     async fn time_out(&self, sns: &[&str]) -> Result<Cancelled, StoreError> {
         let outcome = cancel_overdue(
-            &self.db,
-            &self.redis,
-            &self.keys,
+            &self.deps.db,
+            &self.deps.redis,
+            &self.deps.keys,
             sns,
             CancelReason::Timeout,
         )
         .await?;
-        self.meters.cancelled("timeout", outcome.cancelled);
+        self.deps.meters.cancelled("timeout", outcome.cancelled);
         Ok(outcome)
     }
 
@@ -118,7 +122,7 @@ impl Scheduler {
             &shutdown,
             || async move {
                 let released = this.cut_off_pass().await?;
-                this.meters.cancelled_units_recovered(released);
+                this.deps.meters.cancelled_units_recovered(released);
                 Ok::<_, StoreError>(())
             },
         )
@@ -127,7 +131,7 @@ impl Scheduler {
 
     /// One pass over the marked cut-off cancels and loans; returns the units that came back.
     async fn cut_off_pass(&self) -> Result<u64, StoreError> {
-        let (db, redis, keys) = (&self.db, &self.redis, &self.keys);
+        let (db, redis, keys) = (&self.deps.db, &self.deps.redis, &self.deps.keys);
         let released = AtomicU64::new(0);
         let released_ref = &released;
         marks::work_through(redis, keys, Work::CutOff, MARK_LEASE, |stocks| async move {
@@ -157,18 +161,18 @@ impl Scheduler {
 
     /// Reconciles the sales due (each failure said, and tried again on the next look).
     async fn reconcile_ended(&self) -> Result<(), crate::store::DbError> {
-        for item in crate::items::repo::due_for_reconcile(&self.db).await? {
+        for item in crate::items::repo::due_for_reconcile(&self.deps.db).await? {
             match crate::orders::reconcile::reconcile(
-                &self.db,
-                &self.redis,
-                &self.keys,
-                &self.meters,
+                &self.deps.db,
+                &self.deps.redis,
+                &self.deps.keys,
+                &self.deps.meters,
                 item,
             )
             .await
             {
                 Ok(report) => {
-                    if let Err(e) = crate::items::repo::mark_reconciled(&self.db, item).await {
+                    if let Err(e) = crate::items::repo::mark_reconciled(&self.deps.db, item).await {
                         tracing::warn!(%item, error = %e, "reconciled, but could not record it; it runs again");
                     }
                     tracing::info!(%item, ?report, "end-of-sale reconciliation done");

@@ -30,11 +30,19 @@ pub async fn run(scheduler: Scheduler, shutdown: CancellationToken) {
 
 /// Retires the sales due; an item that cannot go yet is tried again next pass.
 async fn pass(scheduler: &Scheduler) -> Result<(), StoreError> {
-    let retention = Duration::from_secs(scheduler.settings.sale_retention_s);
-    let due = crate::items::repo::due_for_retirement(&scheduler.db, retention, PER_PASS).await?;
+    let retention = Duration::from_secs(scheduler.deps.settings.sale_retention_s);
+    let due =
+        crate::items::repo::due_for_retirement(&scheduler.deps.db, retention, PER_PASS).await?;
     let mut retired = 0;
     for item in &due {
-        match retire(&scheduler.db, &scheduler.redis, &scheduler.keys, item).await? {
+        match retire(
+            &scheduler.deps.db,
+            &scheduler.deps.redis,
+            &scheduler.deps.keys,
+            item,
+        )
+        .await?
+        {
             Retirement::Done => retired += 1,
             Retirement::Busy => {}
             Retirement::InFlight(what) => {
@@ -43,7 +51,7 @@ async fn pass(scheduler: &Scheduler) -> Result<(), StoreError> {
         }
     }
     if retired > 0 {
-        scheduler.meters.sales_retired(retired);
+        scheduler.deps.meters.sales_retired(retired);
         tracing::info!(sales = retired, "ended sales retired from Redis");
     }
     Ok(())

@@ -49,7 +49,7 @@ pub async fn run(scheduler: Scheduler, relay: Relay, shutdown: CancellationToken
 
 /// One step of the walk round the index, from `cursor`; returns the next cursor.
 async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64, StoreError> {
-    let (redis, keys) = (&scheduler.redis, &scheduler.keys);
+    let (redis, keys) = (&scheduler.deps.redis, &scheduler.deps.keys);
     if cursor == 0 {
         repair_index(scheduler).await?;
     }
@@ -115,14 +115,14 @@ async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64,
 
 /// Puts back into the items index the buckets of every item loaded and not reconciled.
 async fn repair_index(scheduler: &Scheduler) -> Result<(), StoreError> {
-    let items = crate::items::repo::loaded_and_open(&scheduler.db).await?;
+    let items = crate::items::repo::loaded_and_open(&scheduler.deps.db).await?;
     let members: Vec<String> = items
         .into_iter()
         .flat_map(|(id, buckets)| Stock::all(id, buckets))
         .map(|stock| stock.to_string())
         .collect();
-    let index = scheduler.keys.items_index();
-    let mut conn = scheduler.redis.bulk().await?;
+    let index = scheduler.deps.keys.items_index();
+    let mut conn = scheduler.deps.redis.bulk().await?;
     for chunk in members.chunks(PER_VISIT) {
         let added: u64 = redis_timed(conn.sadd(&index, chunk)).await?;
         if added > 0 {

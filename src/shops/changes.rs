@@ -10,6 +10,7 @@ use lapin::types::FieldTable;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, Opened, Outbound, publish};
+use crate::deps::Deps;
 use crate::keys::Keys;
 use crate::lock::RedisLock;
 use crate::store::{Db, RedisConns, RedisError, StoreError};
@@ -57,7 +58,8 @@ pub async fn announce(broker: &Broker, shop: u64) {
 }
 
 /// Follows the announcements with a queue of this instance's own, until shutdown.
-pub async fn follow(broker: Broker, shops: Shops, shutdown: CancellationToken) {
+pub async fn follow(shops: Shops, deps: Deps, shutdown: CancellationToken) {
+    let broker = deps.broker;
     loop {
         let Some(opened) = broker.open_channel(&shutdown).await else {
             return;

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::background::{Schedule, repeat};
 use crate::broker::Broker;
+use crate::deps::Deps;
 use crate::keys::Keys;
 use crate::store::{Db, RedisConns, StoreError};
 
@@ -21,14 +22,14 @@ use super::repo::{self, Shop};
 const PUSH_STALE_EVERY: Duration = Duration::from_secs(1);
 
 /// Pushes changes Redis missed, every second, until shutdown.
-pub async fn push_stale(
-    shops: Shops,
-    db: Db,
-    redis: RedisConns,
-    keys: Keys,
-    broker: Broker,
-    shutdown: CancellationToken,
-) {
+pub async fn push_stale(shops: Shops, deps: Deps, shutdown: CancellationToken) {
+    let Deps {
+        db,
+        redis,
+        keys,
+        broker,
+        ..
+    } = deps;
     let schedule = Schedule::every(PUSH_STALE_EVERY);
     repeat(
         "pushing shop changes to Redis",
@@ -78,13 +79,9 @@ pub async fn push_stale_once(
     Ok(pushed)
 }
 
-pub async fn run(
-    shops: Shops,
-    db: Db,
-    broker: Broker,
-    every: Duration,
-    shutdown: CancellationToken,
-) {
+pub async fn run(shops: Shops, deps: Deps, shutdown: CancellationToken) {
+    let every = Duration::from_secs(deps.settings.shop_repair_every_s);
+    let Deps { db, broker, .. } = deps;
     repeat("shop repair", Schedule::every(every), &shutdown, || async {
         repair_all(&shops, &db, &broker).await.map(drop)
     })

@@ -25,7 +25,10 @@ struct Named {
 const LAYERS: &[(&str, &[&str])] = &[
     ("ground", &["domain", "config", "error"]),
     ("parts", &["keys", "telemetry", "auth"]),
-    ("stores", &["store", "lua", "clock", "broker", "background"]),
+    (
+        "stores",
+        &["store", "lua", "clock", "broker", "background", "deps"],
+    ),
     ("records", &["orders::repo"]),
     (
         "machinery",
