@@ -61,7 +61,7 @@ pub enum ApiError {
     Overloaded,
     /// A 409 whose `code` names the conflict (`order_paid`, `already_loaded`, …).
     #[error("{detail}")]
-    Conflict { code: &'static str, detail: String },
+    Conflict { code: Conflict, detail: String },
     #[error("request took longer than the time budget")]
     Timeout,
     #[error("Redis failed")]
@@ -79,6 +79,60 @@ pub enum ApiError {
     ShopNotFound,
     #[error("internal error")]
     Internal(#[from] anyhow::Error),
+}
+
+/// What a `409` conflicts with, each its own `code`. (A purchase's own 409s — `duplicate`,
+/// `limit_reached`, `between_releases` — carry more than a detail: they are variants of
+/// [`ApiError`].) `tests/it/ecosystem.rs` holds the OpenAPI document to this list: every
+/// variant is documented, and no other conflict is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Conflict {
+    OrderPaid,
+    OrderCancelled,
+    Reconciling,
+    ReleaseStarted,
+    BucketsFixed,
+    ShopBusy,
+    WarmupRunning,
+    AlreadyLoaded,
+    SaleLive,
+    OrdersInFlight,
+    OverHeld,
+    Raced,
+}
+
+impl Conflict {
+    pub const ALL: [Conflict; 12] = [
+        Conflict::OrderPaid,
+        Conflict::OrderCancelled,
+        Conflict::Reconciling,
+        Conflict::ReleaseStarted,
+        Conflict::BucketsFixed,
+        Conflict::ShopBusy,
+        Conflict::WarmupRunning,
+        Conflict::AlreadyLoaded,
+        Conflict::SaleLive,
+        Conflict::OrdersInFlight,
+        Conflict::OverHeld,
+        Conflict::Raced,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Conflict::OrderPaid => "order_paid",
+            Conflict::OrderCancelled => "order_cancelled",
+            Conflict::Reconciling => "reconciling",
+            Conflict::ReleaseStarted => "release_started",
+            Conflict::BucketsFixed => "buckets_fixed",
+            Conflict::ShopBusy => "shop_busy",
+            Conflict::WarmupRunning => "warmup_running",
+            Conflict::AlreadyLoaded => "already_loaded",
+            Conflict::SaleLive => "sale_live",
+            Conflict::OrdersInFlight => "orders_in_flight",
+            Conflict::OverHeld => "over_held",
+            Conflict::Raced => "raced",
+        }
+    }
 }
 
 impl From<StoreError> for ApiError {
@@ -121,7 +175,7 @@ impl ApiError {
             Paused => (StatusCode::SERVICE_UNAVAILABLE, "paused"),
             CircuitOpen { .. } => (StatusCode::SERVICE_UNAVAILABLE, "circuit_open"),
             Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
-            Conflict { code, .. } => (StatusCode::CONFLICT, code),
+            Conflict { code, .. } => (StatusCode::CONFLICT, code.as_str()),
             Timeout | Redis(_) | BrokerDown | Unavailable(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
             }

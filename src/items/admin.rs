@@ -9,7 +9,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::domain::ItemId;
-use crate::http::error::{ApiError, Refusal};
+use crate::http::error::{ApiError, Conflict, Refusal};
 use crate::http::extract::{Admin, ApiJson, ApiPath};
 use crate::http::reply::{envelope, ok};
 use crate::keys::Keys;
@@ -63,7 +63,7 @@ struct Switched {
     responses(
         (status = 200, description = "`updated`", body = WrittenItem),
         (status = 201, description = "`created`", body = WrittenItem),
-        (status = 409, description = "`buckets_fixed`: an item with units, buyers or orders keeps its buckets; `release_started`: a loaded item's tranche already on sale may not change", body = Refusal),
+        (status = 409, description = "`buckets_fixed` / `release_started`: an item with units, buyers or orders keeps its buckets; a loaded item's tranche already on sale may not change", body = Refusal),
     )
 )]
 async fn put_item(
@@ -94,7 +94,7 @@ async fn put_item(
         Upserted::Updated => (StatusCode::OK, "updated"),
         Upserted::BucketsFixed { buckets } => {
             return Err(ApiError::Conflict {
-                code: "buckets_fixed",
+                code: Conflict::BucketsFixed,
                 detail: format!(
                     "the item has units, buyers or orders in its {buckets} bucket(s), or a warm-up of it is running: send \"buckets\": {buckets}, or use a new item id"
                 ),

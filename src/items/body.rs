@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use crate::domain::{ItemId, Stock};
-use crate::http::error::ApiError;
+use crate::http::error::{ApiError, Conflict};
 use crate::store::{STORABLE, storable, to_millis};
 
 use super::repo::{Item, ItemDraft};
@@ -187,7 +187,7 @@ pub fn fixed_waves(live: &Item, next: &Waves) -> Result<(), ApiError> {
     match live.release.released_changed(next, crate::clock::now()) {
         None => Ok(()),
         Some(at) => Err(ApiError::Conflict {
-            code: "release_started",
+            code: Conflict::ReleaseStarted,
             detail: format!(
                 "the tranche of {} is on sale already: it may not be changed, removed or added; only tranches still to come may",
                 at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::domain::{ItemId, Stock};
-use crate::http::error::ApiError;
+use crate::http::error::{ApiError, Refusal};
 use crate::http::extract::{Admin, ApiJson};
 use crate::http::reply::ok;
 use crate::state::{AppState, Shared};
@@ -61,7 +61,10 @@ struct Written {
     summary = "Create or update up to 10,000 items in one call",
     security(("admin" = [])),
     request_body = ItemsBody,
-    responses((status = 200, description = "`ok`: each item's outcome, in the order sent", body = Written))
+    responses(
+        (status = 200, description = "`ok`: each item's outcome, in the order sent", body = Written),
+        (status = 409, description = "`release_started`: a loaded item's tranche already on sale may not change (the detail names the item); nothing is written", body = Refusal),
+    )
 )]
 pub(super) async fn put_items(
     _: Admin,

@@ -10,7 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::domain::ItemId;
-use crate::http::error::{ApiError, Refusal};
+use crate::http::error::{ApiError, Conflict, Refusal};
 use crate::http::extract::{Admin, ApiPath};
 use crate::http::reply::ok;
 use crate::items::repo::Item;
@@ -27,7 +27,7 @@ impl From<ReconcileError> for ApiError {
     fn from(e: ReconcileError) -> Self {
         match e {
             ReconcileError::Busy => ApiError::Conflict {
-                code: "reconciling",
+                code: Conflict::Reconciling,
                 detail: e.to_string(),
             },
             ReconcileError::Store(e) => e.into(),
@@ -206,6 +206,7 @@ async fn entries(
     responses(
         (status = 200, description = "`reconciled`", body = Report),
         (status = 404, description = "`item_not_found`", body = Refusal),
+        (status = 409, description = "`reconciling`: a reconciliation of this item is already running", body = Refusal),
     )
 )]
 async fn reconcile_item(

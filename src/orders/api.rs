@@ -16,7 +16,7 @@ use utoipa_axum::routes;
 
 use crate::breaker::Action;
 use crate::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
-use crate::http::error::{ApiError, Refusal};
+use crate::http::error::{ApiError, Conflict, Refusal};
 use crate::http::extract::{ApiPath, AuthUser, OrderSeeker};
 use crate::http::reply::ok;
 use crate::http::request_id;
@@ -343,7 +343,7 @@ async fn cancel_order(
                 ending::abandon(&state.redis, &state.keys, &[sn.as_str()], begun).await?;
             }
             return Err(ApiError::Conflict {
-                code: "order_paid",
+                code: Conflict::OrderPaid,
                 detail: "the order is paid; it cannot be cancelled".into(),
             });
         }
@@ -369,7 +369,7 @@ fn order_change(state: &AppState, user: UserId, order_sn: &str) -> Result<OrderS
 
 fn order_cancelled() -> ApiError {
     ApiError::Conflict {
-        code: "order_cancelled",
+        code: Conflict::OrderCancelled,
         detail: "the order is cancelled (by its owner, or because its pay deadline passed)".into(),
     }
 }

@@ -105,7 +105,7 @@ async fn count_and_shed(
         (status = 400, description = "`bad_request` / `clock_skew`: body or headers malformed, or `X-Client-Time` too far from the server's clock", body = Refusal),
         (status = 403, description = "`not_started` / `ended`: outside the item's sale window", body = Refusal),
         (status = 404, description = "`item_not_found`", body = Refusal),
-        (status = 409, description = "`duplicate`: the user already holds a unit of this item; `order_sn` names its order", body = Refusal),
+        (status = 409, description = "`duplicate` / `limit_reached` / `between_releases`: the user already holds a unit of this item (`order_sn` names its order), or as many as `per_user` allows (`order_sns`); or everything released so far is sold and a wave is still to come (`next_release_at`, `Retry-After`)", body = Refusal),
         (status = 410, description = "`sold_out`: no units left", body = Refusal),
         (status = 429, description = "`rate_limited`: the user's or the IP's rate", body = Refusal),
         (status = 503, description = "`paused` / `circuit_open` / `shop_closed` / `unavailable`: paused by an operator, a breaker open, the shop closed, a dependency down or the server at its limit; `Retry-After` set", body = Refusal),

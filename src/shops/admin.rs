@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::http::error::{ApiError, Refusal};
+use crate::http::error::{ApiError, Conflict, Refusal};
 use crate::http::extract::{Admin, ApiJson, ApiPath};
 use crate::http::reply::ok;
 use crate::state::AppState;
@@ -195,7 +195,7 @@ where
 {
     let Some(lock) = changes::lock(&state.redis, &state.keys, id).await? else {
         return Err(ApiError::Conflict {
-            code: "shop_busy",
+            code: Conflict::ShopBusy,
             detail: "another change of this shop is in progress; try again".into(),
         });
     };

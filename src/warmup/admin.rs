@@ -13,7 +13,7 @@ use utoipa_axum::routes;
 
 use crate::delay_queue::Plan;
 use crate::domain::ItemId;
-use crate::http::error::{ApiError, Refusal};
+use crate::http::error::{ApiError, Conflict, Refusal};
 use crate::http::extract::{Admin, ApiJson, ApiPath, ApiQuery};
 use crate::http::reply::ok;
 use crate::items::bulk::{self, MOST_PER_CALL, Outcome, first_repeated};
@@ -34,12 +34,12 @@ impl From<WarmupError> for ApiError {
         };
         match e {
             WarmupError::NotFound => ApiError::ItemNotFound,
-            WarmupError::Busy => conflict("warmup_running"),
-            WarmupError::AlreadyLoaded { .. } => conflict("already_loaded"),
-            WarmupError::LiveSale => conflict("sale_live"),
-            WarmupError::InFlight(_) => conflict("orders_in_flight"),
-            WarmupError::OverHeld { .. } => conflict("over_held"),
-            WarmupError::Raced => conflict("raced"),
+            WarmupError::Busy => conflict(Conflict::WarmupRunning),
+            WarmupError::AlreadyLoaded { .. } => conflict(Conflict::AlreadyLoaded),
+            WarmupError::LiveSale => conflict(Conflict::SaleLive),
+            WarmupError::InFlight(_) => conflict(Conflict::OrdersInFlight),
+            WarmupError::OverHeld { .. } => conflict(Conflict::OverHeld),
+            WarmupError::Raced => conflict(Conflict::Raced),
             WarmupError::Verify { .. } => ApiError::Internal(e.into()),
             WarmupError::Redis(e) => ApiError::Redis(e),
             WarmupError::Database(e) => ApiError::Database(e),

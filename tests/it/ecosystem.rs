@@ -34,6 +34,46 @@ async fn run(mut command: Command) -> Output {
         .expect("joined")
 }
 
+/// The `409`s the document names are the conflicts the server answers: every
+/// `http::error::Conflict` on some route, a purchase's own three, and nothing else (a code
+/// only in the text after a description's colon is not in the document's enum either).
+#[test]
+fn the_documents_conflicts_are_the_servers() {
+    let text = std::fs::read_to_string(Path::new(ROOT).join("openapi.json")).unwrap();
+    let document: Value = serde_json::from_str(&text).unwrap();
+    let mut documented = std::collections::BTreeSet::new();
+    conflicts_in(&document["paths"], false, &mut documented);
+    let answered: std::collections::BTreeSet<String> = seckill::http::error::Conflict::ALL
+        .iter()
+        .map(|c| c.as_str())
+        .chain(["duplicate", "limit_reached", "between_releases"])
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(documented, answered);
+}
+
+/// The codes of every `409` response under `value`.
+fn conflicts_in(value: &Value, in_409: bool, out: &mut std::collections::BTreeSet<String>) {
+    match value {
+        Value::Object(fields) => {
+            for (name, inner) in fields {
+                if name == "enum" && in_409 {
+                    out.extend(
+                        inner
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(|c| c.as_str().unwrap_or_default().to_owned()),
+                    );
+                }
+                conflicts_in(inner, in_409 || name == "409", out);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| conflicts_in(v, in_409, out)),
+        _ => {}
+    }
+}
+
 /// The served document is the committed `openapi.json`, a valid OpenAPI 3.1 document, and
 /// every operation in it is routed (none answers the router's `not_found` or
 /// `method_not_allowed`). Routes cannot be served undescribed: every router is made with
