@@ -2,6 +2,7 @@
 //! (extractors, answers, request ids, rate limits, health checks). Each feature brings its
 //! own `router()`; `app.rs` merges them.
 
+pub mod budget;
 pub mod error;
 pub mod extract;
 pub mod openapi;
@@ -9,12 +10,10 @@ pub mod rate_limit;
 pub mod reply;
 pub mod request_id;
 
-use std::time::Duration;
-
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use tower::ServiceBuilder;
 
 use crate::auth::Jwt;
@@ -23,10 +22,6 @@ use crate::http::error::ApiError;
 
 use rate_limit::RateLimits;
 
-/// The contract's budget: an answer within one second, whatever a dependency does.
-pub const REQUEST_BUDGET: Duration = Duration::from_secs(1);
-/// For operators' bulk work (a warm-up of millions of units, a reconciliation).
-const BULK_BUDGET: Duration = Duration::from_secs(120);
 /// Request bodies are a few dozen bytes; anything bigger is a mistake or an attack.
 const BODY_LIMIT: usize = 64 * 1024;
 
@@ -54,24 +49,11 @@ pub fn finish<S: Clone + Send + Sync + 'static>(routes: Router<S>, state: S) -> 
         .with_state(state)
 }
 
-/// Every request: its id and span (see [`request_id`]), within its time budget.
+/// Every request: its id and span (see [`request_id`]), within its time budget (see
+/// [`budget`]).
 async fn edge(request: Request, next: Next) -> Response {
-    let limit = budget(request.uri().path());
     request_id::serve(request, async move |request| {
-        match tokio::time::timeout(limit, next.run(request)).await {
-            Ok(response) => response,
-            Err(_) => ApiError::Timeout.into_response(),
-        }
+        budget::within(next.run(request)).await
     })
     .await
-}
-
-/// The contract's one second for every request, except an operator's bulk work — loading
-/// millions of units, reconciling a whole sale, writing or loading thousands of items —
-/// which gets [`BULK_BUDGET`].
-fn budget(path: &str) -> Duration {
-    let bulk = path == "/admin/items"
-        || (path.starts_with("/admin/items/")
-            && (path.ends_with("/warmup") || path.ends_with("/reconcile")));
-    if bulk { BULK_BUDGET } else { REQUEST_BUDGET }
 }

@@ -6,7 +6,9 @@
 //! span's fields on every request, logged or not (method and path cost 7% of the sold-out
 //! path's instructions). Failures, logged at the edge, add method and path themselves.
 
+use std::cell::Cell;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, Method, Uri};
@@ -18,11 +20,13 @@ use crate::domain::{ItemId, UserId};
 
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// The request this task is serving (set by [`layer`]).
+/// The request this task is serving (set by [`serve`]).
 struct Current {
     trace_id: Arc<str>,
     method: Method,
     uri: Uri,
+    /// The budget its route took, when not the default (`super::budget`).
+    budget: Cell<Option<Duration>>,
 }
 
 tokio::task_local! {
@@ -43,6 +47,16 @@ pub fn method_and_path() -> (String, String) {
         .unwrap_or_default()
 }
 
+/// Gives the current request a budget of its own (`super::budget::bulk`).
+pub fn grant_budget(budget: Duration) {
+    let _ = CURRENT.try_with(|c| c.budget.set(Some(budget)));
+}
+
+/// The budget the current request's route took, if any.
+pub fn granted_budget() -> Option<Duration> {
+    CURRENT.try_with(|c| c.budget.get()).ok().flatten()
+}
+
 /// Serves `request` inside its span, with its id known to [`current`] and echoed in the
 /// answer's `X-Request-Id`.
 pub async fn serve(request: Request, serve: impl AsyncFnOnce(Request) -> Response) -> Response {
@@ -58,6 +72,7 @@ pub async fn serve(request: Request, serve: impl AsyncFnOnce(Request) -> Respons
         trace_id: id.clone(),
         method: request.method().clone(),
         uri: request.uri().clone(),
+        budget: Cell::new(None),
     };
     let mut response = CURRENT
         .scope(current, serve(request).instrument(span))

@@ -9,6 +9,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::domain::ItemId;
+use crate::http::budget;
 use crate::http::error::{ApiError, Conflict, Refusal};
 use crate::http::extract::{Admin, ApiJson, ApiPath};
 use crate::http::reply::{envelope, ok};
@@ -26,7 +27,7 @@ use super::stock;
 /// The operators' item calls: write one or many, pause, resume. (Warm-ups: `crate::warmup`;
 /// stats and reconciliation: `crate::orders::admin`.)
 pub fn router() -> OpenApiRouter<AppState> {
-    let (schemas, paths, bulk_put) = routes!(bulk::put_items);
+    let (schemas, paths, bulk_put) = budget::bulk(routes!(bulk::put_items));
     OpenApiRouter::new()
         .routes((
             schemas,

@@ -10,6 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::domain::ItemId;
+use crate::http::budget;
 use crate::http::error::{ApiError, Conflict, Refusal};
 use crate::http::extract::{Admin, ApiPath};
 use crate::http::reply::ok;
@@ -38,7 +39,7 @@ impl From<ReconcileError> for ApiError {
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(item_stats))
-        .routes(routes!(reconcile_item))
+        .routes(budget::bulk(routes!(reconcile_item)))
 }
 
 /// An item's stock against its orders, right now.

@@ -13,6 +13,7 @@ use utoipa_axum::routes;
 
 use crate::delay_queue::Plan;
 use crate::domain::ItemId;
+use crate::http::budget;
 use crate::http::error::{ApiError, Conflict, Refusal};
 use crate::http::extract::{Admin, ApiJson, ApiPath, ApiQuery};
 use crate::http::reply::ok;
@@ -59,14 +60,14 @@ fn warmup<'a>(state: &'a AppState, plan: &'a Plan) -> Warmup<'a> {
 }
 
 pub fn router() -> OpenApiRouter<AppState> {
-    let (schemas, paths, bulk_warmup) = routes!(warmup_items);
+    let (schemas, paths, bulk_warmup) = budget::bulk(routes!(warmup_items));
     OpenApiRouter::new()
         .routes((
             schemas,
             paths,
             bulk_warmup.layer(DefaultBodyLimit::max(bulk::BODY_LIMIT)),
         ))
-        .routes(routes!(warmup_item))
+        .routes(budget::bulk(routes!(warmup_item)))
 }
 
 /// `POST /admin/items/{id}/warmup[?force=true]`
