@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::private::{create_cluster, give_to, master_serving, scratch};
+use super::private::{give_to, scratch};
+use super::private_cluster::{create_cluster, master_serving};
 use super::{TestServer, eventually, serve};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dev/fleet-hosts.sh");

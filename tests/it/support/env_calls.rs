@@ -1,0 +1,250 @@
+//! What a test asks of its servers and its stores through its [`TestEnv`]: admin and
+//! buyer calls, orders and stock, and the contract's invariants judged on them.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use redis::AsyncCommands;
+use serde_json::{Value, json};
+
+use seckill::domain::{ItemId, Stock, UserId};
+use seckill::invariants::{self, InRedis, Orders, Outcome};
+use seckill::orders::repo::OrderStatus;
+
+use super::env::{ADMIN_TOKEN, TestEnv};
+use super::server::{TestServer, buy};
+use super::wait::eventually;
+
+impl TestEnv {
+    pub fn token(&self, user: u64) -> String {
+        self.jwt
+            .mint(UserId::new(user), Duration::from_secs(600))
+            .unwrap()
+    }
+
+    pub async fn warmup(&self, server: &TestServer, id: u64) -> Value {
+        let response = self
+            .admin(
+                reqwest::Method::POST,
+                server,
+                &format!("/admin/items/{id}/warmup"),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "warmup");
+        response.json().await.unwrap()
+    }
+
+    /// `POST path` as `user` (pay, cancel): status and JSON body.
+    pub async fn post_as(&self, server: &TestServer, path: &str, user: u64) -> (u16, Value) {
+        let response = self
+            .http
+            .post(server.url(path))
+            .bearer_auth(self.token(user))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Status of an order in MySQL (`None`: not there).
+    pub async fn order_status(&self, order_sn: &str) -> Option<String> {
+        sqlx::query_scalar("SELECT status FROM orders WHERE order_sn = ?")
+            .bind(order_sn)
+            .fetch_optional(&self.db)
+            .await
+            .unwrap()
+    }
+
+    /// Units listed in Redis, over every bucket of the item (waves still to come among
+    /// them).
+    pub async fn remaining(&self, item: u64) -> u64 {
+        self.in_redis(item).await.remaining
+    }
+
+    /// The item's units listed and orders pending in Redis, over its buckets (one command
+    /// a key: a cluster's client follows a moved slot for those).
+    pub async fn in_redis(&self, item: u64) -> InRedis {
+        let (buckets,): (u8,) = sqlx::query_as("SELECT buckets FROM items WHERE id = ?")
+            .bind(item)
+            .fetch_one(&self.db)
+            .await
+            .unwrap();
+        let keys = self.keys();
+        let mut held = InRedis {
+            remaining: 0,
+            pending: 0,
+        };
+        for stock in Stock::all(ItemId::new(item).expect("an item id"), buckets) {
+            let keys = keys.stock(stock);
+            let listed: u64 = self.redis.clone().llen(keys.tokens).await.unwrap();
+            let pending: u64 = self.redis.clone().hlen(keys.pending).await.unwrap();
+            held.remaining += listed;
+            held.pending += pending;
+        }
+        held
+    }
+
+    pub fn admin(
+        &self,
+        method: reqwest::Method,
+        server: &TestServer,
+        path: &str,
+    ) -> reqwest::RequestBuilder {
+        self.http
+            .request(method, server.url(path))
+            .bearer_auth(ADMIN_TOKEN)
+    }
+
+    /// The server's `/metrics` text.
+    pub async fn metrics_text(&self, server: &TestServer) -> String {
+        let response = self.http.get(server.url("/metrics")).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        response.text().await.unwrap()
+    }
+
+    /// `GET path` with the admin token: status and JSON body.
+    pub async fn admin_get(&self, server: &TestServer, path: &str) -> (u16, Value) {
+        let response = self
+            .admin(reqwest::Method::GET, server, path)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// `POST path` with the admin token: status and JSON body.
+    pub async fn admin_post(&self, server: &TestServer, path: &str) -> (u16, Value) {
+        let response = self
+            .admin(reqwest::Method::POST, server, path)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Deletes every Redis key of this test's namespace: what this deployment sees of a
+    /// Redis that lost its data (the shared Redis itself is never flushed).
+    pub async fn lose_redis_state(&self) {
+        let mut redis = self.redis.clone();
+        let keys: Vec<String> = redis.keys(format!("{}:*", self.namespace)).await.unwrap();
+        if !keys.is_empty() {
+            redis.del::<_, ()>(keys).await.unwrap();
+        }
+    }
+
+    pub async fn stats(&self, server: &TestServer, id: u64) -> Value {
+        self.admin(
+            reqwest::Method::GET,
+            server,
+            &format!("/admin/items/{id}/stats"),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+    }
+
+    /// `POST /api/flashbuy` as `user`.
+    pub async fn buy(&self, server: &TestServer, user: u64, item: u64) -> (u16, Value) {
+        buy(&self.http, server.addr, &self.token(user), item).await
+    }
+
+    /// A purchase request ready to send (token, client time, body), for tests that add to it.
+    pub fn purchase(&self, server: &TestServer, user: u64, item: u64) -> reqwest::RequestBuilder {
+        self.http
+            .post(server.url("/api/flashbuy"))
+            .bearer_auth(self.token(user))
+            .header("x-client-time", Utc::now().timestamp_millis().to_string())
+            .json(&json!({ "item_id": item }))
+    }
+
+    /// `GET path`, as `user` when given: status and JSON body.
+    pub async fn get(&self, server: &TestServer, path: &str, user: Option<u64>) -> (u16, Value) {
+        let mut request = self.http.get(server.url(path));
+        if let Some(user) = user {
+            request = request.bearer_auth(self.token(user));
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Orders in MySQL for an item.
+    pub async fn orders(&self, item: u64) -> Vec<(String, u64, String)> {
+        sqlx::query_as("SELECT order_sn, user_id, status FROM orders WHERE item_id = ?")
+            .bind(item)
+            .fetch_all(&self.db)
+            .await
+            .unwrap()
+    }
+
+    /// Waits (up to `limit`) until MySQL has `expected` orders for the item and nothing is
+    /// pending in Redis.
+    pub async fn wait_for_orders(
+        &self,
+        server: &TestServer,
+        item: u64,
+        expected: usize,
+        limit: Duration,
+    ) {
+        eventually(limit, "every order in MySQL", || async {
+            let stats = self.stats(server, item).await;
+            let in_mysql = self.orders(item).await.len();
+            if in_mysql == expected && stats["pending"] == 0 {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{in_mysql} orders in MySQL (want {expected}); stats {stats}"
+                ))
+            }
+        })
+        .await;
+    }
+
+    /// docs/contract.md section 7, invariants 1 to 4, for a quiescent item, judged by
+    /// `seckill::invariants` (as `seckill rehearse` judges a rehearsal) from every row in
+    /// MySQL and the stock in Redis: `won` are the order numbers of every `202` the test
+    /// saw. Then the server's own stats must agree.
+    pub async fn assert_invariants(
+        &self,
+        server: &TestServer,
+        item: u64,
+        total: u32,
+        won: &[String],
+    ) {
+        let orders = self.order_facts(item, total, won).await;
+        let stock = self.in_redis(item).await;
+        let broken: Vec<_> = invariants::judge(&stock, &orders, won, &[], Duration::ZERO)
+            .into_iter()
+            .filter(|check| check.outcome == Outcome::Broken)
+            .map(|check| format!("{}. {}: {}", check.number, check.name, check.detail))
+            .collect();
+        assert!(broken.is_empty(), "invariants broken: {broken:#?}");
+        let stats = self.stats(server, item).await;
+        assert_eq!(stats["consistent"], true, "stats: {stats}");
+        assert_eq!(stats["pending"], 0, "stats: {stats}");
+    }
+
+    /// The item's orders in MySQL as `seckill::invariants` judges them: `total` units,
+    /// `answered` the order numbers of every `202` seen.
+    pub async fn order_facts(&self, item: u64, total: u32, answered: &[String]) -> Orders {
+        let rows = self.orders(item).await;
+        let (per_user,): (u8,) = sqlx::query_as("SELECT per_user FROM items WHERE id = ?")
+            .bind(item)
+            .fetch_one(&self.db)
+            .await
+            .unwrap();
+        let rows = rows.iter().map(|(sn, user, status)| {
+            let status = OrderStatus::try_from(status.clone()).expect("an order status");
+            (sn.as_str(), *user, status)
+        });
+        Orders::from_rows(total.into(), per_user, rows, answered, &[])
+    }
+}
