@@ -72,7 +72,7 @@ async fn my_entry(
     let item = catalog
         .get(item_id)
         .await?
-        .filter(|item| item.item.draw_at.is_some())
+        .filter(|item| item.record.draw_at.is_some())
         .ok_or(ApiError::EntryNotFound)?;
     let home = item.home(user).stock;
     let mut conn = redis.hot().await?;
@@ -84,7 +84,7 @@ async fn my_entry(
     )
     .await?;
     let rank = rank.ok_or(ApiError::EntryNotFound)?;
-    let drawn = item.item.drawn_at.is_some();
+    let drawn = item.record.drawn_at.is_some();
     let order_sn = won.as_deref().and_then(OrderSn::parse);
     let status = match (&order_sn, drawn) {
         (Some(_), _) => EntryStatus::Won,

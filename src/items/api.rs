@@ -83,7 +83,7 @@ async fn get_item(
     let Shared { catalog, .. } = &*state;
     let entry = catalog.get(id).await?.ok_or(ApiError::ItemNotFound)?;
     catalog.fresh_stock(&entry).await;
-    let item = &entry.item;
+    let item = &entry.record;
     let now = crate::clock::now();
     let waves = (!item.release.is_empty()).then_some(&item.release);
     Ok(ok(

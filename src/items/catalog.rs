@@ -93,7 +93,8 @@ struct Progress {
 
 /// One item as the purchase path sees it.
 pub struct CatalogItem {
-    pub item: Item,
+    /// Its definition, as MySQL has it.
+    pub record: Item,
     /// The keys of each of its buckets (one for an item not split).
     pub buckets: Arc<[ItemKeys]>,
     live: Arc<LiveStock>,
@@ -145,7 +146,7 @@ impl CatalogItem {
     /// Units on sale at `now`: those listed, less what waves still to come hold back.
     pub fn on_sale(&self, now: DateTime<Utc>) -> u64 {
         self.remaining()
-            .saturating_sub(self.item.release.unreleased(now))
+            .saturating_sub(self.record.release.unreleased(now))
     }
 
     /// A bucket's units, as last seen.
@@ -165,19 +166,19 @@ impl CatalogItem {
 
     /// For a sale retired from Redis: the units it left unsold (its stock is not read).
     fn retired_unsold(&self) -> Option<u64> {
-        self.item.retired_at?;
-        Some(u64::from(self.item.unsold.unwrap_or(0)))
+        self.record.retired_at?;
+        Some(u64::from(self.record.unsold.unwrap_or(0)))
     }
 
     /// Whether its stock is worth reading from Redis: on sale, or ended within the hour
     /// (units coming back from cancels), and not retired.
     fn stock_read(&self, now: DateTime<Utc>) -> bool {
-        self.item.retired_at.is_none() && self.item.end_at > now - chrono::Duration::hours(1)
+        self.record.retired_at.is_none() && self.record.end_at > now - chrono::Duration::hours(1)
     }
 
     /// The keys of the bucket that keeps `user`'s record.
     pub fn home(&self, user: UserId) -> &ItemKeys {
-        let bucket = user.bucket(self.item.buckets);
+        let bucket = user.bucket(self.record.buckets);
         &self.buckets[usize::from(bucket).min(self.buckets.len() - 1)]
     }
 
@@ -200,13 +201,13 @@ impl CatalogItem {
     }
 
     pub fn status(&self, now: DateTime<Utc>) -> ItemStatus {
-        if now >= self.item.end_at {
+        if now >= self.record.end_at {
             ItemStatus::Ended
-        } else if self.item.paused {
+        } else if self.record.paused {
             ItemStatus::Paused
-        } else if now < self.item.start_at {
+        } else if now < self.record.start_at {
             ItemStatus::Scheduled
-        } else if self.on_sale(now) == 0 && self.item.release.next_at(now).is_some() {
+        } else if self.on_sale(now) == 0 && self.record.release.next_at(now).is_some() {
             ItemStatus::BetweenReleases
         } else if self.sold_out() {
             ItemStatus::SoldOut
@@ -291,9 +292,9 @@ impl Catalog {
         let entry = Arc::new(CatalogItem {
             buckets: item.stocks().map(|s| self.inner.keys.stock(s)).collect(),
             live: Arc::new(LiveStock::new(item.buckets)),
-            item,
+            record: item,
         });
-        self.inner.others.insert(entry.item.id, entry.clone());
+        self.inner.others.insert(entry.record.id, entry.clone());
         entry
     }
 
@@ -307,8 +308,8 @@ impl Catalog {
         self.inner.others.invalidate(&item.id);
         let mut items = self.inner.items.write().unwrap_or_else(|e| e.into_inner());
         let (buckets, live) = match items.get(&item.id) {
-            Some(old) if old.item == item => return old.clone(),
-            Some(old) if old.item.buckets == item.buckets => {
+            Some(old) if old.record == item => return old.clone(),
+            Some(old) if old.record.buckets == item.buckets => {
                 (old.buckets.clone(), old.live.clone())
             }
             _ => (
@@ -317,13 +318,13 @@ impl Catalog {
             ),
         };
         let entry = Arc::new(CatalogItem {
-            item,
+            record: item,
             buckets,
             live,
         });
-        if items.insert(entry.item.id, entry.clone()).is_none() {
+        if items.insert(entry.record.id, entry.clone()).is_none() {
             let mut ids = self.inner.ids.write().unwrap_or_else(|e| e.into_inner());
-            ids.insert(entry.item.id);
+            ids.insert(entry.record.id);
         }
         entry
     }
@@ -348,8 +349,8 @@ impl Catalog {
             let items = self.inner.items.read().unwrap_or_else(|e| e.into_inner());
             items
                 .values()
-                .filter(|e| !current(&e.item, now))
-                .map(|e| e.item.id)
+                .filter(|e| !current(&e.record, now))
+                .map(|e| e.record.id)
                 .collect()
         };
         self.forget(&gone);
@@ -380,7 +381,7 @@ impl Catalog {
         let entries = self.stock_to_read(&announced);
         self.read_stock(&entries).await?;
         let shops: std::collections::BTreeSet<u64> =
-            entries.iter().map(|e| e.item.shop_id).collect();
+            entries.iter().map(|e| e.record.shop_id).collect();
         for shop in shops {
             // From the local cache while it is fresh; any failure keeps the last known.
             let _ = self.inner.shops.get(shop).await;
@@ -394,7 +395,7 @@ impl Catalog {
         if let Some(item) = repo::get(&self.inner.db, id).await? {
             let entry = self.upsert(item);
             self.read_stock(std::slice::from_ref(&entry)).await?;
-            let _ = self.inner.shops.get(entry.item.shop_id).await;
+            let _ = self.inner.shops.get(entry.record.shop_id).await;
         }
         Ok(())
     }
@@ -482,7 +483,7 @@ impl Catalog {
             }
             entry.live.loaded.store(loaded, Ordering::Relaxed);
             entry.live.read_at_ms.store(now_ms, Ordering::Relaxed);
-            self.inner.meters.item_levels(entry.item.id, levels);
+            self.inner.meters.item_levels(entry.record.id, levels);
         }
         Ok(())
     }
@@ -492,7 +493,7 @@ impl Catalog {
     /// now and then). A Redis that does not answer leaves the last known.
     pub async fn fresh_stock(&self, entry: &Arc<CatalogItem>) {
         // A retired sale's figures are MySQL's; any other is read, however old.
-        if entry.item.retired_at.is_some() {
+        if entry.record.retired_at.is_some() {
             return;
         }
         let read_at = entry.live.read_at_ms.load(Ordering::Relaxed);
@@ -505,7 +506,7 @@ impl Catalog {
         )
         .await;
         if !matches!(read, Ok(Ok(()))) {
-            tracing::debug!(item = %entry.item.id, "stock read on demand failed or was slow; serving the last known");
+            tracing::debug!(item = %entry.record.id, "stock read on demand failed or was slow; serving the last known");
         }
     }
 

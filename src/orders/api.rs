@@ -186,7 +186,7 @@ async fn orders_of(
         catalog,
         ..
     } = &**state;
-    let buckets = catalog.get(item).await?.map_or(1, |c| c.item.buckets);
+    let buckets = catalog.get(item).await?.map_or(1, |c| c.record.buckets);
     let pending = async {
         let item_keys = keys.stock(Stock::home(item, user, buckets));
         let mut views = Vec::new();

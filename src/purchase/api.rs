@@ -142,7 +142,7 @@ async fn flashbuy(
         return Err(refusal(refused, &item));
     }
     // From this instance's cache (filled from Redis on a miss).
-    if !state.shops.open_now(item.item.shop_id).await {
+    if !state.shops.open_now(item.record.shop_id).await {
         return Err(ApiError::ShopClosed);
     }
     // After "sold out", so that a throttle's budget goes to purchases that can still win.
@@ -152,7 +152,7 @@ async fn flashbuy(
     // request refused from memory (which logs nothing at info) skips the cost (measured:
     // the log formatter re-encodes the span's fields, about 13% of that path).
     request_id::record_user(user, Some(item_id));
-    if item.item.draw_at.is_some() {
+    if item.record.draw_at.is_some() {
         return Box::pin(super::entry::enter(&state, &item, user)).await;
     }
     // Boxed: the Redis step's future is kilobytes, and every request's future (moved
@@ -189,7 +189,7 @@ async fn sell(
     now: chrono::DateTime<Utc>,
     key: Option<String>,
 ) -> Result<Response, ApiError> {
-    let item_id = item.item.id;
+    let item_id = item.record.id;
     let idempotency = key.map(|key| IdempotencyKey::of(&state.keys, &item, user, key));
     // Before the grab (`SECKILL_REDIS_WAIT_REPLICAS`): the replicas a win will wait for,
     // on the master serving the buyer's bucket now. While that master is short of them no
@@ -232,17 +232,17 @@ async fn sell(
 
 /// What the catalogue already says no to: the window, the pause, the sold-out flag.
 fn from_memory(item: &CatalogItem, now: chrono::DateTime<Utc>) -> Option<GrabOutcome> {
-    if now < item.item.start_at {
+    if now < item.record.start_at {
         Some(GrabOutcome::NotStarted)
-    } else if now >= item.item.end_at || item.item.draw_at.is_some_and(|at| now >= at) {
+    } else if now >= item.record.end_at || item.record.draw_at.is_some_and(|at| now >= at) {
         // A draw takes no entry after its time (`lua/enter.lua` holds to Redis's clock).
         Some(GrabOutcome::Ended)
-    } else if item.item.paused {
+    } else if item.record.paused {
         Some(GrabOutcome::Paused)
     } else if item.sold_out() {
         // Near a wave Redis decides, by its own clock: a host whose clock runs behind must
         // not keep a wave shut, and the memory of "nothing left" is older than the wave.
-        let waves = &item.item.release;
+        let waves = &item.record.release;
         let near = |at: chrono::DateTime<Utc>| (at - now).abs() <= WAVE_MARGIN;
         match waves.next_at(now) {
             Some(at) if near(at) => None,
@@ -259,11 +259,11 @@ fn from_memory(item: &CatalogItem, now: chrono::DateTime<Utc>) -> Option<GrabOut
 /// purchase of theirs goes ("one per user" is decided there).
 fn order_for(item: &CatalogItem, user: UserId, now_ms: i64) -> OrderPlaced {
     OrderPlaced {
-        order_sn: OrderSn::generate(item.home(user).stock, item.item.split()),
-        item_id: item.item.id,
+        order_sn: OrderSn::generate(item.home(user).stock, item.record.split()),
+        item_id: item.record.id,
         user_id: user,
         created_at_ms: now_ms,
-        pay_deadline_ms: now_ms + i64::from(item.item.pay_timeout_s) * 1000,
+        pay_deadline_ms: now_ms + i64::from(item.record.pay_timeout_s) * 1000,
         slot: 0,
     }
 }
@@ -283,12 +283,12 @@ async fn run_grab(
     let home = item.home(user);
     let attempt = Attempt {
         order,
-        per_user: item.item.per_user,
+        per_user: item.record.per_user,
         order_json,
         idempotency,
     };
     let mut outcome = attempt.grab(&mut conn, home).await;
-    if item.item.split() {
+    if item.record.split() {
         let lending = Lending {
             redis: &state.redis,
             keys: &state.keys,
@@ -322,7 +322,7 @@ async fn short_of_replicas(
     let mut held = placed::held_by(&state.redis, item.home(user), user)
         .await
         .unwrap_or_default();
-    let limit = usize::from(item.item.per_user.max(1));
+    let limit = usize::from(item.record.per_user.max(1));
     if held.len() < limit {
         return ApiError::Unavailable(
             "the sale is waiting for a Redis replica to come back; try again shortly".into(),

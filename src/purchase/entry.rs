@@ -35,10 +35,10 @@ pub async fn enter(
     user: UserId,
 ) -> Result<Response, ApiError> {
     let seed = item
-        .item
+        .record
         .draw_seed
         .as_deref()
-        .ok_or_else(|| anyhow::anyhow!("draw item {} has no seed", item.item.id))?;
+        .ok_or_else(|| anyhow::anyhow!("draw item {} has no seed", item.record.id))?;
     let home = item.home(user);
     let mut conn = state.redis.hot().await?;
     let outcome: String = redis_timed(
@@ -51,8 +51,8 @@ pub async fn enter(
     )
     .await?;
     let entry = Entered {
-        entry_id: format!("{}:{user}", item.item.id),
-        item_id: item.item.id,
+        entry_id: format!("{}:{user}", item.record.id),
+        item_id: item.record.id,
     };
     match outcome.as_str() {
         "entered" => {

@@ -21,7 +21,7 @@ pub fn refusal(outcome: GrabOutcome, item: &CatalogItem) -> ApiError {
         GrabOutcome::Paused => ApiError::Paused,
         // Loaded once and gone: Redis lost it, and an operator has to rebuild it. The
         // buyer did nothing wrong, and pressing again later may well work.
-        GrabOutcome::NotLoaded if item.item.loaded_at.is_some() => {
+        GrabOutcome::NotLoaded if item.record.loaded_at.is_some() => {
             ApiError::Unavailable("the item's units are being restored; try again shortly".into())
         }
         GrabOutcome::NotLoaded => ApiError::NotStarted("the item's units are not loaded yet"),
