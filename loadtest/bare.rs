@@ -20,7 +20,7 @@ use redis::aio::ConnectionManager;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use seckill::domain::{ItemId, Stock, UserId};
+use seckill::domain::{BucketId, ItemId, UserId};
 use seckill::keys::{ItemKeys, Keys};
 use seckill::purchase::grab::grab;
 
@@ -59,7 +59,7 @@ async fn main() -> anyhow::Result<()> {
     let namespace = Keys::new(&args.namespace);
     let item_keys = |id| {
         ItemId::new(id)
-            .map(|item| namespace.stock(Stock::whole(item)))
+            .map(|item| namespace.stock(BucketId::whole(item)))
             .ok_or_else(|| anyhow::anyhow!("item {id}"))
     };
     let keys = (item_keys(1)?, item_keys(2)?);

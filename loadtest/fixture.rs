@@ -5,7 +5,7 @@
 use redis::Script;
 use redis::aio::ConnectionLike;
 
-use seckill::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
+use seckill::domain::{BucketId, ItemId, OrderPlaced, OrderSn, UserId};
 use seckill::keys::ItemKeys;
 
 /// `loadtest/lua/minimal.lua`: ZSCORE, LPOP, ZADD, HINCRBY.
@@ -66,7 +66,7 @@ pub async fn load(
 pub fn order(item: ItemId, user: UserId) -> (OrderSn, String) {
     let now = chrono::Utc::now().timestamp_millis();
     let order = OrderPlaced {
-        order_sn: OrderSn::generate(Stock::whole(item), false),
+        order_sn: OrderSn::generate(BucketId::whole(item), false),
         item_id: item,
         user_id: user,
         created_at_ms: now,

@@ -14,7 +14,7 @@
 use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 
-use seckill::domain::{ItemId, Stock, UserId};
+use seckill::domain::{BucketId, ItemId, UserId};
 use seckill::keys::Keys;
 use seckill::purchase::grab::grab;
 
@@ -41,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let namespace = Keys::new("redis_cost");
     let item = ItemId::new(1).ok_or_else(|| anyhow::anyhow!("item 1"))?;
-    let keys = namespace.stock(Stock::whole(item));
+    let keys = namespace.stock(BucketId::whole(item));
     fixture::load(&mut redis, &keys, args.calls).await?;
     seckill::lua::preload(&mut redis).await?;
 

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::config::{RemindStages, Settings};
-use crate::domain::{OrderPlaced, OrderSn, Stock};
+use crate::domain::{BucketId, OrderPlaced, OrderSn};
 use crate::keys::Keys;
 use crate::lua::{CLAIM, FINISH};
 use crate::store::{Grouped, RedisError, redis_timed};
@@ -91,10 +91,10 @@ impl Plan {
     /// Idempotent: adding them twice changes nothing.
     pub fn schedule(&self, grouped: &mut Grouped, keys: &Keys, orders: &[OrderPlaced]) {
         let now_ms = crate::clock::now().timestamp_millis();
-        let mut by_stock: BTreeMap<Stock, Vec<(i64, String)>> = BTreeMap::new();
+        let mut by_stock: BTreeMap<BucketId, Vec<(i64, String)>> = BTreeMap::new();
         let mut wake_seconds = BTreeSet::new();
         for order in orders {
-            let tasks = by_stock.entry(order.order_sn.stock()).or_default();
+            let tasks = by_stock.entry(order.order_sn.bucket()).or_default();
             for (task, at) in self.tasks(order) {
                 if self.wake_keys && at > now_ms {
                     // Expires as the second after `at` begins: its expiry event is the hint.
@@ -139,7 +139,7 @@ pub struct Claimed {
 pub async fn claim<C>(
     conn: &mut C,
     keys: &Keys,
-    stock: Stock,
+    stock: BucketId,
     lease_ms: u64,
     limit: usize,
 ) -> Result<Claimed, RedisError>
@@ -174,7 +174,7 @@ where
 pub async fn finish<C>(
     conn: &mut C,
     keys: &Keys,
-    stock: Stock,
+    stock: BucketId,
     lease_end_ms: i64,
     members: &[String],
     again_at_ms: Option<i64>,
@@ -204,7 +204,7 @@ mod tests {
 
     #[test]
     fn tasks_round_trip_through_their_member() {
-        let sn = OrderSn::generate(Stock::whole(ItemId::new(9).unwrap()), false);
+        let sn = OrderSn::generate(BucketId::whole(ItemId::new(9).unwrap()), false);
         for task in [
             Task::Cancel(sn.clone()),
             Task::Remind {
@@ -223,7 +223,7 @@ mod tests {
     fn reminders_fall_at_their_share_of_the_pay_timeout() {
         let item = ItemId::new(9).unwrap();
         let order = OrderPlaced {
-            order_sn: OrderSn::generate(Stock::whole(item), false),
+            order_sn: OrderSn::generate(BucketId::whole(item), false),
             item_id: item,
             user_id: UserId::new(1),
             created_at_ms: 10_000,

@@ -55,31 +55,31 @@ impl fmt::Display for ItemId {
     }
 }
 
-/// Where an item's units live in Redis: the item itself (bucket 0, every item has it) or
+/// A bucket's address: where an item's units live in Redis, the item itself (bucket 0, every item has it) or
 /// one of the further buckets of a hot item spread over several (`"buckets": K`). Each
 /// bucket's keys carry their own hash tag, so on a cluster they land on their own slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Stock {
+pub struct BucketId {
     pub item: ItemId,
-    pub bucket: u8,
+    pub index: u8,
 }
 
-impl Stock {
+impl BucketId {
     /// Most buckets an item may have.
     pub const MAX_BUCKETS: u8 = 64;
 
     /// Bucket 0: the whole item, for an item not split.
     pub fn whole(item: ItemId) -> Self {
-        Self { item, bucket: 0 }
+        Self { item, index: 0 }
     }
 
-    pub fn new(item: ItemId, bucket: u8) -> Self {
-        Self { item, bucket }
+    pub fn new(item: ItemId, index: u8) -> Self {
+        Self { item, index }
     }
 
     /// Every bucket of an item split into `buckets`.
-    pub fn all(item: ItemId, buckets: u8) -> impl Iterator<Item = Stock> + Clone + use<> {
-        (0..buckets.max(1)).map(move |bucket| Self { item, bucket })
+    pub fn all(item: ItemId, buckets: u8) -> impl Iterator<Item = BucketId> + Clone + use<> {
+        (0..buckets.max(1)).map(move |index| Self { item, index })
     }
 
     /// The bucket that keeps `user`'s record of an item split into `buckets`: the one all of
@@ -87,7 +87,7 @@ impl Stock {
     pub fn home(item: ItemId, user: UserId, buckets: u8) -> Self {
         Self {
             item,
-            bucket: user.bucket(buckets),
+            index: user.bucket(buckets),
         }
     }
 
@@ -101,21 +101,24 @@ impl Stock {
             .collect()
     }
 
-    /// Parses [`Stock`]'s display form: `ID` or `ID.B`.
+    /// Parses [`BucketId`]'s display form: `ID` or `ID.B`.
     pub fn parse(s: &str) -> Option<Self> {
         let (item, bucket) = match s.split_once('.') {
             Some((item, bucket)) => (item, bucket.parse().ok()?),
             None => (s, 0),
         };
         let item = ItemId::new(item.parse().ok()?)?;
-        (bucket < Self::MAX_BUCKETS).then_some(Self { item, bucket })
+        (bucket < Self::MAX_BUCKETS).then_some(Self {
+            item,
+            index: bucket,
+        })
     }
 }
 
 /// `ID` for bucket 0 (as an item was named before buckets), `ID.B` for the others.
-impl fmt::Display for Stock {
+impl fmt::Display for BucketId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.bucket {
+        match self.index {
             0 => self.item.fmt(f),
             b => write!(f, "{}.{b}", self.item),
         }
@@ -153,7 +156,7 @@ impl UserId {
         crc32fast::hash(self.0.to_string().as_bytes()) % shards
     }
 
-    /// The user's home bucket of an item split into `buckets` (see [`Stock::home`]): from
+    /// The user's home bucket of an item split into `buckets` (see [`BucketId::home`]): from
     /// the bits of the hash above the buyer shard's, so a bucket's buyers still spread over
     /// every shard.
     pub fn bucket(self, buckets: u8) -> u8 {
@@ -175,7 +178,7 @@ impl fmt::Display for UserId {
 #[serde(try_from = "String", into = "String")]
 pub struct OrderSn {
     text: String,
-    stock: Stock,
+    stock: BucketId,
 }
 
 /// Where in a ULID's 80 random bits the bucket of a bucketed item's order sits (the top 6).
@@ -187,11 +190,11 @@ impl OrderSn {
     /// `ITEM-ULID` for an item in one bucket, as always; `ITEM_ULID` for a bucket of a
     /// split item, the bucket in the ULID's top random bits — so the number says where its
     /// order's records are and still fits 40 characters.
-    pub fn generate(stock: Stock, split: bool) -> Self {
+    pub fn generate(stock: BucketId, split: bool) -> Self {
         let ulid = ulid::Ulid::new();
         let text = if split {
             let random = (ulid.random() & !(0x3f << BUCKET_SHIFT))
-                | (u128::from(stock.bucket) << BUCKET_SHIFT);
+                | (u128::from(stock.index) << BUCKET_SHIFT);
             let ulid = ulid::Ulid::from_parts(ulid.timestamp_ms(), random);
             format!("{}_{ulid}", stock.item)
         } else {
@@ -224,7 +227,7 @@ impl OrderSn {
         };
         Some(Self {
             text: s.to_owned(),
-            stock: Stock::new(item, bucket),
+            stock: BucketId::new(item, bucket),
         })
     }
 
@@ -233,7 +236,7 @@ impl OrderSn {
     }
 
     /// The bucket whose Redis keys hold this order's records.
-    pub fn stock(&self) -> Stock {
+    pub fn bucket(&self) -> BucketId {
         self.stock
     }
 
@@ -349,35 +352,35 @@ mod tests {
     fn order_numbers_fit_and_round_trip() {
         let largest = ItemId::new(ItemId::MAX).unwrap();
         for split in [false, true] {
-            let sn = OrderSn::generate(Stock::new(largest, 63), split);
+            let sn = OrderSn::generate(BucketId::new(largest, 63), split);
             assert!(sn.as_str().len() <= OrderSn::MAX_LEN, "{sn}");
         }
         let item = ItemId::new(1001).unwrap();
-        let sn = OrderSn::generate(Stock::whole(item), false);
+        let sn = OrderSn::generate(BucketId::whole(item), false);
         assert_eq!(OrderSn::parse(sn.as_str()), Some(sn.clone()));
         assert_eq!(sn.item().get(), 1001);
-        assert_eq!(sn.stock(), Stock::whole(item));
-        assert_ne!(sn, OrderSn::generate(Stock::whole(item), false));
+        assert_eq!(sn.bucket(), BucketId::whole(item));
+        assert_ne!(sn, OrderSn::generate(BucketId::whole(item), false));
         for bucket in [0, 1, 17, 63] {
-            let sn = OrderSn::generate(Stock::new(item, bucket), true);
+            let sn = OrderSn::generate(BucketId::new(item, bucket), true);
             assert_eq!(OrderSn::parse(sn.as_str()), Some(sn.clone()));
-            assert_eq!(sn.stock(), Stock::new(item, bucket), "{sn}");
+            assert_eq!(sn.bucket(), BucketId::new(item, bucket), "{sn}");
         }
     }
 
     #[test]
     fn stocks_round_trip_and_home_buckets_spread() {
         let item = ItemId::new(7).unwrap();
-        for stock in [Stock::whole(item), Stock::new(item, 5)] {
-            assert_eq!(Stock::parse(&stock.to_string()), Some(stock));
+        for stock in [BucketId::whole(item), BucketId::new(item, 5)] {
+            assert_eq!(BucketId::parse(&stock.to_string()), Some(stock));
         }
-        assert_eq!(Stock::whole(item).to_string(), "7");
-        assert_eq!(Stock::parse("7.64"), None);
+        assert_eq!(BucketId::whole(item).to_string(), "7");
+        assert_eq!(BucketId::parse("7.64"), None);
         let mut seen = [0u32; 8];
         for user in 0..8_000 {
-            let stock = Stock::home(item, UserId::new(user), 8);
-            seen[stock.bucket as usize] += 1;
-            assert_eq!(Stock::home(item, UserId::new(user), 1).bucket, 0);
+            let stock = BucketId::home(item, UserId::new(user), 8);
+            seen[stock.index as usize] += 1;
+            assert_eq!(BucketId::home(item, UserId::new(user), 1).index, 0);
         }
         assert!(seen.iter().all(|n| (800..1200).contains(n)), "{seen:?}");
     }
@@ -386,7 +389,7 @@ mod tests {
     fn order_times_must_fit_a_mysql_datetime() {
         let item = ItemId::new(1).unwrap();
         let order = OrderPlaced {
-            order_sn: OrderSn::generate(Stock::whole(item), false),
+            order_sn: OrderSn::generate(BucketId::whole(item), false),
             item_id: item,
             user_id: UserId::new(1),
             created_at_ms: 1_700_000_000_000,

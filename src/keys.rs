@@ -5,7 +5,7 @@
 //! item live in one slot (one Lua script may touch them all) while items spread over the
 //! cluster; `v1` lets a later layout migrate key by key.
 
-use crate::domain::{BUYER_SHARDS, ItemId, Stock, UserId};
+use crate::domain::{BUYER_SHARDS, BucketId, ItemId, UserId};
 
 /// Cheap to clone (it is part of every handler's state).
 #[derive(Clone, Debug)]
@@ -25,14 +25,14 @@ impl Keys {
     }
 
     /// The keys of one bucket of an item (bucket 0: an item not split).
-    pub fn stock(&self, stock: Stock) -> ItemKeys {
+    pub fn stock(&self, stock: BucketId) -> ItemKeys {
         let shards = |what: &str| {
             (0..BUYER_SHARDS)
                 .map(|i| self.stock_key(stock, &format!("{what}:{i}")))
                 .collect()
         };
         ItemKeys {
-            stock,
+            bucket: stock,
             meta: self.stock_key(stock, "meta"),
             tokens: self.stock_key(stock, "tokens"),
             pending: self.pending(stock),
@@ -47,41 +47,41 @@ impl Keys {
     }
 
     /// [`ItemKeys::pending`] alone, for background work that needs no other key.
-    pub fn pending(&self, stock: Stock) -> String {
+    pub fn pending(&self, stock: BucketId) -> String {
         self.stock_key(stock, "pending")
     }
 
     /// [`ItemKeys::outbox`] alone.
-    pub fn outbox(&self, stock: Stock) -> String {
+    pub fn outbox(&self, stock: BucketId) -> String {
         self.stock_key(stock, "outbox")
     }
 
     /// [`ItemKeys::due`] alone.
-    pub fn due(&self, stock: Stock) -> String {
+    pub fn due(&self, stock: BucketId) -> String {
         self.stock_key(stock, "due")
     }
 
     /// [`ItemKeys::lent`] alone.
-    pub fn lent(&self, stock: Stock) -> String {
+    pub fn lent(&self, stock: BucketId) -> String {
         self.stock_key(stock, "lent")
     }
 
     /// ZSET of cancels begun: `order_sn` → when (ms). Written before the `UPDATE` that
     /// cancels, removed once the unit is back (or the order turned out not cancelled), so
     /// a cancel cut off between MySQL and Redis is finished by a sweep.
-    pub fn ending(&self, stock: Stock) -> String {
+    pub fn ending(&self, stock: BucketId) -> String {
         self.stock_key(stock, "ending")
     }
 
     /// ZSET of tasks a scheduler has taken: task → when its lease runs out (ms).
-    pub fn leased(&self, stock: Stock) -> String {
+    pub fn leased(&self, stock: BucketId) -> String {
         self.stock_key(stock, "leased")
     }
 
     /// Every key a sale leaves in one bucket: what retiring it deletes (`src/items/retire.rs`).
     /// A new kind of per-bucket key belongs here too, or retired sales leave it behind (the
     /// retention test counts the keys left).
-    pub fn sale_state(&self, stock: Stock) -> Vec<String> {
+    pub fn sale_state(&self, stock: BucketId) -> Vec<String> {
         let keys = self.stock(stock);
         let mut all = vec![
             keys.meta,
@@ -104,7 +104,7 @@ impl Keys {
 
     /// What one warm-up run fills before `swap.lua` puts it in place of the live keys: its
     /// own copies, so two runs can never touch each other's.
-    pub fn loading(&self, stock: Stock, run: &str) -> LoadingKeys {
+    pub fn loading(&self, stock: BucketId, run: &str) -> LoadingKeys {
         let shards = |what: &str| {
             (0..BUYER_SHARDS)
                 .map(|i| self.stock_key(stock, &format!("{what}:{i}:loading:{run}")))
@@ -119,50 +119,50 @@ impl Keys {
     /// STRING: the order a buyer's `Idempotency-Key` bought, in their home bucket (beside
     /// their buyer record, so `grab.lua` writes both at once); it expires after a day, and
     /// so needs no place in [`Keys::sale_state`].
-    pub fn idempotency(&self, stock: Stock, user: UserId, key: &str) -> String {
+    pub fn idempotency(&self, stock: BucketId, user: UserId, key: &str) -> String {
         self.stock_key(stock, &format!("idem:{user}:{key}"))
     }
 
     /// ZSET of a draw's entries whose home is this bucket: user → rank
     /// (`src/items/draw.rs`).
-    pub fn entries(&self, stock: Stock) -> String {
+    pub fn entries(&self, stock: BucketId) -> String {
         self.stock_key(stock, "entries")
     }
 
     /// HASH of a draw's winners whose home is this bucket: user → the order they were
     /// given. A winner is given a unit once, ever (a cancelled one passes it on).
-    pub fn awarded(&self, stock: Stock) -> String {
+    pub fn awarded(&self, stock: BucketId) -> String {
         self.stock_key(stock, "awarded")
     }
 
     /// STRING held by whoever draws the item's winners right now (`SET NX PX`).
     pub fn draw_lock(&self, item: ItemId) -> String {
-        self.stock_key(Stock::whole(item), "drawing")
+        self.stock_key(BucketId::whole(item), "drawing")
     }
 
     /// STRING held by the warm-up of the item running right now (`SET NX PX`).
     pub fn warmup_lock(&self, item: ItemId) -> String {
-        self.stock_key(Stock::whole(item), "warming")
+        self.stock_key(BucketId::whole(item), "warming")
     }
 
     /// STRING counter bumped before a `WAIT`: a write on the item's own Redis master, so
     /// the `WAIT` after it covers every earlier write there (the won unit among them).
-    pub fn replicated(&self, stock: Stock) -> String {
+    pub fn replicated(&self, stock: BucketId) -> String {
         self.stock_key(stock, "replicated")
     }
 
     /// STRING held by whoever reconciles the item right now (`SET NX PX`).
     pub fn reconcile_lock(&self, item: ItemId) -> String {
-        self.stock_key(Stock::whole(item), "reconciling")
+        self.stock_key(BucketId::whole(item), "reconciling")
     }
 
     /// `{ns}:{item:ID}:v1:…` for bucket 0, `{ns}:{item:ID.B}:v1:…` for bucket B: a hash
     /// tag of its own per bucket.
-    fn stock_key(&self, stock: Stock, what: &str) -> String {
+    fn stock_key(&self, stock: BucketId, what: &str) -> String {
         format!("{}:{{item:{stock}}}:v1:{what}", self.namespace)
     }
 
-    /// SET of the buckets that have state in Redis, as [`Stock`] displays them (`ID`, or
+    /// SET of the buckets that have state in Redis, as [`BucketId`] displays them (`ID`, or
     /// `ID.B` for a further bucket of a split item); the relay and the scheduler walk it.
     pub fn items_index(&self) -> String {
         format!("{}:items:v1", self.namespace)
@@ -175,7 +175,7 @@ impl Keys {
     }
 
     /// ZSET of the buckets a kind of background work must look at: bucket (as
-    /// [`Stock`] displays it) → when (ms; 0 = at once). See `src/marks.rs`.
+    /// [`BucketId`] displays it) → when (ms; 0 = at once). See `src/marks.rs`.
     pub fn marks(&self, work: &str) -> String {
         format!("{}:marks:v1:{}", self.namespace, work)
     }
@@ -227,7 +227,7 @@ impl Keys {
 #[derive(Clone, Debug)]
 pub struct ItemKeys {
     /// Which item and bucket these are the keys of.
-    pub stock: Stock,
+    pub bucket: BucketId,
     /// HASH: `loaded` (ms), `total` (units this bucket holds, sold or not), `sold`,
     /// `paused` (0/1), `start_ms`, `end_ms`; `loaded_on` (the run id of the Redis server
     /// that took the load: another one serving it means a failover or a restart since);
@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn keys_carry_namespace_hash_tag_and_version() {
-        let keys = Keys::new("ns").stock(Stock::whole(ItemId::new(1001).unwrap()));
+        let keys = Keys::new("ns").stock(BucketId::whole(ItemId::new(1001).unwrap()));
         assert_eq!(keys.tokens, "ns:{item:1001}:v1:tokens");
         let user = UserId::new(7);
         let shard = user.shard(BUYER_SHARDS);
@@ -309,9 +309,9 @@ mod tests {
                 .all(|k| k.starts_with("ns:{item:1001}:v1:"))
         );
         // Retiring a sale deletes the buyer sets servers before 2026-12-03 wrote too.
-        let state = Keys::new("ns").sale_state(Stock::whole(ItemId::new(1001).unwrap()));
+        let state = Keys::new("ns").sale_state(BucketId::whole(ItemId::new(1001).unwrap()));
         assert!(state.contains(&format!("ns:{{item:1001}}:v1:buyers:{shard}")));
-        let bucket = Keys::new("ns").stock(Stock::new(ItemId::new(1001).unwrap(), 3));
+        let bucket = Keys::new("ns").stock(BucketId::new(ItemId::new(1001).unwrap(), 3));
         assert_eq!(bucket.tokens, "ns:{item:1001.3}:v1:tokens");
     }
 }

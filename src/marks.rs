@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use crate::domain::Stock;
+use crate::domain::BucketId;
 use crate::keys::Keys;
 use crate::lua::{MARKS_SETTLE, MARKS_TAKE};
 use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
@@ -51,7 +51,7 @@ pub async fn mark<C>(
     conn: &mut C,
     keys: &Keys,
     work: Work,
-    stocks: impl IntoIterator<Item = Stock>,
+    stocks: impl IntoIterator<Item = BucketId>,
 ) -> Result<(), RedisError>
 where
     C: redis::aio::ConnectionLike + Send,
@@ -91,7 +91,7 @@ pub async fn work_through<E, F, Fut>(
 ) -> Result<(), E>
 where
     E: From<RedisError>,
-    F: FnMut(Vec<Stock>) -> Fut,
+    F: FnMut(Vec<BucketId>) -> Fut,
     Fut: Future<Output = Result<Vec<Option<i64>>, E>>,
 {
     for _ in 0..MOST_BATCHES {
@@ -124,7 +124,7 @@ where
 #[derive(Debug)]
 struct Taken {
     work: Work,
-    stocks: Vec<Stock>,
+    stocks: Vec<BucketId>,
     /// The lease end, which is also what [`Taken::settle`] compares against.
     marker: i64,
 }
@@ -149,8 +149,8 @@ async fn take(
             .invoke_async(&mut conn),
     )
     .await?;
-    let stocks = members.iter().filter_map(|m| Stock::parse(m)).collect();
-    if members.iter().any(|m| Stock::parse(m).is_none()) {
+    let stocks = members.iter().filter_map(|m| BucketId::parse(m)).collect();
+    if members.iter().any(|m| BucketId::parse(m).is_none()) {
         tracing::error!(
             work = work.name(),
             ?members,
@@ -170,7 +170,7 @@ impl Taken {
         &self,
         redis: &RedisConns,
         keys: &Keys,
-        next: impl IntoIterator<Item = (Stock, Option<i64>)>,
+        next: impl IntoIterator<Item = (BucketId, Option<i64>)>,
     ) -> Result<(), RedisError> {
         let mut call = MARKS_SETTLE.key(self.work.key(keys));
         call.arg(self.marker);
@@ -193,8 +193,8 @@ impl Taken {
 /// plus `after` ms: one pipelined round trip.
 pub async fn earliest(
     redis: &RedisConns,
-    stocks: &[Stock],
-    sets: impl Fn(Stock) -> Vec<String>,
+    stocks: &[BucketId],
+    sets: impl Fn(BucketId) -> Vec<String>,
     after: Duration,
 ) -> Result<Vec<Option<i64>>, RedisError> {
     let mut grouped = Grouped::new(redis);
@@ -244,7 +244,7 @@ impl Holding {
 pub async fn holdings(
     redis: &RedisConns,
     keys: &Keys,
-    stocks: &[Stock],
+    stocks: &[BucketId],
 ) -> Result<Vec<Holding>, RedisError> {
     let mut grouped = Grouped::new(redis);
     for stock in stocks {

@@ -273,14 +273,14 @@ fn json_array(orders: &[Outgoing]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{ItemId, OrderPlaced, Stock};
+    use crate::domain::{BucketId, ItemId, OrderPlaced};
 
     #[test]
     fn a_message_is_a_json_array_of_the_stored_orders() {
         let orders: Vec<Outgoing> = (1..=3)
             .map(|user| {
                 let order = OrderPlaced {
-                    order_sn: OrderSn::generate(Stock::whole(ItemId::new(5).unwrap()), false),
+                    order_sn: OrderSn::generate(BucketId::whole(ItemId::new(5).unwrap()), false),
                     item_id: ItemId::new(5).unwrap(),
                     user_id: crate::domain::UserId::new(user),
                     created_at_ms: 1,

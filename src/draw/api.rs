@@ -74,7 +74,7 @@ async fn my_entry(
         .await?
         .filter(|item| item.record.draw_at.is_some())
         .ok_or(ApiError::EntryNotFound)?;
-    let home = item.home(user).stock;
+    let home = item.home(user).bucket;
     let mut conn = redis.hot().await?;
     let (rank, won): (Option<u64>, Option<String>) = redis_timed(
         redis::pipe()

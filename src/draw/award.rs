@@ -13,7 +13,7 @@
 
 use redis::AsyncCommands;
 
-use crate::domain::{OrderPlaced, OrderSn, Stock, UserId};
+use crate::domain::{BucketId, OrderPlaced, OrderSn, UserId};
 use crate::items::repo::Item;
 use crate::items::transfer::{self, Lending};
 use crate::keys::{ItemKeys, Keys};
@@ -96,8 +96,8 @@ async fn listed(redis: &RedisConns, buckets: &[ItemKeys]) -> Result<u64, RedisEr
 }
 
 /// The bucket that keeps `user`'s entry and record of the item.
-fn item_home(item: &Item, user: UserId) -> Stock {
-    Stock::home(item.id, user, item.buckets)
+fn item_home(item: &Item, user: UserId) -> BucketId {
+    BucketId::home(item.id, user, item.buckets)
 }
 
 /// The next entries by rank from `cutoff` on (inclusive: an entry tied with the cutoff, or
@@ -112,7 +112,7 @@ async fn next_entries(
     let mut all: Vec<(UserId, u64)> = Vec::new();
     for bucket in buckets {
         let page: Vec<(u64, f64)> = redis_timed(conn.zrangebyscore_limit_withscores(
-            keys.entries(bucket.stock),
+            keys.entries(bucket.bucket),
             &from,
             "+inf",
             0,
@@ -148,10 +148,10 @@ async fn give(
     user: UserId,
     lending: Lending<'_>,
 ) -> Result<Given, RedisError> {
-    let home = &buckets[usize::from(item_home(item, user).bucket).min(buckets.len() - 1)];
+    let home = &buckets[usize::from(item_home(item, user).index).min(buckets.len() - 1)];
     let now = crate::clock::now().timestamp_millis();
     let order = OrderPlaced {
-        order_sn: OrderSn::generate(home.stock, item.split()),
+        order_sn: OrderSn::generate(home.bucket, item.split()),
         item_id: item.id,
         user_id: user,
         created_at_ms: now,
@@ -168,8 +168,8 @@ async fn give(
                 .key(home.buyer_orders(user))
                 .key(&home.pending)
                 .key(&home.outbox)
-                .key(keys.entries(home.stock))
-                .key(keys.awarded(home.stock))
+                .key(keys.entries(home.bucket))
+                .key(keys.awarded(home.bucket))
                 .arg(user.get())
                 .arg(order.order_sn.as_str())
                 .arg(now)
@@ -181,7 +181,7 @@ async fn give(
             "won" => return Ok(Given::Won),
             "repeat" => return Ok(Given::Repeat),
             "sold_out" if item.split() => {
-                let lenders = buckets.iter().filter(|b| b.stock != home.stock);
+                let lenders = buckets.iter().filter(|b| b.bucket != home.bucket);
                 let borrowed = transfer::borrow(conn, home, lenders, lending).await?;
                 if borrowed.stalled {
                     return Ok(Given::Wait);

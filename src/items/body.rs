@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
-use crate::domain::{ItemId, Stock};
+use crate::domain::{BucketId, ItemId};
 use crate::http::error::{ApiError, Conflict};
 use crate::store::{STORABLE, storable, to_millis};
 
@@ -114,10 +114,10 @@ impl ItemBody {
                 "`pay_timeout_s`: 1 to {MAX_PAY_TIMEOUT_S}"
             )));
         }
-        if !(1..=Stock::MAX_BUCKETS).contains(&self.buckets) {
+        if !(1..=BucketId::MAX_BUCKETS).contains(&self.buckets) {
             return Err(ApiError::bad_request(format!(
                 "`buckets`: 1 to {}",
-                Stock::MAX_BUCKETS
+                BucketId::MAX_BUCKETS
             )));
         }
         if !(1..=MAX_PER_USER).contains(&self.per_user) {

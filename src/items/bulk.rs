@@ -8,7 +8,7 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::domain::{ItemId, Stock};
+use crate::domain::{BucketId, ItemId};
 use crate::http::error::{ApiError, Refusal};
 use crate::http::extract::{Admin, ApiJson};
 use crate::http::reply::ok;
@@ -130,7 +130,7 @@ pub(super) async fn put_items(
         .collect();
     let mut grouped = Grouped::new(redis);
     for (id, draft) in drafts.iter().filter(|(id, _)| updated.contains(id)) {
-        for bucket in Stock::all(*id, draft.buckets) {
+        for bucket in BucketId::all(*id, draft.buckets) {
             stock::sync_draft_in(grouped.group(), &keys.stock(bucket), draft);
         }
     }

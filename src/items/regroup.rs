@@ -8,7 +8,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::domain::{ItemId, Stock};
+use crate::domain::{BucketId, ItemId};
 use crate::keys::Keys;
 use crate::lock::RedisLock;
 use crate::store::{Db, Grouped, RedisConns, StoreError};
@@ -100,7 +100,7 @@ async fn in_redis(
     let mut grouped = Grouped::new(redis);
     let mut of = Vec::new();
     for (id, buckets) in items {
-        for stock in Stock::all(*id, *buckets) {
+        for stock in BucketId::all(*id, *buckets) {
             stock::ask_held(grouped.group(), &keys.stock(stock));
             of.push(*id);
         }

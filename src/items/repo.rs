@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::QueryBuilder;
 
-use crate::domain::{ItemId, Stock};
+use crate::domain::{BucketId, ItemId};
 use crate::store::{Db, DbError, mysql_begin, mysql_timed, retrying_deadlocks};
 
 use super::waves::Waves;
@@ -52,8 +52,8 @@ pub struct Item {
 
 impl Item {
     /// Every bucket of the item.
-    pub fn stocks(&self) -> impl Iterator<Item = Stock> + Clone + use<> {
-        Stock::all(self.id, self.buckets)
+    pub fn stocks(&self) -> impl Iterator<Item = BucketId> + Clone + use<> {
+        BucketId::all(self.id, self.buckets)
     }
 
     /// Whether the item is split over several buckets.

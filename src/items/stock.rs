@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use redis::AsyncCommands;
 
-use crate::domain::Stock;
+use crate::domain::BucketId;
 use crate::keys::{ItemKeys, Keys};
 use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
 use crate::telemetry::ItemLevels;
@@ -80,7 +80,7 @@ where
 pub async fn item_snapshot<C>(
     conn: &mut C,
     keys: &Keys,
-    stocks: impl Iterator<Item = Stock>,
+    stocks: impl Iterator<Item = BucketId>,
 ) -> Result<StockSnapshot, RedisError>
 where
     C: redis::aio::ConnectionLike + Send,
@@ -185,7 +185,7 @@ pub async fn sync_rules<C>(conn: &mut C, keys: &ItemKeys, item: &Item) -> Result
 where
     C: redis::aio::ConnectionLike + Send + Sync,
 {
-    let mut fields = Rules::of(item).meta(keys.stock.bucket);
+    let mut fields = Rules::of(item).meta(keys.bucket.index);
     fields.push(("paused", i64::from(item.paused).to_string()));
     redis_timed(conn.hset_multiple::<_, _, _, ()>(&keys.meta, &fields)).await
 }
@@ -193,7 +193,7 @@ where
 /// The same for a draft, into a pipeline (a bulk `PUT` of items that exist; the pause is
 /// not the draft's to change).
 pub fn sync_draft_in(pipe: &mut redis::Pipeline, keys: &ItemKeys, draft: &ItemDraft) {
-    let fields = Rules::of_draft(draft).meta(keys.stock.bucket);
+    let fields = Rules::of_draft(draft).meta(keys.bucket.index);
     pipe.hset_multiple(&keys.meta, &fields).ignore();
 }
 

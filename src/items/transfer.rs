@@ -1,7 +1,7 @@
 //! Moving units between the buckets of a split item, so that a buyer whose bucket ran dry
 //! still gets a unit while any bucket has one (no false "sold out").
 //!
-//! A buyer's record, order and unit always live in their home bucket (`Stock::home`):
+//! A buyer's record, order and unit always live in their home bucket (`BucketId::home`):
 //! "one unit per user" is decided by one script on one slot, as for an item not split.
 //! When the home bucket is empty, a unit is moved to it from another bucket, in two
 //! scripts on two slots — `lend.lua` on the lender (the unit leaves its list for its
@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use crate::domain::Stock;
+use crate::domain::BucketId;
 use crate::keys::{ItemKeys, Keys};
 use crate::lua::{LEND, RECEIVE, UNLEND};
 use crate::marks::{self, Work};
@@ -68,7 +68,7 @@ pub async fn borrow(
                 .key(&lender.tokens)
                 .key(&lender.lent)
                 .arg(&transfer)
-                .arg(home.stock.bucket)
+                .arg(home.bucket.index)
                 .arg(crate::clock::now().timestamp_millis())
                 .invoke_async(conn),
         )
@@ -76,7 +76,7 @@ pub async fn borrow(
         match outcome.as_str() {
             "lent" => {}
             "empty" => {
-                borrowed.empty.push(lender.stock.bucket);
+                borrowed.empty.push(lender.bucket.index);
                 continue;
             }
             // Paused, not loaded, or held back by a warm-up: it may have units.
@@ -89,7 +89,7 @@ pub async fn borrow(
         if !matches!(moved, Ok(Some(_))) {
             // Left to `settle_stuck`: the lender is marked for it (best effort; the
             // scheduler's safety sweep finds the loan otherwise).
-            let _ = marks::mark(conn, lending.keys, Work::Loans, [lender.stock]).await;
+            let _ = marks::mark(conn, lending.keys, Work::Loans, [lender.bucket]).await;
         }
         match moved? {
             None => {
@@ -145,7 +145,7 @@ async fn receive(
     if arrived.held().await {
         settle(conn, lender, transfer, &decided).await?;
     } else {
-        let _ = marks::mark(conn, lending.keys, Work::Loans, [lender.stock]).await;
+        let _ = marks::mark(conn, lending.keys, Work::Loans, [lender.bucket]).await;
     }
     Ok(Some(decided))
 }
@@ -176,7 +176,7 @@ async fn settle(
 pub async fn settle_stuck(
     redis: &RedisConns,
     keys: &Keys,
-    lenders: &[Stock],
+    lenders: &[BucketId],
 ) -> Result<Settled, RedisError> {
     settle_loans(redis, keys, lenders.iter().copied(), Some(STUCK_AFTER)).await
 }
@@ -195,7 +195,7 @@ pub struct Settled {
 pub async fn next_look(
     redis: &RedisConns,
     keys: &Keys,
-    lenders: &[Stock],
+    lenders: &[BucketId],
 ) -> Result<Vec<Option<i64>>, RedisError> {
     let mut grouped = Grouped::new(redis);
     for lender in lenders {
@@ -215,7 +215,7 @@ pub async fn next_look(
 pub async fn settle_loans(
     redis: &RedisConns,
     keys: &Keys,
-    lenders: impl Iterator<Item = Stock>,
+    lenders: impl Iterator<Item = BucketId>,
     older_than: Option<Duration>,
 ) -> Result<Settled, RedisError> {
     let cutoff = older_than.map_or(i64::MAX, |age| {
@@ -235,7 +235,7 @@ pub async fn settle_loans(
             if at > cutoff {
                 continue;
             }
-            let home = keys.stock(Stock::new(lender.item, home));
+            let home = keys.stock(BucketId::new(lender.item, home));
             let Ok(decision) = redis.replicas_for(&home.replicated).await else {
                 settled.waiting += 1;
                 continue;
@@ -255,7 +255,7 @@ pub async fn settle_loans(
                 continue;
             }
             settle(&mut conn, &lender_keys, &transfer, &decided).await?;
-            tracing::warn!(%lender, to = %home.stock, transfer, decided, "settled a transfer between buckets that was cut off");
+            tracing::warn!(%lender, to = %home.bucket, transfer, decided, "settled a transfer between buckets that was cut off");
             settled.settled += 1;
         }
     }

@@ -11,7 +11,7 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::domain::Stock;
+use crate::domain::BucketId;
 
 /// One tranche.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -132,12 +132,12 @@ impl Waves {
     /// The `waves` field of one bucket's meta: `at_ms:held` pairs, space separated, where
     /// `held` is how many of the bucket's units stay off sale until `at_ms` (its share of
     /// every tranche from that one on, spread as the units are spread; a share never
-    /// exceeds the bucket's units, see [`Stock::spread`]). Empty for an item without waves.
+    /// exceeds the bucket's units, see [`BucketId::spread`]). Empty for an item without waves.
     pub fn meta_field(&self, buckets: u8, bucket: u8) -> String {
         let mut fields = Vec::with_capacity(self.0.len());
         for (i, wave) in self.0.iter().enumerate() {
             let from_here: u64 = self.0[i..].iter().map(|w| u64::from(w.units)).sum();
-            let held = Stock::spread(from_here, usize::from(buckets))
+            let held = BucketId::spread(from_here, usize::from(buckets))
                 .get(usize::from(bucket))
                 .copied()
                 .unwrap_or(0);
@@ -252,7 +252,7 @@ mod tests {
                 at(30).timestamp_millis()
             )
         );
-        let units = Stock::spread(3, 2);
+        let units = BucketId::spread(3, 2);
         for bucket in 0..2u8 {
             let first: u64 = waves
                 .meta_field(2, bucket)

@@ -109,9 +109,9 @@ async fn replica_stats(redis: &RedisConns, keys: &Keys, item: &Item) -> Option<R
     for stock in item.stocks() {
         let key = keys.replicated(stock);
         if redis.short_of_replicas(&key).await {
-            stats.short.push(stock.bucket);
+            stats.short.push(stock.index);
             if !redis.alone(&key).await {
-                stats.expected_back.push(stock.bucket);
+                stats.expected_back.push(stock.index);
             }
         }
     }

@@ -15,7 +15,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::breaker::Action;
-use crate::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
+use crate::domain::{BucketId, ItemId, OrderPlaced, OrderSn, UserId};
 use crate::http::error::{ApiError, Conflict, Refusal};
 use crate::http::extract::{ApiPath, AuthUser, OrderSeeker};
 use crate::http::reply::ok;
@@ -188,7 +188,7 @@ async fn orders_of(
     } = &**state;
     let buckets = catalog.get(item).await?.map_or(1, |c| c.record.buckets);
     let pending = async {
-        let item_keys = keys.stock(Stock::home(item, user, buckets));
+        let item_keys = keys.stock(BucketId::home(item, user, buckets));
         let mut views = Vec::new();
         for sn in placed::held_by(redis, &item_keys, user).await? {
             if let Some(order) = placed::pending(redis, keys, &sn).await? {
@@ -402,7 +402,7 @@ async fn stored_order(state: &AppState, sn: &OrderSn, user: UserId) -> Result<Or
     }
     // Into MySQL only what a Redis failover cannot take back (as the relay does).
     let claim = [(sn, order.created_at_ms)];
-    if !cleared_to_send(&state.redis, &state.keys, sn.stock(), &claim).await? {
+    if !cleared_to_send(&state.redis, &state.keys, sn.bucket(), &claim).await? {
         return Err(ApiError::Unavailable(
             "the order is not yet safe on Redis's replicas; try again shortly".into(),
         ));

@@ -516,12 +516,12 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{ItemId, OrderSn, Stock, UserId};
+    use crate::domain::{BucketId, ItemId, OrderSn, UserId};
 
     fn order(user: u64) -> OrderPlaced {
         let item = ItemId::new(3).unwrap();
         OrderPlaced {
-            order_sn: OrderSn::generate(Stock::whole(item), false),
+            order_sn: OrderSn::generate(BucketId::whole(item), false),
             item_id: item,
             user_id: UserId::new(user),
             created_at_ms: 1,

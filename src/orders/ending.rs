@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
-use crate::domain::{OrderSn, Stock, UserId};
+use crate::domain::{BucketId, OrderSn, UserId};
 use crate::items::catalog;
 use crate::keys::Keys;
 use crate::lua::{ENDING_BEGIN, ENDING_DUE, ENDING_KEEP, FORGET, RELEASE};
@@ -29,7 +29,7 @@ const RELEASE_CHUNK: usize = 500;
 #[derive(Clone, Debug)]
 pub struct Held {
     /// The bucket holding the order's records.
-    pub stock: Stock,
+    pub stock: BucketId,
     pub user: UserId,
     pub order_sn: String,
 }
@@ -37,7 +37,7 @@ pub struct Held {
 impl From<&OrderRow> for Held {
     fn from(row: &OrderRow) -> Self {
         Self {
-            stock: row.order_sn.stock(),
+            stock: row.order_sn.bucket(),
             user: row.user(),
             order_sn: row.order_sn.to_string(),
         }
@@ -52,7 +52,7 @@ pub async fn release(
     keys: &Keys,
     orders: &[Held],
 ) -> Result<Vec<String>, RedisError> {
-    let mut by_stock: BTreeMap<Stock, Vec<&Held>> = BTreeMap::new();
+    let mut by_stock: BTreeMap<BucketId, Vec<&Held>> = BTreeMap::new();
     for order in orders {
         by_stock.entry(order.stock).or_default().push(order);
     }
@@ -103,14 +103,14 @@ pub struct Cancelled {
 
 /// When each bucket recorded the cancels begun, by its Redis server's clock (ms).
 #[derive(Debug, Default)]
-pub struct Begun(BTreeMap<Stock, i64>);
+pub struct Begun(BTreeMap<BucketId, i64>);
 
 /// Records that these orders are about to be cancelled, before MySQL is asked: if the
 /// caller is cut off after MySQL said yes, [`finish_cut_off`] returns their units.
 pub async fn begin(redis: &RedisConns, keys: &Keys, sns: &[&OrderSn]) -> Result<Begun, RedisError> {
-    let mut by_stock: BTreeMap<Stock, Vec<&str>> = BTreeMap::new();
+    let mut by_stock: BTreeMap<BucketId, Vec<&str>> = BTreeMap::new();
     for sn in sns {
-        by_stock.entry(sn.stock()).or_default().push(sn.as_str());
+        by_stock.entry(sn.bucket()).or_default().push(sn.as_str());
     }
     let mut begun = Begun::default();
     if by_stock.is_empty() {
@@ -140,10 +140,10 @@ pub async fn abandon(
     sns: &[&str],
     begun: &Begun,
 ) -> Result<(), RedisError> {
-    let mut by_stock: BTreeMap<Stock, Vec<&str>> = BTreeMap::new();
+    let mut by_stock: BTreeMap<BucketId, Vec<&str>> = BTreeMap::new();
     for sn in sns {
         if let Some(parsed) = OrderSn::parse(sn) {
-            by_stock.entry(parsed.stock()).or_default().push(sn);
+            by_stock.entry(parsed.bucket()).or_default().push(sn);
         }
     }
     for (stock, sns) in by_stock {
@@ -208,7 +208,7 @@ pub async fn finish_cut_off(
     db: &Db,
     redis: &RedisConns,
     keys: &Keys,
-    stocks: &[Stock],
+    stocks: &[BucketId],
 ) -> Result<u64, StoreError> {
     let mut released = 0;
     for stock in stocks {
@@ -241,7 +241,7 @@ async fn finish_records(
     db: &Db,
     redis: &RedisConns,
     keys: &Keys,
-    stock: Stock,
+    stock: BucketId,
     cutoff: i64,
     sns: &[String],
 ) -> Result<u64, StoreError> {
@@ -286,7 +286,7 @@ async fn finish_records(
 async fn forget(
     redis: &RedisConns,
     keys: &Keys,
-    stock: Stock,
+    stock: BucketId,
     cutoff: i64,
     sns: &[&str],
 ) -> Result<(), RedisError> {

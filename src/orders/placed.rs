@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use redis::AsyncCommands;
 
 use crate::delay_queue::Plan;
-use crate::domain::{OrderPlaced, OrderSn, Stock, UserId};
+use crate::domain::{BucketId, OrderPlaced, OrderSn, UserId};
 use crate::keys::{ItemKeys, Keys};
 use crate::marks::{self, Work};
 use crate::store::{
@@ -75,12 +75,12 @@ pub async fn settle_in_redis(
     plan: &Plan,
     orders: &[OrderPlaced],
 ) -> Result<(), RedisError> {
-    let mut by_stock: HashMap<Stock, Vec<&str>> = HashMap::new();
+    let mut by_stock: HashMap<BucketId, Vec<&str>> = HashMap::new();
     let mut grouped = Grouped::new(redis);
     plan.schedule(&mut grouped, keys, orders);
     for order in orders {
         by_stock
-            .entry(order.order_sn.stock())
+            .entry(order.order_sn.bucket())
             .or_default()
             .push(order.order_sn.as_str());
     }
@@ -133,7 +133,7 @@ pub async fn pending(
 ) -> Result<Option<OrderPlaced>, RedisError> {
     let mut conn = redis.hot().await?;
     let json: Option<String> =
-        redis_timed(conn.hget(keys.pending(sn.stock()), sn.as_str())).await?;
+        redis_timed(conn.hget(keys.pending(sn.bucket()), sn.as_str())).await?;
     json.map(|json| {
         serde_json::from_str(&json)
             .map_err(|e| RedisError::Unexpected(format!("pending order JSON: {e}")))

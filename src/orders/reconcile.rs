@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
+use crate::domain::{BucketId, ItemId, OrderPlaced, OrderSn, UserId};
 use crate::items::repo::Item;
 use crate::items::stock;
 use crate::keys::Keys;
@@ -108,9 +108,9 @@ async fn run(
     }
     // 1. Buyer records, in every bucket, whose order is neither pending nor live in MySQL:
     // written back when MySQL has no row at all, stale when its row is cancelled.
-    let stocks: Vec<Stock> = match &record {
+    let stocks: Vec<BucketId> = match &record {
         Some(record) => record.stocks().collect(),
-        None => vec![Stock::whole(item)],
+        None => vec![BucketId::whole(item)],
     };
     let (mut stale, mut lost) = (Vec::new(), Vec::new());
     for stock in &stocks {
@@ -178,7 +178,7 @@ async fn check(
     keys: &Keys,
     item: ItemId,
     retired: Option<&Item>,
-    stocks: &[Stock],
+    stocks: &[BucketId],
     total: u64,
 ) -> Result<Report, ReconcileError> {
     let orders = repo::count_by_status(db, item).await?;
@@ -233,7 +233,7 @@ async fn unbacked(
     db: &Db,
     redis: &RedisConns,
     keys: &Keys,
-    stock: Stock,
+    stock: BucketId,
 ) -> Result<Unbacked, ReconcileError> {
     let item_keys = keys.stock(stock);
     let mut conn = redis.bulk().await?;

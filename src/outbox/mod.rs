@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use lapin::Channel;
 
 use crate::broker::{Broker, Outgoing, publish_orders};
-use crate::domain::{OrderSn, Stock};
+use crate::domain::{BucketId, OrderSn};
 use crate::keys::Keys;
 use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
 use crate::telemetry::Meters;
@@ -96,10 +96,10 @@ async fn clear_confirmed<'a>(
     keys: &Keys,
     confirmed: impl Iterator<Item = &'a Outgoing>,
 ) -> Result<(), RedisError> {
-    let mut by_stock: HashMap<Stock, Vec<&str>> = HashMap::new();
+    let mut by_stock: HashMap<BucketId, Vec<&str>> = HashMap::new();
     for order in confirmed {
         by_stock
-            .entry(order.order_sn.stock())
+            .entry(order.order_sn.bucket())
             .or_default()
             .push(order.order_sn.as_str());
     }
@@ -125,7 +125,7 @@ async fn clear_confirmed<'a>(
 pub async fn cleared_to_send(
     redis: &RedisConns,
     keys: &Keys,
-    stock: Stock,
+    stock: BucketId,
     orders: &[(&OrderSn, i64)],
 ) -> Result<bool, RedisError> {
     if redis.wait_rule().is_none() || orders.is_empty() {

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::broker::{Broker, Outgoing};
 use crate::deps::Deps;
-use crate::domain::Stock;
+use crate::domain::BucketId;
 use crate::keys::Keys;
 use crate::marks::{self, Work};
 use crate::signals::Signals;
@@ -46,7 +46,7 @@ const MARK_DROPPED_EVERY: Duration = Duration::from_secs(1);
 pub struct OrderPublisher {
     tx: mpsc::Sender<Outgoing>,
     /// Buckets of orders turned away by a full buffer, to be marked for the relay.
-    dropped: Arc<Mutex<HashSet<Stock>>>,
+    dropped: Arc<Mutex<HashSet<BucketId>>>,
 }
 
 impl OrderPublisher {
@@ -55,7 +55,7 @@ impl OrderPublisher {
     pub fn offer(&self, order: Outgoing) {
         if let Err(refused) = self.tx.try_send(order) {
             tracing::debug!("publisher buffer full; the relay will send this order");
-            let stock = refused.into_inner().order_sn.stock();
+            let stock = refused.into_inner().order_sn.bucket();
             if let Ok(mut dropped) = self.dropped.lock() {
                 dropped.insert(stock);
             }
@@ -91,14 +91,14 @@ impl OrderPublisher {
 struct Outboxes {
     redis: RedisConns,
     keys: Keys,
-    dropped: Arc<Mutex<HashSet<Stock>>>,
+    dropped: Arc<Mutex<HashSet<BucketId>>>,
 }
 
 impl Outboxes {
     /// Marks the buckets of won orders for the relay, before they are sent: should this
     /// process die before the broker confirms them, a scheduler's relay looks there.
     async fn mark(&self, batch: &[Outgoing]) {
-        let mut stocks: HashSet<Stock> = batch.iter().map(|o| o.order_sn.stock()).collect();
+        let mut stocks: HashSet<BucketId> = batch.iter().map(|o| o.order_sn.bucket()).collect();
         if let Ok(mut dropped) = self.dropped.lock() {
             stocks.extend(dropped.drain());
         }

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::background::{Schedule, repeat};
 use crate::broker::{Broker, Outgoing};
 use crate::deps::Deps;
-use crate::domain::{OrderPlaced, OrderSn, Stock};
+use crate::domain::{BucketId, OrderPlaced, OrderSn};
 use crate::keys::Keys;
 use crate::marks::{self, Work};
 use crate::orders::repo as orders;
@@ -86,7 +86,7 @@ impl Relay {
     }
 
     /// Sends the bucket's overdue outbox entries again.
-    async fn relay_item(&self, stock: Stock) -> Result<(), StoreError> {
+    async fn relay_item(&self, stock: BucketId) -> Result<(), StoreError> {
         let (outbox, pending) = (self.keys.outbox(stock), self.keys.pending(stock));
         let mut conn = self.redis.bulk().await?;
         loop {
@@ -173,7 +173,7 @@ impl Relay {
     /// queue holds messages the consumer is merely behind, and nothing is sent again.)
     /// The hash is walked with HSCAN, a thousand entries at a time, so neither Redis nor
     /// MySQL ever gets one huge request.
-    pub async fn sweep_pending(&self, stock: Stock) -> Result<(), StoreError> {
+    pub async fn sweep_pending(&self, stock: BucketId) -> Result<(), StoreError> {
         let pending = self.keys.pending(stock);
         let mut cursor = 0u64;
         loop {
@@ -204,7 +204,7 @@ impl Relay {
     /// One HSCAN page of [`Relay::sweep_pending`].
     async fn sweep_entries(
         &self,
-        stock: Stock,
+        stock: BucketId,
         entries: &[(&str, &str)],
     ) -> Result<(), StoreError> {
         if entries.is_empty() {

@@ -259,7 +259,7 @@ fn from_memory(item: &CatalogItem, now: chrono::DateTime<Utc>) -> Option<GrabOut
 /// purchase of theirs goes ("one per user" is decided there).
 fn order_for(item: &CatalogItem, user: UserId, now_ms: i64) -> OrderPlaced {
     OrderPlaced {
-        order_sn: OrderSn::generate(item.home(user).stock, item.record.split()),
+        order_sn: OrderSn::generate(item.home(user).bucket, item.record.split()),
         item_id: item.record.id,
         user_id: user,
         created_at_ms: now_ms,
@@ -433,14 +433,14 @@ async fn refill_and_grab(
         ) {
             return outcome;
         }
-        item.mark_empty(home.stock.bucket);
+        item.mark_empty(home.bucket.index);
         // The fullest first, by the last refresh; every other bucket is asked in the end.
         let mut lenders: Vec<&ItemKeys> = item
             .buckets
             .iter()
-            .filter(|b| b.stock != home.stock)
+            .filter(|b| b.bucket != home.bucket)
             .collect();
-        lenders.sort_by_key(|b| std::cmp::Reverse(item.remaining_in(b.stock.bucket)));
+        lenders.sort_by_key(|b| std::cmp::Reverse(item.remaining_in(b.bucket.index)));
         let borrowed = transfer::borrow(conn, home, lenders.into_iter(), lending).await?;
         for bucket in borrowed.empty {
             item.mark_empty(bucket);

@@ -44,7 +44,7 @@ pub async fn enter(
     let outcome: String = redis_timed(
         ENTER
             .key(&home.meta)
-            .key(state.keys.entries(home.stock))
+            .key(state.keys.entries(home.bucket))
             .arg(user.get())
             .arg(rank::rank(seed, user))
             .invoke_async(&mut conn),

@@ -62,7 +62,7 @@ pub struct IdempotencyKey {
 impl IdempotencyKey {
     pub fn of(keys: &Keys, item: &CatalogItem, user: UserId, key: String) -> Self {
         Self {
-            record: keys.idempotency(item.home(user).stock, user, &key),
+            record: keys.idempotency(item.home(user).bucket, user, &key),
             key,
         }
     }

@@ -9,7 +9,7 @@ use anyhow::Context;
 use indicatif::ProgressBar;
 
 use crate::config::Settings;
-use crate::domain::{ItemId, Stock};
+use crate::domain::{BucketId, ItemId};
 
 use crate::invariants::{Check, InRedis, Orders, check, doubled, judge};
 use crate::items::repo as items;
@@ -86,7 +86,7 @@ async fn drawn_by_rank(
 async fn drain(
     redis: &RedisConns,
     keys: &Keys,
-    stocks: impl Iterator<Item = Stock> + Clone,
+    stocks: impl Iterator<Item = BucketId> + Clone,
     limit: Duration,
 ) -> anyhow::Result<InRedis> {
     let bar = ProgressBar::new_spinner();

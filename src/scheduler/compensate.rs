@@ -72,7 +72,7 @@ async fn not_queued<'a>(
     let mut grouped = Grouped::new(&scheduler.deps.redis);
     for order in orders {
         let member = Task::Cancel(order.order_sn.clone()).member();
-        let stock = order.order_sn.stock();
+        let stock = order.order_sn.bucket();
         grouped
             .group()
             .zscore(scheduler.deps.keys.due(stock), &member)

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::background::{Schedule, repeat};
 use crate::broker::{Event, Outbound, publish};
-use crate::domain::Stock;
+use crate::domain::BucketId;
 use crate::marks::{self, Work};
 use crate::orders::repo::{self, OrderStatus};
 use crate::store::StoreError;
@@ -60,7 +60,7 @@ pub async fn pass(scheduler: &Scheduler) -> Result<(), StoreError> {
 }
 
 /// Claims and handles the bucket's due tasks, a batch at a time.
-async fn work_bucket(scheduler: &Scheduler, stock: Stock) -> Result<(), StoreError> {
+async fn work_bucket(scheduler: &Scheduler, stock: BucketId) -> Result<(), StoreError> {
     loop {
         let claimed = {
             let mut conn = scheduler.deps.redis.bulk().await?;
@@ -81,7 +81,11 @@ async fn work_bucket(scheduler: &Scheduler, stock: Stock) -> Result<(), StoreErr
     }
 }
 
-async fn handle(scheduler: &Scheduler, stock: Stock, claimed: Claimed) -> Result<(), StoreError> {
+async fn handle(
+    scheduler: &Scheduler,
+    stock: BucketId,
+    claimed: Claimed,
+) -> Result<(), StoreError> {
     let (mut done, mut later) = (Vec::new(), Vec::new());
     let (mut cancels, mut reminders) = (Vec::new(), Vec::new());
     for task in claimed.tasks {

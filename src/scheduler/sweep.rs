@@ -19,7 +19,7 @@ use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
 use crate::background::{Schedule, repeat};
-use crate::domain::Stock;
+use crate::domain::BucketId;
 use crate::marks::{self, Work};
 use crate::outbox::relay::Relay;
 
@@ -65,7 +65,7 @@ async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64,
         )
         .await?
     };
-    let stocks: Vec<Stock> = members.iter().filter_map(|m| Stock::parse(m)).collect();
+    let stocks: Vec<BucketId> = members.iter().filter_map(|m| BucketId::parse(m)).collect();
     if stocks.is_empty() {
         return Ok(next);
     }
@@ -88,7 +88,7 @@ async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64,
             .filter(|(_, score)| score.is_some())
             .map(|(m, _)| m.as_str())
             .collect();
-        let unmarked: Vec<Stock> = stocks
+        let unmarked: Vec<BucketId> = stocks
             .iter()
             .zip(&held)
             .filter(|(_, holding)| holding.has(work))
@@ -118,7 +118,7 @@ async fn repair_index(scheduler: &Scheduler) -> Result<(), StoreError> {
     let items = crate::items::repo::loaded_and_open(&scheduler.deps.db).await?;
     let members: Vec<String> = items
         .into_iter()
-        .flat_map(|(id, buckets)| Stock::all(id, buckets))
+        .flat_map(|(id, buckets)| BucketId::all(id, buckets))
         .map(|stock| stock.to_string())
         .collect();
     let index = scheduler.deps.keys.items_index();

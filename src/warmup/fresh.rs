@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 
 use redis::Value;
 
-use crate::domain::{ItemId, Stock};
+use crate::domain::{BucketId, ItemId};
 use crate::draw;
 use crate::items::repo::{self, Item};
 use crate::items::stock;
@@ -120,7 +120,7 @@ fn buckets_of<'i>(items: &[&'i Item], keys: &Keys) -> Vec<Bucket<'i>> {
     let mut buckets = Vec::new();
     for item in items {
         let mut first = 0;
-        for (stock, units) in item.stocks().zip(Stock::spread(
+        for (stock, units) in item.stocks().zip(BucketId::spread(
             u64::from(item.total),
             usize::from(item.buckets),
         )) {
@@ -173,12 +173,12 @@ async fn load_buckets(
     keys: &Keys,
     buckets: &[Bucket<'_>],
 ) -> Result<(), WarmupError> {
-    let members: Vec<String> = buckets.iter().map(|b| b.keys.stock.to_string()).collect();
+    let members: Vec<String> = buckets.iter().map(|b| b.keys.bucket.to_string()).collect();
     // The index and the draws' schedule are two keys of two slots: a group each.
     let mut listed = Grouped::new(redis);
     listed.group().sadd(keys.items_index(), &members).ignore();
     let schedule = listed.group();
-    for bucket in buckets.iter().filter(|b| b.keys.stock.bucket == 0) {
+    for bucket in buckets.iter().filter(|b| b.keys.bucket.index == 0) {
         draw::schedule::note_in(schedule, keys, bucket.item.id, bucket.item.draw_at);
     }
     listed.run(redis).await?;
@@ -201,7 +201,7 @@ async fn load_buckets(
             pipe.arg(value.as_deref().unwrap_or_default());
         }
         pipe.arg(bucket.first).arg(bucket.units);
-        for (field, value) in meta_after(bucket.item, bucket.keys.stock.bucket, &meta) {
+        for (field, value) in meta_after(bucket.item, bucket.keys.bucket.index, &meta) {
             pipe.arg(field).arg(value);
         }
     }

@@ -17,7 +17,7 @@ use serde::Serialize;
 
 use crate::broker::Broker;
 use crate::delay_queue::Plan;
-use crate::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
+use crate::domain::{BucketId, ItemId, OrderPlaced, OrderSn, UserId};
 use crate::keys::Keys;
 use crate::keys::{ItemKeys, LoadingKeys};
 use crate::lock::RedisLock;
@@ -335,16 +335,16 @@ impl Warmup<'_> {
                 total: item.total,
             })?;
 
-        let shares = Stock::spread(to_load, buckets.len());
-        let mut by_bucket: HashMap<Stock, Vec<&Holder>> = HashMap::new();
+        let shares = BucketId::spread(to_load, buckets.len());
+        let mut by_bucket: HashMap<BucketId, Vec<&Holder>> = HashMap::new();
         for holder in &holders {
             by_bucket.entry(holder.stock(id)).or_default().push(holder);
         }
         let mut next_unit = held;
         let mut swapped = Swapped::default();
         for ((bucket, seen), share) in buckets.iter().zip(&seen).zip(&shares) {
-            let mine = by_bucket.remove(&bucket.stock).unwrap_or_default();
-            let loading = self.keys.loading(bucket.stock, &run);
+            let mine = by_bucket.remove(&bucket.bucket).unwrap_or_default();
+            let loading = self.keys.loading(bucket.bucket, &run);
             let before = next_unit - held;
             let report = |p: Progress| match p {
                 Progress::Loading { done, .. } => progress(Progress::Loading {
@@ -473,8 +473,8 @@ impl Holder {
     }
 
     /// The bucket its order lives in (as its number says).
-    fn stock(&self, item: ItemId) -> Stock {
-        OrderSn::parse(&self.order_sn).map_or(Stock::whole(item), |sn| sn.stock())
+    fn stock(&self, item: ItemId) -> BucketId {
+        OrderSn::parse(&self.order_sn).map_or(BucketId::whole(item), |sn| sn.bucket())
     }
 }
 
@@ -662,7 +662,7 @@ fn swap_parts<'k>(
         .map(|value| value.clone().unwrap_or_default())
         .collect();
     args.push(run.to_owned());
-    for (field, value) in meta_after(item, item_keys.stock.bucket, after) {
+    for (field, value) in meta_after(item, item_keys.bucket.index, after) {
         args.push(field.to_owned());
         args.push(value);
     }

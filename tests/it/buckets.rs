@@ -9,7 +9,7 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 
-use seckill::domain::{ItemId, Stock, UserId};
+use seckill::domain::{BucketId, ItemId, UserId};
 use seckill::keys::{ItemKeys, Keys};
 use seckill::lua::{LEND, RECEIVE};
 
@@ -20,7 +20,7 @@ use crate::support::*;
 pub fn users_of_bucket(item: u64, buckets: u8, bucket: u8, count: usize) -> Vec<u64> {
     let item = ItemId::new(item).unwrap();
     (1..)
-        .filter(|u| Stock::home(item, UserId::new(*u), buckets).bucket == bucket)
+        .filter(|u| BucketId::home(item, UserId::new(*u), buckets).index == bucket)
         .take(count)
         .collect()
 }
@@ -49,7 +49,7 @@ async fn buyers_of_one_bucket_get_every_unit_of_a_split_item_and_one_each() {
         "{report}"
     );
     let keys = Keys::new(&env.settings.namespace);
-    let buckets: Vec<ItemKeys> = Stock::all(ItemId::new(1).unwrap(), 4)
+    let buckets: Vec<ItemKeys> = BucketId::all(ItemId::new(1).unwrap(), 4)
         .map(|s| keys.stock(s))
         .collect();
     assert_eq!(listed(&env, &buckets).await, [15, 15, 15, 15]);
@@ -136,7 +136,7 @@ async fn buyers_of_one_bucket_get_every_unit_of_a_split_item_and_one_each() {
 /// The two states a transfer can be cut off in, made by running its first step(s) by
 /// hand as a dying server would: lent and never received (the sweep gives the unit back
 /// to its lender, and a late receive is refused), and received but not settled (the
-/// sweep only drops the loan). Stock is counted the same all along, no unit is lost or
+/// sweep only drops the loan). BucketId is counted the same all along, no unit is lost or
 /// doubled, and the sale goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_transfer_cut_off_between_its_steps_is_settled_and_never_doubles_a_unit() {
@@ -146,8 +146,8 @@ async fn a_transfer_cut_off_between_its_steps_is_settled_and_never_doubles_a_uni
     let keys = Keys::new(&env.settings.namespace);
     let item = ItemId::new(2).unwrap();
     let (home, lender) = (
-        keys.stock(Stock::new(item, 0)),
-        keys.stock(Stock::new(item, 1)),
+        keys.stock(BucketId::new(item, 0)),
+        keys.stock(BucketId::new(item, 1)),
     );
     let mut conn = env.redis.clone();
     let lend = |transfer: &'static str| {

@@ -239,7 +239,7 @@ async fn bulk_calls_write_and_load_a_thousand_items_and_name_each_outcome() {
         let mut units = 0;
         for bucket in 0..buckets(id) {
             let stock =
-                seckill::domain::Stock::new(seckill::domain::ItemId::new(id).unwrap(), bucket);
+                seckill::domain::BucketId::new(seckill::domain::ItemId::new(id).unwrap(), bucket);
             let listed: u64 = redis::AsyncCommands::llen(&mut redis, keys.stock(stock).tokens)
                 .await
                 .unwrap();

@@ -403,7 +403,7 @@ async fn a_hot_item_over_eight_buckets_sells_on_several_masters() {
     env.item(1, 400).buckets(8).on_sale(&server).await;
     let keys = seckill::keys::Keys::new(&env.settings.namespace);
     let masters: std::collections::BTreeSet<u16> =
-        seckill::domain::Stock::all(seckill::domain::ItemId::new(1).unwrap(), 8)
+        seckill::domain::BucketId::all(seckill::domain::ItemId::new(1).unwrap(), 8)
             .map(|stock| cluster.lock().unwrap().master_of(&keys.stock(stock).meta))
             .collect();
     eprintln!("8 buckets on the masters {masters:?}");
@@ -519,7 +519,7 @@ async fn a_master_left_without_replicas_leaves_no_unit_in_limbo() {
     let master = cluster
         .lock()
         .unwrap()
-        .master_of(&keys.stock(seckill::domain::Stock::new(item, 0)).meta);
+        .master_of(&keys.stock(seckill::domain::BucketId::new(item, 0)).meta);
     let answered = std::sync::atomic::AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
     // Should this test fail, the node comes back for the tests after it.
@@ -895,7 +895,7 @@ async fn a_failover_without_wait_is_rebuilt_by_the_readme_procedure() {
 /// list: one unit short for good.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_loan_is_forgotten_only_once_the_home_masters_replicas_hold_it() {
-    use seckill::domain::{ItemId, Stock, UserId};
+    use seckill::domain::{BucketId, ItemId, UserId};
     let Turn {
         cluster,
         env,
@@ -907,7 +907,7 @@ async fn a_loan_is_forgotten_only_once_the_home_masters_replicas_hold_it() {
     // An item of two buckets on two masters, one unit each.
     let keys = env.keys();
     let master_of = |id: u64, bucket: u8| {
-        let stock = Stock::new(ItemId::new(id).unwrap(), bucket);
+        let stock = BucketId::new(ItemId::new(id).unwrap(), bucket);
         cluster.lock().unwrap().master_of(&keys.stock(stock).meta)
     };
     let (id, home_master) = (1..200)
@@ -918,7 +918,7 @@ async fn a_loan_is_forgotten_only_once_the_home_masters_replicas_hold_it() {
         .expect("an item whose buckets are on two masters");
     env.item(id, 2).buckets(2).on_sale(&server).await;
     let item = ItemId::new(id).unwrap();
-    let mut at_home = (1..).filter(|u| Stock::home(item, UserId::new(*u), 2).bucket == 0);
+    let mut at_home = (1..).filter(|u| BucketId::home(item, UserId::new(*u), 2).index == 0);
     let (first, second) = (at_home.next().unwrap(), at_home.next().unwrap());
     eventually(
         std::time::Duration::from_secs(10),

@@ -13,7 +13,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use seckill::Role;
-use seckill::domain::{ItemId, Stock, UserId};
+use seckill::domain::{BucketId, ItemId, UserId};
 use seckill::draw::rank::rank;
 
 use crate::history::quiet;
@@ -43,9 +43,9 @@ async fn enter_directly(
     let keys = env.keys();
     let mut conn = env.redis.clone();
     // One pipeline per bucket: on a cluster, a pipeline's keys share one slot.
-    let mut by_bucket: BTreeMap<Stock, Vec<(u64, u64)>> = BTreeMap::new();
+    let mut by_bucket: BTreeMap<BucketId, Vec<(u64, u64)>> = BTreeMap::new();
     for user in users.map(UserId::new) {
-        let home = Stock::home(id, user, buckets);
+        let home = BucketId::home(id, user, buckets);
         by_bucket
             .entry(home)
             .or_default()
@@ -283,7 +283,7 @@ async fn a_draw_cut_off_by_a_killed_scheduler_resumes_and_never_gives_twice() {
     let given = || async {
         let mut conn = env.redis.clone();
         let mut n: u64 = 0;
-        for stock in Stock::all(id, 2) {
+        for stock in BucketId::all(id, 2) {
             n += conn.hlen::<_, u64>(keys.awarded(stock)).await.unwrap();
         }
         n

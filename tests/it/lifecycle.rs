@@ -15,7 +15,7 @@ use redis::AsyncCommands;
 use seckill::Role;
 use seckill::config::RemindStages;
 use seckill::delay_queue as delay;
-use seckill::domain::{ItemId, Stock};
+use seckill::domain::{BucketId, ItemId};
 use serde_json::Value;
 
 use crate::support::*;
@@ -371,7 +371,7 @@ async fn entries_of_a_scheduler_killed_after_claiming_are_handled_after_its_leas
     let taken = delay::claim(
         &mut conn,
         &keys,
-        Stock::whole(ItemId::new(1).unwrap()),
+        BucketId::whole(ItemId::new(1).unwrap()),
         3000,
         100,
     )
@@ -523,7 +523,7 @@ async fn a_scheduler_that_overran_its_lease_never_ends_another_schedulers_hold()
     tokio::time::sleep(Duration::from_millis(1100)).await;
 
     let keys = seckill::keys::Keys::new(&env.settings.namespace);
-    let item = Stock::whole(ItemId::new(1).unwrap());
+    let item = BucketId::whole(ItemId::new(1).unwrap());
     let mut conn = env.redis.clone();
     let first = delay::claim(&mut conn, &keys, item, 200, 100)
         .await

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use lapin::options::BasicPublishOptions;
 use lapin::{BasicProperties, Connection};
 use seckill::Role;
-use seckill::domain::{ItemId, OrderPlaced, OrderSn, Stock, UserId};
+use seckill::domain::{BucketId, ItemId, OrderPlaced, OrderSn, UserId};
 
 use crate::support::*;
 
@@ -187,7 +187,7 @@ async fn mysql_refuses_a_second_live_order_and_the_consumer_records_it_cancelled
     let topology = env.topology();
     // Two orders of one user for one item, as if Redis had lost its buyer records.
     let first = OrderPlaced {
-        order_sn: OrderSn::generate(Stock::whole(ItemId::new(1).unwrap()), false),
+        order_sn: OrderSn::generate(BucketId::whole(ItemId::new(1).unwrap()), false),
         item_id: ItemId::new(1).unwrap(),
         user_id: UserId::new(9),
         created_at_ms: 1_700_000_000_000,
@@ -195,7 +195,7 @@ async fn mysql_refuses_a_second_live_order_and_the_consumer_records_it_cancelled
         slot: 0,
     };
     let second = OrderPlaced {
-        order_sn: OrderSn::generate(Stock::whole(ItemId::new(1).unwrap()), false),
+        order_sn: OrderSn::generate(BucketId::whole(ItemId::new(1).unwrap()), false),
         ..first.clone()
     };
     eventually(Duration::from_secs(10), "the queue declared", || async {
@@ -438,7 +438,7 @@ async fn publish_raw(env: &TestEnv, bodies: &[&[u8]]) {
 
 fn order_of(user: u64) -> OrderPlaced {
     OrderPlaced {
-        order_sn: OrderSn::generate(Stock::whole(ItemId::new(1).unwrap()), false),
+        order_sn: OrderSn::generate(BucketId::whole(ItemId::new(1).unwrap()), false),
         item_id: ItemId::new(1).unwrap(),
         user_id: UserId::new(user),
         created_at_ms: 1_700_000_000_000,
@@ -619,7 +619,7 @@ async fn the_pending_sweep_pages_through_more_entries_than_one_query_can_name() 
         meters: std::sync::Arc::new(seckill::telemetry::Meters::new(namespace)),
     };
     relay
-        .sweep_pending(Stock::whole(ItemId::new(1).unwrap()))
+        .sweep_pending(BucketId::whole(ItemId::new(1).unwrap()))
         .await
         .expect("the sweep");
     let left: u64 = redis.hlen(env.item_keys(1).pending).await.unwrap();

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use redis::Script;
-use seckill::domain::{BUYER_SHARDS, ItemId, OrderPlaced, OrderSn, Stock, UserId};
+use seckill::domain::{BUYER_SHARDS, BucketId, ItemId, OrderPlaced, OrderSn, UserId};
 
 use crate::support::*;
 
@@ -44,7 +44,7 @@ async fn old_server_buys(env: &TestEnv, script: &Script, item: u64, user: u64) -
     let item_id = ItemId::new(item).unwrap();
     let now = chrono::Utc::now().timestamp_millis();
     let order = OrderPlaced {
-        order_sn: OrderSn::generate(Stock::whole(item_id), false),
+        order_sn: OrderSn::generate(BucketId::whole(item_id), false),
         item_id,
         user_id: user,
         created_at_ms: now,

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use seckill::auth::Jwt;
 use seckill::broker::Topology;
 use seckill::config::Secret;
-use seckill::domain::{ItemId, Stock};
+use seckill::domain::{BucketId, ItemId};
 use seckill::keys::{ItemKeys, Keys};
 use seckill::{Role, Server, Settings};
 
@@ -162,8 +162,8 @@ impl TestEnv {
     }
 
     /// An unsplit item's whole stock.
-    pub fn stock(&self, item: u64) -> Stock {
-        Stock::whole(ItemId::new(item).expect("an item id"))
+    pub fn stock(&self, item: u64) -> BucketId {
+        BucketId::whole(ItemId::new(item).expect("an item id"))
     }
 
     /// An unsplit item's Redis keys.

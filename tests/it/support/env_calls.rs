@@ -7,7 +7,7 @@ use chrono::Utc;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 
-use seckill::domain::{ItemId, Stock, UserId};
+use seckill::domain::{BucketId, ItemId, UserId};
 use seckill::invariants::{self, InRedis, Orders, Outcome};
 use seckill::orders::repo::OrderStatus;
 
@@ -77,7 +77,7 @@ impl TestEnv {
             remaining: 0,
             pending: 0,
         };
-        for stock in Stock::all(ItemId::new(item).expect("an item id"), buckets) {
+        for stock in BucketId::all(ItemId::new(item).expect("an item id"), buckets) {
             let keys = keys.stock(stock);
             let listed: u64 = self.redis.clone().llen(keys.tokens).await.unwrap();
             let pending: u64 = self.redis.clone().hlen(keys.pending).await.unwrap();
