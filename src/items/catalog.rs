@@ -35,7 +35,7 @@ const FULL_RELOAD_EVERY: Duration = Duration::from_secs(30);
 const CHANGE_OVERLAP: Duration = Duration::from_secs(3);
 /// Buckets whose stock one refresh reads besides the announced ones.
 pub const STOCK_READS_PER_TICK: usize = 1_000;
-/// BucketId older than this is read again when a storefront asks for the item...
+/// Stock older than this is read again when a storefront asks for the item...
 const STOCK_FRESH_FOR_MS: i64 = 500;
 /// ...unless Redis takes longer than this: a storefront read never waits on a slow Redis.
 const STOCK_READ_ON_DEMAND_WITHIN: Duration = Duration::from_millis(50);

@@ -136,7 +136,7 @@ async fn buyers_of_one_bucket_get_every_unit_of_a_split_item_and_one_each() {
 /// The two states a transfer can be cut off in, made by running its first step(s) by
 /// hand as a dying server would: lent and never received (the sweep gives the unit back
 /// to its lender, and a late receive is refused), and received but not settled (the
-/// sweep only drops the loan). BucketId is counted the same all along, no unit is lost or
+/// sweep only drops the loan). Stock is counted the same all along, no unit is lost or
 /// doubled, and the sale goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_transfer_cut_off_between_its_steps_is_settled_and_never_doubles_a_unit() {

@@ -161,7 +161,7 @@ async fn the_dashboard_parses_and_asks_only_for_exported_metrics() {
         .iter()
         .filter_map(|p| p["title"].as_str())
         .collect();
-    for wanted in ["answer", "Funnel", "p99", "BucketId", "breakers"] {
+    for wanted in ["answer", "Funnel", "p99", "Stock", "breakers"] {
         assert!(
             titles.iter().any(|t| t.contains(wanted)),
             "no {wanted} panel: {titles:?}"
