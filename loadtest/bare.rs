@@ -21,8 +21,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use seckill::domain::{BucketId, ItemId, UserId};
-use seckill::keys::{ItemKeys, Keys};
-use seckill::purchase::grab::grab;
+use seckill::testing::grab;
+use seckill::testing::{ItemKeys, Keys};
 
 #[path = "fixture.rs"]
 mod fixture;
@@ -66,7 +66,7 @@ async fn main() -> anyhow::Result<()> {
     let mut redis = ConnectionManager::new(redis::Client::open(args.redis.as_str())?).await?;
     fixture::load(&mut redis, &keys.0, args.units).await?;
     fixture::load(&mut redis, &keys.1, args.units).await?;
-    seckill::lua::preload(&mut redis).await?;
+    seckill::testing::lua::preload(&mut redis).await?;
 
     let app = Router::new()
         .route("/grab", post(grab_handler))
@@ -77,7 +77,7 @@ async fn main() -> anyhow::Result<()> {
             keys: std::sync::Arc::new(keys),
         });
     // The same backlog as seckill's own listener, so the yardstick meets a crowd alike.
-    let listener = seckill::app::listen(args.addr)?;
+    let listener = seckill::testing::listen(args.addr)?;
     eprintln!("bare server on {}", listener.local_addr()?);
     axum::serve(listener, app).await?;
     Ok(())

@@ -6,7 +6,7 @@ use redis::Script;
 use redis::aio::ConnectionLike;
 
 use seckill::domain::{BucketId, ItemId, OrderPlaced, OrderSn, UserId};
-use seckill::keys::ItemKeys;
+use seckill::testing::ItemKeys;
 
 /// `loadtest/lua/minimal.lua`: ZSCORE, LPOP, ZADD, HINCRBY.
 pub static MINIMAL: std::sync::LazyLock<Script> =

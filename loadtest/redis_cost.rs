@@ -15,8 +15,8 @@ use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 
 use seckill::domain::{BucketId, ItemId, UserId};
-use seckill::keys::Keys;
-use seckill::purchase::grab::grab;
+use seckill::testing::Keys;
+use seckill::testing::grab;
 
 #[path = "fixture.rs"]
 mod fixture;
@@ -43,7 +43,7 @@ async fn main() -> anyhow::Result<()> {
     let item = ItemId::new(1).ok_or_else(|| anyhow::anyhow!("item 1"))?;
     let keys = namespace.stock(BucketId::whole(item));
     fixture::load(&mut redis, &keys, args.calls).await?;
-    seckill::lua::preload(&mut redis).await?;
+    seckill::testing::lua::preload(&mut redis).await?;
 
     let n = args.calls;
     let clearer = tokio::spawn(keep_emptied(

@@ -68,8 +68,6 @@ pub enum ApiError {
     Redis(#[from] RedisError),
     #[error("MySQL failed")]
     Database(#[from] DbError),
-    #[error("RabbitMQ is not connected")]
-    BrokerDown,
     /// No store could answer and nothing is known locally.
     #[error("{0}")]
     Unavailable(String),
@@ -176,9 +174,7 @@ impl ApiError {
             CircuitOpen { .. } => (StatusCode::SERVICE_UNAVAILABLE, "circuit_open"),
             Overloaded => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Conflict { code, .. } => (StatusCode::CONFLICT, code.as_str()),
-            Timeout | Redis(_) | BrokerDown | Unavailable(_) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
-            }
+            Timeout | Redis(_) | Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ShopClosed => (StatusCode::SERVICE_UNAVAILABLE, "shop_closed"),
             ShopNotFound => (StatusCode::NOT_FOUND, "shop_not_found"),
             Database(e) if e.is_unavailable() => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
@@ -194,7 +190,6 @@ impl ApiError {
             ApiError::Database(e) if e.is_unavailable() => {
                 "MySQL did not answer; try again shortly".into()
             }
-            ApiError::BrokerDown => "RabbitMQ is not connected; try again shortly".into(),
             ApiError::Database(_) | ApiError::Internal(_) => {
                 "internal error; quote the trace_id when reporting it".into()
             }

@@ -151,9 +151,10 @@ pub async fn pay(db: &Db, sn: &OrderSn, user: UserId) -> Result<bool, DbError> {
 pub async fn cancel_own(db: &Db, sn: &OrderSn, user: UserId) -> Result<bool, DbError> {
     let done = mysql_timed(
         sqlx::query(
-            "UPDATE orders SET status = 'cancelled', cancel_reason = 'user'
+            "UPDATE orders SET status = 'cancelled', cancel_reason = ?
              WHERE order_sn = ? AND user_id = ? AND status = 'unpaid'",
         )
+        .bind(CancelReason::User.as_str())
         .bind(sn.as_str())
         .bind(user.get())
         .execute(db),

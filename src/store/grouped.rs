@@ -37,10 +37,6 @@ impl Grouped {
         &mut self.pipes[last]
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.pipes.iter().all(Pipeline::is_empty)
-    }
-
     /// Sends every group; answers are dropped.
     pub async fn run(self, redis: &RedisConns) -> Result<(), RedisError> {
         self.send(redis).await.map(drop)

@@ -10,8 +10,8 @@ use redis::AsyncCommands;
 use serde_json::{Value, json};
 
 use seckill::domain::{BucketId, ItemId, UserId};
-use seckill::keys::{ItemKeys, Keys};
-use seckill::lua::{LEND, RECEIVE};
+use seckill::testing::lua::{LEND, RECEIVE};
+use seckill::testing::{ItemKeys, Keys};
 
 use crate::history::*;
 use crate::support::*;

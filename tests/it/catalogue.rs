@@ -233,7 +233,7 @@ async fn bulk_calls_write_and_load_a_thousand_items_and_name_each_outcome() {
         .collect();
     assert_eq!(body["loaded"].as_u64(), Some(1_000), "{refused:?}");
     // Each bucket holds its share, and MySQL says loaded.
-    let keys = seckill::keys::Keys::new(&env.settings.namespace);
+    let keys = seckill::testing::Keys::new(&env.settings.namespace);
     let mut redis = env.redis.clone();
     for id in [10u64, 11, 1_000] {
         let mut units = 0;

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use seckill::auth::Jwt;
 use seckill::domain::UserId;
+use seckill::testing::Jwt;
 
 use crate::support::*;
 

@@ -401,7 +401,7 @@ async fn a_hot_item_over_eight_buckets_sells_on_several_masters() {
     let Turn { cluster, env, .. } = &turn("redis_buckets").await;
     let server = env.server_with(ALL_ROLES, waiting_for_a_replica).await;
     env.item(1, 400).buckets(8).on_sale(&server).await;
-    let keys = seckill::keys::Keys::new(&env.settings.namespace);
+    let keys = seckill::testing::Keys::new(&env.settings.namespace);
     let masters: std::collections::BTreeSet<u16> =
         seckill::domain::BucketId::all(seckill::domain::ItemId::new(1).unwrap(), 8)
             .map(|stock| cluster.lock().unwrap().master_of(&keys.stock(stock).meta))

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 
 use seckill::Role;
 use seckill::domain::{BucketId, ItemId, UserId};
-use seckill::draw::rank::rank;
+use seckill::testing::draw::rank;
 
 use crate::history::quiet;
 use crate::support::*;
@@ -399,15 +399,15 @@ async fn two_draws_at_once_give_nobody_twice() {
     enter_directly(&env, 1, 2, &seed, 1..5_001).await;
     until(draw_at).await;
 
-    let redis = seckill::store::RedisConns::new(env.settings.redis_url.expose()).unwrap();
+    let redis = seckill::testing::RedisConns::new(env.settings.redis_url.expose()).unwrap();
     let keys = env.keys();
-    let item = seckill::items::repo::get(&env.db, ItemId::new(1).unwrap())
+    let item = seckill::testing::items::get(&env.db, ItemId::new(1).unwrap())
         .await
         .unwrap()
         .unwrap();
     let (a, b) = tokio::join!(
-        seckill::draw::award::draw(&redis, &keys, &item),
-        seckill::draw::award::draw(&redis, &keys, &item)
+        seckill::testing::draw::draw(&redis, &keys, &item),
+        seckill::testing::draw::draw(&redis, &keys, &item)
     );
     let (a, b) = (a.unwrap().unwrap(), b.unwrap().unwrap());
     assert_eq!(a.given + b.given, 200, "{a:?} {b:?}");

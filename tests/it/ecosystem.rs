@@ -43,7 +43,7 @@ fn the_documents_conflicts_are_the_servers() {
     let document: Value = serde_json::from_str(&text).unwrap();
     let mut documented = std::collections::BTreeSet::new();
     conflicts_in(&document["paths"], false, &mut documented);
-    let answered: std::collections::BTreeSet<String> = seckill::http::error::Conflict::ALL
+    let answered: std::collections::BTreeSet<String> = seckill::testing::Conflict::ALL
         .iter()
         .map(|c| c.as_str())
         .chain(["duplicate", "limit_reached", "between_releases"])

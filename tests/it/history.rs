@@ -267,7 +267,7 @@ pub struct Tally {
 /// The [`Tally`] of item `item` (`total` units), printed.
 pub async fn tally(env: &TestEnv, item: u64, total: u32, ledger: &Ledger) -> Tally {
     let facts = env.order_facts(item, total, &ledger.won).await;
-    let lost: Vec<String> = seckill::invariants::missing(&ledger.won, &facts)
+    let lost: Vec<String> = seckill::testing::invariants::missing(&ledger.won, &facts)
         .into_iter()
         .map(str::to_owned)
         .collect();

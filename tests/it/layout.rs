@@ -48,7 +48,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     ("edge", &["http", "state"]),
     ("surface", &["health"]),
-    ("whole", &["app", "rehearsal", "main", "lib"]),
+    (
+        "whole",
+        &["app", "rehearsal", "cli", "testing", "main", "lib"],
+    ),
 ];
 
 /// A feature's HTTP surface besides its `api` and `admin`: the files only they use.
@@ -127,6 +130,43 @@ fn the_layer_checks_find_a_planted_upward_import_and_a_folder_circle() {
             .iter()
             .any(|c| c.contains("keys") && c.contains("lua")),
         "{circles:?}"
+    );
+}
+
+/// The crate shows only what something outside it reads: every `pub mod` of `src/lib.rs`
+/// is named as `seckill::…` by the command (`src/main.rs`), the tests or the load-test
+/// tools, and every other module is `pub(crate)` (what the tests reach inside goes through
+/// `seckill::testing`).
+#[test]
+fn every_public_module_has_a_reader_outside_the_crate() {
+    let lib = std::fs::read_to_string(src().join("lib.rs")).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut outside = std::fs::read_to_string(src().join("main.rs")).unwrap();
+    for dir in ["tests", "loadtest"] {
+        let mut files = BTreeMap::new();
+        collect(&root.join(dir), &root.join(dir), &mut files);
+        outside.extend(files.into_values());
+    }
+    let declared: Vec<&str> = lib
+        .lines()
+        .filter(|line| line.contains("mod ") && line.ends_with(';'))
+        .collect();
+    let unread: Vec<&str> = declared
+        .iter()
+        .filter_map(|line| line.strip_prefix("pub mod ")?.strip_suffix(';'))
+        .filter(|module| !outside.contains(&format!("seckill::{module}")))
+        .collect();
+    assert!(
+        unread.is_empty(),
+        "public modules nothing outside the crate reads (make them pub(crate)): {unread:?}"
+    );
+    let neither: Vec<&&str> = declared
+        .iter()
+        .filter(|line| !line.starts_with("pub mod ") && !line.starts_with("pub(crate) mod "))
+        .collect();
+    assert!(
+        neither.is_empty(),
+        "modules neither pub nor pub(crate): {neither:?}"
     );
 }
 

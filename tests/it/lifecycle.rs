@@ -14,8 +14,8 @@ use lapin::{Connection, ExchangeKind};
 use redis::AsyncCommands;
 use seckill::Role;
 use seckill::config::RemindStages;
-use seckill::delay_queue as delay;
 use seckill::domain::{BucketId, ItemId};
+use seckill::testing::delay_queue as delay;
 use serde_json::Value;
 
 use crate::support::*;
@@ -366,7 +366,7 @@ async fn entries_of_a_scheduler_killed_after_claiming_are_handled_after_its_leas
     tokio::time::sleep(Duration::from_millis(1100)).await;
 
     // A scheduler takes every due entry for 3 s, and dies (does nothing more).
-    let keys = seckill::keys::Keys::new(&env.settings.namespace);
+    let keys = seckill::testing::Keys::new(&env.settings.namespace);
     let mut conn = env.redis.clone();
     let taken = delay::claim(
         &mut conn,
@@ -416,7 +416,7 @@ async fn a_cancel_cut_off_between_mysql_and_redis_gives_the_unit_back_within_sec
     env.wait_for_orders(&server, 1, 1, Duration::from_secs(10))
         .await;
 
-    proxy.drop_connection_when_sent(seckill::lua::RELEASE.get_hash().as_bytes(), 1);
+    proxy.drop_connection_when_sent(seckill::testing::lua::RELEASE.get_hash().as_bytes(), 1);
     let (status, json) = env
         .post_as(&server, &format!("/api/orders/{sn}/cancel"), 1)
         .await;
@@ -522,7 +522,7 @@ async fn a_scheduler_that_overran_its_lease_never_ends_another_schedulers_hold()
         .await;
     tokio::time::sleep(Duration::from_millis(1100)).await;
 
-    let keys = seckill::keys::Keys::new(&env.settings.namespace);
+    let keys = seckill::testing::Keys::new(&env.settings.namespace);
     let item = BucketId::whole(ItemId::new(1).unwrap());
     let mut conn = env.redis.clone();
     let first = delay::claim(&mut conn, &keys, item, 200, 100)
@@ -873,8 +873,8 @@ async fn deadline_met_after_losing(name: &str, the_index_too: bool) {
     let server = env.server_with(ALL_ROLES, quick).await;
     env.item(1, 2).paying_within(4).on_sale(&server).await;
     let won = buy_all(env, &server, 1, 1..=1).await;
-    let keys = seckill::keys::Keys::new(&env.settings.namespace);
-    let deadlines = seckill::marks::Work::Deadlines.key(&keys);
+    let keys = seckill::testing::Keys::new(&env.settings.namespace);
+    let deadlines = seckill::testing::Work::Deadlines.key(&keys);
     // Once the consumer has scheduled the deadline and marked the bucket, the marks go.
     eventually(Duration::from_secs(5), "the deadline marked", || {
         let mut redis = env.redis.clone();
@@ -886,7 +886,7 @@ async fn deadline_met_after_losing(name: &str, the_index_too: bool) {
     })
     .await;
     let mut redis = env.redis.clone();
-    for work in seckill::marks::Work::ALL {
+    for work in seckill::testing::Work::ALL {
         let _: () = redis.del(work.key(&keys)).await.unwrap();
     }
     if the_index_too {
@@ -913,7 +913,7 @@ async fn a_warmup_asked_again_finishes_a_load_cut_off_after_its_swap() {
     let env = &TestEnv::new("load_cut_off").await;
     let server = env.server(ALL_ROLES).await;
     env.item(1, 5).on_sale(&server).await;
-    let keys = seckill::keys::Keys::new(&env.settings.namespace);
+    let keys = seckill::testing::Keys::new(&env.settings.namespace);
     let mut redis = env.redis.clone();
     let _: () = redis.srem(keys.items_index(), "1").await.unwrap();
     sqlx::query("UPDATE items SET loaded_at = NULL WHERE id = 1")

@@ -111,7 +111,7 @@ async fn bad_tokens_get_401() {
     let env = TestEnv::new("tokens").await;
     let server = env.server(ALL_ROLES).await;
     env.item(1, 5).on_sale(&server).await;
-    let forged = seckill::auth::Jwt::new(&seckill::config::Secret::new("not-the-secret"))
+    let forged = seckill::testing::Jwt::new(&seckill::config::Secret::new("not-the-secret"))
         .mint(seckill::domain::UserId::new(1), Duration::from_secs(60))
         .unwrap();
     let expired = {

@@ -337,7 +337,7 @@ async fn a_deadlock_victim_is_recognised_for_a_retry() {
         sqlx::query(bump).bind(1).execute(&mut *second),
     );
     let victim = match (a, b) {
-        (Err(e), Ok(_)) | (Ok(_), Err(e)) => seckill::store::DbError::Sql(e),
+        (Err(e), Ok(_)) | (Ok(_), Err(e)) => seckill::testing::DbError::Sql(e),
         other => panic!("expected exactly one deadlock victim: {other:?}"),
     };
     // End both now: a transaction left open would hold its locks until the pool reuses
@@ -350,7 +350,7 @@ async fn a_deadlock_victim_is_recognised_for_a_retry() {
         .execute(&env.db)
         .await
         .unwrap_err();
-    assert!(!seckill::store::DbError::Sql(refused).is_deadlock());
+    assert!(!seckill::testing::DbError::Sql(refused).is_deadlock());
 }
 
 /// Statements given up by their callers' time limits while MySQL still works on them (here
@@ -582,7 +582,7 @@ async fn an_order_twice_in_one_batch_is_one_row_and_no_false_alarm() {
 #[tokio::test]
 async fn the_pending_sweep_pages_through_more_entries_than_one_query_can_name() {
     use redis::AsyncCommands;
-    use seckill::orders::repo::{OrderStatus, insert_batch};
+    use seckill::testing::{OrderStatus, insert_batch};
     let env = TestEnv::new("bigsweep").await;
     let server = env.server(&[Role::Api]).await;
     env.item(1, 10).put(&server).await;
@@ -611,12 +611,12 @@ async fn the_pending_sweep_pages_through_more_entries_than_one_query_can_name() 
     }
 
     let namespace = &env.settings.namespace;
-    let relay = seckill::outbox::relay::Relay {
-        broker: seckill::broker::Broker::new(&amqp_url(), env.topology()),
-        redis: seckill::store::RedisConns::new(&redis_url()).unwrap(),
+    let relay = seckill::testing::Relay {
+        broker: seckill::testing::Broker::new(&amqp_url(), env.topology()),
+        redis: seckill::testing::RedisConns::new(&redis_url()).unwrap(),
         db: env.db.clone(),
-        keys: seckill::keys::Keys::new(namespace),
-        meters: std::sync::Arc::new(seckill::telemetry::Meters::new(namespace)),
+        keys: seckill::testing::Keys::new(namespace),
+        meters: std::sync::Arc::new(seckill::testing::Meters::new(namespace)),
     };
     relay
         .sweep_pending(BucketId::whole(ItemId::new(1).unwrap()))

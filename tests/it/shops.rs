@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 
 use seckill::Role;
 use seckill::config::Secret;
-use seckill::keys::Keys;
-use seckill::shops::changes;
+use seckill::testing::Keys;
+use seckill::testing::shop_changes as changes;
 
 use crate::support::*;
 
@@ -221,7 +221,7 @@ async fn a_change_through_one_instance_reaches_another_within_a_second_and_burst
 #[tokio::test]
 async fn one_change_at_a_time_a_crashed_holder_expires_and_no_other_lock_is_released() {
     let env = &TestEnv::new("shoplock").await;
-    let redis = seckill::store::RedisConns::new(&redis_url()).unwrap();
+    let redis = seckill::testing::RedisConns::new(&redis_url()).unwrap();
     let keys = Keys::new(&env.settings.namespace);
     let first = changes::lock(&redis, &keys, 1)
         .await

@@ -8,11 +8,11 @@ use std::time::Duration;
 use sqlx::MySqlPool;
 use tokio_util::sync::CancellationToken;
 
-use seckill::auth::Jwt;
-use seckill::broker::Topology;
 use seckill::config::Secret;
 use seckill::domain::{BucketId, ItemId};
-use seckill::keys::{ItemKeys, Keys};
+use seckill::testing::Jwt;
+use seckill::testing::Topology;
+use seckill::testing::{ItemKeys, Keys};
 use seckill::{Role, Server, Settings};
 
 use super::server::TestServer;
@@ -82,12 +82,12 @@ impl TestEnv {
         settings.admin_token = Some(Secret::new(ADMIN_TOKEN));
         settings.jwt_secret = Secret::new(format!("secret-{namespace}"));
 
-        let db = seckill::store::connect_mysql(settings.database_url.expose())
+        let db = seckill::testing::connect_mysql(settings.database_url.expose())
             .await
             .unwrap_or_else(|e| {
                 panic!("MariaDB at {mysql_server} (see docs/testing.md: ./dev/services.sh): {e:#}")
             });
-        seckill::store::migrate(&db).await.expect("migrations");
+        seckill::testing::migrate(&db).await.expect("migrations");
         let redis = TestRedis::connect(redis).await;
         Self {
             jwt: Jwt::new(&settings.jwt_secret),

@@ -8,8 +8,8 @@ use redis::AsyncCommands;
 use serde_json::{Value, json};
 
 use seckill::domain::{BucketId, ItemId, UserId};
-use seckill::invariants::{self, InRedis, Orders, Outcome};
-use seckill::orders::repo::OrderStatus;
+use seckill::testing::OrderStatus;
+use seckill::testing::invariants::{self, InRedis, Orders, Outcome};
 
 use super::env::{ADMIN_TOKEN, TestEnv};
 use super::server::{TestServer, buy};
@@ -209,7 +209,7 @@ impl TestEnv {
     }
 
     /// docs/contract.md section 7, invariants 1 to 4, for a quiescent item, judged by
-    /// `seckill::invariants` (as `seckill rehearse` judges a rehearsal) from every row in
+    /// `seckill::testing::invariants` (as `seckill rehearse` judges a rehearsal) from every row in
     /// MySQL and the stock in Redis: `won` are the order numbers of every `202` the test
     /// saw. Then the server's own stats must agree.
     pub async fn assert_invariants(
@@ -232,7 +232,7 @@ impl TestEnv {
         assert_eq!(stats["pending"], 0, "stats: {stats}");
     }
 
-    /// The item's orders in MySQL as `seckill::invariants` judges them: `total` units,
+    /// The item's orders in MySQL as `seckill::testing::invariants` judges them: `total` units,
     /// `answered` the order numbers of every `202` seen.
     pub async fn order_facts(&self, item: u64, total: u32, answered: &[String]) -> Orders {
         let rows = self.orders(item).await;

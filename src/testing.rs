@@ -1,0 +1,47 @@
+//! What the tests (`tests/it`) and the load-test tools (`loadtest/*.rs`) reach inside the
+//! server for: keys to read Redis as the server lays it out, scripts to call directly, the
+//! order table, the background parts a test drives by hand, and the invariants' judge.
+//! Everything else in the crate is `pub(crate)`: an internal rename changes this file, not
+//! the tests. Not an API for anyone else; it changes with the server.
+
+pub use crate::app::listen;
+pub use crate::auth::Jwt;
+pub use crate::broker::{Broker, Topology};
+pub use crate::http::error::Conflict;
+pub use crate::keys::{ItemKeys, Keys};
+pub use crate::marks::Work;
+pub use crate::orders::repo::{OrderStatus, insert_batch};
+pub use crate::outbox::relay::Relay;
+pub use crate::purchase::grab::grab;
+pub use crate::store::{DbError, RedisConns, connect_mysql, migrate};
+pub use crate::telemetry::Meters;
+
+/// The scripts, preloaded as the server does, and the ones tests call or watch for.
+pub mod lua {
+    pub use crate::lua::{LEND, RECEIVE, RELEASE, preload};
+}
+
+/// The deadline queue's claim and finish, which a test drives to check its lease.
+pub mod delay_queue {
+    pub use crate::delay_queue::{claim, finish};
+}
+
+/// The lock a shop change takes, which a test takes and drops by hand.
+pub mod shop_changes {
+    pub use crate::shops::changes::lock;
+}
+
+/// An item's row, as the draw reads it.
+pub mod items {
+    pub use crate::items::repo::get;
+}
+
+/// A draw's ranking and its award, which a test runs twice at once.
+pub mod draw {
+    pub use crate::draw::{award::draw, rank::rank};
+}
+
+/// The invariants of the contract's section 7, judged as `seckill rehearse` judges them.
+pub mod invariants {
+    pub use crate::invariants::{InRedis, Orders, Outcome, judge, missing};
+}
