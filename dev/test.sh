@@ -4,6 +4,7 @@
 # RabbitMQ. Extra arguments go to `cargo test` (a test name filters).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. dev/lib.sh
 
 ./dev/services.sh
 # The edge and storefront tests run a real nginx and a headless Chromium (Debian's
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 # PyPI into .venv.
 ./dev/tools.sh nginx chromium node npm docker-compose promtool faketime nft ping rsync galera python-tools
 if [ ! -d web/node_modules/playwright-core ]; then
-  echo "[test] npm ci in web/ (playwright-core)" >&2
+  log "npm ci in web/ (playwright-core)"
   (cd web && npm ci --silent --no-audit --no-fund)
 fi
 

@@ -13,16 +13,39 @@ use crate::http::budget;
 use crate::http::error::{ApiError, Conflict, Refusal};
 use crate::http::extract::{Admin, ApiJson, ApiPath};
 use crate::http::reply::{envelope, ok};
-use crate::keys::Keys;
-use crate::state::{AppState, Shared};
-use crate::store::{Db, RedisConns};
+use crate::state::AppState;
 
 use super::body::ItemBody;
 use super::bulk;
-use super::catalog::Catalog;
-use super::regroup::Regrouping;
-use super::repo::{self, Item, Upserted};
-use super::stock;
+use super::repo::Item;
+use super::write::{ItemWriter, Put, WriteError};
+
+/// The item writes, over this instance's stores.
+pub(super) fn writer(state: &AppState) -> ItemWriter<'_> {
+    ItemWriter {
+        db: &state.db,
+        redis: &state.redis,
+        keys: &state.keys,
+        catalog: &state.catalog,
+    }
+}
+
+impl From<WriteError> for ApiError {
+    fn from(e: WriteError) -> Self {
+        match e {
+            WriteError::NotFound => ApiError::ItemNotFound,
+            WriteError::ReleaseStarted { at, index } => ApiError::Conflict {
+                code: Conflict::ReleaseStarted,
+                detail: format!(
+                    "{}the tranche of {} is on sale already: it may not be changed, removed or added; only tranches still to come may",
+                    index.map(|n| format!("items[{n}]: ")).unwrap_or_default(),
+                    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ),
+            },
+            WriteError::Store(e) => e.into(),
+        }
+    }
+}
 
 /// The operators' item calls: write one or many, pause, resume. (Warm-ups: `crate::warmup`;
 /// stats and reconciliation: `crate::orders::admin`.)
@@ -73,37 +96,24 @@ async fn put_item(
     ApiPath(id): ApiPath<ItemId>,
     ApiJson(body): ApiJson<ItemBody>,
 ) -> Result<Response, ApiError> {
-    let Shared {
-        db,
-        redis,
-        keys,
-        catalog,
-        ..
-    } = &*state;
     if body.id().is_some_and(|body_id| body_id != id) {
         return Err(ApiError::bad_request("`id` differs from the path's"));
     }
     let draft = body.validate()?;
-    if let Some(live) = repo::get(db, id).await? {
-        super::body::fixed_waves(&live, &draft.release)?;
+    match writer(&state).put(id, draft).await? {
+        Put::Created(item) => Ok(envelope(
+            StatusCode::CREATED,
+            "created",
+            WrittenItem { item },
+        )),
+        Put::Updated(item) => Ok(envelope(StatusCode::OK, "updated", WrittenItem { item })),
+        Put::BucketsFixed { buckets } => Err(ApiError::Conflict {
+            code: Conflict::BucketsFixed,
+            detail: format!(
+                "the item has units, buyers or orders in its {buckets} bucket(s), or a warm-up of it is running: send \"buckets\": {buckets}, or use a new item id"
+            ),
+        }),
     }
-    let regrouping = Regrouping::hold(db, redis, keys, &[(id, draft.clone())]).await?;
-    let upserted = repo::upsert(db, id, &draft, &regrouping.kept).await;
-    regrouping.let_go(redis).await;
-    let (status, code) = match upserted? {
-        Upserted::Created => (StatusCode::CREATED, "created"),
-        Upserted::Updated => (StatusCode::OK, "updated"),
-        Upserted::BucketsFixed { buckets } => {
-            return Err(ApiError::Conflict {
-                code: Conflict::BucketsFixed,
-                detail: format!(
-                    "the item has units, buyers or orders in its {buckets} bucket(s), or a warm-up of it is running: send \"buckets\": {buckets}, or use a new item id"
-                ),
-            });
-        }
-    };
-    let item = spread_rules(db, redis, keys, catalog, id).await?;
-    Ok(envelope(status, code, WrittenItem { item }))
 }
 
 /// `POST /admin/items/{id}/pause`
@@ -154,49 +164,7 @@ async fn set_paused(
     ApiPath(id): ApiPath<ItemId>,
     paused: bool,
 ) -> Result<Response, ApiError> {
-    let Shared {
-        db,
-        redis,
-        keys,
-        catalog,
-        ..
-    } = &*state;
-    if !repo::set_paused(db, id, paused).await? {
-        return Err(ApiError::ItemNotFound);
-    }
-    spread_rules(db, redis, keys, catalog, id).await?;
+    writer(&state).set_paused(id, paused).await?;
     let code = if paused { "paused" } else { "resumed" };
     Ok(ok(code, Switched { item_id: id }))
-}
-
-/// After the MySQL record changed: copies what `grab.lua` checks (window, pause) to Redis
-/// and has every instance's catalogue reload the item. Returns the item as recorded.
-async fn spread_rules(
-    db: &Db,
-    redis: &RedisConns,
-    keys: &Keys,
-    catalog: &Catalog,
-    id: ItemId,
-) -> Result<Item, ApiError> {
-    let item = repo::get(db, id).await?.ok_or(ApiError::ItemNotFound)?;
-    let mut conn = redis.bulk().await?;
-    for bucket in item.stocks() {
-        stock::sync_rules(&mut conn, &keys.stock(bucket), &item).await?;
-    }
-    let mut pipe = redis::pipe();
-    crate::draw::schedule::note_in(&mut pipe, keys, id, item.draw_at);
-    crate::store::redis_timed(pipe.query_async::<()>(&mut conn)).await?;
-    refresh_everywhere(catalog, id).await;
-    Ok(item)
-}
-
-/// This instance at once, the others through the item-events channel.
-async fn refresh_everywhere(catalog: &Catalog, id: ItemId) {
-    catalog.forget_unknown();
-    if let Err(e) = catalog.announce(id).await {
-        tracing::warn!(error = %e, "could not announce an item change; other instances catch up within a second");
-    }
-    if let Err(e) = catalog.refresh_item(id).await {
-        tracing::warn!(error = %crate::error::cause_chain(&e), "item catalogue refresh failed");
-    }
 }

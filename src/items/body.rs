@@ -5,10 +5,10 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use crate::domain::{BucketId, ItemId};
-use crate::http::error::{ApiError, Conflict};
+use crate::http::error::ApiError;
 use crate::store::{STORABLE, storable, to_millis};
 
-use super::repo::{Item, ItemDraft};
+use super::repo::ItemDraft;
 use super::waves::Waves;
 
 /// The most units one item may have (a million units is about 60 MB of Redis).
@@ -176,22 +176,5 @@ impl ItemBody {
             ));
         }
         Ok(Some(at))
-    }
-}
-
-/// A loaded item's tranches already on sale stay as they are (`409 release_started`).
-pub fn fixed_waves(live: &Item, next: &Waves) -> Result<(), ApiError> {
-    if live.loaded_at.is_none() {
-        return Ok(());
-    }
-    match live.release.released_changed(next, crate::clock::now()) {
-        None => Ok(()),
-        Some(at) => Err(ApiError::Conflict {
-            code: Conflict::ReleaseStarted,
-            detail: format!(
-                "the tranche of {} is on sale already: it may not be changed, removed or added; only tranches still to come may",
-                at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-            ),
-        }),
     }
 }

@@ -8,17 +8,14 @@ use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::domain::{BucketId, ItemId};
+use crate::domain::ItemId;
 use crate::http::error::{ApiError, Refusal};
 use crate::http::extract::{Admin, ApiJson};
 use crate::http::reply::ok;
-use crate::state::{AppState, Shared};
-use crate::store::Grouped;
+use crate::state::AppState;
 
 use super::body::ItemBody;
-use super::regroup::Regrouping;
-use super::repo::{self, ItemDraft, Upserted};
-use super::stock;
+use super::repo::{ItemDraft, Upserted};
 
 /// The bulk calls' bodies: 10,000 items of a few hundred bytes.
 pub const BODY_LIMIT: usize = 8 * 1024 * 1024;
@@ -71,13 +68,6 @@ pub(super) async fn put_items(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<ItemsBody>,
 ) -> Result<Response, ApiError> {
-    let Shared {
-        db,
-        redis,
-        keys,
-        catalog,
-        ..
-    } = &*state;
     if body.items.is_empty() || body.items.len() > MOST_PER_CALL {
         return Err(ApiError::bad_request(format!(
             "`items`: 1 to {MOST_PER_CALL} items"
@@ -99,52 +89,7 @@ pub(super) async fn put_items(
             "`items`: item {id} is listed twice"
         )));
     }
-    let ids: Vec<ItemId> = drafts.iter().map(|(id, _)| *id).collect();
-    let live: std::collections::HashMap<ItemId, repo::Item> = repo::get_many(db, &ids)
-        .await?
-        .into_iter()
-        .map(|item| (item.id, item))
-        .collect();
-    for (n, (id, draft)) in drafts.iter().enumerate() {
-        if let Some(item) = live.get(id) {
-            super::body::fixed_waves(item, &draft.release).map_err(|e| match e {
-                ApiError::Conflict { code, detail } => ApiError::Conflict {
-                    code,
-                    detail: format!("items[{n}]: {detail}"),
-                },
-                other => other,
-            })?;
-        }
-    }
-    let regrouping = Regrouping::hold(db, redis, keys, &drafts).await?;
-    let done = repo::upsert_many(db, &drafts, &regrouping.kept).await;
-    regrouping.let_go(redis).await;
-    let done = done?;
-
-    // The rules grab.lua checks (window, per-user limit, waves), into Redis for the items that existed (a PUT does
-    // not change the pause; new items have nothing in Redis yet).
-    let updated: std::collections::HashSet<ItemId> = done
-        .iter()
-        .filter(|(_, outcome)| *outcome == Upserted::Updated)
-        .map(|(id, _)| *id)
-        .collect();
-    let mut grouped = Grouped::new(redis);
-    for (id, draft) in drafts.iter().filter(|(id, _)| updated.contains(id)) {
-        for bucket in BucketId::all(*id, draft.buckets) {
-            stock::sync_draft_in(grouped.group(), &keys.stock(bucket), draft);
-        }
-    }
-    // Every written item's draw (or none) in the draw pass's schedule.
-    let stored: std::collections::HashSet<ItemId> = done
-        .iter()
-        .filter(|(_, outcome)| matches!(outcome, Upserted::Created | Upserted::Updated))
-        .map(|(id, _)| *id)
-        .collect();
-    for (id, draft) in drafts.iter().filter(|(id, _)| stored.contains(id)) {
-        crate::draw::schedule::note_in(grouped.group(), keys, *id, draft.draw_at);
-    }
-    grouped.run(redis).await?;
-    catalog.announce_all().await;
+    let done = super::admin::writer(&state).put_many(&drafts).await?;
 
     let (created, updated) = (
         count(&done, Upserted::Created),

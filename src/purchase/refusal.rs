@@ -5,6 +5,22 @@ use crate::http::error::ApiError;
 use crate::items::catalog::CatalogItem;
 
 use super::grab::GrabOutcome;
+use super::sell::NotSold;
+
+/// The answer to a sale that did not happen.
+pub fn not_sold(not_sold: NotSold, item: &CatalogItem) -> ApiError {
+    match not_sold {
+        NotSold::Refused(outcome) => refusal(outcome, item),
+        NotSold::WaitingForReplica => ApiError::Unavailable(
+            "the sale is waiting for a Redis replica to come back; try again shortly".into(),
+        ),
+        NotSold::Unconfirmed => ApiError::Unavailable(
+            "your purchase could not be confirmed in time; press again to buy, or to find your order if it went through".into(),
+        ),
+        NotSold::Redis(e) => ApiError::Redis(e),
+        NotSold::Internal(e) => ApiError::Internal(e),
+    }
+}
 
 /// The answer to every outcome but a win, whether memory or a script decided it.
 pub fn refusal(outcome: GrabOutcome, item: &CatalogItem) -> ApiError {

@@ -3,7 +3,7 @@
 //! on the units winners gave back — under a lock so that one scheduler draws an item at a
 //! time (two at once would still give nobody twice: see that module).
 //!
-//! Which draws are due comes from Redis (`crate::draw::schedule`); MySQL is asked only
+//! Which draws are due comes from Redis (`crate::items::draw_schedule`); MySQL is asked only
 //! about those, when one appears and every [`READ_EVERY`] while they last — not on a
 //! timer for every item: a query a second from every scheduler took MySQL connections
 //! from buyers when MySQL was slow (`protection::a_flood_of_unknown_ids_…` failed).
@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 use crate::background::{Schedule, repeat};
 use crate::domain::ItemId;
 use crate::draw::award::{Round, draw};
-use crate::draw::schedule;
 use crate::items::catalog;
+use crate::items::draw_schedule as schedule;
 use crate::items::repo::{self, Item};
 use crate::lock::RedisLock;
 use crate::store::StoreError;

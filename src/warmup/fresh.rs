@@ -10,7 +10,6 @@ use std::collections::{HashMap, HashSet};
 use redis::Value;
 
 use crate::domain::{BucketId, ItemId};
-use crate::draw;
 use crate::items::repo::{self, Item};
 use crate::items::stock;
 use crate::keys::{ItemKeys, Keys};
@@ -179,7 +178,7 @@ async fn load_buckets(
     listed.group().sadd(keys.items_index(), &members).ignore();
     let schedule = listed.group();
     for bucket in buckets.iter().filter(|b| b.keys.bucket.index == 0) {
-        draw::schedule::note_in(schedule, keys, bucket.item.id, bucket.item.draw_at);
+        crate::items::draw_schedule::note_in(schedule, keys, bucket.item.id, bucket.item.draw_at);
     }
     listed.run(redis).await?;
     let mut conn = redis.bulk().await?;

@@ -189,7 +189,7 @@ impl Warmup<'_> {
             .group()
             .sadd(self.keys.items_index(), members)
             .ignore();
-        crate::draw::schedule::note_in(grouped.group(), self.keys, item.id, item.draw_at);
+        crate::items::draw_schedule::note_in(grouped.group(), self.keys, item.id, item.draw_at);
         grouped.run(self.redis).await?;
         Ok(())
     }

@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::private::{give_to, scratch};
-use super::private_cluster::{create_cluster, master_serving};
+use super::private::scratch;
+use super::private_cluster::{self, create_cluster, master_serving};
+use super::private_rabbit;
 use super::{TestServer, eventually, serve};
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dev/fleet-hosts.sh");
@@ -144,21 +145,15 @@ impl Hosts {
         .await;
     }
 
-    /// A Redis Cluster node on each of `hosts` (port 6379, bus 16379; a replica may always
-    /// take over, the node timeout 2 s), made one cluster with a replica per master — the
+    /// A Redis Cluster node on each of `hosts` (port 6379, bus 16379; as
+    /// `dev/redis-cluster.sh` makes one), made one cluster with a replica per master — the
     /// first half masters, each on a host of its own: the seeds' URLs, comma-separated.
     pub async fn redis_cluster(&mut self, hosts: &[&str]) -> String {
         for host in hosts {
             let ip = self.ip(host).to_string();
             let dir = scratch("fleet-redis");
-            let mut command = self.on(host, "redis-server");
-            command
-                .args(["--bind", &ip, "--port", "6379", "--protected-mode", "no"])
-                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
-                .args(["--cluster-replica-validity-factor", "0"])
-                .args(["--cluster-config-file", "nodes.conf"])
-                .args(["--save", "", "--appendonly", "no"])
-                .args(["--dir", &dir.display().to_string()]);
+            let mut command = self.on(host, private_cluster::SCRIPT);
+            command.arg("node").arg(&dir).args(["6379", &ip]);
             self.spawn(command);
             self.dirs.push(dir);
         }
@@ -232,49 +227,38 @@ impl Hosts {
     pub async fn rabbitmq_cluster(&mut self, hosts: &[&str]) -> String {
         for host in hosts {
             let dir = scratch("fleet-rabbit");
-            let ip = self.ip(host).to_string();
-            std::fs::write(
-                dir.join("rabbitmq.conf"),
-                format!(
-                    "listeners.tcp.1 = {ip}:5672\nloopback_users = none\n\
-                     cluster_partition_handling = pause_minority\n"
-                ),
-            )
-            .unwrap();
-            std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
-            // Not the machine's rabbitmq-env.conf: Debian's keeps epmd and the node's
-            // distribution port on loopback, where no other host reaches them.
-            std::fs::write(dir.join("rabbitmq-env.conf"), "").unwrap();
-            give_to(&dir, "rabbitmq");
             // One after the other: three Erlang VMs booting at once take the 2-core
             // machine from everything else for seconds.
-            let status = self
-                .on(host, "rabbitmq-server")
-                .arg("-detached")
-                .env("RABBITMQ_NODENAME", format!("seckill@{host}"))
-                .env("RABBITMQ_CONF_ENV_FILE", dir.join("rabbitmq-env.conf"))
-                .env("RABBITMQ_CONFIG_FILE", dir.join("rabbitmq.conf"))
-                .env("RABBITMQ_ENABLED_PLUGINS_FILE", dir.join("enabled_plugins"))
-                .env("RABBITMQ_MNESIA_BASE", dir.join("mnesia"))
-                .env("RABBITMQ_LOG_BASE", dir.join("log"))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .expect("rabbitmq-server on PATH");
-            assert!(status.success(), "rabbitmq-server -detached: {status}");
+            let done = self
+                .on(host, private_rabbit::SCRIPT)
+                .arg("node")
+                .arg(&dir)
+                .arg(format!("seckill@{host}"))
+                .arg(format!("{}:5672", self.ip(host)))
+                .output()
+                .expect("dev/rabbit-cluster.sh");
+            assert!(
+                done.status.success(),
+                "dev/rabbit-cluster.sh node on {host}: {}",
+                super::said(&done)
+            );
             self.dirs.push(dir);
             self.listening(host, 5672, "RabbitMQ", Duration::from_secs(90))
                 .await;
         }
         let seed = format!("seckill@{}", hosts[0]);
         for host in &hosts[1..] {
-            for step in [
-                vec!["stop_app"],
-                vec!["join_cluster", seed.as_str()],
-                vec!["start_app"],
-            ] {
-                self.rabbitmqctl(host, &step).unwrap();
-            }
+            let done = self
+                .on(host, private_rabbit::SCRIPT)
+                .env("RABBITMQ_CONF_ENV_FILE", "/dev/null")
+                .args(["join", &format!("seckill@{host}"), &seed])
+                .output()
+                .expect("dev/rabbit-cluster.sh");
+            assert!(
+                done.status.success(),
+                "dev/rabbit-cluster.sh join on {host}: {}",
+                super::said(&done)
+            );
         }
         self.rabbitmqctl(
             hosts[0],

@@ -224,18 +224,21 @@ pub async fn whole(dir: &Path, ports: &[u16]) {
     }
 }
 
+/// `dev/redis-cluster.sh`: the one definition of a cluster node and of making nodes one
+/// cluster, which a developer's local cluster uses too.
+pub(super) const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dev/redis-cluster.sh");
+
 /// Makes the nodes at `addresses` (`host:port`) one cluster with a replica per master
-/// (`redis-cli --cluster create`; the first half become masters).
+/// (`dev/redis-cluster.sh create`; the first half become masters).
 pub(super) fn create_cluster(addresses: &[String]) {
-    let created = Command::new("redis-cli")
-        .args(["--cluster", "create"])
+    let created = Command::new(SCRIPT)
+        .arg("create")
         .args(addresses)
-        .args(["--cluster-replicas", "1", "--cluster-yes"])
         .output()
-        .expect("redis-cli on PATH");
+        .expect("dev/redis-cluster.sh");
     assert!(
         created.status.success(),
-        "redis-cli --cluster create: {}",
+        "dev/redis-cluster.sh create: {}",
         said(&created)
     );
 }
@@ -266,25 +269,17 @@ fn log_of(dir: &Path, port: u16) -> PathBuf {
     dir.join(port.to_string()).join("redis.log")
 }
 
-/// A cluster node on `port`, its data under `dir` (the append-only file on: a node that
-/// rejoins after a kill must not come back empty as a master).
+/// A cluster node on `port`, its data under `dir` (`dev/redis-cluster.sh node`, which
+/// becomes the node: the child is the node itself).
 fn node(dir: &Path, port: u16) -> Child {
-    let data = dir.join(port.to_string());
-    std::fs::create_dir_all(&data).unwrap();
-    Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"])
-        .args(["--cluster-config-file", "nodes.conf"])
-        // A replica may always take over, however long it was cut off: the tests kill
-        // masters on purpose, and `WAIT` says what a replica holds.
-        .args(["--cluster-replica-validity-factor", "0"])
-        .args(["--save", "", "--appendonly", "yes"])
-        .args(["--dir", &data.display().to_string()])
-        .args(["--logfile", &log_of(dir, port).display().to_string()])
+    Command::new(SCRIPT)
+        .arg("node")
+        .arg(dir.join(port.to_string()))
+        .arg(port.to_string())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("redis-server on PATH")
+        .expect("dev/redis-cluster.sh")
 }
 
 /// `redis-cli -p port args…`: what it printed.

@@ -1,11 +1,15 @@
 //! A private RabbitMQ node for fault tests (see `private.rs`), and `rabbitmqctl` for one.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::private::{give_to, listening};
+use super::private::listening;
 use super::{free_port, said, scratch, signal};
+
+/// `dev/rabbit-cluster.sh`: the one definition of a node and of joining a cluster, which a
+/// developer's local cluster uses too.
+pub(super) const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/dev/rabbit-cluster.sh");
 
 /// `rabbitmqctl` for one node, for a failing test's report.
 pub struct RabbitCtl(String);
@@ -25,8 +29,8 @@ impl RabbitCtl {
     }
 }
 
-/// A private RabbitMQ node (its own node name, ports, data and logs), started with
-/// `rabbitmq-server -detached` as the `rabbitmq` account.
+/// A private RabbitMQ node (its own node name, ports, data and logs), started detached by
+/// `dev/rabbit-cluster.sh node` as the `rabbitmq` account.
 pub struct PrivateRabbit {
     pub port: u16,
     node: String,
@@ -53,23 +57,17 @@ impl PrivateRabbit {
         }
         let (seed, others) = nodes.split_first().expect("at least one node");
         for node in others {
-            for step in [
-                vec!["stop_app"],
-                vec!["join_cluster", seed.node.as_str()],
-                vec!["start_app"],
-            ] {
-                let done = Command::new("rabbitmqctl")
-                    .args(["-n", &node.node])
-                    .args(&step)
-                    .output()
-                    .expect("rabbitmqctl");
-                assert!(
-                    done.status.success(),
-                    "rabbitmqctl {step:?} on {}: {}",
-                    node.node,
-                    String::from_utf8_lossy(&done.stderr)
-                );
-            }
+            let done = Command::new(SCRIPT)
+                .args(["join", &node.node, &seed.node])
+                .output()
+                .expect("dev/rabbit-cluster.sh");
+            assert!(
+                done.status.success(),
+                "dev/rabbit-cluster.sh join {} {}: {}",
+                node.node,
+                seed.node,
+                said(&done)
+            );
         }
         // `start_app` can return before the node has rejoined: a quorum queue declared
         // then gets fewer members.
@@ -77,17 +75,10 @@ impl PrivateRabbit {
         nodes
     }
 
-    /// A node's files and ports, not started yet.
+    /// A node's place and ports, not started yet.
     fn prepare() -> Self {
         let dir = scratch("rabbit");
         let port = free_port();
-        std::fs::write(
-            dir.join("rabbitmq.conf"),
-            format!("listeners.tcp.1 = 127.0.0.1:{port}\nloopback_users = none\n"),
-        )
-        .unwrap();
-        std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
-        give_to(&dir, "rabbitmq");
         Self {
             port,
             node: format!("seckill-{port}@localhost"),
@@ -102,22 +93,19 @@ impl PrivateRabbit {
     }
 
     async fn launch(&mut self) {
-        let status = Command::new("rabbitmq-server")
-            .arg("-detached")
-            .env("RABBITMQ_NODENAME", &self.node)
-            .env("RABBITMQ_CONFIG_FILE", self.dir.join("rabbitmq.conf"))
-            .env(
-                "RABBITMQ_ENABLED_PLUGINS_FILE",
-                self.dir.join("enabled_plugins"),
-            )
-            .env("RABBITMQ_DIST_PORT", self.dist_port.to_string())
-            .env("RABBITMQ_MNESIA_BASE", self.dir.join("mnesia"))
-            .env("RABBITMQ_LOG_BASE", self.dir.join("log"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("rabbitmq-server on PATH");
-        assert!(status.success(), "rabbitmq-server -detached: {status}");
+        let done = Command::new(SCRIPT)
+            .arg("node")
+            .arg(&self.dir)
+            .arg(&self.node)
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg(self.dist_port.to_string())
+            .output()
+            .expect("dev/rabbit-cluster.sh");
+        assert!(
+            done.status.success(),
+            "dev/rabbit-cluster.sh node: {}",
+            said(&done)
+        );
         listening(self.port, "private RabbitMQ", Duration::from_secs(60)).await;
         let pid = Command::new("rabbitmqctl")
             .args(["-n", &self.node, "eval", "list_to_integer(os:getpid())."])

@@ -1,0 +1,184 @@
+//! Writing items: records into MySQL (one, or many 500 per transaction), and what
+//! `grab.lua` checks (window, pause, per-user limit, waves) copied to Redis, the draw pass's
+//! schedule and every instance's catalogue. `admin.rs` and `bulk.rs` are its HTTP surface.
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+
+use crate::domain::{BucketId, ItemId};
+use crate::keys::Keys;
+use crate::store::{Db, DbError, Grouped, RedisConns, RedisError, StoreError};
+
+use super::catalog::Catalog;
+use super::regroup::Regrouping;
+use super::repo::{self, Item, ItemDraft, Upserted};
+use super::stock;
+use super::waves::Waves;
+
+/// What item writes work with.
+pub struct ItemWriter<'a> {
+    pub db: &'a Db,
+    pub redis: &'a RedisConns,
+    pub keys: &'a Keys,
+    pub catalog: &'a Catalog,
+}
+
+/// What one item's write did.
+pub enum Put {
+    Created(Item),
+    Updated(Item),
+    /// Nothing: `buckets` differs, and the item has units, buyer records or orders in the
+    /// buckets it has (or a warm-up of it is running).
+    BucketsFixed {
+        buckets: u8,
+    },
+}
+
+/// Why an item write did nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error("no such item")]
+    NotFound,
+    /// A loaded item's tranche at `at` is on sale already: released tranches may not be
+    /// changed, removed or added. `index`: the item's place in a bulk call.
+    #[error("the tranche of {at} is on sale already")]
+    ReleaseStarted {
+        at: DateTime<Utc>,
+        index: Option<usize>,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<DbError> for WriteError {
+    fn from(e: DbError) -> Self {
+        WriteError::Store(e.into())
+    }
+}
+
+impl From<RedisError> for WriteError {
+    fn from(e: RedisError) -> Self {
+        WriteError::Store(e.into())
+    }
+}
+
+/// The first released tranche `next` would change on the live item, if it is loaded
+/// (before it is, nothing is on sale).
+fn released_changed(live: &Item, next: &Waves) -> Option<DateTime<Utc>> {
+    live.loaded_at?;
+    live.release.released_changed(next, crate::clock::now())
+}
+
+impl ItemWriter<'_> {
+    /// Creates or updates the item `id`; a changed `total` takes effect with a forced
+    /// warm-up.
+    pub async fn put(&self, id: ItemId, draft: ItemDraft) -> Result<Put, WriteError> {
+        if let Some(live) = repo::get(self.db, id).await?
+            && let Some(at) = released_changed(&live, &draft.release)
+        {
+            return Err(WriteError::ReleaseStarted { at, index: None });
+        }
+        let regrouping =
+            Regrouping::hold(self.db, self.redis, self.keys, &[(id, draft.clone())]).await?;
+        let upserted = repo::upsert(self.db, id, &draft, &regrouping.kept).await;
+        regrouping.let_go(self.redis).await;
+        match upserted? {
+            Upserted::Created => Ok(Put::Created(self.spread_rules(id).await?)),
+            Upserted::Updated => Ok(Put::Updated(self.spread_rules(id).await?)),
+            Upserted::BucketsFixed { buckets } => Ok(Put::BucketsFixed { buckets }),
+        }
+    }
+
+    /// Creates or updates many items (each id once): what happened to each, in the order
+    /// given. Nothing is written when one would change a released tranche.
+    pub async fn put_many(
+        &self,
+        drafts: &[(ItemId, ItemDraft)],
+    ) -> Result<Vec<(ItemId, Upserted)>, WriteError> {
+        let ids: Vec<ItemId> = drafts.iter().map(|(id, _)| *id).collect();
+        let live: HashMap<ItemId, Item> = repo::get_many(self.db, &ids)
+            .await?
+            .into_iter()
+            .map(|item| (item.id, item))
+            .collect();
+        for (index, (id, draft)) in drafts.iter().enumerate() {
+            if let Some(at) = live
+                .get(id)
+                .and_then(|item| released_changed(item, &draft.release))
+            {
+                return Err(WriteError::ReleaseStarted {
+                    at,
+                    index: Some(index),
+                });
+            }
+        }
+        let regrouping = Regrouping::hold(self.db, self.redis, self.keys, drafts).await?;
+        let done = repo::upsert_many(self.db, drafts, &regrouping.kept).await;
+        regrouping.let_go(self.redis).await;
+        let done = done?;
+
+        // The rules grab.lua checks (window, per-user limit, waves), into Redis for the
+        // items that existed (a PUT does not change the pause; new items have nothing in
+        // Redis yet).
+        let updated: HashSet<ItemId> = done
+            .iter()
+            .filter(|(_, outcome)| *outcome == Upserted::Updated)
+            .map(|(id, _)| *id)
+            .collect();
+        let mut grouped = Grouped::new(self.redis);
+        for (id, draft) in drafts.iter().filter(|(id, _)| updated.contains(id)) {
+            for bucket in BucketId::all(*id, draft.buckets) {
+                stock::sync_draft_in(grouped.group(), &self.keys.stock(bucket), draft);
+            }
+        }
+        // Every written item's draw (or none) in the draw pass's schedule.
+        let stored: HashSet<ItemId> = done
+            .iter()
+            .filter(|(_, outcome)| matches!(outcome, Upserted::Created | Upserted::Updated))
+            .map(|(id, _)| *id)
+            .collect();
+        for (id, draft) in drafts.iter().filter(|(id, _)| stored.contains(id)) {
+            super::draw_schedule::note_in(grouped.group(), self.keys, *id, draft.draw_at);
+        }
+        grouped.run(self.redis).await?;
+        self.catalog.announce_all().await;
+        Ok(done)
+    }
+
+    /// Pauses or resumes the item's sale.
+    pub async fn set_paused(&self, id: ItemId, paused: bool) -> Result<(), WriteError> {
+        if !repo::set_paused(self.db, id, paused).await? {
+            return Err(WriteError::NotFound);
+        }
+        self.spread_rules(id).await?;
+        Ok(())
+    }
+
+    /// After the MySQL record changed: copies what `grab.lua` checks (window, pause) to
+    /// Redis and has every instance's catalogue reload the item. Returns the item as
+    /// recorded.
+    async fn spread_rules(&self, id: ItemId) -> Result<Item, WriteError> {
+        let item = repo::get(self.db, id).await?.ok_or(WriteError::NotFound)?;
+        let mut conn = self.redis.bulk().await?;
+        for bucket in item.stocks() {
+            stock::sync_rules(&mut conn, &self.keys.stock(bucket), &item).await?;
+        }
+        let mut pipe = redis::pipe();
+        super::draw_schedule::note_in(&mut pipe, self.keys, id, item.draw_at);
+        crate::store::redis_timed(pipe.query_async::<()>(&mut conn)).await?;
+        self.refresh_everywhere(id).await;
+        Ok(item)
+    }
+
+    /// This instance at once, the others through the item-events channel.
+    async fn refresh_everywhere(&self, id: ItemId) {
+        self.catalog.forget_unknown();
+        if let Err(e) = self.catalog.announce(id).await {
+            tracing::warn!(error = %e, "could not announce an item change; other instances catch up within a second");
+        }
+        if let Err(e) = self.catalog.refresh_item(id).await {
+            tracing::warn!(error = %crate::error::cause_chain(&e), "item catalogue refresh failed");
+        }
+    }
+}

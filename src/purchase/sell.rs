@@ -1,0 +1,364 @@
+//! The sale of a unit, for a purchase the catalogue in memory could not refuse: the
+//! replicas a win will wait for, `grab.lua` in the buyer's bucket (borrowing from a split
+//! item's other buckets while it is empty), and a win handed to the publisher once its
+//! replicas hold it. `api.rs` is its HTTP surface.
+
+use std::time::Instant;
+
+use chrono::Utc;
+
+use crate::broker::Outgoing;
+use crate::domain::{OrderPlaced, OrderSn, UserId};
+use crate::items::catalog::{Catalog, CatalogItem};
+use crate::items::transfer::{self, Lending};
+use crate::keys::{ItemKeys, Keys};
+use crate::orders::placed;
+use crate::outbox::publisher::OrderPublisher;
+use crate::signals::Signals;
+use crate::store::{RedisConn, RedisConns, RedisError, Replication, ShortOfReplicas, redis_timed};
+use crate::telemetry::Meters;
+
+use super::grab::{GrabOutcome, IdempotencyKey, give_back, grab};
+
+/// Units a buyer of a split item may borrow into their bucket and lose to others of it
+/// before being told to press again (each round moves a unit: the sale goes on).
+const MOST_REFILLS: usize = 8;
+
+/// How near a wave's time a purchase that memory would refuse asks Redis instead: more
+/// than the catalogue's stock refresh (half a second) and a host's clock error.
+const WAVE_MARGIN: chrono::Duration = chrono::Duration::seconds(2);
+
+/// What the sale of a unit works with.
+pub struct Seller<'a> {
+    pub redis: &'a RedisConns,
+    pub keys: &'a Keys,
+    pub catalog: &'a Catalog,
+    pub publisher: &'a OrderPublisher,
+    /// What purchases measured, for the automatic breaker.
+    pub signals: &'a Signals,
+    pub meters: &'a Meters,
+}
+
+/// Why a unit was not sold (a sale that was: the order's number).
+pub enum NotSold {
+    /// Redis (or, before it, memory) said no: sold out, a duplicate, the window, …; a
+    /// buyer at their limit while their master is short of replicas hears it too.
+    Refused(GrabOutcome),
+    /// The buyer's master is short of the replicas a win waits for, and the buyer holds
+    /// fewer units than their limit: nothing was taken.
+    WaitingForReplica,
+    /// Won, but its replicas did not confirm it in time: the unit was given back where it
+    /// still could be (pressing again tells the buyer which).
+    Unconfirmed,
+    Redis(RedisError),
+    Internal(anyhow::Error),
+}
+
+impl From<RedisError> for NotSold {
+    fn from(e: RedisError) -> Self {
+        NotSold::Redis(e)
+    }
+}
+
+impl From<serde_json::Error> for NotSold {
+    fn from(e: serde_json::Error) -> Self {
+        NotSold::Internal(e.into())
+    }
+}
+
+/// What the catalogue already says no to: the window, the pause, the sold-out flag.
+pub fn from_memory(item: &CatalogItem, now: chrono::DateTime<Utc>) -> Option<GrabOutcome> {
+    if now < item.record.start_at {
+        Some(GrabOutcome::NotStarted)
+    } else if now >= item.record.end_at || item.record.draw_at.is_some_and(|at| now >= at) {
+        // A draw takes no entry after its time (`lua/enter.lua` holds to Redis's clock).
+        Some(GrabOutcome::Ended)
+    } else if item.record.paused {
+        Some(GrabOutcome::Paused)
+    } else if item.sold_out() {
+        // Near a wave Redis decides, by its own clock: a host whose clock runs behind must
+        // not keep a wave shut, and the memory of "nothing left" is older than the wave.
+        let waves = &item.record.release;
+        let near = |at: chrono::DateTime<Utc>| (at - now).abs() <= WAVE_MARGIN;
+        match waves.next_at(now) {
+            Some(at) if near(at) => None,
+            Some(at) => Some(GrabOutcome::BetweenReleases(at.timestamp_millis())),
+            None if waves.last_at().is_some_and(near) => None,
+            None => Some(GrabOutcome::SoldOut),
+        }
+    } else {
+        None
+    }
+}
+
+/// The order the buyer gets if they win: numbered in their home bucket, where every
+/// purchase of theirs goes ("one per user" is decided there).
+fn order_for(item: &CatalogItem, user: UserId, now_ms: i64) -> OrderPlaced {
+    OrderPlaced {
+        order_sn: OrderSn::generate(item.home(user).bucket, item.record.split()),
+        item_id: item.record.id,
+        user_id: user,
+        created_at_ms: now_ms,
+        pay_deadline_ms: now_ms + i64::from(item.record.pay_timeout_s) * 1000,
+        slot: 0,
+    }
+}
+
+/// The order a buyer's `Idempotency-Key` bought, if it did (`None` too when Redis cannot
+/// say: the refusal memory gave stands).
+pub async fn bought_with(
+    redis: &RedisConns,
+    keys: &Keys,
+    item: &CatalogItem,
+    user: UserId,
+    key: &str,
+) -> Option<OrderSn> {
+    let record = IdempotencyKey::of(keys, item, user, key.to_owned()).record;
+    let mut conn = redis.hot().await.ok()?;
+    let sn: Option<String> = redis_timed(redis::AsyncCommands::get(&mut conn, record))
+        .await
+        .ok()?;
+    sn.as_deref().and_then(OrderSn::parse)
+}
+
+impl Seller<'_> {
+    /// The Redis step and what came of it, for a purchase memory could not refuse: the
+    /// order's number when the buyer won (or, for a repeated `Idempotency-Key`, the one it
+    /// won).
+    pub async fn sell(
+        &self,
+        item: &CatalogItem,
+        user: UserId,
+        now: chrono::DateTime<Utc>,
+        key: Option<String>,
+    ) -> Result<OrderSn, NotSold> {
+        let item_id = item.record.id;
+        let idempotency = key.map(|key| IdempotencyKey::of(self.keys, item, user, key));
+        // Before the grab (`SECKILL_REDIS_WAIT_REPLICAS`): the replicas a win will wait for,
+        // on the master serving the buyer's bucket now. While that master is short of them no
+        // unit is taken there — it could never be confirmed.
+        let replication = match self.redis.replicas_for(&item.home(user).replicated).await {
+            Ok(replication) => replication,
+            Err(short) => return Err(self.short_of_replicas(item, user, short).await),
+        };
+        let order = order_for(item, user, now.timestamp_millis());
+        let order_json = serde_json::to_string(&order)?;
+        let idempotency = idempotency.as_ref();
+        match self
+            .run_grab(item, &order, &order_json, idempotency)
+            .await?
+        {
+            GrabOutcome::Won { slot } => {
+                let won = Won {
+                    order,
+                    order_json,
+                    slot,
+                    idempotency,
+                };
+                self.accept(item, won, replication).await
+            }
+            GrabOutcome::Repeat(order_sn) => Ok(order_sn),
+            GrabOutcome::SoldOut => {
+                if item.mark_sold_out() {
+                    // Other instances learn it from the announcement rather than waiting for
+                    // their refresh to come round to this item (in the background: the buyer
+                    // does not wait for it).
+                    let catalog = self.catalog.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = catalog.announce(item_id).await {
+                            tracing::debug!(error = %e, "could not announce a sell-out; other instances find it themselves");
+                        }
+                    });
+                }
+                Err(NotSold::Refused(GrabOutcome::SoldOut))
+            }
+            other => Err(NotSold::Refused(other)),
+        }
+    }
+
+    /// The Redis step: `grab.lua` in the buyer's bucket (borrowing from the others of a split
+    /// item while it is empty), timed, counted and logged.
+    async fn run_grab(
+        &self,
+        item: &CatalogItem,
+        order: &OrderPlaced,
+        order_json: &str,
+        idempotency: Option<&IdempotencyKey>,
+    ) -> Result<GrabOutcome, NotSold> {
+        let started = Instant::now();
+        let mut conn = self.redis.hot().await?;
+        let home = item.home(order.user_id);
+        let attempt = Attempt {
+            order,
+            per_user: item.record.per_user,
+            order_json,
+            idempotency,
+        };
+        let mut outcome = attempt.grab(&mut conn, home).await;
+        if item.record.split() {
+            let lending = Lending {
+                redis: self.redis,
+                keys: self.keys,
+            };
+            outcome = refill_and_grab(&mut conn, item, &attempt, outcome, lending).await;
+        }
+        let took = started.elapsed();
+        self.signals.purchase(took, outcome.is_err());
+        self.meters.redis_grab_seconds.record(took);
+        let duration_ms = took.as_secs_f64() * 1e3;
+        // Every unit sold leaves an info line (as many as the stock); the crowd of refusals
+        // does not flood the log unless asked for (`RUST_LOG=seckill=debug`).
+        match &outcome {
+            Ok(GrabOutcome::Won { .. }) => {
+                tracing::info!(outcome = "won", duration_ms, "redis_grab")
+            }
+            Ok(o) => tracing::debug!(outcome = o.as_str(), duration_ms, "redis_grab"),
+            // The failure itself is logged once, at the edge (`ApiError`), with its cause.
+            Err(_) => tracing::debug!(outcome = "error", duration_ms, "redis_grab"),
+        }
+        Ok(outcome?)
+    }
+
+    /// A press while the buyer's master is short of replicas: the truth where it costs one
+    /// read (they hold a unit already: `409`), else `503` until the replicas are back.
+    async fn short_of_replicas(
+        &self,
+        item: &CatalogItem,
+        user: UserId,
+        short: ShortOfReplicas,
+    ) -> NotSold {
+        tracing::debug!(reason = %short, "purchase refused before the grab");
+        let mut held = placed::held_by(self.redis, item.home(user), user)
+            .await
+            .unwrap_or_default();
+        let limit = usize::from(item.record.per_user.max(1));
+        if held.len() < limit {
+            return NotSold::WaitingForReplica;
+        }
+        NotSold::Refused(match held.pop() {
+            Some(order_sn) if limit == 1 => GrabOutcome::Duplicate(order_sn),
+            last => GrabOutcome::LimitReached(held.into_iter().chain(last).collect()),
+        })
+    }
+
+    /// A win: once its replicas hold it (with `SECKILL_REDIS_WAIT_REPLICAS`), the order goes
+    /// to the publisher and the buyer hears `202`.
+    async fn accept(
+        &self,
+        item: &CatalogItem,
+        won: Won<'_>,
+        replication: Replication,
+    ) -> Result<OrderSn, NotSold> {
+        let Won {
+            mut order,
+            mut order_json,
+            slot,
+            idempotency,
+        } = won;
+        if slot > 0 {
+            // As grab.lua stored it: the order's place goes with it to MySQL.
+            order.slot = slot;
+            order_json = serde_json::to_string(&order)?;
+        }
+        // Not answered, and not handed to the publisher, before the replicas hold it: a
+        // failover could otherwise put the unit back on sale while MySQL gets its order.
+        if !replication.held().await {
+            // Given back while it is still where it was won, so that no unit waits for a
+            // confirmation that may never come. Unless someone claimed it to send it (then it
+            // is kept and sent), or a failover loses the give-back (then it is kept and waits
+            // for its replicas): either way pressing again tells the buyer (409).
+            let home = item.home(order.user_id);
+            let given_back = async {
+                let mut conn = self.redis.hot().await?;
+                give_back(&mut conn, home, order.user_id, &order.order_sn, idempotency).await
+            };
+            let given_back = given_back.await;
+            tracing::info!(order_sn = %order.order_sn, given_back = ?given_back.as_ref().ok(), "a win its Redis replicas did not confirm in time");
+            return Err(NotSold::Unconfirmed);
+        }
+        self.meters.won.increment(1);
+        self.publisher.offer(Outgoing {
+            order_sn: order.order_sn.clone(),
+            payload: order_json,
+        });
+        Ok(order.order_sn)
+    }
+}
+
+/// A won unit, as `accept` takes it.
+struct Won<'a> {
+    order: OrderPlaced,
+    order_json: String,
+    /// Its place in the buyer's record.
+    slot: u8,
+    idempotency: Option<&'a IdempotencyKey>,
+}
+
+/// One purchase's `grab.lua` call, made again after each unit borrowed.
+struct Attempt<'a> {
+    order: &'a OrderPlaced,
+    /// The item's `per_user`, as this instance's catalogue has it.
+    per_user: u8,
+    order_json: &'a str,
+    idempotency: Option<&'a IdempotencyKey>,
+}
+
+impl Attempt<'_> {
+    async fn grab(&self, conn: &mut RedisConn, home: &ItemKeys) -> Result<GrabOutcome, RedisError> {
+        let order = self.order;
+        grab(
+            conn,
+            home,
+            (order.user_id, self.per_user),
+            &order.order_sn,
+            self.order_json,
+            self.idempotency,
+        )
+        .await
+    }
+}
+
+/// Borrows from a split item's other buckets while the buyer's own bucket is empty, and
+/// grabs again: "sold out" only once no bucket had a unit to lend.
+async fn refill_and_grab(
+    conn: &mut RedisConn,
+    item: &CatalogItem,
+    attempt: &Attempt<'_>,
+    mut outcome: Result<GrabOutcome, RedisError>,
+    lending: Lending<'_>,
+) -> Result<GrabOutcome, RedisError> {
+    let home = item.home(attempt.order.user_id);
+    for _ in 0..MOST_REFILLS {
+        // Nothing for sale in the buyer's bucket (or nothing until a wave): maybe in another.
+        if !matches!(
+            outcome,
+            Ok(GrabOutcome::SoldOut | GrabOutcome::BetweenReleases(_))
+        ) {
+            return outcome;
+        }
+        item.mark_empty(home.bucket.index);
+        // The fullest first, by the last refresh; every other bucket is asked in the end.
+        let mut lenders: Vec<&ItemKeys> = item
+            .buckets
+            .iter()
+            .filter(|b| b.bucket != home.bucket)
+            .collect();
+        lenders.sort_by_key(|b| std::cmp::Reverse(item.remaining_in(b.bucket.index)));
+        let borrowed = transfer::borrow(conn, home, lenders.into_iter(), lending).await?;
+        for bucket in borrowed.empty {
+            item.mark_empty(bucket);
+        }
+        if borrowed.stalled {
+            return Ok(GrabOutcome::StillMoving);
+        }
+        if !borrowed.moved {
+            return outcome;
+        }
+        // Someone else of this bucket may take the unit first: then borrow again.
+        outcome = attempt.grab(conn, home).await;
+    }
+    match outcome {
+        Ok(GrabOutcome::SoldOut) => Ok(GrabOutcome::StillMoving),
+        other => other,
+    }
+}
