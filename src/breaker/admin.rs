@@ -228,33 +228,19 @@ async fn change(
         }
         None => Scope::Global,
     };
-    let (previous, audited) = store::set_manual(
-        &state.redis,
-        &state.db,
-        &state.keys,
-        scope,
-        level,
-        &by,
-        &reason,
-    )
-    .await?;
-    // This instance obeys before it answers; the others within a second.
-    let settings = store::load_all(&state.redis, &state.keys).await?;
-    state.breakers.set_all(&store::levels(&settings));
-    tracing::warn!(
-        scope = scope.field(),
-        previous = previous as u8,
-        level = level as u8,
-        by,
-        reason,
-        "circuit breaker set by hand"
-    );
+    let by_hand = store::ByHand {
+        breakers: &state.breakers,
+        redis: &state.redis,
+        db: &state.db,
+        keys: &state.keys,
+    };
+    let (previous, audited) = by_hand.set(scope, level, &by, &reason).await?;
     let body = Changed {
         scope: scope.field(),
         item_id: item,
         level,
         previous_level: previous,
-        audited: audited.is_ok(),
+        audited,
     };
     Ok(ok(code, body))
 }

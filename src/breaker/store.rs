@@ -101,6 +101,41 @@ pub fn levels(settings: &HashMap<Scope, Setting>) -> HashMap<Scope, Level> {
         .collect()
 }
 
+/// What an operator's setting of a breaker works with.
+pub struct ByHand<'a> {
+    pub breakers: &'a Breakers,
+    pub redis: &'a RedisConns,
+    pub db: &'a Db,
+    pub keys: &'a Keys,
+}
+
+impl ByHand<'_> {
+    /// Sets `scope`'s breaker to `level` in Redis and the audit log, and has this instance
+    /// obey it before returning (the others follow within a second). Returns the level it
+    /// replaced and whether the audit log took the change.
+    pub async fn set(
+        &self,
+        scope: Scope,
+        level: Level,
+        by: &str,
+        reason: &str,
+    ) -> Result<(Level, bool), RedisError> {
+        let (previous, audited) =
+            set_manual(self.redis, self.db, self.keys, scope, level, by, reason).await?;
+        let settings = load_all(self.redis, self.keys).await?;
+        self.breakers.set_all(&levels(&settings));
+        tracing::warn!(
+            scope = scope.field(),
+            previous = previous as u8,
+            level = level as u8,
+            by,
+            reason,
+            "circuit breaker set by hand"
+        );
+        Ok((previous, audited.is_ok()))
+    }
+}
+
 /// Sets (or, with [`Level::Closed`], clears) a breaker by hand, announces it, and keeps it
 /// in the audit log. Returns the level it had.
 pub async fn set_manual(

@@ -7,4 +7,5 @@
 
 pub mod api;
 pub mod award;
+pub mod entry;
 pub mod rank;

@@ -10,3 +10,4 @@ pub mod owner;
 pub mod placed;
 pub mod reconcile;
 pub mod repo;
+pub mod stats;

@@ -1,6 +1,6 @@
 //! A press on a draw's item (`"mode": "draw"`) before `draw_at`: an entry, not a purchase
-//! (`lua/enter.lua`). Rate limits, the shop, the breakers and the pause apply as they do
-//! to purchases; the rank is fixed now, by the seed and the user (`crate::draw::rank`).
+//! (`crate::draw::entry`). Rate limits, the shop, the breakers and the pause apply as they
+//! do to purchases.
 
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -8,15 +8,12 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::domain::{ItemId, UserId};
-use crate::draw::rank;
+use crate::draw::entry::{self, Entering, EntryError};
 use crate::http::error::ApiError;
 use crate::http::reply::{envelope, ok};
 use crate::items::catalog::CatalogItem;
-use crate::lua::ENTER;
 use crate::state::AppState;
-use crate::store::redis_timed;
 
-use super::grab::GrabOutcome;
 use super::refusal::refusal;
 
 /// An entry in a draw.
@@ -34,37 +31,19 @@ pub async fn enter(
     item: &CatalogItem,
     user: UserId,
 ) -> Result<Response, ApiError> {
-    let seed = item
-        .record
-        .draw_seed
-        .as_deref()
-        .ok_or_else(|| anyhow::anyhow!("draw item {} has no seed", item.record.id))?;
-    let home = item.home(user);
-    let mut conn = state.redis.hot().await?;
-    let outcome: String = redis_timed(
-        ENTER
-            .key(&home.meta)
-            .key(state.keys.entries(home.bucket))
-            .arg(user.get())
-            .arg(rank::rank(seed, user))
-            .invoke_async(&mut conn),
-    )
-    .await?;
+    let entering = entry::enter(&state.redis, &state.keys, item, user)
+        .await
+        .map_err(|e| match e {
+            EntryError::Redis(e) => ApiError::Redis(e),
+            EntryError::Internal(e) => ApiError::Internal(e),
+        })?;
     let entry = Entered {
         entry_id: format!("{}:{user}", item.record.id),
         item_id: item.record.id,
     };
-    match outcome.as_str() {
-        "entered" => {
-            tracing::info!(outcome = "entered", "draw_entry");
-            Ok(envelope(StatusCode::ACCEPTED, "entered", entry))
-        }
-        "again" => Ok(ok("entered", entry)),
-        "closed" => Err(ApiError::Ended),
-        "not_started" => Err(refusal(GrabOutcome::NotStarted, item)),
-        "not_loaded" => Err(refusal(GrabOutcome::NotLoaded, item)),
-        "reloading" => Err(refusal(GrabOutcome::Reloading, item)),
-        "paused" => Err(ApiError::Paused),
-        other => Err(anyhow::anyhow!("enter.lua answered {other:?}").into()),
+    match entering {
+        Entering::Entered => Ok(envelope(StatusCode::ACCEPTED, "entered", entry)),
+        Entering::Again => Ok(ok("entered", entry)),
+        Entering::Refused(outcome) => Err(refusal(outcome, item)),
     }
 }

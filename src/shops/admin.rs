@@ -16,11 +16,40 @@ use crate::state::AppState;
 use crate::store::{STORABLE, storable};
 
 use super::api::{ShopView, view};
-use super::changes::{self, announce};
+use super::changes::{ChangeError, ShopChange};
 use super::hours::{Hours, Override};
-use super::repo::{self, Shop};
+use super::repo;
 
 const MAX_REASON: usize = 500;
+
+/// Shop changes, over this instance's stores.
+fn changer(state: &AppState) -> ShopChange<'_> {
+    ShopChange {
+        db: &state.db,
+        redis: &state.redis,
+        keys: &state.keys,
+        shops: &state.shops,
+        broker: &state.broker,
+    }
+}
+
+impl From<ChangeError> for ApiError {
+    fn from(e: ChangeError) -> Self {
+        match e {
+            ChangeError::Busy => ApiError::Conflict {
+                code: Conflict::ShopBusy,
+                detail: "another change of this shop is in progress; try again".into(),
+            },
+            ChangeError::NotFound => ApiError::ShopNotFound,
+            ChangeError::NotInRedis { shop } => ApiError::Unavailable(format!(
+                "the change is saved in MySQL and logged, but Redis did not take it: instances that \
+                 read Redis may show the old status until it does (a scheduler pushes it within a \
+                 second of Redis answering; GET /api/shops/{shop}/status shows when it has)"
+            )),
+            ChangeError::Store(e) => e.into(),
+        }
+    }
+}
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -53,10 +82,11 @@ async fn put_hours(
     if let Some(problem) = hours.problem() {
         return Err(ApiError::bad_request(problem));
     }
-    let after = change(&state, id, "hours", "admin", "hours set", |db| async move {
-        repo::set_hours(&db, id, &hours).await
-    })
-    .await?;
+    let after = changer(&state)
+        .apply(id, "hours", "admin", "hours set", |db| async move {
+            repo::set_hours(&db, id, &hours).await
+        })
+        .await?;
     Ok(ok("updated", view(&after)))
 }
 
@@ -134,10 +164,11 @@ async fn put_status(
     } else {
         reason
     };
-    let after = change(&state, id, "status", &by, &why, |db| async move {
-        repo::set_override(&db, id, value.as_ref()).await
-    })
-    .await?;
+    let after = changer(&state)
+        .apply(id, "status", &by, &why, |db| async move {
+            repo::set_override(&db, id, value.as_ref()).await
+        })
+        .await?;
     Ok(ok("updated", view(&after)))
 }
 
@@ -161,74 +192,6 @@ async fn refresh(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<u64>,
 ) -> Result<Response, ApiError> {
-    if repo::load(&state.db, id).await?.is_none() {
-        return Err(ApiError::ShopNotFound);
-    }
-    let after = change(
-        &state,
-        id,
-        "refresh",
-        "admin",
-        "refreshed by hand",
-        |db| async move { repo::mark_redis_stale(&db, id).await },
-    )
-    .await?;
+    let after = changer(&state).refresh(id).await?;
     Ok(ok("refreshed", view(&after)))
-}
-
-/// One change under the shop's lock: `write` to MySQL (which flags the shop for Redis),
-/// the log, then Redis, then the announcement. Returns the shop after it; or, when Redis
-/// did not take it, an error that says so — the change stands in MySQL and is pushed to
-/// Redis by a scheduler as soon as Redis answers, but until then instances that read
-/// Redis may show the old status, and an operator must not take it for done.
-async fn change<F, Fut>(
-    state: &AppState,
-    id: u64,
-    what: &str,
-    by: &str,
-    reason: &str,
-    write: F,
-) -> Result<Shop, ApiError>
-where
-    F: FnOnce(crate::store::Db) -> Fut,
-    Fut: std::future::Future<Output = Result<(), crate::store::DbError>>,
-{
-    let Some(lock) = changes::lock(&state.redis, &state.keys, id).await? else {
-        return Err(ApiError::Conflict {
-            code: Conflict::ShopBusy,
-            detail: "another change of this shop is in progress; try again".into(),
-        });
-    };
-    let result = async {
-        let now = crate::clock::now();
-        let before = repo::load(&state.db, id).await?;
-        write(state.db.clone()).await?;
-        let after = repo::load(&state.db, id)
-            .await?
-            .ok_or(ApiError::ShopNotFound)?;
-        let (old, new) = (
-            before.as_ref().is_none_or(|s| s.open_at(now)),
-            after.open_at(now),
-        );
-        repo::log_change(&state.db, id, what, old, new, by, reason).await?;
-        let pushed = changes::push(&state.shops, &state.db, &after).await;
-        Ok::<_, ApiError>((after, pushed))
-    }
-    .await;
-    lock.let_go(&state.redis).await;
-    let (after, pushed) = result?;
-    // Whatever Redis did: instances reload the shop from MySQL when told.
-    state.shops.reload(id).await;
-    announce(&state.broker, id).await;
-    let open = after.open_at(crate::clock::now());
-    if let Err(e) = pushed {
-        tracing::warn!(shop = id, what, by, reason, open, error = %crate::error::cause_chain(&e), "shop changed in MySQL, not yet in Redis");
-        return Err(ApiError::Unavailable(format!(
-            "the change is saved in MySQL and logged, but Redis did not take it: instances that \
-             read Redis may show the old status until it does (a scheduler pushes it within a \
-             second of Redis answering; GET /api/shops/{id}/status shows when it has)"
-        )));
-    }
-    tracing::info!(shop = id, what, by, reason, open, "shop changed");
-    Ok(after)
 }

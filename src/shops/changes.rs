@@ -13,7 +13,7 @@ use crate::broker::{Broker, Opened, Outbound, publish};
 use crate::deps::Deps;
 use crate::keys::Keys;
 use crate::lock::RedisLock;
-use crate::store::{Db, RedisConns, RedisError, StoreError};
+use crate::store::{Db, DbError, RedisConns, RedisError, StoreError};
 
 use super::cache::Shops;
 use super::repo::{self, Shop};
@@ -22,6 +22,108 @@ use super::repo::{self, Shop};
 const LOCK_FOR: Duration = Duration::from_secs(5);
 /// How long a change waits for another one to finish.
 const WAIT_FOR_LOCK: Duration = Duration::from_millis(800);
+
+/// What a shop change works with.
+pub struct ShopChange<'a> {
+    pub db: &'a Db,
+    pub redis: &'a RedisConns,
+    pub keys: &'a Keys,
+    pub shops: &'a Shops,
+    pub broker: &'a Broker,
+}
+
+/// Why a shop change did not go through (whole).
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    #[error("another change of this shop is in progress")]
+    Busy,
+    #[error("no such shop")]
+    NotFound,
+    /// Saved in MySQL and logged, but Redis did not take it: a scheduler pushes it as soon
+    /// as Redis answers; until then instances that read Redis may show the old status.
+    #[error("shop {shop} changed in MySQL, not yet in Redis")]
+    NotInRedis { shop: u64 },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<DbError> for ChangeError {
+    fn from(e: DbError) -> Self {
+        ChangeError::Store(e.into())
+    }
+}
+
+impl From<RedisError> for ChangeError {
+    fn from(e: RedisError) -> Self {
+        ChangeError::Store(e.into())
+    }
+}
+
+impl ShopChange<'_> {
+    /// One change under the shop's lock: `write` to MySQL (which flags the shop for
+    /// Redis), the log, then Redis, then the announcement. Returns the shop after it; or,
+    /// when Redis did not take it, `NotInRedis` — the change stands in MySQL, but an
+    /// operator must not take it for done.
+    pub async fn apply<F, Fut>(
+        &self,
+        id: u64,
+        what: &str,
+        by: &str,
+        reason: &str,
+        write: F,
+    ) -> Result<Shop, ChangeError>
+    where
+        F: FnOnce(Db) -> Fut,
+        Fut: std::future::Future<Output = Result<(), DbError>>,
+    {
+        let Some(lock) = lock(self.redis, self.keys, id).await? else {
+            return Err(ChangeError::Busy);
+        };
+        let result = async {
+            let now = crate::clock::now();
+            let before = repo::load(self.db, id).await?;
+            write(self.db.clone()).await?;
+            let after = repo::load(self.db, id)
+                .await?
+                .ok_or(ChangeError::NotFound)?;
+            let (old, new) = (
+                before.as_ref().is_none_or(|s| s.open_at(now)),
+                after.open_at(now),
+            );
+            repo::log_change(self.db, id, what, old, new, by, reason).await?;
+            let pushed = push(self.shops, self.db, &after).await;
+            Ok::<_, ChangeError>((after, pushed))
+        }
+        .await;
+        lock.let_go(self.redis).await;
+        let (after, pushed) = result?;
+        // Whatever Redis did: instances reload the shop from MySQL when told.
+        self.shops.reload(id).await;
+        announce(self.broker, id).await;
+        let open = after.open_at(crate::clock::now());
+        if let Err(e) = pushed {
+            tracing::warn!(shop = id, what, by, reason, open, error = %crate::error::cause_chain(&e), "shop changed in MySQL, not yet in Redis");
+            return Err(ChangeError::NotInRedis { shop: id });
+        }
+        tracing::info!(shop = id, what, by, reason, open, "shop changed");
+        Ok(after)
+    }
+
+    /// Recomputes the shop's status from MySQL and pushes it everywhere.
+    pub async fn refresh(&self, id: u64) -> Result<Shop, ChangeError> {
+        if repo::load(self.db, id).await?.is_none() {
+            return Err(ChangeError::NotFound);
+        }
+        self.apply(
+            id,
+            "refresh",
+            "admin",
+            "refreshed by hand",
+            |db| async move { repo::mark_redis_stale(&db, id).await },
+        )
+        .await
+    }
+}
 
 /// Takes the shop's change lock, waiting a little for a change in progress; `None` if it
 /// stayed taken.
