@@ -21,7 +21,7 @@ use super::repo::Item;
 use super::write::{ItemWriter, Put, WriteError};
 
 /// The item writes, over this instance's stores.
-pub(super) fn writer(state: &AppState) -> ItemWriter<'_> {
+fn writer(state: &AppState) -> ItemWriter<'_> {
     ItemWriter {
         db: &state.db,
         redis: &state.redis,
@@ -30,6 +30,7 @@ pub(super) fn writer(state: &AppState) -> ItemWriter<'_> {
     }
 }
 
+/// How an item write that did nothing is answered (here and in `bulk.rs`).
 impl From<WriteError> for ApiError {
     fn from(e: WriteError) -> Self {
         match e {

@@ -16,6 +16,7 @@ use crate::state::AppState;
 
 use super::body::ItemBody;
 use super::repo::{ItemDraft, Upserted};
+use super::write::ItemWriter;
 
 /// The bulk calls' bodies: 10,000 items of a few hundred bytes.
 pub const BODY_LIMIT: usize = 8 * 1024 * 1024;
@@ -89,7 +90,13 @@ pub(super) async fn put_items(
             "`items`: item {id} is listed twice"
         )));
     }
-    let done = super::admin::writer(&state).put_many(&drafts).await?;
+    let writer = ItemWriter {
+        db: &state.db,
+        redis: &state.redis,
+        keys: &state.keys,
+        catalog: &state.catalog,
+    };
+    let done = writer.put_many(&drafts).await?;
 
     let (created, updated) = (
         count(&done, Upserted::Created),
