@@ -206,9 +206,10 @@ async fn settled_key_count(redis: &PrivateRedis, before: i64) -> i64 {
             panic!("a key: {key:?}");
         };
         let key = String::from_utf8_lossy(&key).into_owned();
+        let ttl = pttl(redis, &key).await;
         assert!(
-            an_expiring_lock(redis, &key).await,
-            "a retired sale left {key} behind"
+            expiring(&key, ttl),
+            "a retired sale left {key} behind (PTTL {ttl} ms)"
         );
     }
     eventually(
@@ -226,24 +227,30 @@ async fn settled_key_count(redis: &PrivateRedis, before: i64) -> i64 {
     .await
 }
 
-/// Whether `key` is a warm-up's or a reconciliation's lock that will expire by itself
-/// (see [`settled_key_count`]).
-async fn an_expiring_lock(redis: &PrivateRedis, key: &str) -> bool {
-    let ttl = match redis.cmd(&["PTTL", key]).await {
+/// Whether `key`, with `ttl` ms to live, is gone already or a warm-up's or a
+/// reconciliation's lock that will expire by itself (see [`settled_key_count`]).
+fn expiring(key: &str, ttl: i64) -> bool {
+    // -2: gone already (it expired between being listed and being asked about).
+    ttl == -2
+        || [":warming", ":reconciling"]
+            .iter()
+            .any(|l| key.ends_with(l))
+            && (1..=60_000).contains(&ttl)
+}
+
+/// `PTTL key`: ms to live, -1 for none, -2 for no such key.
+async fn pttl(redis: &PrivateRedis, key: &str) -> i64 {
+    match redis.cmd(&["PTTL", key]).await {
         redis::Value::Int(ms) => ms,
         other => panic!("PTTL: {other:?}"),
-    };
-    [":warming", ":reconciling"]
-        .iter()
-        .any(|l| key.ends_with(l))
-        && (1..=60_000).contains(&ttl)
+    }
 }
 
 /// The keys of `item` a retirement must have deleted: all but the locks left to expire.
 async fn lasting_item_keys(redis: &PrivateRedis, item: u64) -> Vec<String> {
     let mut lasting = Vec::new();
     for key in item_keys(redis, item).await {
-        if !an_expiring_lock(redis, &key).await {
+        if !expiring(&key, pttl(redis, &key).await) {
             lasting.push(key);
         }
     }
@@ -275,7 +282,7 @@ async fn used_memory(redis: &PrivateRedis) -> u64 {
 /// A retirement cut off halfway — MySQL says retired, some keys deleted, the rest, the
 /// index entry and the marks still there — is finished by the next pass whatever the
 /// retention; a sale with an order still unpaid in MySQL is not retired until it is not.
-/// (Locks a loaded machine left to expire may outlast it: `an_expiring_lock`.)
+/// (Locks a loaded machine left to expire may outlast it: `expiring`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_retirement_cut_off_halfway_is_finished_and_an_unfinished_sale_waits() {
     let env = TestEnv::new("retire_resume").await;
