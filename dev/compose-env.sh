@@ -4,6 +4,7 @@
 # Keep the file (the databases remember the passwords they were created with); it is
 # git-ignored. Tokens for buyers are signed with SECKILL_JWT_SECRET (`seckill token`).
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 
 secret() { od -An -N24 -tx1 /dev/urandom | tr -d ' \n'; }
 

@@ -17,13 +17,11 @@
 # connections to the hosts (the test's load and its checks); the hosts may only answer it,
 # so the machine's own Redis, MariaDB and RabbitMQ stay out of reach.
 set -euo pipefail
+. "$(dirname "$0")/lib.sh"
 
 command=${1:?usage: dev/fleet-hosts.sh up|cut|heal|down <net> …}
 net=${2:?which net (1–250)?}
-[[ $net =~ ^[0-9]+$ ]] && ((net >= 1 && net <= 250)) || {
-  echo "net must be 1–250, not $net" >&2
-  exit 2
-}
+[[ $net =~ ^[0-9]+$ ]] && ((net >= 1 && net <= 250)) || die "net must be 1–250, not $net"
 shift 2
 bridge=skbr$net
 
@@ -35,7 +33,7 @@ address_of() {
 
 case $command in
 up)
-  ((${#@})) || { echo "name at least one host" >&2; exit 2; }
+  ((${#@})) || die "name at least one host"
   if ! ip link show "$bridge" >/dev/null 2>&1; then
     ip link add "$bridge" type bridge
     ip addr add "10.77.$net.1/24" dev "$bridge"
@@ -110,7 +108,6 @@ down)
   ip link del "$bridge" 2>/dev/null || true
   ;;
 *)
-  echo "unknown command $command (up, cut, heal, down)" >&2
-  exit 2
+  die "unknown command $command (up, cut, heal, down)"
   ;;
 esac
