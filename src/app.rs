@@ -95,10 +95,8 @@ impl Server {
         let Deps {
             settings,
             keys,
-            db,
             redis,
-            broker,
-            meters,
+            ..
         } = deps.clone();
         let breakers = Breakers::new(settings.breaker_throttle_rps);
         if roles.contains(&Role::Api) {
@@ -109,14 +107,9 @@ impl Server {
             signals,
             inflight: Arc::new(Semaphore::new(settings.max_inflight as usize)),
             shops,
-            meters,
             jwt: Arc::new(Jwt::new(&settings.jwt_secret)),
             limits: Arc::new(RateLimits::new(&settings)),
-            settings,
-            keys,
-            db,
-            redis,
-            broker,
+            deps: deps.clone(),
             catalog,
             publisher,
         });
@@ -135,7 +128,7 @@ impl Server {
     pub fn addr(&self) -> SocketAddr {
         self.listener
             .local_addr()
-            .unwrap_or_else(|_| self.state.settings.http_addr)
+            .unwrap_or_else(|_| self.state.deps.settings.http_addr)
     }
 
     /// The admin listener's address, when `SECKILL_ADMIN_ADDR` is set.
@@ -159,11 +152,11 @@ impl Server {
             deps,
         } = self;
         let broker_stop = CancellationToken::new();
-        let broker_task = tokio::spawn(state.broker.clone().run(broker_stop.clone()));
+        let broker_task = tokio::spawn(state.deps.broker.clone().run(broker_stop.clone()));
 
         let mut background = JoinSet::new();
         background.spawn(crate::telemetry::upkeep(workers.clone()));
-        background.spawn(keep_the_clock(state.redis.clone(), workers.clone()));
+        background.spawn(keep_the_clock(state.deps.redis.clone(), workers.clone()));
         background.spawn(crate::health::watch(state.clone(), workers.clone()));
         if roles.contains(&Role::Api) {
             spawn_api_upkeep(&state, &deps, &workers, &mut background);
@@ -308,7 +301,7 @@ fn spawn_api_upkeep(
         deps.clone(),
         workers.clone(),
     ));
-    if state.settings.breaker_auto {
+    if state.deps.settings.breaker_auto {
         let signals = state.signals.clone();
         background.spawn(breaker::auto::control(
             signals,

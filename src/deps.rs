@@ -1,6 +1,7 @@
-//! What background work runs against: this process's settings, key names, stores, broker
-//! and meters. `app.rs` builds it once; each role's tasks are built from it whole, each
-//! taking what it needs. Cheap to clone: every field is a handle.
+//! What background work and every operation run against: this process's settings, key
+//! names, stores, broker and meters. `app.rs` builds it once; each role's tasks are built
+//! from it whole, each taking what it needs, and `AppState` holds it for the handlers to
+//! hand to the operations they call. Cheap to clone: every field is a handle.
 
 use std::sync::Arc;
 

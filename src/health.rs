@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::deps::Deps;
 use crate::state::{AppState, Shared};
 use crate::store::mysql_timed;
 
@@ -102,9 +103,9 @@ async fn readyz(State(state): State<AppState>) -> Response {
 
 /// Whether Redis, MySQL and RabbitMQ answer.
 async fn answering(state: &Shared) -> (bool, bool, bool) {
-    let Shared {
+    let Deps {
         db, redis, broker, ..
-    } = state;
+    } = &state.deps;
     let (redis_ok, mysql_ok) = tokio::join!(
         redis.ping(),
         mysql_timed(sqlx::query("SELECT 1").execute(db))
@@ -125,14 +126,17 @@ pub async fn watch(state: AppState, shutdown: tokio_util::sync::CancellationToke
             () = tokio::time::sleep(WATCH_EVERY) => {}
         }
         let (redis_up, mysql_up, rabbitmq_up) = answering(&state).await;
-        let meters = &state.meters;
+        let meters = &state.deps.meters;
         meters.dependency_up("redis", redis_up);
         meters.dependency_up("mysql", mysql_up);
         meters.dependency_up("rabbitmq", rabbitmq_up);
-        if let Ok(masters) = state.redis.memory_of_masters().await {
+        if let Ok(masters) = state.deps.redis.memory_of_masters().await {
             meters.redis_memory(&masters);
         }
-        let (orders, dead) = tokio::join!(state.broker.queue_depth(), state.broker.dead_letters());
+        let (orders, dead) = tokio::join!(
+            state.deps.broker.queue_depth(),
+            state.deps.broker.dead_letters()
+        );
         if let Some(orders) = orders {
             meters.queue_messages("orders", orders);
         }

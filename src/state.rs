@@ -7,17 +7,14 @@ use tokio::sync::Semaphore;
 
 use crate::auth::Jwt;
 use crate::breaker::Breakers;
-use crate::broker::Broker;
 use crate::config::Settings;
+use crate::deps::Deps;
 use crate::http::Edge;
 use crate::http::rate_limit::RateLimits;
 use crate::items::catalog::Catalog;
-use crate::keys::Keys;
 use crate::outbox::publisher::OrderPublisher;
 use crate::shops::cache::Shops;
 use crate::signals::Signals;
-use crate::store::{Db, RedisConns};
-use crate::telemetry::Meters;
 
 /// Everything a handler may need, behind one `Arc`: a request clones one pointer rather
 /// than a dozen (cloning and dropping the fields one by one, an atomic each, was 2–3% of
@@ -41,11 +38,9 @@ impl std::ops::Deref for AppState {
 
 /// What [`AppState`] shares.
 pub struct Shared {
-    pub settings: Arc<Settings>,
-    pub keys: Keys,
-    pub db: Db,
-    pub redis: RedisConns,
-    pub broker: Broker,
+    /// Settings, key names, stores, broker and meters: what background work runs against
+    /// too, and what every operation a handler calls starts from.
+    pub deps: Deps,
     pub catalog: Catalog,
     pub publisher: OrderPublisher,
     pub jwt: Arc<Jwt>,
@@ -55,13 +50,12 @@ pub struct Shared {
     pub signals: Arc<Signals>,
     /// Permits for purchases in flight (`SECKILL_MAX_INFLIGHT`).
     pub inflight: Arc<Semaphore>,
-    pub meters: Arc<Meters>,
     pub shops: Shops,
 }
 
 impl Edge for AppState {
     fn settings(&self) -> &Settings {
-        &self.settings
+        &self.deps.settings
     }
 
     fn jwt(&self) -> &Jwt {

@@ -11,11 +11,12 @@ use utoipa::{IntoParams, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::deps::Deps;
 use crate::domain::ItemId;
 use crate::http::error::{ApiError, Refusal};
 use crate::http::extract::{Admin, ApiQuery};
 use crate::http::reply::ok;
-use crate::state::{AppState, Shared};
+use crate::state::AppState;
 
 use super::store::{self, AutoState, Setting, Source};
 use super::{Level, Scope};
@@ -99,7 +100,7 @@ struct Changed {
     responses((status = 200, description = "`ok`", body = Breakers))
 )]
 async fn list(_: Admin, State(state): State<AppState>) -> Result<Response, ApiError> {
-    let Shared { redis, keys, .. } = &*state;
+    let Deps { redis, keys, .. } = &state.deps;
     let settings = store::load_all(redis, keys).await?;
     let describe = |scope: Scope, setting: Option<&Setting>| {
         let mut entry = match setting {
@@ -229,10 +230,8 @@ async fn change(
         None => Scope::Global,
     };
     let by_hand = store::ByHand {
+        deps: &state.deps,
         breakers: &state.breakers,
-        redis: &state.redis,
-        db: &state.db,
-        keys: &state.keys,
     };
     let (previous, audited) = by_hand.set(scope, level, &by, &reason).await?;
     let body = Changed {

@@ -103,10 +103,8 @@ pub fn levels(settings: &HashMap<Scope, Setting>) -> HashMap<Scope, Level> {
 
 /// What an operator's setting of a breaker works with.
 pub struct ByHand<'a> {
+    pub deps: &'a Deps,
     pub breakers: &'a Breakers,
-    pub redis: &'a RedisConns,
-    pub db: &'a Db,
-    pub keys: &'a Keys,
 }
 
 impl ByHand<'_> {
@@ -120,9 +118,17 @@ impl ByHand<'_> {
         by: &str,
         reason: &str,
     ) -> Result<(Level, bool), RedisError> {
-        let (previous, audited) =
-            set_manual(self.redis, self.db, self.keys, scope, level, by, reason).await?;
-        let settings = load_all(self.redis, self.keys).await?;
+        let (previous, audited) = set_manual(
+            &self.deps.redis,
+            &self.deps.db,
+            &self.deps.keys,
+            scope,
+            level,
+            by,
+            reason,
+        )
+        .await?;
+        let settings = load_all(&self.deps.redis, &self.deps.keys).await?;
         self.breakers.set_all(&levels(&settings));
         tracing::warn!(
             scope = scope.field(),

@@ -5,12 +5,13 @@ use axum::response::Response;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::deps::Deps;
 use crate::domain::ItemId;
 use crate::http::error::{ApiError, Refusal};
 use crate::http::extract::{ApiPath, OrderSeeker};
 use crate::http::reply::ok;
 use crate::http::request_id;
-use crate::state::{AppState, Shared};
+use crate::state::AppState;
 
 use super::entry::{self, MyEntry};
 
@@ -37,12 +38,8 @@ async fn my_entry(
     OrderSeeker(user): OrderSeeker,
     ApiPath(item_id): ApiPath<ItemId>,
 ) -> Result<Response, ApiError> {
-    let Shared {
-        redis,
-        keys,
-        catalog,
-        ..
-    } = &*state;
+    let Deps { redis, keys, .. } = &state.deps;
+    let catalog = &state.catalog;
     request_id::record_user(user, Some(item_id));
     // No such item, or not a draw: no entry either.
     let item = catalog

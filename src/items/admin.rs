@@ -23,9 +23,7 @@ use super::write::{ItemWriter, Put, WriteError};
 /// The item writes, over this instance's stores.
 fn writer(state: &AppState) -> ItemWriter<'_> {
     ItemWriter {
-        db: &state.db,
-        redis: &state.redis,
-        keys: &state.keys,
+        deps: &state.deps,
         catalog: &state.catalog,
     }
 }

@@ -91,9 +91,7 @@ pub(super) async fn put_items(
         )));
     }
     let writer = ItemWriter {
-        db: &state.db,
-        redis: &state.redis,
-        keys: &state.keys,
+        deps: &state.deps,
         catalog: &state.catalog,
     };
     let done = writer.put_many(&drafts).await?;

@@ -6,9 +6,9 @@ use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 
+use crate::deps::Deps;
 use crate::domain::{BucketId, ItemId};
-use crate::keys::Keys;
-use crate::store::{Db, DbError, Grouped, RedisConns, RedisError, StoreError};
+use crate::store::{DbError, Grouped, RedisError, StoreError};
 
 use super::catalog::Catalog;
 use super::regroup::Regrouping;
@@ -18,9 +18,7 @@ use super::waves::Waves;
 
 /// What item writes work with.
 pub struct ItemWriter<'a> {
-    pub db: &'a Db,
-    pub redis: &'a RedisConns,
-    pub keys: &'a Keys,
+    pub deps: &'a Deps,
     pub catalog: &'a Catalog,
 }
 
@@ -74,15 +72,20 @@ impl ItemWriter<'_> {
     /// Creates or updates the item `id`; a changed `total` takes effect with a forced
     /// warm-up.
     pub async fn put(&self, id: ItemId, draft: ItemDraft) -> Result<Put, WriteError> {
-        if let Some(live) = repo::get(self.db, id).await?
+        if let Some(live) = repo::get(&self.deps.db, id).await?
             && let Some(at) = released_changed(&live, &draft.release)
         {
             return Err(WriteError::ReleaseStarted { at, index: None });
         }
-        let regrouping =
-            Regrouping::hold(self.db, self.redis, self.keys, &[(id, draft.clone())]).await?;
-        let upserted = repo::upsert(self.db, id, &draft, &regrouping.kept).await;
-        regrouping.let_go(self.redis).await;
+        let regrouping = Regrouping::hold(
+            &self.deps.db,
+            &self.deps.redis,
+            &self.deps.keys,
+            &[(id, draft.clone())],
+        )
+        .await?;
+        let upserted = repo::upsert(&self.deps.db, id, &draft, &regrouping.kept).await;
+        regrouping.let_go(&self.deps.redis).await;
         match upserted? {
             Upserted::Created => Ok(Put::Created(self.spread_rules(id).await?)),
             Upserted::Updated => Ok(Put::Updated(self.spread_rules(id).await?)),
@@ -97,7 +100,7 @@ impl ItemWriter<'_> {
         drafts: &[(ItemId, ItemDraft)],
     ) -> Result<Vec<(ItemId, Upserted)>, WriteError> {
         let ids: Vec<ItemId> = drafts.iter().map(|(id, _)| *id).collect();
-        let live: HashMap<ItemId, Item> = repo::get_many(self.db, &ids)
+        let live: HashMap<ItemId, Item> = repo::get_many(&self.deps.db, &ids)
             .await?
             .into_iter()
             .map(|item| (item.id, item))
@@ -113,9 +116,10 @@ impl ItemWriter<'_> {
                 });
             }
         }
-        let regrouping = Regrouping::hold(self.db, self.redis, self.keys, drafts).await?;
-        let done = repo::upsert_many(self.db, drafts, &regrouping.kept).await;
-        regrouping.let_go(self.redis).await;
+        let regrouping =
+            Regrouping::hold(&self.deps.db, &self.deps.redis, &self.deps.keys, drafts).await?;
+        let done = repo::upsert_many(&self.deps.db, drafts, &regrouping.kept).await;
+        regrouping.let_go(&self.deps.redis).await;
         let done = done?;
 
         // The rules grab.lua checks (window, per-user limit, waves), into Redis for the
@@ -126,10 +130,10 @@ impl ItemWriter<'_> {
             .filter(|(_, outcome)| *outcome == Upserted::Updated)
             .map(|(id, _)| *id)
             .collect();
-        let mut grouped = Grouped::new(self.redis);
+        let mut grouped = Grouped::new(&self.deps.redis);
         for (id, draft) in drafts.iter().filter(|(id, _)| updated.contains(id)) {
             for bucket in BucketId::all(*id, draft.buckets) {
-                stock::sync_draft_in(grouped.group(), &self.keys.stock(bucket), draft);
+                stock::sync_draft_in(grouped.group(), &self.deps.keys.stock(bucket), draft);
             }
         }
         // Every written item's draw (or none) in the draw pass's schedule.
@@ -139,16 +143,16 @@ impl ItemWriter<'_> {
             .map(|(id, _)| *id)
             .collect();
         for (id, draft) in drafts.iter().filter(|(id, _)| stored.contains(id)) {
-            super::draw_schedule::note_in(grouped.group(), self.keys, *id, draft.draw_at);
+            super::draw_schedule::note_in(grouped.group(), &self.deps.keys, *id, draft.draw_at);
         }
-        grouped.run(self.redis).await?;
+        grouped.run(&self.deps.redis).await?;
         self.catalog.announce_all().await;
         Ok(done)
     }
 
     /// Pauses or resumes the item's sale.
     pub async fn set_paused(&self, id: ItemId, paused: bool) -> Result<(), WriteError> {
-        if !repo::set_paused(self.db, id, paused).await? {
+        if !repo::set_paused(&self.deps.db, id, paused).await? {
             return Err(WriteError::NotFound);
         }
         self.spread_rules(id).await?;
@@ -159,13 +163,15 @@ impl ItemWriter<'_> {
     /// Redis and has every instance's catalogue reload the item. Returns the item as
     /// recorded.
     async fn spread_rules(&self, id: ItemId) -> Result<Item, WriteError> {
-        let item = repo::get(self.db, id).await?.ok_or(WriteError::NotFound)?;
-        let mut conn = self.redis.bulk().await?;
+        let item = repo::get(&self.deps.db, id)
+            .await?
+            .ok_or(WriteError::NotFound)?;
+        let mut conn = self.deps.redis.bulk().await?;
         for bucket in item.stocks() {
-            stock::sync_rules(&mut conn, &self.keys.stock(bucket), &item).await?;
+            stock::sync_rules(&mut conn, &self.deps.keys.stock(bucket), &item).await?;
         }
         let mut pipe = redis::pipe();
-        super::draw_schedule::note_in(&mut pipe, self.keys, id, item.draw_at);
+        super::draw_schedule::note_in(&mut pipe, &self.deps.keys, id, item.draw_at);
         crate::store::redis_timed(pipe.query_async::<()>(&mut conn)).await?;
         self.refresh_everywhere(id).await;
         Ok(item)

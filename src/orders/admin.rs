@@ -6,13 +6,14 @@ use axum::response::Response;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::deps::Deps;
 use crate::domain::ItemId;
 use crate::http::budget;
 use crate::http::error::{ApiError, Conflict, Refusal};
 use crate::http::extract::{Admin, ApiPath};
 use crate::http::reply::ok;
 use crate::items;
-use crate::state::{AppState, Shared};
+use crate::state::AppState;
 
 use super::reconcile::{ReconcileError, Report, reconcile};
 use super::stats::{self, Stats};
@@ -54,7 +55,7 @@ async fn item_stats(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<ItemId>,
 ) -> Result<Response, ApiError> {
-    let stats = stats::of(&state.db, &state.redis, &state.keys, id)
+    let stats = stats::of(&state.deps, id)
         .await?
         .ok_or(ApiError::ItemNotFound)?;
     Ok(ok("ok", stats))
@@ -79,13 +80,13 @@ async fn reconcile_item(
     State(state): State<AppState>,
     ApiPath(id): ApiPath<ItemId>,
 ) -> Result<Response, ApiError> {
-    let Shared {
+    let Deps {
         db,
         redis,
         keys,
         meters,
         ..
-    } = &*state;
+    } = &state.deps;
     if items::repo::get(db, id).await?.is_none() {
         return Err(ApiError::ItemNotFound);
     }

@@ -10,7 +10,6 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::breaker::Action;
-use crate::delay_queue::Plan;
 use crate::domain::{ItemId, OrderSn, UserId};
 use crate::http::error::{ApiError, Conflict, Refusal};
 use crate::http::extract::{ApiPath, AuthUser, OrderSeeker};
@@ -45,12 +44,8 @@ impl From<OrderError> for ApiError {
 /// The owner's order operations, over this instance's stores.
 fn owner(state: &AppState) -> Owner<'_> {
     Owner {
-        db: &state.db,
-        redis: &state.redis,
-        keys: &state.keys,
+        deps: &state.deps,
         catalog: &state.catalog,
-        plan: Plan::from_settings(&state.settings),
-        meters: &state.meters,
     }
 }
 

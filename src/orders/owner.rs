@@ -11,12 +11,11 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::delay_queue::Plan;
+use crate::deps::Deps;
 use crate::domain::{BucketId, ItemId, OrderPlaced, OrderSn, UserId};
 use crate::items::catalog::Catalog;
-use crate::keys::Keys;
 use crate::outbox::cleared_to_send;
-use crate::store::{Db, DbError, RedisConns, RedisError, StoreError};
-use crate::telemetry::Meters;
+use crate::store::{DbError, RedisError, StoreError};
 
 use super::ending::{self, Held};
 use super::placed;
@@ -24,13 +23,8 @@ use super::repo::{self, CancelReason, OrderRow, OrderStatus, from_millis};
 
 /// What the owner's order operations work with.
 pub struct Owner<'a> {
-    pub db: &'a Db,
-    pub redis: &'a RedisConns,
-    pub keys: &'a Keys,
+    pub deps: &'a Deps,
     pub catalog: &'a Catalog,
-    /// Where a pending order written here schedules its deadline.
-    pub plan: Plan,
-    pub meters: &'a Meters,
 }
 
 /// Why an owner's order operation did not do what was asked.
@@ -102,9 +96,9 @@ pub struct OrderView {
 impl Owner<'_> {
     /// The owner's order: `pending` while Redis still holds it, else as MySQL has it.
     pub async fn order(&self, sn: &OrderSn, user: UserId) -> Result<OrderView, OrderError> {
-        let view = match placed::pending(self.redis, self.keys, sn).await? {
+        let view = match placed::pending(&self.deps.redis, &self.deps.keys, sn).await? {
             Some(order) => OrderView::pending(order),
-            None => repo::find(self.db, sn)
+            None => repo::find(&self.deps.db, sn)
                 .await?
                 .ok_or(OrderError::NotFound)?
                 .into(),
@@ -124,13 +118,10 @@ impl Owner<'_> {
         user: UserId,
         most: u32,
     ) -> Result<Vec<OrderView>, OrderError> {
-        let Owner {
-            db,
-            redis,
-            keys,
-            catalog,
-            ..
-        } = self;
+        let Deps {
+            db, redis, keys, ..
+        } = self.deps;
+        let catalog = self.catalog;
         let buckets = catalog.get(item).await?.map_or(1, |c| c.record.buckets);
         let pending = async {
             let item_keys = keys.stock(BucketId::home(item, user, buckets));
@@ -166,12 +157,12 @@ impl Owner<'_> {
     /// Pays the owner's order (again on a repeat). One whose pay deadline has passed is
     /// cancelled now rather than left to the scheduler, and answered `Cancelled`.
     pub async fn pay(&self, sn: &OrderSn, user: UserId) -> Result<OrderView, OrderError> {
-        let paid_now = repo::pay(self.db, sn, user).await?;
+        let paid_now = repo::pay(&self.deps.db, sn, user).await?;
         let mut row = self.stored_order(sn, user).await?;
         // Not paid by the first try: the order was still pending (written to MySQL just
         // now), or its deadline passed.
         if !paid_now && row.status == OrderStatus::Unpaid {
-            repo::pay(self.db, sn, user).await?;
+            repo::pay(&self.deps.db, sn, user).await?;
             row = self.stored_order(sn, user).await?;
         }
         match row.status {
@@ -180,9 +171,9 @@ impl Owner<'_> {
             OrderStatus::Unpaid => {
                 // Too late to pay: end it now rather than leave it to the scheduler.
                 ending::cancel_overdue(
-                    self.db,
-                    self.redis,
-                    self.keys,
+                    &self.deps.db,
+                    &self.deps.redis,
+                    &self.deps.keys,
                     &[sn.as_str()],
                     CancelReason::Timeout,
                 )
@@ -201,19 +192,20 @@ impl Owner<'_> {
         let mut cancelled_now = false;
         let mut begun = None;
         if row.status == OrderStatus::Unpaid {
-            begun = Some(ending::begin(self.redis, self.keys, &[sn]).await?);
-            cancelled_now = repo::cancel_own(self.db, sn, user).await?;
+            begun = Some(ending::begin(&self.deps.redis, &self.deps.keys, &[sn]).await?);
+            cancelled_now = repo::cancel_own(&self.deps.db, sn, user).await?;
             row = self.stored_order(sn, user).await?;
         }
         if cancelled_now {
-            self.meters.cancelled("user", 1);
+            self.deps.meters.cancelled("user", 1);
         }
         match row.status {
             OrderStatus::Cancelled => {}
             OrderStatus::Paid => {
                 if let Some(begun) = &begun {
                     // Paid in the meantime: nothing to return.
-                    ending::abandon(self.redis, self.keys, &[sn.as_str()], begun).await?;
+                    ending::abandon(&self.deps.redis, &self.deps.keys, &[sn.as_str()], begun)
+                        .await?;
                 }
                 return Err(OrderError::Paid);
             }
@@ -224,7 +216,7 @@ impl Owner<'_> {
             }
         }
         // Also for a repeat: finishes a release that an earlier call did not get to.
-        ending::release(self.redis, self.keys, &[Held::from(&row)]).await?;
+        ending::release(&self.deps.redis, &self.deps.keys, &[Held::from(&row)]).await?;
         tracing::info!(order_sn = %sn, "order_cancelled");
         Ok(row.into())
     }
@@ -239,14 +231,16 @@ impl Owner<'_> {
                 Err(OrderError::NotFound)
             }
         };
-        if let Some(row) = repo::find(self.db, sn).await? {
+        if let Some(row) = repo::find(&self.deps.db, sn).await? {
             return owned(row);
         }
-        let order = match placed::pending(self.redis, self.keys, sn).await? {
+        let order = match placed::pending(&self.deps.redis, &self.deps.keys, sn).await? {
             Some(order) => order,
             // Written by the consumer between the two reads, or unknown.
             None => {
-                let row = repo::find(self.db, sn).await?.ok_or(OrderError::NotFound)?;
+                let row = repo::find(&self.deps.db, sn)
+                    .await?
+                    .ok_or(OrderError::NotFound)?;
                 return owned(row);
             }
         };
@@ -255,13 +249,16 @@ impl Owner<'_> {
         }
         // Into MySQL only what a Redis failover cannot take back (as the relay does).
         let claim = [(sn, order.created_at_ms)];
-        if !cleared_to_send(self.redis, self.keys, sn.bucket(), &claim).await? {
+        if !cleared_to_send(&self.deps.redis, &self.deps.keys, sn.bucket(), &claim).await? {
             return Err(OrderError::NotYetSafe);
         }
         let orders = [order];
-        placed::write(self.db, &orders).await?;
-        placed::settle_in_redis(self.redis, self.keys, &self.plan, &orders).await?;
-        repo::find(self.db, sn).await?.ok_or(OrderError::NotFound)
+        placed::write(&self.deps.db, &orders).await?;
+        let plan = Plan::from_settings(&self.deps.settings);
+        placed::settle_in_redis(&self.deps.redis, &self.deps.keys, &plan, &orders).await?;
+        repo::find(&self.deps.db, sn)
+            .await?
+            .ok_or(OrderError::NotFound)
     }
 }
 

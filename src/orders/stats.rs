@@ -6,11 +6,12 @@ use clap::ValueEnum;
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use crate::deps::Deps;
 use crate::domain::ItemId;
 use crate::items::repo::Item;
 use crate::items::{self, stock};
 use crate::keys::Keys;
-use crate::store::{Db, RedisConns, RedisError, StoreError};
+use crate::store::{RedisConns, RedisError, StoreError};
 
 use super::repo::{self, StatusCounts};
 
@@ -91,12 +92,10 @@ async fn replica_stats(redis: &RedisConns, keys: &Keys, item: &Item) -> Option<R
 }
 
 /// The item's stock against its orders, right now; `None` for an unknown item.
-pub async fn of(
-    db: &Db,
-    redis: &RedisConns,
-    keys: &Keys,
-    id: ItemId,
-) -> Result<Option<Stats>, StoreError> {
+pub async fn of(deps: &Deps, id: ItemId) -> Result<Option<Stats>, StoreError> {
+    let Deps {
+        db, redis, keys, ..
+    } = deps;
     let Some(item) = items::repo::get(db, id).await? else {
         return Ok(None);
     };

@@ -58,12 +58,12 @@ async fn count_and_shed(
     next: axum::middleware::Next,
 ) -> Response {
     let started = Instant::now();
-    state.meters.started.increment(1);
+    state.deps.meters.started.increment(1);
     let response = match state.inflight.try_acquire() {
         // Held until the answer is ready.
         Ok(_permit) => next.run(request).await,
         Err(_) => {
-            state.meters.shed.increment(1);
+            state.deps.meters.shed.increment(1);
             ApiError::Overloaded.into_response()
         }
     };
@@ -71,7 +71,7 @@ async fn count_and_shed(
         .extensions()
         .get::<Code>()
         .map_or("unknown", |c| c.0);
-    state.meters.purchase_answered(code, started.elapsed());
+    state.deps.meters.purchase_answered(code, started.elapsed());
     response
 }
 
@@ -119,7 +119,8 @@ async fn flashbuy(
     if let Some(refused) = from_memory(&item, now) {
         // A retry whose key bought a unit hears its 202 again, sold out or not.
         if let Some(key) = &key
-            && let Some(order_sn) = bought_with(&state.redis, &state.keys, &item, user, key).await
+            && let Some(order_sn) =
+                bought_with(&state.deps.redis, &state.deps.keys, &item, user, key).await
         {
             return Ok(queued(order_sn, item_id));
         }
@@ -142,12 +143,10 @@ async fn flashbuy(
     // Boxed: the Redis step's future is kilobytes, and every request's future (moved
     // several times through the layers) would otherwise carry it, refused or not.
     let seller = Seller {
-        redis: &state.redis,
-        keys: &state.keys,
+        deps: &state.deps,
         catalog: &state.catalog,
         publisher: &state.publisher,
         signals: &state.signals,
-        meters: &state.meters,
     };
     match Box::pin(seller.sell(&item, user, now, key)).await {
         Ok(order_sn) => Ok(queued(order_sn, item_id)),

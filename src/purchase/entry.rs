@@ -31,7 +31,7 @@ pub async fn enter(
     item: &CatalogItem,
     user: UserId,
 ) -> Result<Response, ApiError> {
-    let entering = entry::enter(&state.redis, &state.keys, item, user)
+    let entering = entry::enter(&state.deps.redis, &state.deps.keys, item, user)
         .await
         .map_err(|e| match e {
             EntryError::Redis(e) => ApiError::Redis(e),

@@ -8,6 +8,7 @@ use std::time::Instant;
 use chrono::Utc;
 
 use crate::broker::Outgoing;
+use crate::deps::Deps;
 use crate::domain::{OrderPlaced, OrderSn, UserId};
 use crate::items::catalog::{Catalog, CatalogItem};
 use crate::items::transfer::{self, Lending};
@@ -16,7 +17,6 @@ use crate::orders::placed;
 use crate::outbox::publisher::OrderPublisher;
 use crate::signals::Signals;
 use crate::store::{RedisConn, RedisConns, RedisError, Replication, ShortOfReplicas, redis_timed};
-use crate::telemetry::Meters;
 
 use super::grab::{GrabOutcome, IdempotencyKey, give_back, grab};
 
@@ -30,13 +30,11 @@ const WAVE_MARGIN: chrono::Duration = chrono::Duration::seconds(2);
 
 /// What the sale of a unit works with.
 pub struct Seller<'a> {
-    pub redis: &'a RedisConns,
-    pub keys: &'a Keys,
+    pub deps: &'a Deps,
     pub catalog: &'a Catalog,
     pub publisher: &'a OrderPublisher,
     /// What purchases measured, for the automatic breaker.
     pub signals: &'a Signals,
-    pub meters: &'a Meters,
 }
 
 /// Why a unit was not sold (a sale that was: the order's number).
@@ -133,11 +131,16 @@ impl Seller<'_> {
         key: Option<String>,
     ) -> Result<OrderSn, NotSold> {
         let item_id = item.record.id;
-        let idempotency = key.map(|key| IdempotencyKey::of(self.keys, item, user, key));
+        let idempotency = key.map(|key| IdempotencyKey::of(&self.deps.keys, item, user, key));
         // Before the grab (`SECKILL_REDIS_WAIT_REPLICAS`): the replicas a win will wait for,
         // on the master serving the buyer's bucket now. While that master is short of them no
         // unit is taken there — it could never be confirmed.
-        let replication = match self.redis.replicas_for(&item.home(user).replicated).await {
+        let replication = match self
+            .deps
+            .redis
+            .replicas_for(&item.home(user).replicated)
+            .await
+        {
             Ok(replication) => replication,
             Err(short) => return Err(self.short_of_replicas(item, user, short).await),
         };
@@ -186,7 +189,7 @@ impl Seller<'_> {
         idempotency: Option<&IdempotencyKey>,
     ) -> Result<GrabOutcome, NotSold> {
         let started = Instant::now();
-        let mut conn = self.redis.hot().await?;
+        let mut conn = self.deps.redis.hot().await?;
         let home = item.home(order.user_id);
         let attempt = Attempt {
             order,
@@ -197,14 +200,14 @@ impl Seller<'_> {
         let mut outcome = attempt.grab(&mut conn, home).await;
         if item.record.split() {
             let lending = Lending {
-                redis: self.redis,
-                keys: self.keys,
+                redis: &self.deps.redis,
+                keys: &self.deps.keys,
             };
             outcome = refill_and_grab(&mut conn, item, &attempt, outcome, lending).await;
         }
         let took = started.elapsed();
         self.signals.purchase(took, outcome.is_err());
-        self.meters.redis_grab_seconds.record(took);
+        self.deps.meters.redis_grab_seconds.record(took);
         let duration_ms = took.as_secs_f64() * 1e3;
         // Every unit sold leaves an info line (as many as the stock); the crowd of refusals
         // does not flood the log unless asked for (`RUST_LOG=seckill=debug`).
@@ -228,7 +231,7 @@ impl Seller<'_> {
         short: ShortOfReplicas,
     ) -> NotSold {
         tracing::debug!(reason = %short, "purchase refused before the grab");
-        let mut held = placed::held_by(self.redis, item.home(user), user)
+        let mut held = placed::held_by(&self.deps.redis, item.home(user), user)
             .await
             .unwrap_or_default();
         let limit = usize::from(item.record.per_user.max(1));
@@ -269,14 +272,14 @@ impl Seller<'_> {
             // for its replicas): either way pressing again tells the buyer (409).
             let home = item.home(order.user_id);
             let given_back = async {
-                let mut conn = self.redis.hot().await?;
+                let mut conn = self.deps.redis.hot().await?;
                 give_back(&mut conn, home, order.user_id, &order.order_sn, idempotency).await
             };
             let given_back = given_back.await;
             tracing::info!(order_sn = %order.order_sn, given_back = ?given_back.as_ref().ok(), "a win its Redis replicas did not confirm in time");
             return Err(NotSold::Unconfirmed);
         }
-        self.meters.won.increment(1);
+        self.deps.meters.won.increment(1);
         self.publisher.offer(Outgoing {
             order_sn: order.order_sn.clone(),
             payload: order_json,

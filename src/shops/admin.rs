@@ -25,11 +25,8 @@ const MAX_REASON: usize = 500;
 /// Shop changes, over this instance's stores.
 fn changer(state: &AppState) -> ShopChange<'_> {
     ShopChange {
-        db: &state.db,
-        redis: &state.redis,
-        keys: &state.keys,
+        deps: &state.deps,
         shops: &state.shops,
-        broker: &state.broker,
     }
 }
 

@@ -25,11 +25,8 @@ const WAIT_FOR_LOCK: Duration = Duration::from_millis(800);
 
 /// What a shop change works with.
 pub struct ShopChange<'a> {
-    pub db: &'a Db,
-    pub redis: &'a RedisConns,
-    pub keys: &'a Keys,
+    pub deps: &'a Deps,
     pub shops: &'a Shops,
-    pub broker: &'a Broker,
 }
 
 /// Why a shop change did not go through (whole).
@@ -76,30 +73,30 @@ impl ShopChange<'_> {
         F: FnOnce(Db) -> Fut,
         Fut: std::future::Future<Output = Result<(), DbError>>,
     {
-        let Some(lock) = lock(self.redis, self.keys, id).await? else {
+        let Some(lock) = lock(&self.deps.redis, &self.deps.keys, id).await? else {
             return Err(ChangeError::Busy);
         };
         let result = async {
             let now = crate::clock::now();
-            let before = repo::load(self.db, id).await?;
-            write(self.db.clone()).await?;
-            let after = repo::load(self.db, id)
+            let before = repo::load(&self.deps.db, id).await?;
+            write(self.deps.db.clone()).await?;
+            let after = repo::load(&self.deps.db, id)
                 .await?
                 .ok_or(ChangeError::NotFound)?;
             let (old, new) = (
                 before.as_ref().is_none_or(|s| s.open_at(now)),
                 after.open_at(now),
             );
-            repo::log_change(self.db, id, what, old, new, by, reason).await?;
-            let pushed = push(self.shops, self.db, &after).await;
+            repo::log_change(&self.deps.db, id, what, old, new, by, reason).await?;
+            let pushed = push(self.shops, &self.deps.db, &after).await;
             Ok::<_, ChangeError>((after, pushed))
         }
         .await;
-        lock.let_go(self.redis).await;
+        lock.let_go(&self.deps.redis).await;
         let (after, pushed) = result?;
         // Whatever Redis did: instances reload the shop from MySQL when told.
         self.shops.reload(id).await;
-        announce(self.broker, id).await;
+        announce(&self.deps.broker, id).await;
         let open = after.open_at(crate::clock::now());
         if let Err(e) = pushed {
             tracing::warn!(shop = id, what, by, reason, open, error = %crate::error::cause_chain(&e), "shop changed in MySQL, not yet in Redis");
@@ -111,7 +108,7 @@ impl ShopChange<'_> {
 
     /// Recomputes the shop's status from MySQL and pushes it everywhere.
     pub async fn refresh(&self, id: u64) -> Result<Shop, ChangeError> {
-        if repo::load(self.db, id).await?.is_none() {
+        if repo::load(&self.deps.db, id).await?.is_none() {
             return Err(ChangeError::NotFound);
         }
         self.apply(

@@ -51,10 +51,10 @@ impl From<WarmupError> for ApiError {
 /// A warm-up working with this instance's stores.
 fn warmup<'a>(state: &'a AppState, plan: &'a Plan) -> Warmup<'a> {
     Warmup {
-        db: &state.db,
-        redis: &state.redis,
-        broker: &state.broker,
-        keys: &state.keys,
+        db: &state.deps.db,
+        redis: &state.deps.redis,
+        broker: &state.deps.broker,
+        keys: &state.deps.keys,
         plan,
     }
 }
@@ -98,7 +98,7 @@ async fn warmup_item(
     ApiPath(id): ApiPath<ItemId>,
     ApiQuery(query): ApiQuery<WarmupQuery>,
 ) -> Result<Response, ApiError> {
-    let plan = Plan::from_settings(&state.settings);
+    let plan = Plan::from_settings(&state.deps.settings);
     let report = warmup(&state, &plan).run(id, query.force, &|_| {}).await?;
     // The warm-up announced itself to every instance; this one need not wait for that.
     let _ = state.catalog.refresh_item(id).await;
@@ -150,7 +150,7 @@ async fn warmup_items(
             "`ids`: item {id} is listed twice"
         )));
     }
-    let plan = Plan::from_settings(&state.settings);
+    let plan = Plan::from_settings(&state.deps.settings);
     let warmup = warmup(&state, &plan);
     let mut decided: HashMap<ItemId, Outcome> = HashMap::new();
     let mut one_by_one = Vec::new();
