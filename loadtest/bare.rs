@@ -59,7 +59,7 @@ async fn main() -> anyhow::Result<()> {
     let namespace = Keys::new(&args.namespace);
     let item_keys = |id| {
         ItemId::new(id)
-            .map(|item| namespace.stock(BucketId::whole(item)))
+            .map(|item| namespace.bucket(BucketId::whole(item)))
             .ok_or_else(|| anyhow::anyhow!("item {id}"))
     };
     let keys = (item_keys(1)?, item_keys(2)?);

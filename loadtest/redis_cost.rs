@@ -41,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
         .await?;
     let namespace = Keys::new("redis_cost");
     let item = ItemId::new(1).ok_or_else(|| anyhow::anyhow!("item 1"))?;
-    let keys = namespace.stock(BucketId::whole(item));
+    let keys = namespace.bucket(BucketId::whole(item));
     fixture::load(&mut redis, &keys, args.calls).await?;
     seckill::testing::lua::preload(&mut redis).await?;
 

@@ -25,64 +25,64 @@ impl Keys {
     }
 
     /// The keys of one bucket of an item (bucket 0: an item not split).
-    pub fn stock(&self, stock: BucketId) -> ItemKeys {
+    pub fn bucket(&self, bucket: BucketId) -> ItemKeys {
         let shards = |what: &str| {
             (0..BUYER_SHARDS)
-                .map(|i| self.stock_key(stock, &format!("{what}:{i}")))
+                .map(|i| self.bucket_key(bucket, &format!("{what}:{i}")))
                 .collect()
         };
         ItemKeys {
-            bucket: stock,
-            meta: self.stock_key(stock, "meta"),
-            tokens: self.stock_key(stock, "tokens"),
-            pending: self.pending(stock),
-            outbox: self.outbox(stock),
-            due: self.due(stock),
-            replicated: self.replicated(stock),
-            lent: self.lent(stock),
-            transfers: self.stock_key(stock, "transfers"),
+            bucket,
+            meta: self.bucket_key(bucket, "meta"),
+            tokens: self.bucket_key(bucket, "tokens"),
+            pending: self.pending(bucket),
+            outbox: self.outbox(bucket),
+            due: self.due(bucket),
+            replicated: self.replicated(bucket),
+            lent: self.lent(bucket),
+            transfers: self.bucket_key(bucket, "transfers"),
             legacy_buyers: shards("buyers"),
             buyer_orders: shards("buyer_orders"),
         }
     }
 
     /// [`ItemKeys::pending`] alone, for background work that needs no other key.
-    pub fn pending(&self, stock: BucketId) -> String {
-        self.stock_key(stock, "pending")
+    pub fn pending(&self, bucket: BucketId) -> String {
+        self.bucket_key(bucket, "pending")
     }
 
     /// [`ItemKeys::outbox`] alone.
-    pub fn outbox(&self, stock: BucketId) -> String {
-        self.stock_key(stock, "outbox")
+    pub fn outbox(&self, bucket: BucketId) -> String {
+        self.bucket_key(bucket, "outbox")
     }
 
     /// [`ItemKeys::due`] alone.
-    pub fn due(&self, stock: BucketId) -> String {
-        self.stock_key(stock, "due")
+    pub fn due(&self, bucket: BucketId) -> String {
+        self.bucket_key(bucket, "due")
     }
 
     /// [`ItemKeys::lent`] alone.
-    pub fn lent(&self, stock: BucketId) -> String {
-        self.stock_key(stock, "lent")
+    pub fn lent(&self, bucket: BucketId) -> String {
+        self.bucket_key(bucket, "lent")
     }
 
     /// ZSET of cancels begun: `order_sn` → when (ms). Written before the `UPDATE` that
     /// cancels, removed once the unit is back (or the order turned out not cancelled), so
     /// a cancel cut off between MySQL and Redis is finished by a sweep.
-    pub fn ending(&self, stock: BucketId) -> String {
-        self.stock_key(stock, "ending")
+    pub fn ending(&self, bucket: BucketId) -> String {
+        self.bucket_key(bucket, "ending")
     }
 
     /// ZSET of tasks a scheduler has taken: task → when its lease runs out (ms).
-    pub fn leased(&self, stock: BucketId) -> String {
-        self.stock_key(stock, "leased")
+    pub fn leased(&self, bucket: BucketId) -> String {
+        self.bucket_key(bucket, "leased")
     }
 
     /// Every key a sale leaves in one bucket: what retiring it deletes (`src/items/retire.rs`).
     /// A new kind of per-bucket key belongs here too, or retired sales leave it behind (the
     /// retention test counts the keys left).
-    pub fn sale_state(&self, stock: BucketId) -> Vec<String> {
-        let keys = self.stock(stock);
+    pub fn sale_state(&self, bucket: BucketId) -> Vec<String> {
+        let keys = self.bucket(bucket);
         let mut all = vec![
             keys.meta,
             keys.tokens,
@@ -92,10 +92,10 @@ impl Keys {
             keys.replicated,
             keys.lent,
             keys.transfers,
-            self.ending(stock),
-            self.leased(stock),
-            self.entries(stock),
-            self.awarded(stock),
+            self.ending(bucket),
+            self.leased(bucket),
+            self.entries(bucket),
+            self.awarded(bucket),
         ];
         all.extend(keys.legacy_buyers);
         all.extend(keys.buyer_orders);
@@ -104,14 +104,14 @@ impl Keys {
 
     /// What one warm-up run fills before `swap.lua` puts it in place of the live keys: its
     /// own copies, so two runs can never touch each other's.
-    pub fn loading(&self, stock: BucketId, run: &str) -> LoadingKeys {
+    pub fn loading(&self, bucket: BucketId, run: &str) -> LoadingKeys {
         let shards = |what: &str| {
             (0..BUYER_SHARDS)
-                .map(|i| self.stock_key(stock, &format!("{what}:{i}:loading:{run}")))
+                .map(|i| self.bucket_key(bucket, &format!("{what}:{i}:loading:{run}")))
                 .collect()
         };
         LoadingKeys {
-            tokens: self.stock_key(stock, &format!("tokens:loading:{run}")),
+            tokens: self.bucket_key(bucket, &format!("tokens:loading:{run}")),
             buyer_orders: shards("buyer_orders"),
         }
     }
@@ -119,47 +119,47 @@ impl Keys {
     /// STRING: the order a buyer's `Idempotency-Key` bought, in their home bucket (beside
     /// their buyer record, so `grab.lua` writes both at once); it expires after a day, and
     /// so needs no place in [`Keys::sale_state`].
-    pub fn idempotency(&self, stock: BucketId, user: UserId, key: &str) -> String {
-        self.stock_key(stock, &format!("idem:{user}:{key}"))
+    pub fn idempotency(&self, bucket: BucketId, user: UserId, key: &str) -> String {
+        self.bucket_key(bucket, &format!("idem:{user}:{key}"))
     }
 
     /// ZSET of a draw's entries whose home is this bucket: user → rank
     /// (`src/items/draw.rs`).
-    pub fn entries(&self, stock: BucketId) -> String {
-        self.stock_key(stock, "entries")
+    pub fn entries(&self, bucket: BucketId) -> String {
+        self.bucket_key(bucket, "entries")
     }
 
     /// HASH of a draw's winners whose home is this bucket: user → the order they were
     /// given. A winner is given a unit once, ever (a cancelled one passes it on).
-    pub fn awarded(&self, stock: BucketId) -> String {
-        self.stock_key(stock, "awarded")
+    pub fn awarded(&self, bucket: BucketId) -> String {
+        self.bucket_key(bucket, "awarded")
     }
 
     /// STRING held by whoever draws the item's winners right now (`SET NX PX`).
     pub fn draw_lock(&self, item: ItemId) -> String {
-        self.stock_key(BucketId::whole(item), "drawing")
+        self.bucket_key(BucketId::whole(item), "drawing")
     }
 
     /// STRING held by the warm-up of the item running right now (`SET NX PX`).
     pub fn warmup_lock(&self, item: ItemId) -> String {
-        self.stock_key(BucketId::whole(item), "warming")
+        self.bucket_key(BucketId::whole(item), "warming")
     }
 
     /// STRING counter bumped before a `WAIT`: a write on the item's own Redis master, so
     /// the `WAIT` after it covers every earlier write there (the won unit among them).
-    pub fn replicated(&self, stock: BucketId) -> String {
-        self.stock_key(stock, "replicated")
+    pub fn replicated(&self, bucket: BucketId) -> String {
+        self.bucket_key(bucket, "replicated")
     }
 
     /// STRING held by whoever reconciles the item right now (`SET NX PX`).
     pub fn reconcile_lock(&self, item: ItemId) -> String {
-        self.stock_key(BucketId::whole(item), "reconciling")
+        self.bucket_key(BucketId::whole(item), "reconciling")
     }
 
     /// `{ns}:{item:ID}:v1:…` for bucket 0, `{ns}:{item:ID.B}:v1:…` for bucket B: a hash
     /// tag of its own per bucket.
-    fn stock_key(&self, stock: BucketId, what: &str) -> String {
-        format!("{}:{{item:{stock}}}:v1:{what}", self.namespace)
+    fn bucket_key(&self, bucket: BucketId, what: &str) -> String {
+        format!("{}:{{item:{bucket}}}:v1:{what}", self.namespace)
     }
 
     /// SET of the buckets that have state in Redis, as [`BucketId`] displays them (`ID`, or
@@ -294,7 +294,7 @@ mod tests {
 
     #[test]
     fn keys_carry_namespace_hash_tag_and_version() {
-        let keys = Keys::new("ns").stock(BucketId::whole(ItemId::new(1001).unwrap()));
+        let keys = Keys::new("ns").bucket(BucketId::whole(ItemId::new(1001).unwrap()));
         assert_eq!(keys.tokens, "ns:{item:1001}:v1:tokens");
         let user = UserId::new(7);
         let shard = user.shard(BUYER_SHARDS);
@@ -311,7 +311,7 @@ mod tests {
         // Retiring a sale deletes the buyer sets servers before 2026-12-03 wrote too.
         let state = Keys::new("ns").sale_state(BucketId::whole(ItemId::new(1001).unwrap()));
         assert!(state.contains(&format!("ns:{{item:1001}}:v1:buyers:{shard}")));
-        let bucket = Keys::new("ns").stock(BucketId::new(ItemId::new(1001).unwrap(), 3));
+        let bucket = Keys::new("ns").bucket(BucketId::new(ItemId::new(1001).unwrap(), 3));
         assert_eq!(bucket.tokens, "ns:{item:1001.3}:v1:tokens");
     }
 }

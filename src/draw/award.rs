@@ -44,7 +44,7 @@ pub async fn draw(
     let (Some(draw_at), Some(_)) = (item.draw_at, item.draw_seed.as_ref()) else {
         return Ok(None);
     };
-    let buckets: Vec<ItemKeys> = item.stocks().map(|s| keys.stock(s)).collect();
+    let buckets: Vec<ItemKeys> = item.bucket_ids().map(|s| keys.bucket(s)).collect();
     let mut conn = redis.bulk().await?;
     let (secs, micros): (i64, i64) = redis_timed(redis::cmd("TIME").query_async(&mut conn)).await?;
     if secs * 1000 + micros / 1000 < draw_at.timestamp_millis() {

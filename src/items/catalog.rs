@@ -290,7 +290,10 @@ impl Catalog {
     /// An older item, into the bounded cache (its stock is never read: it is over).
     fn other(&self, item: Item) -> Arc<CatalogItem> {
         let entry = Arc::new(CatalogItem {
-            buckets: item.stocks().map(|s| self.inner.keys.stock(s)).collect(),
+            buckets: item
+                .bucket_ids()
+                .map(|s| self.inner.keys.bucket(s))
+                .collect(),
             live: Arc::new(LiveStock::new(item.buckets)),
             record: item,
         });
@@ -313,7 +316,9 @@ impl Catalog {
                 (old.buckets.clone(), old.live.clone())
             }
             _ => (
-                item.stocks().map(|s| self.inner.keys.stock(s)).collect(),
+                item.bucket_ids()
+                    .map(|s| self.inner.keys.bucket(s))
+                    .collect(),
                 Arc::new(LiveStock::new(item.buckets)),
             ),
         };

@@ -101,7 +101,7 @@ async fn in_redis(
     let mut of = Vec::new();
     for (id, buckets) in items {
         for stock in BucketId::all(*id, *buckets) {
-            stock::ask_held(grouped.group(), &keys.stock(stock));
+            stock::ask_held(grouped.group(), &keys.bucket(stock));
             of.push(*id);
         }
     }

@@ -52,7 +52,7 @@ pub struct Item {
 
 impl Item {
     /// Every bucket of the item.
-    pub fn stocks(&self) -> impl Iterator<Item = BucketId> + Clone + use<> {
+    pub fn bucket_ids(&self) -> impl Iterator<Item = BucketId> + Clone + use<> {
         BucketId::all(self.id, self.buckets)
     }
 

@@ -70,7 +70,7 @@ async fn retire_locked(
         }
         let snapshot = {
             let mut conn = redis.bulk().await?;
-            stock::item_snapshot(&mut conn, keys, item.stocks()).await?
+            stock::item_snapshot(&mut conn, keys, item.bucket_ids()).await?
         };
         let unsold = if snapshot.loaded {
             snapshot.remaining
@@ -92,7 +92,7 @@ async fn in_flight(
     keys: &Keys,
     item: &Item,
 ) -> Result<Option<&'static str>, StoreError> {
-    let stocks: Vec<_> = item.stocks().collect();
+    let stocks: Vec<_> = item.bucket_ids().collect();
     let held = marks::holdings(redis, keys, &stocks).await?;
     Ok(held.iter().find_map(|h| {
         [
@@ -112,11 +112,11 @@ async fn in_flight(
 /// breakers (each a single key outside the item's slots).
 async fn clear(redis: &RedisConns, keys: &Keys, item: &Item) -> Result<(), StoreError> {
     let mut grouped = Grouped::new(redis);
-    for stock in item.stocks() {
+    for stock in item.bucket_ids() {
         grouped.group().unlink(keys.sale_state(stock)).ignore();
     }
     grouped.run(redis).await?;
-    let members: Vec<String> = item.stocks().map(|s| s.to_string()).collect();
+    let members: Vec<String> = item.bucket_ids().map(|s| s.to_string()).collect();
     let mut grouped = Grouped::new(redis);
     grouped.group().srem(keys.items_index(), &members).ignore();
     for work in Work::ALL {

@@ -94,7 +94,7 @@ where
         reloading: false,
     };
     for stock in stocks {
-        let one = snapshot(conn, &keys.stock(stock)).await?;
+        let one = snapshot(conn, &keys.bucket(stock)).await?;
         sum.loaded &= one.loaded;
         sum.loaded_at_ms = match (sum.loaded_at_ms, one.loaded_at_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),

@@ -223,7 +223,7 @@ pub async fn settle_loans(
     });
     let mut settled = Settled::default();
     for lender in lenders {
-        let lender_keys = keys.stock(lender);
+        let lender_keys = keys.bucket(lender);
         let mut conn = redis.bulk().await?;
         let loans: Vec<(String, String)> =
             redis_timed(redis::AsyncCommands::hgetall(&mut conn, &lender_keys.lent)).await?;
@@ -235,7 +235,7 @@ pub async fn settle_loans(
             if at > cutoff {
                 continue;
             }
-            let home = keys.stock(BucketId::new(lender.item, home));
+            let home = keys.bucket(BucketId::new(lender.item, home));
             let Ok(decision) = redis.replicas_for(&home.replicated).await else {
                 settled.waiting += 1;
                 continue;

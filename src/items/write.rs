@@ -133,7 +133,7 @@ impl ItemWriter<'_> {
         let mut grouped = Grouped::new(&self.deps.redis);
         for (id, draft) in drafts.iter().filter(|(id, _)| updated.contains(id)) {
             for bucket in BucketId::all(*id, draft.buckets) {
-                stock::sync_draft_in(grouped.group(), &self.deps.keys.stock(bucket), draft);
+                stock::sync_draft_in(grouped.group(), &self.deps.keys.bucket(bucket), draft);
             }
         }
         // Every written item's draw (or none) in the draw pass's schedule.
@@ -167,8 +167,8 @@ impl ItemWriter<'_> {
             .await?
             .ok_or(WriteError::NotFound)?;
         let mut conn = self.deps.redis.bulk().await?;
-        for bucket in item.stocks() {
-            stock::sync_rules(&mut conn, &self.deps.keys.stock(bucket), &item).await?;
+        for bucket in item.bucket_ids() {
+            stock::sync_rules(&mut conn, &self.deps.keys.bucket(bucket), &item).await?;
         }
         let mut pipe = redis::pipe();
         super::draw_schedule::note_in(&mut pipe, &self.deps.keys, id, item.draw_at);

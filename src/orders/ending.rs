@@ -29,7 +29,7 @@ const RELEASE_CHUNK: usize = 500;
 #[derive(Clone, Debug)]
 pub struct Held {
     /// The bucket holding the order's records.
-    pub stock: BucketId,
+    pub bucket: BucketId,
     pub user: UserId,
     pub order_sn: String,
 }
@@ -37,7 +37,7 @@ pub struct Held {
 impl From<&OrderRow> for Held {
     fn from(row: &OrderRow) -> Self {
         Self {
-            stock: row.order_sn.bucket(),
+            bucket: row.order_sn.bucket(),
             user: row.user(),
             order_sn: row.order_sn.to_string(),
         }
@@ -52,19 +52,19 @@ pub async fn release(
     keys: &Keys,
     orders: &[Held],
 ) -> Result<Vec<String>, RedisError> {
-    let mut by_stock: BTreeMap<BucketId, Vec<&Held>> = BTreeMap::new();
+    let mut by_bucket: BTreeMap<BucketId, Vec<&Held>> = BTreeMap::new();
     for order in orders {
-        by_stock.entry(order.stock).or_default().push(order);
+        by_bucket.entry(order.bucket).or_default().push(order);
     }
     let mut released = Vec::new();
     let mut back_items = BTreeSet::new();
     let mut conn = redis.bulk().await?;
-    for (stock, orders) in by_stock {
-        let item_keys = keys.stock(stock);
+    for (bucket, orders) in by_bucket {
+        let item_keys = keys.bucket(bucket);
         let before = released.len();
         for chunk in orders.chunks(RELEASE_CHUNK) {
             let mut call = RELEASE.key(&item_keys.meta);
-            call.key(&item_keys.tokens).key(keys.ending(stock));
+            call.key(&item_keys.tokens).key(keys.ending(bucket));
             for order in chunk {
                 call.key(item_keys.buyer_orders(order.user))
                     .arg(order.user.get())
@@ -74,8 +74,8 @@ pub async fn release(
             released.extend(back);
         }
         if released.len() > before {
-            tracing::info!(%stock, units = released.len() - before, "units back on sale");
-            back_items.insert(stock.item);
+            tracing::info!(%bucket, units = released.len() - before, "units back on sale");
+            back_items.insert(bucket.item);
         }
     }
     for item in back_items {
@@ -108,26 +108,26 @@ pub struct Begun(BTreeMap<BucketId, i64>);
 /// Records that these orders are about to be cancelled, before MySQL is asked: if the
 /// caller is cut off after MySQL said yes, [`finish_cut_off`] returns their units.
 pub async fn begin(redis: &RedisConns, keys: &Keys, sns: &[&OrderSn]) -> Result<Begun, RedisError> {
-    let mut by_stock: BTreeMap<BucketId, Vec<&str>> = BTreeMap::new();
+    let mut by_bucket: BTreeMap<BucketId, Vec<&str>> = BTreeMap::new();
     for sn in sns {
-        by_stock.entry(sn.bucket()).or_default().push(sn.as_str());
+        by_bucket.entry(sn.bucket()).or_default().push(sn.as_str());
     }
     let mut begun = Begun::default();
-    if by_stock.is_empty() {
+    if by_bucket.is_empty() {
         return Ok(begun);
     }
     let mut conn = redis.bulk().await?;
-    for (stock, members) in &by_stock {
+    for (bucket, members) in &by_bucket {
         let at: i64 = redis_timed(
             ENDING_BEGIN
-                .key(keys.ending(*stock))
+                .key(keys.ending(*bucket))
                 .arg(members)
                 .invoke_async(&mut conn),
         )
         .await?;
-        begun.0.insert(*stock, at);
+        begun.0.insert(*bucket, at);
     }
-    marks::mark(&mut conn, keys, Work::CutOff, by_stock.into_keys()).await?;
+    marks::mark(&mut conn, keys, Work::CutOff, by_bucket.into_keys()).await?;
     Ok(begun)
 }
 
@@ -140,15 +140,15 @@ pub async fn abandon(
     sns: &[&str],
     begun: &Begun,
 ) -> Result<(), RedisError> {
-    let mut by_stock: BTreeMap<BucketId, Vec<&str>> = BTreeMap::new();
+    let mut by_bucket: BTreeMap<BucketId, Vec<&str>> = BTreeMap::new();
     for sn in sns {
         if let Some(parsed) = OrderSn::parse(sn) {
-            by_stock.entry(parsed.bucket()).or_default().push(sn);
+            by_bucket.entry(parsed.bucket()).or_default().push(sn);
         }
     }
-    for (stock, sns) in by_stock {
-        if let Some(at) = begun.0.get(&stock) {
-            forget(redis, keys, stock, *at, &sns).await?;
+    for (bucket, sns) in by_bucket {
+        if let Some(at) = begun.0.get(&bucket) {
+            forget(redis, keys, bucket, *at, &sns).await?;
         }
     }
     Ok(())
@@ -208,15 +208,15 @@ pub async fn finish_cut_off(
     db: &Db,
     redis: &RedisConns,
     keys: &Keys,
-    stocks: &[BucketId],
+    buckets: &[BucketId],
 ) -> Result<u64, StoreError> {
     let mut released = 0;
-    for stock in stocks {
+    for bucket in buckets {
         let mut due: Vec<String> = {
             let mut conn = redis.bulk().await?;
             redis_timed(
                 ENDING_DUE
-                    .key(keys.ending(*stock))
+                    .key(keys.ending(*bucket))
                     .arg(CUT_OFF_AFTER.as_millis() as u64)
                     .arg(SWEEP_BATCH)
                     .invoke_async(&mut conn),
@@ -229,7 +229,7 @@ pub async fn finish_cut_off(
         };
         let sns = due.split_off(1);
         if !sns.is_empty() {
-            released += finish_records(db, redis, keys, *stock, cutoff, &sns).await?;
+            released += finish_records(db, redis, keys, *bucket, cutoff, &sns).await?;
         }
     }
     Ok(released)
@@ -241,7 +241,7 @@ async fn finish_records(
     db: &Db,
     redis: &RedisConns,
     keys: &Keys,
-    stock: BucketId,
+    bucket: BucketId,
     cutoff: i64,
     sns: &[String],
 ) -> Result<u64, StoreError> {
@@ -258,7 +258,7 @@ async fn finish_records(
         .collect();
     let back = release(redis, keys, &cancelled).await?.len() as u64;
     if back > 0 {
-        tracing::warn!(%stock, units = back, "finished cancels that were cut off between MySQL and Redis");
+        tracing::warn!(%bucket, units = back, "finished cancels that were cut off between MySQL and Redis");
     }
     // Unpaid: its cancel may still commit (late), so it is looked at again. Paid or
     // unknown: nothing to return. Either only if not written again since.
@@ -267,12 +267,12 @@ async fn finish_records(
         .copied()
         .filter(|sn| status.get(sn) != Some(&OrderStatus::Cancelled))
         .partition(|sn| status.get(sn) == Some(&OrderStatus::Unpaid));
-    forget(redis, keys, stock, cutoff, &moot).await?;
+    forget(redis, keys, bucket, cutoff, &moot).await?;
     if !unpaid.is_empty() {
         let mut conn = redis.bulk().await?;
         redis_timed(
             ENDING_KEEP
-                .key(keys.ending(stock))
+                .key(keys.ending(bucket))
                 .arg(cutoff)
                 .arg(&unpaid)
                 .invoke_async::<i64>(&mut conn),
@@ -286,7 +286,7 @@ async fn finish_records(
 async fn forget(
     redis: &RedisConns,
     keys: &Keys,
-    stock: BucketId,
+    bucket: BucketId,
     cutoff: i64,
     sns: &[&str],
 ) -> Result<(), RedisError> {
@@ -296,7 +296,7 @@ async fn forget(
     let mut conn = redis.bulk().await?;
     redis_timed(
         FORGET
-            .key(keys.ending(stock))
+            .key(keys.ending(bucket))
             .arg(cutoff)
             .arg(sns)
             .invoke_async::<i64>(&mut conn),

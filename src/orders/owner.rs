@@ -124,7 +124,7 @@ impl Owner<'_> {
         let catalog = self.catalog;
         let buckets = catalog.get(item).await?.map_or(1, |c| c.record.buckets);
         let pending = async {
-            let item_keys = keys.stock(BucketId::home(item, user, buckets));
+            let item_keys = keys.bucket(BucketId::home(item, user, buckets));
             let mut views = Vec::new();
             for sn in placed::held_by(redis, &item_keys, user).await? {
                 if let Some(order) = placed::pending(redis, keys, &sn).await? {

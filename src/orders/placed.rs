@@ -75,22 +75,22 @@ pub async fn settle_in_redis(
     plan: &Plan,
     orders: &[OrderPlaced],
 ) -> Result<(), RedisError> {
-    let mut by_stock: HashMap<BucketId, Vec<&str>> = HashMap::new();
+    let mut by_bucket: HashMap<BucketId, Vec<&str>> = HashMap::new();
     let mut grouped = Grouped::new(redis);
     plan.schedule(&mut grouped, keys, orders);
     for order in orders {
-        by_stock
+        by_bucket
             .entry(order.order_sn.bucket())
             .or_default()
             .push(order.order_sn.as_str());
     }
-    for (stock, sns) in &by_stock {
-        grouped.group().hdel(keys.pending(*stock), sns).ignore();
+    for (bucket, sns) in &by_bucket {
+        grouped.group().hdel(keys.pending(*bucket), sns).ignore();
     }
     grouped.run(redis).await?;
     // After the tasks are written: the deadline pass reads them when it takes the mark.
     let mut conn = redis.bulk().await?;
-    marks::mark(&mut conn, keys, Work::Deadlines, by_stock.into_keys()).await
+    marks::mark(&mut conn, keys, Work::Deadlines, by_bucket.into_keys()).await
 }
 
 /// The orders `user` holds of an item, as the buyer record in their home bucket (`keys`)

@@ -108,13 +108,13 @@ async fn run(
     }
     // 1. Buyer records, in every bucket, whose order is neither pending nor live in MySQL:
     // written back when MySQL has no row at all, stale when its row is cancelled.
-    let stocks: Vec<BucketId> = match &record {
-        Some(record) => record.stocks().collect(),
+    let buckets: Vec<BucketId> = match &record {
+        Some(record) => record.bucket_ids().collect(),
         None => vec![BucketId::whole(item)],
     };
     let (mut stale, mut lost) = (Vec::new(), Vec::new());
-    for stock in &stocks {
-        let found = unbacked(db, redis, keys, *stock).await?;
+    for bucket in &buckets {
+        let found = unbacked(db, redis, keys, *bucket).await?;
         stale.extend(found.stale);
         lost.extend(found.lost);
     }
@@ -144,10 +144,10 @@ async fn run(
     let stale_buyers = ending::release(redis, keys, &stale).await?.len() as u64;
 
     // 4. Redis against MySQL, twice before crying wolf.
-    let mut report = check(db, redis, keys, item, None, &stocks, total).await?;
+    let mut report = check(db, redis, keys, item, None, &buckets, total).await?;
     if !report.consistent {
         tokio::time::sleep(RECHECK_AFTER).await;
-        report = check(db, redis, keys, item, None, &stocks, total).await?;
+        report = check(db, redis, keys, item, None, &buckets, total).await?;
     }
     if !report.consistent {
         meters.reconcile_mismatch(item);
@@ -178,7 +178,7 @@ async fn check(
     keys: &Keys,
     item: ItemId,
     retired: Option<&Item>,
-    stocks: &[BucketId],
+    buckets: &[BucketId],
     total: u64,
 ) -> Result<Report, ReconcileError> {
     let orders = repo::count_by_status(db, item).await?;
@@ -186,7 +186,7 @@ async fn check(
         Some(snapshot) => snapshot,
         None => {
             let mut conn = redis.bulk().await?;
-            stock::item_snapshot(&mut conn, keys, stocks.iter().copied()).await?
+            stock::item_snapshot(&mut conn, keys, buckets.iter().copied()).await?
         }
     };
     let held = snapshot.pending + orders.unpaid + orders.paid;
@@ -233,9 +233,9 @@ async fn unbacked(
     db: &Db,
     redis: &RedisConns,
     keys: &Keys,
-    stock: BucketId,
+    bucket: BucketId,
 ) -> Result<Unbacked, ReconcileError> {
-    let item_keys = keys.stock(stock);
+    let item_keys = keys.bucket(bucket);
     let mut conn = redis.bulk().await?;
     // Buyer records first, then pending, then MySQL: an order moving from pending to MySQL
     // meanwhile is seen in one of the two (the consumer commits before it clears pending).
@@ -285,7 +285,7 @@ async fn unbacked(
         match rows.get(&record.order_sn) {
             None => lost.push(record),
             Some(OrderStatus::Cancelled) => stale.push(Held {
-                stock,
+                bucket,
                 user: record.user,
                 order_sn: record.order_sn,
             }),

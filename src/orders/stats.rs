@@ -79,7 +79,7 @@ async fn replica_stats(redis: &RedisConns, keys: &Keys, item: &Item) -> Option<R
         short: Vec::new(),
         expected_back: Vec::new(),
     };
-    for stock in item.stocks() {
+    for stock in item.bucket_ids() {
         let key = keys.replicated(stock);
         if redis.short_of_replicas(&key).await {
             stats.short.push(stock.index);
@@ -104,7 +104,7 @@ pub async fn of(deps: &Deps, id: ItemId) -> Result<Option<Stats>, StoreError> {
         Some(stock) => stock,
         None => {
             let mut conn = redis.bulk().await?;
-            stock::item_snapshot(&mut conn, keys, item.stocks()).await?
+            stock::item_snapshot(&mut conn, keys, item.bucket_ids()).await?
         }
     };
     // Units listed in Redis are on sale or held back for a wave (by this host's clock: at a
@@ -142,7 +142,7 @@ async fn entries(
     item: &items::repo::Item,
 ) -> Result<u64, RedisError> {
     let mut grouped = crate::store::Grouped::new(redis);
-    for stock in item.stocks() {
+    for stock in item.bucket_ids() {
         grouped.group().zcard(keys.entries(stock));
     }
     // Each group's answers come as one array: here, of one count.

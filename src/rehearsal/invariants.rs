@@ -35,7 +35,7 @@ pub async fn check_all(
         .context("reading the item from MySQL")?
         .with_context(|| format!("item {item} is not in MySQL"))?;
 
-    let in_redis = drain(&redis, &keys, record.stocks(), drain_timeout).await?;
+    let in_redis = drain(&redis, &keys, record.bucket_ids(), drain_timeout).await?;
     let orders = orders(&db, item, run).await?;
     let mut checks = judge(&in_redis, &orders, &run.won, &run.cancelled, drain_timeout);
     if record.draw_cutoff.is_some() || record.drawn_at.is_some() {
@@ -56,7 +56,7 @@ async fn drawn_by_rank(
     let cutoff = item.draw_cutoff.unwrap_or(0);
     let mut ranked: HashSet<u64> = HashSet::new();
     let mut conn = redis.bulk().await.context("connecting to Redis")?;
-    for stock in item.stocks() {
+    for stock in item.bucket_ids() {
         let users: Vec<u64> =
             redis::AsyncCommands::zrangebyscore(&mut conn, keys.entries(stock), "-inf", cutoff)
                 .await

@@ -119,13 +119,13 @@ fn buckets_of<'i>(items: &[&'i Item], keys: &Keys) -> Vec<Bucket<'i>> {
     let mut buckets = Vec::new();
     for item in items {
         let mut first = 0;
-        for (stock, units) in item.stocks().zip(BucketId::spread(
+        for (stock, units) in item.bucket_ids().zip(BucketId::spread(
             u64::from(item.total),
             usize::from(item.buckets),
         )) {
             buckets.push(Bucket {
                 item,
-                keys: keys.stock(stock),
+                keys: keys.bucket(stock),
                 seen: Vec::new(),
                 first,
                 units,

@@ -148,7 +148,7 @@ impl Warmup<'_> {
         let item = repo::get(self.db, id).await?.ok_or(WarmupError::NotFound)?;
         let first_look = {
             let mut conn = self.redis.bulk().await?;
-            stock::item_snapshot(&mut conn, self.keys, item.stocks()).await?
+            stock::item_snapshot(&mut conn, self.keys, item.bucket_ids()).await?
         };
         if first_look.loaded && !force {
             // A load whose last steps were cut off (the index, the record) is finished
@@ -182,7 +182,7 @@ impl Warmup<'_> {
     /// Lists the item's buckets in the items index, which the relay and the scheduler's
     /// sweeps walk.
     async fn index(&self, item: &Item) -> Result<(), WarmupError> {
-        let members: Vec<String> = item.stocks().map(|s| s.to_string()).collect();
+        let members: Vec<String> = item.bucket_ids().map(|s| s.to_string()).collect();
         // Two keys of two slots: a group each (one pipeline on one server).
         let mut grouped = Grouped::new(self.redis);
         grouped
@@ -203,8 +203,8 @@ impl Warmup<'_> {
     async fn must_rebuild(&self, item: &Item, now: &StockSnapshot) -> Result<bool, WarmupError> {
         match now.loaded_at_ms {
             Some(loaded_ms) => {
-                for bucket in item.stocks() {
-                    let keys = self.keys.stock(bucket);
+                for bucket in item.bucket_ids() {
+                    let keys = self.keys.bucket(bucket);
                     let server = self.redis.server_info_of(&keys.meta).await?;
                     let run_id: Option<String> = server.get("run_id");
                     let loaded_on: Option<String> = {
@@ -300,7 +300,7 @@ impl Warmup<'_> {
         // Read again under the record's current rules: a resume while a rebuild waited
         // is a live sale again.
         let item = repo::get(self.db, id).await?.ok_or(WarmupError::NotFound)?;
-        let buckets: Vec<ItemKeys> = item.stocks().map(|s| self.keys.stock(s)).collect();
+        let buckets: Vec<ItemKeys> = item.bucket_ids().map(|s| self.keys.bucket(s)).collect();
         let was_loaded = guarded_fields(conn, &buckets)
             .await?
             .iter()
@@ -318,7 +318,7 @@ impl Warmup<'_> {
         let seen = guarded_fields(conn, &buckets).await?;
         // Units on their way between buckets are part of the old stock being replaced:
         // their transfers are decided now, so none can land after the swap.
-        let loans = transfer::settle_loans(self.redis, self.keys, item.stocks(), None).await?;
+        let loans = transfer::settle_loans(self.redis, self.keys, item.bucket_ids(), None).await?;
         if loans.waiting > 0 {
             return Err(WarmupError::InFlight(format!(
                 "{} transfers between the item's buckets wait for a Redis replica to hold them; try again once the replicas are back",
@@ -338,7 +338,7 @@ impl Warmup<'_> {
         let shares = BucketId::spread(to_load, buckets.len());
         let mut by_bucket: HashMap<BucketId, Vec<&Holder>> = HashMap::new();
         for holder in &holders {
-            by_bucket.entry(holder.stock(id)).or_default().push(holder);
+            by_bucket.entry(holder.bucket(id)).or_default().push(holder);
         }
         let mut next_unit = held;
         let mut swapped = Swapped::default();
@@ -399,7 +399,7 @@ impl Warmup<'_> {
             self.plan.schedule(&mut grouped, self.keys, chunk);
             grouped.run(self.redis).await?;
         }
-        marks::mark(conn, self.keys, Work::Deadlines, item.stocks()).await?;
+        marks::mark(conn, self.keys, Work::Deadlines, item.bucket_ids()).await?;
         Ok(())
     }
 
@@ -473,7 +473,7 @@ impl Holder {
     }
 
     /// The bucket its order lives in (as its number says).
-    fn stock(&self, item: ItemId) -> BucketId {
+    fn bucket(&self, item: ItemId) -> BucketId {
         OrderSn::parse(&self.order_sn).map_or(BucketId::whole(item), |sn| sn.bucket())
     }
 }

@@ -50,7 +50,7 @@ async fn buyers_of_one_bucket_get_every_unit_of_a_split_item_and_one_each() {
     );
     let keys = Keys::new(&env.settings.namespace);
     let buckets: Vec<ItemKeys> = BucketId::all(ItemId::new(1).unwrap(), 4)
-        .map(|s| keys.stock(s))
+        .map(|s| keys.bucket(s))
         .collect();
     assert_eq!(listed(&env, &buckets).await, [15, 15, 15, 15]);
 
@@ -146,8 +146,8 @@ async fn a_transfer_cut_off_between_its_steps_is_settled_and_never_doubles_a_uni
     let keys = Keys::new(&env.settings.namespace);
     let item = ItemId::new(2).unwrap();
     let (home, lender) = (
-        keys.stock(BucketId::new(item, 0)),
-        keys.stock(BucketId::new(item, 1)),
+        keys.bucket(BucketId::new(item, 0)),
+        keys.bucket(BucketId::new(item, 1)),
     );
     let mut conn = env.redis.clone();
     let lend = |transfer: &'static str| {

@@ -240,7 +240,7 @@ async fn bulk_calls_write_and_load_a_thousand_items_and_name_each_outcome() {
         for bucket in 0..buckets(id) {
             let stock =
                 seckill::domain::BucketId::new(seckill::domain::ItemId::new(id).unwrap(), bucket);
-            let listed: u64 = redis::AsyncCommands::llen(&mut redis, keys.stock(stock).tokens)
+            let listed: u64 = redis::AsyncCommands::llen(&mut redis, keys.bucket(stock).tokens)
                 .await
                 .unwrap();
             units += listed;

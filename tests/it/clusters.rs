@@ -404,7 +404,7 @@ async fn a_hot_item_over_eight_buckets_sells_on_several_masters() {
     let keys = seckill::testing::Keys::new(&env.settings.namespace);
     let masters: std::collections::BTreeSet<u16> =
         seckill::domain::BucketId::all(seckill::domain::ItemId::new(1).unwrap(), 8)
-            .map(|stock| cluster.lock().unwrap().master_of(&keys.stock(stock).meta))
+            .map(|stock| cluster.lock().unwrap().master_of(&keys.bucket(stock).meta))
             .collect();
     eprintln!("8 buckets on the masters {masters:?}");
 
@@ -519,7 +519,7 @@ async fn a_master_left_without_replicas_leaves_no_unit_in_limbo() {
     let master = cluster
         .lock()
         .unwrap()
-        .master_of(&keys.stock(seckill::domain::BucketId::new(item, 0)).meta);
+        .master_of(&keys.bucket(seckill::domain::BucketId::new(item, 0)).meta);
     let answered = std::sync::atomic::AtomicU64::new(0);
     let at = |_: u64, _: u32| server.addr;
     // Should this test fail, the node comes back for the tests after it.
@@ -908,7 +908,7 @@ async fn a_loan_is_forgotten_only_once_the_home_masters_replicas_hold_it() {
     let keys = env.keys();
     let master_of = |id: u64, bucket: u8| {
         let stock = BucketId::new(ItemId::new(id).unwrap(), bucket);
-        cluster.lock().unwrap().master_of(&keys.stock(stock).meta)
+        cluster.lock().unwrap().master_of(&keys.bucket(stock).meta)
     };
     let (id, home_master) = (1..200)
         .find_map(|id| {

@@ -421,7 +421,7 @@ async fn scheduler_host_frozen_holding_its_lease(fleet: &mut Fleet) {
     // Frozen while it holds leases on due deadlines (its claim is in Redis). A claim is
     // held for tens of milliseconds: looked for every 5 ms (every 100 ms missed both the
     // reminders' and the deadlines' claims once).
-    let leased = env.keys().leased(env.stock(1));
+    let leased = env.keys().leased(env.bucket(1));
     let looking = Instant::now();
     loop {
         let held: u64 = redis::AsyncCommands::zcard(&mut env.redis.clone(), &leased)

@@ -549,7 +549,7 @@ async fn a_scheduler_that_overran_its_lease_never_ends_another_schedulers_hold()
         .await
         .unwrap();
     assert_eq!(mine, 0);
-    let held: u64 = conn.zcard(env.keys().leased(env.stock(1))).await.unwrap();
+    let held: u64 = conn.zcard(env.keys().leased(env.bucket(1))).await.unwrap();
     assert_eq!(held, 6, "the second scheduler's hold was taken away");
     // Putting back is refused the same way.
     let mine = delay::finish(
@@ -569,7 +569,7 @@ async fn a_scheduler_that_overran_its_lease_never_ends_another_schedulers_hold()
         .await
         .unwrap();
     assert_eq!(mine, 6);
-    let held: u64 = conn.zcard(env.keys().leased(env.stock(1))).await.unwrap();
+    let held: u64 = conn.zcard(env.keys().leased(env.bucket(1))).await.unwrap();
     assert_eq!(held, 0);
     api.stop().await;
 }

@@ -146,7 +146,7 @@ async fn two_warmups_at_once_never_wipe_or_shorten_the_stock() {
         let side: Vec<String> = redis
             .keys(
                 env.keys()
-                    .loading(env.stock(1), "*")
+                    .loading(env.bucket(1), "*")
                     .tokens
                     .replace("tokens:", "*"),
             )

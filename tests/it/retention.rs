@@ -314,7 +314,7 @@ async fn a_retirement_cut_off_halfway_is_finished_and_an_unfinished_sale_waits()
         .execute(&env.db)
         .await
         .unwrap();
-    let keys = env.keys().stock(seckill::domain::BucketId::whole(
+    let keys = env.keys().bucket(seckill::domain::BucketId::whole(
         seckill::domain::ItemId::new(1).unwrap(),
     ));
     redis.cmd(&["DEL", &keys.meta, &keys.tokens]).await;

@@ -244,7 +244,7 @@ pub async fn idempotency_keys(env: &TestEnv, server: &TestServer, item: u64) {
     // The key's record lives in Redis for a day, no longer.
     let record = env
         .keys()
-        .idempotency(env.stock(item), seckill::domain::UserId::new(7), "buy-2");
+        .idempotency(env.bucket(item), seckill::domain::UserId::new(7), "buy-2");
     let ttl: i64 = env.redis.clone().pttl(&record).await.unwrap();
     assert!((86_000_000..=86_400_000).contains(&ttl), "ttl {ttl}");
 

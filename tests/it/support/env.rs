@@ -161,14 +161,14 @@ impl TestEnv {
         Keys::new(&self.namespace)
     }
 
-    /// An unsplit item's whole stock.
-    pub fn stock(&self, item: u64) -> BucketId {
+    /// An unsplit item's one bucket.
+    pub fn bucket(&self, item: u64) -> BucketId {
         BucketId::whole(ItemId::new(item).expect("an item id"))
     }
 
     /// An unsplit item's Redis keys.
     pub fn item_keys(&self, item: u64) -> ItemKeys {
-        self.keys().stock(self.stock(item))
+        self.keys().bucket(self.bucket(item))
     }
 
     pub fn topology(&self) -> Topology {

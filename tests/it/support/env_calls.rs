@@ -78,7 +78,7 @@ impl TestEnv {
             pending: 0,
         };
         for stock in BucketId::all(ItemId::new(item).expect("an item id"), buckets) {
-            let keys = keys.stock(stock);
+            let keys = keys.bucket(stock);
             let listed: u64 = self.redis.clone().llen(keys.tokens).await.unwrap();
             let pending: u64 = self.redis.clone().hlen(keys.pending).await.unwrap();
             held.remaining += listed;
