@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use crate::deps::Deps;
 use crate::domain::{BucketId, ItemId};
-use crate::store::{DbError, Grouped, RedisError, StoreError};
+use crate::store::{Grouped, StoreError};
 
 use super::catalog::Catalog;
 use super::regroup::Regrouping;
@@ -49,17 +49,7 @@ pub enum WriteError {
     Store(#[from] StoreError),
 }
 
-impl From<DbError> for WriteError {
-    fn from(e: DbError) -> Self {
-        WriteError::Store(e.into())
-    }
-}
-
-impl From<RedisError> for WriteError {
-    fn from(e: RedisError) -> Self {
-        WriteError::Store(e.into())
-    }
-}
+crate::store::from_either_store!(WriteError);
 
 /// The first released tranche `next` would change on the live item, if it is loaded
 /// (before it is, nothing is on sale).

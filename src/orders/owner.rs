@@ -15,7 +15,7 @@ use crate::deps::Deps;
 use crate::domain::{BucketId, ItemId, OrderPlaced, OrderSn, UserId};
 use crate::items::catalog::Catalog;
 use crate::outbox::cleared_to_send;
-use crate::store::{DbError, RedisError, StoreError};
+use crate::store::StoreError;
 
 use super::ending::{self, Held};
 use super::placed;
@@ -48,17 +48,7 @@ pub enum OrderError {
     Internal(anyhow::Error),
 }
 
-impl From<RedisError> for OrderError {
-    fn from(e: RedisError) -> Self {
-        OrderError::Store(e.into())
-    }
-}
-
-impl From<DbError> for OrderError {
-    fn from(e: DbError) -> Self {
-        OrderError::Store(e.into())
-    }
-}
+crate::store::from_either_store!(OrderError);
 
 /// The order statuses a buyer sees: MySQL's three, and `pending`.
 #[derive(Clone, Copy, PartialEq, Serialize, ToSchema)]

@@ -19,7 +19,7 @@ use crate::lock::RedisLock;
 use crate::orders::ending::{self, Held};
 use crate::orders::placed;
 use crate::orders::repo::{self, CancelReason, OrderStatus, StatusCounts};
-use crate::store::{Db, DbError, RedisConns, RedisError, StoreError, mysql_timed, redis_timed};
+use crate::store::{Db, RedisConns, StoreError, mysql_timed, redis_timed};
 use crate::telemetry::Meters;
 
 /// Longest a reconciliation may hold its item's lock (it is released when done).
@@ -40,17 +40,7 @@ pub enum ReconcileError {
     Store(#[from] StoreError),
 }
 
-impl From<DbError> for ReconcileError {
-    fn from(e: DbError) -> Self {
-        ReconcileError::Store(e.into())
-    }
-}
-
-impl From<RedisError> for ReconcileError {
-    fn from(e: RedisError) -> Self {
-        ReconcileError::Store(e.into())
-    }
-}
+crate::store::from_either_store!(ReconcileError);
 
 /// What a reconciliation did and found.
 #[derive(Debug, Serialize, utoipa::ToSchema)]

@@ -44,17 +44,7 @@ pub enum ChangeError {
     Store(#[from] StoreError),
 }
 
-impl From<DbError> for ChangeError {
-    fn from(e: DbError) -> Self {
-        ChangeError::Store(e.into())
-    }
-}
-
-impl From<RedisError> for ChangeError {
-    fn from(e: RedisError) -> Self {
-        ChangeError::Store(e.into())
-    }
-}
+crate::store::from_either_store!(ChangeError);
 
 impl ShopChange<'_> {
     /// One change under the shop's lock: `write` to MySQL (which flags the shop for

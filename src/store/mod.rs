@@ -28,6 +28,25 @@ pub enum StoreError {
     Redis(#[from] RedisError),
 }
 
+/// `From<DbError>` and `From<RedisError>` for an operation's error whose `Store` variant
+/// holds a [`StoreError`], so that `?` takes either store's error as it is.
+macro_rules! from_either_store {
+    ($error:ident) => {
+        impl From<$crate::store::DbError> for $error {
+            fn from(e: $crate::store::DbError) -> Self {
+                $error::Store(e.into())
+            }
+        }
+
+        impl From<$crate::store::RedisError> for $error {
+            fn from(e: $crate::store::RedisError) -> Self {
+                $error::Store(e.into())
+            }
+        }
+    };
+}
+pub(crate) use from_either_store;
+
 /// How long one store call may take before the request gives up on it, leaving room in the
 /// contract's one-second budget for everything else.
 pub const STORE_TIMEOUT: Duration = Duration::from_millis(800);
