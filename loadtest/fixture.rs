@@ -47,6 +47,7 @@ pub async fn load(
             .query_async::<()>(redis)
             .await?;
     }
+    let units = units.to_string();
     redis::cmd("HSET")
         .arg(&keys.meta)
         .arg(&[
@@ -54,7 +55,7 @@ pub async fn load(
             ("paused", "0"),
             ("start_ms", "0"),
             ("end_ms", "99999999999999"),
-            ("sold", "0"),
+            ("total", units.as_str()),
         ])
         .query_async::<()>(redis)
         .await?;

@@ -1,7 +1,7 @@
 -- give_back.lua: undo a won purchase whose unit its replicas did not confirm in time
 -- (`SECKILL_REDIS_WAIT_REPLICAS`), unless someone is sending its order already.
 --
--- KEYS[1] meta          HASH  sold, fenced
+-- KEYS[1] meta          HASH  fenced
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] buyer_orders  HASH  user_id -> the user's live orders (the user's shard)
 -- KEYS[4] pending       HASH  order_sn -> order JSON
@@ -38,5 +38,4 @@ redis.call('RPUSH', KEYS[2], 'g:' .. ARGV[2])
 if ARGV[3] and ARGV[3] ~= '' and redis.call('GET', KEYS[6]) == ARGV[2] then
   redis.call('DEL', KEYS[6])
 end
-redis.call('HINCRBY', KEYS[1], 'sold', -1)
 return 'given_back'

@@ -1,7 +1,6 @@
 -- grab.lua: sell one unit of an item to one user, atomically.
 --
--- KEYS[1] meta          HASH  loaded, paused, start_ms, end_ms, sold, fenced, per_user, waves,
---                             draw_ms
+-- KEYS[1] meta          HASH  loaded, paused, start_ms, end_ms, fenced, per_user, waves, draw_ms
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] buyer_orders  HASH  user_id -> the user's live orders (this user's shard; below)
 -- KEYS[4] pending       HASH  order_sn -> order JSON (won, not yet in MySQL)
@@ -38,7 +37,7 @@
 --   {"sold_out", ""} | {"between_releases", next wave's ms} | {"paused", ""} |
 --   {"not_loaded", ""} | {"reloading", ""} (a warm-up is replacing the item's units:
 --   `fenced`) | {"not_started", ""} | {"ended", ""};
---   an error, with nothing written, when the meta's `sold` is not an integer
+--   an error, with nothing written, when the meta's window is not a number
 --
 -- A script never rolls back: every check happens before the first write (the LPOP).
 
@@ -77,19 +76,19 @@ if held and known_limit then
   end
 end
 
-local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'start_ms', 'end_ms', 'sold',
-  'fenced', 'per_user', 'waves', 'draw_ms')
+local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'start_ms', 'end_ms', 'fenced',
+  'per_user', 'waves', 'draw_ms')
 if not meta[1] then
   return {'not_loaded', ''}
 end
-if meta[6] then
+if meta[5] then
   return {'reloading', ''}
 end
 if meta[2] == '1' then
   return {'paused', ''}
 end
 -- A draw's units are given by rank (award.lua), never to the fastest.
-if meta[9] and meta[9] ~= '' then
+if meta[8] and meta[8] ~= '' then
   return {'ended', ''}
 end
 local time = redis.call('TIME')
@@ -102,19 +101,14 @@ if now >= tonumber(meta[4]) then
 end
 
 local places, live = parse_places(held)
-local refused = at_limit(live, tonumber(meta[7]) or 1)
+local refused = at_limit(live, tonumber(meta[6]) or 1)
 if refused then
   return refused
 end
 
--- HINCRBY below would fail on a `sold` that is not an integer, after the LPOP.
-if meta[5] and not string.match(meta[5], '^%-?%d+$') then
-  return redis.error_reply('item meta: sold is not an integer')
-end
-
 -- A wave to come holds back what is left here (even one with no share here: a split
 -- item's buyer may borrow from a bucket it reached).
-local next_wave = held_back(meta[8], KEYS[2])
+local next_wave = held_back(meta[7], KEYS[2])
 if next_wave then
   return {'between_releases', next_wave}
 end
@@ -124,8 +118,7 @@ if not token then
   return {'sold_out', ''}
 end
 
-local slot = record_win(KEYS[1], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], now, ARGV[3],
-  places)
+local slot = record_win(KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], now, ARGV[3], places)
 if key and key ~= '' then
   redis.call('SET', KEYS[6], ARGV[2], 'PX', 86400000)
 end

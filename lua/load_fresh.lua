@@ -3,18 +3,18 @@
 --
 -- KEYS[1] meta    HASH
 -- KEYS[2] tokens  LIST  the units (empty before: the caller checked)
--- ARGV[1..5] `loaded`, `sold`, `paused`, `start_ms`, `end_ms` as the warm-up read them
---            ('' for absent): a pause or a resume since changed one of them
--- ARGV[6]    the number of the first unit, minus one
--- ARGV[7]    units to load (unit numbers ARGV[6] + 1 .. ARGV[6] + ARGV[7])
--- ARGV[8..]  the new meta, field and value pairs
+-- ARGV[1..4] `loaded`, `paused`, `start_ms`, `end_ms` as the warm-up read them ('' for
+--            absent): a pause or a resume since changed one of them
+-- ARGV[5]    the number of the first unit, minus one
+-- ARGV[6]    units to load (unit numbers ARGV[5] + 1 .. ARGV[5] + ARGV[6])
+-- ARGV[7..]  the new meta, field and value pairs
 --
 -- The bulk warm-up's fast path (src/items/fresh.rs): one call per bucket instead of a
 -- side list and swap.lua, which also replaces buyer records a fresh bucket does not have.
 --
 -- Returns 'ok', or 'raced' with nothing changed.
 
-local fields = {'loaded', 'sold', 'paused', 'start_ms', 'end_ms'}
+local fields = {'loaded', 'paused', 'start_ms', 'end_ms'}
 local now = redis.call('HMGET', KEYS[1], unpack(fields))
 for i = 1, #fields do
   if (now[i] or '') ~= ARGV[i] then
@@ -23,7 +23,7 @@ for i = 1, #fields do
 end
 
 redis.call('DEL', KEYS[2])
-local first, units = tonumber(ARGV[6]), tonumber(ARGV[7])
+local first, units = tonumber(ARGV[5]), tonumber(ARGV[6])
 local batch = {}
 for unit = first + 1, first + units do
   batch[#batch + 1] = unit
@@ -35,7 +35,7 @@ end
 if #batch > 0 then
   redis.call('RPUSH', KEYS[2], unpack(batch))
 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 8))
+redis.call('HSET', KEYS[1], unpack(ARGV, 7))
 -- The server that holds the load, by its run id (see swap.lua).
 redis.call('HSET', KEYS[1], 'loaded_on', string.match(redis.call('INFO', 'server'), 'run_id:(%x+)'))
 return 'ok'

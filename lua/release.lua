@@ -1,6 +1,6 @@
 -- release.lua: give the units of ended orders back to an item's sale, idempotently.
 --
--- KEYS[1] meta          HASH  sold, fenced
+-- KEYS[1] meta          HASH  fenced
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] ending        ZSET  order_sn -> ms: cancels begun, their units not yet back
 -- then, per order i (1-based): KEYS[3 + i] buyer_orders (HASH of the user's shard)
@@ -27,7 +27,6 @@ for i = 1, #ARGV / 2 do
   local user, sn = ARGV[2 * i - 1], ARGV[2 * i]
   if free_place(KEYS[3 + i], user, sn) then
     redis.call('RPUSH', KEYS[2], 'r:' .. sn)
-    redis.call('HINCRBY', KEYS[1], 'sold', -1)
     released[#released + 1] = sn
   end
   redis.call('ZREM', KEYS[3], sn)

@@ -9,29 +9,28 @@
 --                                  (HASH per shard)
 --                                KEYS[3 + N + 1 .. 3 + 2N]   the run's loading copies of
 --                                  them, in the same order (absent when empty)
--- ARGV[1..5] `loaded`, `sold`, `paused`, `start_ms`, `end_ms` as the warm-up read them
---            ('' for absent): a sale, a cancel's release, a pause or a resume since
---            changed one of them
--- ARGV[6]    this run's id: the bucket must still be `fenced` by it (a warm-up fences
+-- ARGV[1..4] `loaded`, `paused`, `start_ms`, `end_ms` as the warm-up read them ('' for
+--            absent): a pause, a resume or a new window since changed one of them
+-- ARGV[5]    this run's id: the bucket must still be `fenced` by it (a warm-up fences
 --            every bucket of the item before its decisive read; while fenced, nothing
 --            sells, lends, gives back or releases there)
--- ARGV[7..]  the new meta, field and value pairs
+-- ARGV[6..]  the new meta, field and value pairs
 --
 -- Every key carries the item's hash tag: one slot, so this runs on a Redis Cluster too
 -- (a WATCH would not: the cluster connection is shared by every request).
 --
 -- Returns {'ok', units listed, units sold} as the swap left them (read back in the same
--- step: once the fence is lifted the sale may go on at once), or {'raced', 0, 0} with nothing
--- changed.
+-- step: once the fence is lifted the sale may go on at once; sold is `total` less the
+-- listed units), or {'raced', 0, 0} with nothing changed.
 
-local fields = {'loaded', 'sold', 'paused', 'start_ms', 'end_ms'}
+local fields = {'loaded', 'paused', 'start_ms', 'end_ms'}
 local now = redis.call('HMGET', KEYS[1], unpack(fields))
 for i = 1, #fields do
   if (now[i] or '') ~= ARGV[i] then
     return {'raced', 0, 0}
   end
 end
-if redis.call('HGET', KEYS[1], 'fenced') ~= ARGV[6] then
+if redis.call('HGET', KEYS[1], 'fenced') ~= ARGV[5] then
   return {'raced', 0, 0}
 end
 
@@ -49,9 +48,12 @@ local shard_keys = (#KEYS - 3) / 2
 for i = 1, shard_keys do
   replace(KEYS[3 + i], KEYS[3 + shard_keys + i])
 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 7))
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
 -- The server that holds the load, by its run id: a later warm-up that finds another one
 -- serving the bucket (a failover, a restart) knows writes may have been lost since.
 redis.call('HSET', KEYS[1], 'loaded_on', string.match(redis.call('INFO', 'server'), 'run_id:(%x+)'))
 redis.call('HDEL', KEYS[1], 'fenced')
-return {'ok', redis.call('LLEN', KEYS[2]), tonumber(redis.call('HGET', KEYS[1], 'sold'))}
+-- A `sold` field an older server wrote is no count of this release's: it goes.
+redis.call('HDEL', KEYS[1], 'sold')
+local listed = redis.call('LLEN', KEYS[2])
+return {'ok', listed, tonumber(redis.call('HGET', KEYS[1], 'total')) - listed}

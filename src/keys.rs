@@ -228,8 +228,8 @@ impl Keys {
 pub struct ItemKeys {
     /// Which item and bucket these are the keys of.
     pub bucket: BucketId,
-    /// HASH: `loaded` (ms), `total` (units this bucket holds, sold or not), `sold`,
-    /// `paused` (0/1), `start_ms`, `end_ms`; `loaded_on` (the run id of the Redis server
+    /// HASH: `loaded` (ms), `total` (units this bucket holds, sold or not: less the
+    /// listed units, those sold), `paused` (0/1), `start_ms`, `end_ms`; `loaded_on` (the run id of the Redis server
     /// that took the load: another one serving it means a failover or a restart since);
     /// `fenced` (a warm-up's run id while it replaces the units: nothing sells).
     pub meta: String,

@@ -21,9 +21,14 @@ local function parse_places(held)
 end
 
 -- Records a won unit: `sn` takes the first free place of `places` (the user's record as
--- parse_places read it), the bucket's `sold` grows, the order goes into `pending` and the
--- outbox. The order JSON gets its place when not 0. Returns the place.
-local function record_win(meta, buyer_orders, pending, outbox, user, sn, now, order, places)
+-- parse_places read it), the order goes into `pending` and the outbox. The order JSON gets
+-- its place when not 0. Returns the place.
+--
+-- Nothing counts the sale: a bucket's units sold are its `total` less its listed units
+-- (src/items/stock.rs), which the LPOP before this already changed. Servers up to commit
+-- 5c24ba2 (2026-12-03) also counted sales in a meta field `sold`; during a rolling upgrade
+-- they may still move it, and nothing of this release reads it.
+local function record_win(buyer_orders, pending, outbox, user, sn, now, order, places)
   local slot = #places
   for i = 1, #places do
     if places[i] == '-' then
@@ -36,7 +41,6 @@ local function record_win(meta, buyer_orders, pending, outbox, user, sn, now, or
     order = string.sub(order, 1, -2) .. ',"slot":' .. slot .. '}'
   end
   redis.call('HSET', buyer_orders, user, table.concat(places, ' '))
-  redis.call('HINCRBY', meta, 'sold', 1)
   redis.call('HSET', pending, sn, order)
   redis.call('ZADD', outbox, now, sn)
   return slot

@@ -44,18 +44,23 @@ pub fn retired(item: &Item, held: u64) -> Option<StockSnapshot> {
 
 /// One bucket. Units lent to another bucket and not yet arrived count as remaining: they
 /// are on sale, on their way.
+///
+/// What is sold is the bucket's `total` (its units, sold or on sale; a loan moves one
+/// from the lender's to the receiver's) less the units listed: every sale takes a unit
+/// off the list and every release puts one back, so no script counts sales apart — a
+/// counter would cost each won grab a write (issue 26).
 pub async fn snapshot<C>(conn: &mut C, keys: &ItemKeys) -> Result<StockSnapshot, RedisError>
 where
     C: redis::aio::ConnectionLike + Send,
 {
     type Read = ((Option<i64>, Option<u64>, Option<String>), u64, u64, u64);
-    let ((loaded, sold, fenced), listed, lent, pending): Read = redis_timed(
+    let ((loaded, total, fenced), listed, lent, pending): Read = redis_timed(
         redis::pipe()
             .atomic()
             .cmd("HMGET")
             .arg(&keys.meta)
             .arg("loaded")
-            .arg("sold")
+            .arg("total")
             .arg("fenced")
             .llen(&keys.tokens)
             .hlen(&keys.lent)
@@ -67,7 +72,7 @@ where
         loaded: loaded.is_some(),
         loaded_at_ms: loaded,
         remaining: listed + lent,
-        sold: sold.unwrap_or(0),
+        sold: total.map_or(0, |total| total.saturating_sub(listed)),
         pending,
         reloading: fenced.is_some(),
     })

@@ -63,7 +63,8 @@ pub struct Report {
     pub orders: StatusCounts,
     /// Whether the item's units are in Redis (a sale never warmed up has none).
     pub loaded: bool,
-    /// remaining + pending + unpaid + paid = total, and `sold` = pending + unpaid + paid;
+    /// remaining + pending + unpaid + paid = total, and `sold` (Redis's `total` less its
+    /// listed units) = pending + unpaid + paid;
     /// for an item never loaded: no order holds a unit.
     pub consistent: bool,
 }

@@ -188,7 +188,6 @@ async fn load_buckets(
     for bucket in buckets {
         let meta = BucketMeta {
             total: bucket.units,
-            sold: 0,
         };
         let pipe = grouped.group();
         pipe.cmd("EVALSHA")

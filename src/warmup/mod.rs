@@ -49,9 +49,9 @@ const CONSUMERS_DONE_AFTER: Duration =
 /// How long a rebuild looks for an empty order queue before refusing.
 const QUEUE_EMPTY_WITHIN: Duration = Duration::from_secs(5);
 /// The meta fields `swap.lua` guards: a change of any of them since the warm-up read them
-/// (a pause, a resume, a new window; sales and releases wait while the item is fenced)
-/// aborts the swap.
-pub(super) const GUARDED: [&str; 5] = ["loaded", "sold", "paused", "start_ms", "end_ms"];
+/// (a pause, a resume, a new window) aborts the swap. Sales and releases need no guard:
+/// they wait while the item is fenced, and the fence is up before the read.
+pub(super) const GUARDED: [&str; 4] = ["loaded", "paused", "start_ms", "end_ms"];
 /// A Redis that started this close before a load (its uptime is in whole seconds) counts
 /// as having restarted after it.
 const RESTART_SLACK_MS: i64 = 2_000;
@@ -358,7 +358,6 @@ impl Warmup<'_> {
             fill_buyers(conn, &loading, &mine).await?;
             let meta = BucketMeta {
                 total: mine.len() as u64 + share,
-                sold: mine.len() as u64,
             };
             let one = swap_in(conn, bucket, &loading, &item, seen, &run, meta).await?;
             swapped.listed += one.listed;
@@ -488,9 +487,9 @@ fn started_ms(server: &redis::InfoDict) -> Result<i64, WarmupError> {
 
 /// What a bucket's meta says after a load.
 pub(super) struct BucketMeta {
-    /// Units in the bucket: sold, plus on sale.
+    /// Units in the bucket: sold, plus on sale. What is sold is never counted apart: it
+    /// is `total` less the units listed (src/items/stock.rs).
     pub total: u64,
-    pub sold: u64,
 }
 
 /// Holds every bucket back for this run (`fenced` in its meta; a dead run's fence is
@@ -679,7 +678,6 @@ pub(super) fn meta_after(
     let mut fields = vec![
         ("loaded", crate::clock::now().timestamp_millis().to_string()),
         ("total", after.total.to_string()),
-        ("sold", after.sold.to_string()),
         ("paused", i64::from(item.paused).to_string()),
     ];
     fields.extend(stock::Rules::of(item).meta(bucket));

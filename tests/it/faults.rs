@@ -130,17 +130,19 @@ async fn sold_out_is_answered_from_memory_everywhere_and_forgotten_when_units_re
     a.stop().await;
 }
 
-/// `grab.lua` checks everything before its first write: a `sold` count that is not a
-/// number refuses the purchase and takes no unit (a script never rolls back).
+/// `grab.lua` checks everything before its first write: a sale window in the meta that
+/// is not a number refuses the purchase and takes no unit (a script never rolls back).
 #[tokio::test]
-async fn a_corrupt_sold_count_refuses_the_purchase_without_taking_a_unit() {
+async fn a_corrupt_meta_refuses_the_purchase_without_taking_a_unit() {
     use redis::AsyncCommands;
-    let env = TestEnv::new("badsold").await;
+    let env = TestEnv::new("badmeta").await;
     let server = env.server(ALL_ROLES).await;
     env.item(1, 5).on_sale(&server).await;
     let mut redis = env.redis.clone();
+    let meta = env.item_keys(1).meta;
+    let start_ms: String = redis.hget(&meta, "start_ms").await.unwrap();
     redis
-        .hset::<_, _, _, ()>(env.item_keys(1).meta, "sold", "garbage")
+        .hset::<_, _, _, ()>(&meta, "start_ms", "garbage")
         .await
         .unwrap();
     let (status, json) = env.buy(&server, 1, 1).await;
@@ -153,7 +155,7 @@ async fn a_corrupt_sold_count_refuses_the_purchase_without_taking_a_unit() {
     let pending: u64 = redis.hlen(env.item_keys(1).pending).await.unwrap();
     assert_eq!(pending, 0);
     redis
-        .hset::<_, _, _, ()>(env.item_keys(1).meta, "sold", 0)
+        .hset::<_, _, _, ()>(&meta, "start_ms", start_ms)
         .await
         .unwrap();
     assert_eq!(env.buy(&server, 1, 1).await.0, 202);

@@ -1,12 +1,12 @@
-//! A rolling upgrade mid-sale: servers of the previous key layout and of this one selling
+//! A rolling upgrade mid-sale: servers of a previous key layout and of this one selling
 //! the same item side by side, as during a deploy (docs/operations.md, "Upgrading
 //! mid-sale").
 //!
-//! The previous layout is kept as its purchase script (`tests/it/previous/`, the Lua of
-//! 2026-12-02, which also wrote every buyer into a sorted set `buyers`). An old API instance is played by this test running the old
+//! Each previous layout is kept as its purchase script (`tests/it/previous/<what it wrote>/`,
+//! as that release composed it). An old API instance is played by this test running the old
 //! `grab.lua` against the live keys and leaving its orders in the outbox — as one that won
 //! and was then stopped by the deploy before publishing: the new scheduler's relay must
-//! send them.
+//! send them. Both previous releases are proven, so a deploy that skips one is covered too.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -16,13 +16,33 @@ use seckill::domain::{BUYER_SHARDS, BucketId, ItemId, OrderPlaced, OrderSn, User
 
 use crate::support::*;
 
-/// The previous layout's purchase, composed as its server composed it.
-fn previous_grab() -> Script {
-    Script::new(concat!(
-        include_str!("previous/waves.lua"),
-        include_str!("previous/places.lua"),
-        include_str!("previous/grab.lua")
-    ))
+/// A previous release whose servers may still sell during a deploy, named after what it
+/// wrote that this one does not.
+#[derive(Clone, Copy)]
+enum Previous {
+    /// Up to 2026-12-02: every buyer also went into a sorted set `buyers`, and each sale
+    /// was counted in the meta's `sold`.
+    BuyersSet,
+    /// Up to commit 5c24ba2 (2026-12-03): each sale was still counted in the meta's `sold`.
+    SoldCounter,
+}
+
+impl Previous {
+    /// Its purchase, composed as its server composed it.
+    fn grab(self) -> Script {
+        Script::new(match self {
+            Previous::BuyersSet => concat!(
+                include_str!("previous/buyers-set/waves.lua"),
+                include_str!("previous/buyers-set/places.lua"),
+                include_str!("previous/buyers-set/grab.lua")
+            ),
+            Previous::SoldCounter => concat!(
+                include_str!("previous/sold-counter/waves.lua"),
+                include_str!("previous/sold-counter/places.lua"),
+                include_str!("previous/sold-counter/grab.lua")
+            ),
+        })
+    }
 }
 
 /// What a server of the previous layout answered: `won` with the new order's number,
@@ -32,15 +52,16 @@ struct OldAnswer {
     order_sn: String,
 }
 
-/// A purchase by a server of the previous layout: its keys, its arguments, its script.
-async fn old_server_buys(env: &TestEnv, script: &Script, item: u64, user: u64) -> OldAnswer {
+/// A purchase by a server of a previous layout: its keys, its arguments, its script.
+async fn old_server_buys(
+    env: &TestEnv,
+    previous: Previous,
+    script: &Script,
+    item: u64,
+    user: u64,
+) -> OldAnswer {
     let keys = env.item_keys(item);
     let user = UserId::new(user);
-    let shard = user.shard(BUYER_SHARDS);
-    let buyers = format!(
-        "{}:{{item:{item}}}:v1:buyers:{shard}",
-        env.keys().namespace()
-    );
     let item_id = ItemId::new(item).unwrap();
     let now = chrono::Utc::now().timestamp_millis();
     let order = OrderPlaced {
@@ -51,20 +72,28 @@ async fn old_server_buys(env: &TestEnv, script: &Script, item: u64, user: u64) -
         pay_deadline_ms: now + 1_800_000,
         slot: 0,
     };
-    let (outcome, detail): (String, String) = script
-        .key(&keys.meta)
-        .key(&keys.tokens)
-        .key(&buyers)
-        .key(keys.buyer_orders(user))
+    let mut call = script.prepare_invoke();
+    call.key(&keys.meta).key(&keys.tokens);
+    if let Previous::BuyersSet = previous {
+        let shard = user.shard(BUYER_SHARDS);
+        call.key(format!(
+            "{}:{{item:{item}}}:v1:buyers:{shard}",
+            env.keys().namespace()
+        ));
+    }
+    call.key(keys.buyer_orders(user))
         .key(&keys.pending)
         .key(&keys.outbox)
         .arg(user.get())
         .arg(order.order_sn.as_str())
         .arg(serde_json::to_string(&order).unwrap())
-        .arg("")
-        .invoke_async(&mut env.redis.clone())
-        .await
-        .unwrap();
+        .arg("");
+    if let Previous::SoldCounter = previous {
+        // `per_user` as its catalogue had it.
+        call.arg(1);
+    }
+    let (outcome, detail): (String, String) =
+        call.invoke_async(&mut env.redis.clone()).await.unwrap();
     let order_sn = match outcome.as_str() {
         "won" => order.order_sn.to_string(),
         _ => detail,
@@ -79,16 +108,26 @@ async fn old_server_buys(env: &TestEnv, script: &Script, item: u64, user: u64) -
 /// nobody holds two, every win reaches MySQL once — the old server's too, which it left in
 /// the outbox and only the new relay sends — and the stock adds up.
 #[tokio::test]
-async fn a_sale_keeps_selling_through_new_servers_beside_old_ones() {
-    let env = TestEnv::new("upgrade").await;
+async fn a_sale_keeps_selling_through_new_servers_beside_ones_writing_a_buyers_set() {
+    keeps_selling_beside(Previous::BuyersSet, "upgrade_buyers").await;
+}
+
+/// The same beside servers of the release just before this one.
+#[tokio::test]
+async fn a_sale_keeps_selling_through_new_servers_beside_ones_counting_sold() {
+    keeps_selling_beside(Previous::SoldCounter, "upgrade_sold").await;
+}
+
+async fn keeps_selling_beside(previous: Previous, namespace: &str) {
+    let env = TestEnv::new(namespace).await;
     let server = env.server(ALL_ROLES).await;
     env.item(1, 300).on_sale(&server).await;
-    let old = previous_grab();
+    let old = previous.grab();
     let mut won: HashMap<u64, String> = HashMap::new();
 
     // 1. The old server sells to users 1–100.
     for user in 1..=100 {
-        let answer = old_server_buys(&env, &old, 1, user).await;
+        let answer = old_server_buys(&env, previous, &old, 1, user).await;
         assert_eq!(answer.outcome, "won", "old server, user {user}");
         won.insert(user, answer.order_sn);
     }
@@ -108,7 +147,7 @@ async fn a_sale_keeps_selling_through_new_servers_beside_old_ones() {
     }
     // 3. The old server again: users 101–200 hold the new server's orders, 201–250 win.
     for user in 101..=250 {
-        let answer = old_server_buys(&env, &old, 1, user).await;
+        let answer = old_server_buys(&env, previous, &old, 1, user).await;
         if user <= 200 {
             assert_eq!(
                 (answer.outcome.as_str(), answer.order_sn.as_str()),
@@ -137,7 +176,7 @@ async fn a_sale_keeps_selling_through_new_servers_beside_old_ones() {
     let old_side = async {
         let mut wins = Vec::new();
         for user in (251..=400u64).rev() {
-            let answer = old_server_buys(&env, &old, 1, user).await;
+            let answer = old_server_buys(&env, previous, &old, 1, user).await;
             if answer.outcome == "won" {
                 wins.push((user, answer.order_sn));
             }

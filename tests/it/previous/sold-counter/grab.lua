@@ -1,0 +1,132 @@
+-- grab.lua: sell one unit of an item to one user, atomically.
+--
+-- KEYS[1] meta          HASH  loaded, paused, start_ms, end_ms, sold, fenced, per_user, waves,
+--                             draw_ms
+-- KEYS[2] tokens        LIST  unsold units
+-- KEYS[3] buyer_orders  HASH  user_id -> the user's live orders (this user's shard; below)
+-- KEYS[4] pending       HASH  order_sn -> order JSON (won, not yet in MySQL)
+-- KEYS[5] outbox        ZSET  order_sn -> won-at ms (not yet confirmed by RabbitMQ)
+-- KEYS[6] idempotency   STRING the order this user's key bought (only with ARGV[4])
+-- ARGV[1] user_id
+-- ARGV[2] order_sn      the number this order gets if the user wins
+-- ARGV[3] order JSON    stored in `pending` for the publisher, the relay and order reads
+-- ARGV[4] the buyer's Idempotency-Key, '' for none
+-- ARGV[5] the item's `per_user` as the caller's catalogue has it ('' or absent: unknown)
+--
+-- A buyer who already holds that many orders is answered first, before the meta and the
+-- clock are read: it is the crowd's most frequent press that reaches Redis (a retry) and
+-- costs one read this way. It is the truth whatever the sale's state; the window, the
+-- pause and a reload were judged from memory just before. Should the caller's `per_user`
+-- be older than a raise of it (a catalogue refreshes within a second), such a buyer hears
+-- "duplicate" until then, and nothing is taken; a limit lowered meanwhile is caught below,
+-- by the meta's own `per_user`.
+--
+-- The sale's window is judged by Redis's own TIME, not by the caller's clock: a host whose
+-- clock runs ahead or behind sells exactly when the others do.
+--
+-- A buyer record lists the user's live orders by place (lib/places.lua); a win takes the
+-- first free one. A new order takes the first free place (its
+-- `slot`, which MySQL's unique key on (item, live user, slot) backs).
+--
+-- Waves (`waves`, lib/waves.lua): a unit sells only while the list holds more than a wave
+-- still to come holds back, by Redis's own TIME; while a wave is to come the answer is
+-- never "sold out".
+--
+-- Returns a two-element array {outcome, detail}:
+--   {"won", slot} | {"repeat", order_sn} (this key bought that order before) |
+--   {"duplicate", existing order_sn} (per_user 1) | {"limit_reached", "sn sn …"} |
+--   {"sold_out", ""} | {"between_releases", next wave's ms} | {"paused", ""} |
+--   {"not_loaded", ""} | {"reloading", ""} (a warm-up is replacing the item's units:
+--   `fenced`) | {"not_started", ""} | {"ended", ""};
+--   an error, with nothing written, when the meta's `sold` is not an integer
+--
+-- A script never rolls back: every check happens before the first write (the LPOP).
+
+-- The answer to a buyer whose live orders (`live`) reach `limit`, or nil.
+local function at_limit(live, limit)
+  if #live < limit then
+    return nil
+  end
+  if limit == 1 then
+    return {'duplicate', live[1]}
+  end
+  return {'limit_reached', table.concat(live, ' ')}
+end
+
+-- A buyer's key that bought before: its order, whatever else holds.
+local key = ARGV[4]
+if key and key ~= '' then
+  local bought = redis.call('GET', KEYS[6])
+  if bought then
+    return {'repeat', bought}
+  end
+end
+
+local held = redis.call('HGET', KEYS[3], ARGV[1])
+local known_limit = tonumber(ARGV[5])
+if held and known_limit then
+  -- One order, the common case: a record of one place is an order number (a record has
+  -- no trailing free places and goes when it holds none).
+  if known_limit == 1 and not string.find(held, ' ', 1, true) then
+    return {'duplicate', held}
+  end
+  local _, live = parse_places(held)
+  local refused = at_limit(live, known_limit)
+  if refused then
+    return refused
+  end
+end
+
+local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'start_ms', 'end_ms', 'sold',
+  'fenced', 'per_user', 'waves', 'draw_ms')
+if not meta[1] then
+  return {'not_loaded', ''}
+end
+if meta[6] then
+  return {'reloading', ''}
+end
+if meta[2] == '1' then
+  return {'paused', ''}
+end
+-- A draw's units are given by rank (award.lua), never to the fastest.
+if meta[9] and meta[9] ~= '' then
+  return {'ended', ''}
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+if now < tonumber(meta[3]) then
+  return {'not_started', ''}
+end
+if now >= tonumber(meta[4]) then
+  return {'ended', ''}
+end
+
+local places, live = parse_places(held)
+local refused = at_limit(live, tonumber(meta[7]) or 1)
+if refused then
+  return refused
+end
+
+-- HINCRBY below would fail on a `sold` that is not an integer, after the LPOP.
+if meta[5] and not string.match(meta[5], '^%-?%d+$') then
+  return redis.error_reply('item meta: sold is not an integer')
+end
+
+-- A wave to come holds back what is left here (even one with no share here: a split
+-- item's buyer may borrow from a bucket it reached).
+local next_wave = held_back(meta[8], KEYS[2])
+if next_wave then
+  return {'between_releases', next_wave}
+end
+
+local token = redis.call('LPOP', KEYS[2])
+if not token then
+  return {'sold_out', ''}
+end
+
+local slot = record_win(KEYS[1], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], now, ARGV[3],
+  places)
+if key and key ~= '' then
+  redis.call('SET', KEYS[6], ARGV[2], 'PX', 86400000)
+end
+return {'won', slot}
