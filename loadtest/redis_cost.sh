@@ -14,16 +14,30 @@
 #   REDIS_CPU=1 ./loadtest/redis_cost.sh   Redis on core 1 alone, everything else on the
 #                                      others (usec is wall time: sharing a core with the
 #                                      server, Redis counts its waits for the core too)
+#   COUNT=instructions ./loadtest/redis_cost.sh   Redis under valgrind's callgrind: the
+#                                      second figure in instructions per won order (the
+#                                      same on every run, where CPU time on this shared
+#                                      VM moves 2× between days), beside what a win of
+#                                      the minimal script costs; no per-call figures
+#                                      (grab_anatomy.sh counts those). ORDERS=5000 and
+#                                      16 buyers at once by default: Redis runs ~50×
+#                                      slower and must still answer within the budget.
 #
 # Uses the machine's MariaDB and RabbitMQ under the namespace and database `seckill_cost`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . loadtest/lib.sh
 
+count=${COUNT:-usec}
+case $count in
+  usec) orders=${ORDERS:-20000} concurrency=64 ;;
+  instructions) orders=${ORDERS:-5000} concurrency=16 ;;
+  *) die "COUNT is usec or instructions, not '$count'" ;;
+esac
 calls=${CALLS:-50000}
-orders=${ORDERS:-20000}
 port=16400
 ./dev/services.sh
+[ "$count" = instructions ] && ./dev/tools.sh valgrind
 cargo build --release --locked --bin seckill --example redis_cost 2>&1 | tail -1
 
 out=loadtest/out/redis_cost
@@ -55,17 +69,37 @@ if [ -n "${REDIS_CPU:-}" ]; then
   others=$(seq 0 $(($(nproc) - 1)) | grep -vx "$REDIS_CPU" | paste -sd,)
   taskset -pc "$others" $$ >/dev/null
 fi
-"${pin[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
-  --dir "$PWD/$out" --logfile "$PWD/$out/redis.log" >/dev/null
-wait_until 5 private ping || die "the private Redis did not start; see $out/redis.log"
+redis_args=(--port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$PWD/$out"
+  --logfile "$PWD/$out/redis.log")
+if [ "$count" = instructions ]; then
+  valgrind --tool=callgrind --callgrind-out-file="$PWD/$out/callgrind.%n" \
+    redis-server "${redis_args[@]}" >"$out/valgrind.log" 2>&1 &
+  redis_pid=$!
+  pids+=("$redis_pid")
+  wait_until 60 private ping || die "the private Redis did not start; see $out/valgrind.log"
+else
+  "${pin[@]}" redis-server "${redis_args[@]}" --daemonize yes >/dev/null
+  wait_until 5 private ping || die "the private Redis did not start; see $out/redis.log"
+  echo "per call: $calls wins, $calls duplicates, $calls sold-out answers, $calls minimal wins" >&2
+  target/release/examples/redis_cost --redis "$SECKILL_REDIS_URL" --calls "$calls" |
+    tee "$out/per_call.txt"
+  private flushall >/dev/null
+fi
 
-echo "per call: $calls wins, $calls duplicates, $calls sold-out answers, $calls minimal wins" >&2
-target/release/examples/redis_cost --redis "$SECKILL_REDIS_URL" --calls "$calls" | tee "$out/per_call.txt"
-private flushall >/dev/null
-
-# Redis's CPU so far, in µs (user + sys).
+# What Redis spent so far: µs of CPU (user + sys), or instructions (callgrind's count
+# since the last dump, added up in $out/instructions).
+echo 0 >"$out/instructions"
 cpu_us() {
-  private info cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.0f", s * 1000000}'
+  if [ "$count" = instructions ]; then
+    callgrind_control -d "$redis_pid" >/dev/null 2>&1
+    local since
+    since=$(awk '/^(summary|totals):/ {print $2; exit}' "$(ls -t "$out"/callgrind.* | head -1)")
+    echo $(($(cat "$out/instructions") + since)) >"$out/instructions"
+    callgrind_control -z "$redis_pid" >/dev/null 2>&1
+    cat "$out/instructions"
+  else
+    private info cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.0f", s * 1000000}'
+  fi
 }
 # Orders still in an outbox (ZSET) or pending (HASH), over every bucket of the run.
 drained() {
@@ -90,7 +124,7 @@ private config resetstat >/dev/null
 before=$(cpu_us)
 t0=$(date +%s.%N)
 target/release/seckill rehearse --units "$orders" --users "$orders" --requests "$orders" \
-  --concurrency 64 --out "$out/bench" >"$out/bench.log" 2>&1 ||
+  --concurrency "$concurrency" --out "$out/bench" >"$out/bench.log" 2>&1 ||
   { echo "seckill rehearse failed; see $out/bench.log" >&2; exit 1; }
 wait_until 60 drained || die "orders still in the outbox or pending; see $out/server.log"
 after=$(cpu_us)
@@ -100,6 +134,34 @@ won=$(grep -oE '"won": *[0-9]+' "$out/bench/report.json" | head -1 | grep -oE '[
 elapsed_us=$(echo "($t1 - $t0) * 1000000" | bc | cut -d. -f1)
 net=$(( after - before - idle_rate * elapsed_us / 1000000 ))
 
+if [ "$count" = instructions ]; then
+  # The yardstick in the same unit: wins of loadtest/lua/minimal.lua, counted alike while
+  # the server idles beside them.
+  minimal=$(private script load "$(cat loadtest/lua/minimal.lua)")
+  private rpush yardstick:tokens $(seq 1 5000) >/dev/null
+  m0=$(cpu_us)
+  s0=$(date +%s.%N)
+  redis-benchmark -p "$port" -c 16 -P 8 -n 5000 -r 1000000000 evalsha "$minimal" 3 \
+    yardstick:meta yardstick:tokens yardstick:buyers __rand_int__ 1764000000000 >/dev/null
+  m1=$(cpu_us)
+  s_us=$(echo "($(date +%s.%N) - $s0) * 1000000" | bc | cut -d. -f1)
+  minimal_win=$(( (m1 - m0 - idle_rate * s_us / 1000000) / 5000 ))
+  cat <<REPORT
+
+Redis instructions per won order, everything included ($(date -u +%Y-%m-%d), under callgrind):
+$orders buyers pressing once, $won won; Redis ran $(( (after - before) / 1000000 )) M instructions in $(echo "scale=1; $elapsed_us / 1000000" | bc) s,
+$(( idle_rate * elapsed_us / 1000000000000 )) M of them what the idle server runs in that time:
+**$(( net / won )) instructions of Redis per won order**, against $minimal_win for a win of the
+minimal script: $(echo "scale=2; $net / $won / $minimal_win" | bc)×
+
+Commands per won order (INFO commandstats over the run and the yardstick's; µs under
+callgrind, so only their proportions mean anything):
+REPORT
+  private info commandstats | tr -d '\r' | awk -F'[:,=]' -v won="$won" \
+    '/^cmdstat_/ { printf "  %-22s %9.2f µs  %6.2f calls\n", substr($1, 9), $5 / won, $3 / won }' |
+    sort -k2 -nr | head -20
+  exit 0
+fi
 cat <<REPORT
 
 Redis CPU per won order, everything included ($(date -u +%Y-%m-%d), Redis $(private info server | awk -F: '/^redis_version/ {print $2}' | tr -d '\r')):
