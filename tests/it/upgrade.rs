@@ -28,16 +28,17 @@ enum Previous {
 }
 
 impl Previous {
-    /// Its purchase, composed as its server composed it.
+    /// Its purchase, composed as its server composed it (`lib/waves.lua` was the same in
+    /// both).
     fn grab(self) -> Script {
         Script::new(match self {
             Previous::BuyersSet => concat!(
-                include_str!("previous/buyers-set/waves.lua"),
+                include_str!("previous/waves.lua"),
                 include_str!("previous/buyers-set/places.lua"),
                 include_str!("previous/buyers-set/grab.lua")
             ),
             Previous::SoldCounter => concat!(
-                include_str!("previous/sold-counter/waves.lua"),
+                include_str!("previous/waves.lua"),
                 include_str!("previous/sold-counter/places.lua"),
                 include_str!("previous/sold-counter/grab.lua")
             ),
