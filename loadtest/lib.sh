@@ -25,3 +25,24 @@ on_sale() {
   admin PUT "/admin/items/$1" "{\"name\":\"load test $1\",\"shop_id\":1,\"total\":$2,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1}" >/dev/null
   admin POST "/admin/items/$1/warmup" >/dev/null
 }
+
+# callgrind_redis DIR REDIS_ARGS...: starts redis-server under valgrind's callgrind (in
+# the background, its log and dumps in DIR) and sets `callgrind_pid`. Counting its
+# instructions instead of timing it gives the same figure on every run.
+callgrind_redis() {
+  local dir=$1
+  shift
+  ./dev/tools.sh valgrind
+  valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.%n" \
+    redis-server "$@" >"$dir/valgrind.log" 2>&1 &
+  callgrind_pid=$!
+  callgrind_dir=$dir
+}
+
+# callgrind_since: the instructions the Redis of `callgrind_redis` ran since the last call
+# (or its start), then counts afresh.
+callgrind_since() {
+  callgrind_control -d "$callgrind_pid" >/dev/null 2>&1
+  awk '/^(summary|totals):/ {print $2; exit}' "$(ls -t "$callgrind_dir"/callgrind.* | head -1)"
+  callgrind_control -z "$callgrind_pid" >/dev/null 2>&1
+}

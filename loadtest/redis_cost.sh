@@ -37,7 +37,6 @@ esac
 calls=${CALLS:-50000}
 port=16400
 ./dev/services.sh
-[ "$count" = instructions ] && ./dev/tools.sh valgrind
 cargo build --release --locked --bin seckill --example redis_cost 2>&1 | tail -1
 
 out=loadtest/out/redis_cost
@@ -72,10 +71,8 @@ fi
 redis_args=(--port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$PWD/$out"
   --logfile "$PWD/$out/redis.log")
 if [ "$count" = instructions ]; then
-  valgrind --tool=callgrind --callgrind-out-file="$PWD/$out/callgrind.%n" \
-    redis-server "${redis_args[@]}" >"$out/valgrind.log" 2>&1 &
-  redis_pid=$!
-  pids+=("$redis_pid")
+  callgrind_redis "$PWD/$out" "${redis_args[@]}"
+  pids+=("$callgrind_pid")
   wait_until 60 private ping || die "the private Redis did not start; see $out/valgrind.log"
 else
   "${pin[@]}" redis-server "${redis_args[@]}" --daemonize yes >/dev/null
@@ -91,11 +88,7 @@ fi
 echo 0 >"$out/instructions"
 cpu_us() {
   if [ "$count" = instructions ]; then
-    callgrind_control -d "$redis_pid" >/dev/null 2>&1
-    local since
-    since=$(awk '/^(summary|totals):/ {print $2; exit}' "$(ls -t "$out"/callgrind.* | head -1)")
-    echo $(($(cat "$out/instructions") + since)) >"$out/instructions"
-    callgrind_control -z "$redis_pid" >/dev/null 2>&1
+    echo $(($(cat "$out/instructions") + $(callgrind_since))) >"$out/instructions"
     cat "$out/instructions"
   else
     private info cpu | awk -F: '/^used_cpu_(user|sys):/ {s += $2} END {printf "%.0f", s * 1000000}'
