@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::private::mariadb_data;
+use super::private::{mariadb_data, mariadb_tmpdir};
 use super::{eventually, free_port};
 
 const PROVIDER: &str = "/usr/lib/galera/libgalera_smm.so";
@@ -116,6 +116,7 @@ impl PrivateGalera {
             format!("--socket={}", n.dir.join("mysqld.sock").display()),
             format!("--pid-file={}", n.dir.join("mysqld.pid").display()),
             format!("--log-error={}", n.dir.join("error.log").display()),
+            mariadb_tmpdir(&n.dir),
             "--user=mysql".to_owned(),
             "--skip-grant-tables".to_owned(),
             // No reverse look-up of each client's address: on a host with no reachable

@@ -172,23 +172,40 @@ impl Drop for PrivateRedis {
 }
 
 /// A fresh directory (named for `what`) holding a new MariaDB data directory, `data`
-/// (`mariadb-install-db`), owned by the server's account.
+/// (`mariadb-install-db`), and a temp directory of its own, `tmp` (see [`mariadb_tmpdir`]),
+/// all owned by the server's account.
 pub(super) fn mariadb_data(what: &str) -> PathBuf {
     let dir = scratch(what);
+    std::fs::create_dir_all(dir.join("tmp")).unwrap();
     give_to(&dir, "mysql");
+    let log = dir.join("install-db.log");
+    let output = std::fs::File::create(&log).unwrap();
     let installed = Command::new("mariadb-install-db")
         .args([
-            "--no-defaults",
-            &format!("--datadir={}", dir.join("data").display()),
-            "--user=mysql",
-            "--skip-test-db",
+            "--no-defaults".to_owned(),
+            format!("--datadir={}", dir.join("data").display()),
+            mariadb_tmpdir(&dir),
+            "--user=mysql".to_owned(),
+            "--skip-test-db".to_owned(),
         ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stdout(output.try_clone().unwrap())
+        .stderr(output)
         .status()
         .expect("mariadb-install-db on PATH");
-    assert!(installed.success(), "mariadb-install-db: {installed}");
+    assert!(
+        installed.success(),
+        "mariadb-install-db: {installed}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
     dir
+}
+
+/// The `--tmpdir` of a private MariaDB in `dir`. Sharing the system's `/tmp`, two
+/// `mariadb-install-db` bootstraps run at once (a Galera cluster's nodes beside another
+/// test's) removed each other's `#sql-temptable-…` files and one failed with "Unknown
+/// table 'mysql.tmp_user_nopasswd'" (2 of 8 run at once here; a CI run lost its Galera test).
+pub(super) fn mariadb_tmpdir(dir: &Path) -> String {
+    format!("--tmpdir={}", dir.join("tmp").display())
 }
 
 /// A private MariaDB server (`mariadb-install-db` data of its own, no grant tables: root
@@ -226,6 +243,7 @@ impl PrivateMariaDb {
                 format!("--socket={}", self.dir.join("mysqld.sock").display()),
                 format!("--pid-file={}", self.dir.join("mysqld.pid").display()),
                 format!("--log-error={}", self.dir.join("error.log").display()),
+                mariadb_tmpdir(&self.dir),
                 "--user=mysql".to_owned(),
                 "--skip-grant-tables".to_owned(),
                 "--innodb-buffer-pool-size=64M".to_owned(),
