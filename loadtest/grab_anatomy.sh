@@ -12,15 +12,13 @@
 #   - grab.lua as a Redis Function (FUNCTION LOAD, FCALL): the same three;
 #   - the parts: an empty script, the helpers' definitions alone, the meta HMGET (8
 #     fields, then 3), TIME, a missing buyer's HGET;
-#   - a win without the outbox ZADD;
 #   - the issue's yardstick, loadtest/lua/minimal.lua (ZSCORE, LPOP, ZADD, HINCRBY): a win
 #     and a duplicate;
 # then grab.lua's win and duplicate as ratios to the minimal script's win in this run, beside
 # issue 26's targets (a win ≤ 10 µs and a duplicate ≤ 4 µs where the minimal script's win
 # cost 7.1 µs): absolute µs move 2× between this machine's boots, ratios far less.
-# The outbox and `pending` are emptied every 5 ms, as the publisher and the consumer keep
-# them in a running server (with COUNT=instructions only between figures: the clearing
-# would be counted).
+# `pending` is emptied every 5 ms, as the consumer keeps it in a running server (with
+# COUNT=instructions only between figures: the clearing would be counted).
 #
 #   ./loadtest/grab_anatomy.sh                      (CALLS=200000 per figure by default)
 #   COUNT=instructions ./loadtest/grab_anatomy.sh   (CALLS=20000; about 10 minutes)
@@ -70,7 +68,7 @@ per_call() { # benchmark arguments...
     callgrind_since >/dev/null
     redis-benchmark -p "$port" -c 16 -P 8 -n "$calls" -r 1000000000 "$@" >/dev/null
     echo $(($(callgrind_since) / calls))
-    r del "$outbox" "$pending" >/dev/null
+    r del "$pending" >/dev/null
   else
     r config resetstat >/dev/null
     taskset -c 0 redis-benchmark -p "$port" -c 16 -P 8 -n "$calls" -r 1000000000 "$@" \
@@ -80,18 +78,10 @@ per_call() { # benchmark arguments...
   fi
 }
 
-# The scripts: as src/lua.rs composes grab.lua, and variants made from it.
+# The script as src/lua.rs composes grab.lua.
 libs=$(cat lua/lib/waves.lua lua/lib/places.lua)
 grab="$libs
 $(cat lua/grab.lua)"
-without() { # the composed grab.lua without the lines matching each pattern given
-  local script=$grab pattern
-  for pattern in "$@"; do
-    grep -q -- "$pattern" <<<"$script" || die "grab.lua has no line matching $pattern"
-    script=$(grep -v -- "$pattern" <<<"$script")
-  done
-  echo "$script"
-}
 # As a library: the helpers defined once, at load; grab.lua's body a registered function.
 function_library() {
   echo "#!lua name=anatomy"
@@ -103,7 +93,7 @@ function_library() {
 }
 r function load replace "$(function_library)" >/dev/null
 
-meta=m tokens=t buyers=b pending=p outbox=o
+meta=m tokens=t buyers=b pending=p
 # Units for every win of a run, the window open.
 fresh() {
   r flushall >/dev/null
@@ -118,7 +108,7 @@ order='{"order_sn":"0000000001A00000000000000000001","item_id":1,"user_id":12345
 measure() { # user call...
   local user=$1
   shift
-  per_call "$@" 6 "$meta" "$tokens" "$buyers" "$pending" "$outbox" idem \
+  per_call "$@" 5 "$meta" "$tokens" "$buyers" "$pending" idem \
     "$user" "sn__rand_int__" "$order" "" 1
 }
 script() { # source: its SHA, loaded
@@ -132,7 +122,7 @@ measure_minimal() { # user
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a / b}'; }
 
 if [ "$count" = usec ]; then
-  (while true; do r del "$outbox" "$pending" >/dev/null; sleep 0.005; done) &
+  (while true; do r del "$pending" >/dev/null; sleep 0.005; done) &
   clearer=$!
   unit="µs"
   echo "per call: $calls calls a figure, redis-benchmark -c 16 -P 8, Redis on core 1 alone" >&2
@@ -171,9 +161,6 @@ return {'won', ''}" \
 return {'won', ''}"; do
   row "${part%%|*}" "$(measure __rand_int__ evalsha "$(script "${part#*|}")")"
 done
-fresh
-row "a win without the outbox ZADD" \
-  "$(measure __rand_int__ evalsha "$(script "$(without "'ZADD', outbox")")")"
 minimal=$(script "$(cat loadtest/lua/minimal.lua)")
 fresh
 minimal_win=$(measure_minimal __rand_int__)

@@ -41,6 +41,8 @@ local places = parse_places(redis.call('HGET', KEYS[3], ARGV[1]))
 if not redis.call('LPOP', KEYS[2]) then
   return {'sold_out', ''}
 end
-record_win(KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], places)
+record_win(KEYS[3], KEYS[4], ARGV[1], ARGV[2], ARGV[4], places)
+-- No publisher takes a draw's orders: the relay sends them from the outbox.
+redis.call('ZADD', KEYS[5], ARGV[3], ARGV[2])
 redis.call('HSET', KEYS[7], ARGV[1], ARGV[2])
 return {'won', ARGV[2]}

@@ -5,7 +5,7 @@
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] buyer_orders  HASH  user_id -> the user's live orders (the user's shard)
 -- KEYS[4] pending       HASH  order_sn -> order JSON
--- KEYS[5] outbox        ZSET  order_sn -> won-at ms; negative once claimed for sending
+-- KEYS[5] outbox        ZSET  order_sn -> won-at ms: an order handed over for sending
 -- KEYS[6] idempotency   STRING the order the buyer's key bought (only with ARGV[3])
 -- ARGV[1] user_id
 -- ARGV[2] order_sn
@@ -14,25 +14,26 @@
 --
 -- Only the purchase that won the order calls this, and only when it did not answer 202
 -- and did not hand the order to its publisher. Anyone else who sends a pending order
--- first claims it in the outbox (its score turns negative, and a `WAIT` follows before
--- the send), so a claimed or already sent order is never taken back: it is kept, and the
--- buyer learns of it by pressing again (409). While a warm-up replaces the item's units
--- (`fenced`) the order is kept too: the warm-up counts it. Every check comes before the
--- first write (free_place, lib/places.lua, changes nothing when it finds no place).
+-- first enters it in the outbox (the safety sweep, for an order no publisher took; a
+-- buyer's pay or cancel of it, which claims it: src/outbox/mod.rs), so an order in the
+-- outbox, whatever its score, is never taken back: it is kept and sent, and the buyer
+-- learns of it by pressing again (409). (Servers up to commit 668f7da entered every win in
+-- the outbox and looked for a claim's negative score; their own wins are still in it, and
+-- only they give those back.) While a warm-up replaces the item's units (`fenced`) the
+-- order is kept too: the warm-up counts it, and the sweep sends it. Every check comes before
+-- the first write (free_place, lib/places.lua, changes nothing when it finds no place).
 --
 -- Returns 'given_back' (the unit is on sale again, the order gone) or 'kept'.
 
 if redis.call('HEXISTS', KEYS[1], 'fenced') == 1 then
   return 'kept'
 end
-local score = redis.call('ZSCORE', KEYS[5], ARGV[2])
-if not score or tonumber(score) <= 0 then
+if redis.call('ZSCORE', KEYS[5], ARGV[2]) then
   return 'kept'
 end
 if not free_place(KEYS[3], ARGV[1], ARGV[2]) then
   return 'kept'
 end
-redis.call('ZREM', KEYS[5], ARGV[2])
 redis.call('HDEL', KEYS[4], ARGV[2])
 redis.call('RPUSH', KEYS[2], 'g:' .. ARGV[2])
 if ARGV[3] and ARGV[3] ~= '' and redis.call('GET', KEYS[6]) == ARGV[2] then

@@ -4,11 +4,11 @@
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] buyer_orders  HASH  user_id -> the user's live orders (this user's shard; below)
 -- KEYS[4] pending       HASH  order_sn -> order JSON (won, not yet in MySQL)
--- KEYS[5] outbox        ZSET  order_sn -> won-at ms (not yet confirmed by RabbitMQ)
--- KEYS[6] idempotency   STRING the order this user's key bought (only with ARGV[4])
+-- KEYS[5] idempotency   STRING the order this user's key bought (only with ARGV[4])
 -- ARGV[1] user_id
 -- ARGV[2] order_sn      the number this order gets if the user wins
 -- ARGV[3] order JSON    stored in `pending` for the publisher, the relay and order reads
+--                       (the outbox gets the order when it is sent: src/outbox/mod.rs)
 -- ARGV[4] the buyer's Idempotency-Key, '' for none
 -- ARGV[5] the item's `per_user` as the caller's catalogue has it ('' or absent: unknown)
 --
@@ -55,7 +55,7 @@ end
 -- A buyer's key that bought before: its order, whatever else holds.
 local key = ARGV[4]
 if key and key ~= '' then
-  local bought = redis.call('GET', KEYS[6])
+  local bought = redis.call('GET', KEYS[5])
   if bought then
     return {'repeat', bought}
   end
@@ -118,8 +118,8 @@ if not token then
   return {'sold_out', ''}
 end
 
-local slot = record_win(KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[2], now, ARGV[3], places)
+local slot = record_win(KEYS[3], KEYS[4], ARGV[1], ARGV[2], ARGV[3], places)
 if key and key ~= '' then
-  redis.call('SET', KEYS[6], ARGV[2], 'PX', 86400000)
+  redis.call('SET', KEYS[5], ARGV[2], 'PX', 86400000)
 end
 return {'won', slot}

@@ -275,7 +275,7 @@ fn describe() {
     );
     describe_gauge!(
         "seckill_outbox_orders",
-        "Won orders not yet confirmed by RabbitMQ, per item"
+        "Won orders handed to a sender and not yet confirmed by RabbitMQ, per item"
     );
     describe_gauge!(
         "seckill_pending_orders",

@@ -17,11 +17,13 @@ use crate::domain::OrderSn;
 /// not delivered (the outbox still holds it; the relay tries again).
 pub const CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// One order on its way to the broker: its number and its JSON as `grab.lua` stored it.
+/// One order on its way to the broker: its number, its JSON as `grab.lua` stored it, and
+/// when it was won (ms: its outbox entry's score until the broker confirms it).
 #[derive(Clone, Debug)]
 pub struct Outgoing {
     pub order_sn: OrderSn,
     pub payload: String,
+    pub won_at_ms: i64,
 }
 
 /// Orders carried by one AMQP message. One persistent, confirmed message per order costs
@@ -290,6 +292,7 @@ mod tests {
                 Outgoing {
                     payload: serde_json::to_string(&order).unwrap(),
                     order_sn: order.order_sn,
+                    won_at_ms: order.created_at_ms,
                 }
             })
             .collect();

@@ -2,10 +2,24 @@
 //! process dies on the way.
 //!
 //! `grab.lua` writes every won order into the item's `pending` hash (its JSON, until the
-//! consumer has it in MySQL) and `outbox` set (until RabbitMQ confirms it) in the same
-//! atomic step that sells the unit. The [`publisher`] sends new orders at once, in
-//! batches; the [`relay`] sends again whatever stayed in the outbox too long. Inserts are
+//! consumer has it in MySQL) in the same atomic step that sells the unit. Whoever sends it
+//! first enters it in the item's `outbox` set, whose score says where it is:
+//!
+//! | outbox entry | the order |
+//! |---|---|
+//! | none | won, not handed to a sender yet: in a publisher's buffer, or its process died, or the buffer was full, or its give-back kept it |
+//! | when it was won (ms) | handed to a sender, not yet confirmed by RabbitMQ |
+//! | negative | claimed: a sender waits for Redis's replicas before it sends ([`cleared_to_send`]) |
+//! | `+inf` ([`CONFIRMED`]) | confirmed by RabbitMQ; it leaves with its `pending` entry, when MySQL has it |
+//!
+//! The [`publisher`] enters and sends new orders at once, in batches; the [`relay`] sends
+//! again whatever stayed in the outbox unconfirmed too long, and the safety sweep
+//! ([`relay::Relay::sweep_pending`]) enters the orders no publisher took. Inserts are
 //! idempotent, so sending twice is harmless and sending never is impossible.
+//!
+//! The grab used to enter every win itself (servers up to commit 668f7da, 2026-12-03); a
+//! sorted-set insert inside the script cost a tenth of a win's Redis time, and the
+//! publisher enters a whole batch in a round trip it makes anyway.
 
 pub mod publisher;
 pub mod relay;
@@ -41,16 +55,16 @@ impl Via {
 #[derive(Debug)]
 pub struct Sent {
     pub orders: usize,
-    /// How many the broker confirmed (these are out of their outboxes).
+    /// How many the broker confirmed (their outbox entries say so).
     pub confirmed: usize,
     pub took: Duration,
-    /// Confirmed orders still in the outbox (Redis did not answer the clean-up): harmless,
-    /// the relay sends them again and the insert is idempotent.
+    /// Confirmed orders not marked so in the outbox (Redis did not answer): harmless, the
+    /// relay sends them again and the insert is idempotent.
     pub not_cleared: Option<RedisError>,
 }
 
 /// The one way orders are sent: published with confirms, counted, logged, and the
-/// confirmed ones taken out of their outboxes.
+/// confirmed ones marked so in their outboxes.
 pub async fn send(
     channel: &Channel,
     broker: &Broker,
@@ -86,12 +100,19 @@ pub async fn send(
         orders: orders.len(),
         confirmed: ok,
         took,
-        not_cleared: clear_confirmed(redis, keys, sent).await.err(),
+        not_cleared: mark_confirmed(redis, keys, sent).await.err(),
     }
 }
 
-/// Takes confirmed orders out of their items' outboxes, in one round trip.
-async fn clear_confirmed<'a>(
+/// The outbox score of an order RabbitMQ confirmed: above every time, so the relay's
+/// "overdue" range never reaches it.
+pub const CONFIRMED: &str = "+inf";
+/// The upper end of the scores of orders not confirmed yet, for `ZCOUNT` (exclusive).
+pub const UNCONFIRMED: &str = "(+inf";
+
+/// Marks confirmed orders so in their items' outboxes, in one round trip. `XX`: an order
+/// the consumer already took out (with its `pending` entry) stays out.
+async fn mark_confirmed<'a>(
     redis: &RedisConns,
     keys: &Keys,
     confirmed: impl Iterator<Item = &'a Outgoing>,
@@ -105,9 +126,41 @@ async fn clear_confirmed<'a>(
     }
     let mut grouped = Grouped::new(redis);
     for (stock, sns) in by_stock {
-        grouped.group().zrem(keys.outbox(stock), sns).ignore();
+        let mark = grouped
+            .group()
+            .cmd("ZADD")
+            .arg(keys.outbox(stock))
+            .arg("XX");
+        for sn in sns {
+            mark.arg(CONFIRMED).arg(sn);
+        }
+        mark.ignore();
     }
     grouped.run(redis).await
+}
+
+/// Enters won orders in their items' outboxes as handed to a sender (each scored by when it
+/// was won), in `grouped`'s round trip. `NX`: an entry there already (claimed, or
+/// confirmed) stays as it is.
+pub fn enter<'a>(grouped: &mut Grouped, keys: &Keys, orders: impl Iterator<Item = &'a Outgoing>) {
+    let mut by_stock: HashMap<BucketId, Vec<&Outgoing>> = HashMap::new();
+    for order in orders {
+        by_stock
+            .entry(order.order_sn.bucket())
+            .or_default()
+            .push(order);
+    }
+    for (stock, orders) in by_stock {
+        let entry = grouped
+            .group()
+            .cmd("ZADD")
+            .arg(keys.outbox(stock))
+            .arg("NX");
+        for order in orders {
+            entry.arg(order.won_at_ms).arg(order.order_sn.as_str());
+        }
+        entry.ignore();
+    }
 }
 
 /// Whether these won orders of one bucket may leave Redis for MySQL, when replicas are
@@ -115,8 +168,9 @@ async fn clear_confirmed<'a>(
 /// put their units back on sale while MySQL has their orders. Each is an order number and
 /// when it was won (ms).
 ///
-/// First they are claimed: their outbox score turns negative, so the purchase that won
-/// one can no longer give it back (`lua/give_back.lua`) once it is on its way. Then the
+/// First they are claimed: their outbox score turns negative (an order not there yet is
+/// entered so), so the purchase that won one can no longer give it back
+/// (`lua/give_back.lua`) once it is on its way. Then the
 /// replicas must hold everything written on the bucket's master, the claim included. Or,
 /// should that master have no replica left that a failover could promote (it is alone for
 /// good), they go anyway: nothing can undo its writes then but its own loss — the rule that
@@ -133,10 +187,12 @@ pub async fn cleared_to_send(
     }
     let outbox = keys.outbox(stock);
     let replication = redis.replicas_for(&keys.replicated(stock)).await;
-    // `XX`: only entries still there (one sent already needs no claim); `LT`: a claimed
-    // score stays as it is.
+    // `LT`: a claimed score stays as it is. Not `XX`: an order no one entered yet must be
+    // claimed as well. A claim of an order the consumer took out meanwhile leaves an entry
+    // without a `pending` one, which the relay drops; a confirmed one claimed again is sent
+    // again, harmlessly.
     let mut claim = redis::cmd("ZADD");
-    claim.arg(&outbox).arg("XX").arg("LT");
+    claim.arg(&outbox).arg("LT");
     for (order_sn, won_at_ms) in orders {
         claim.arg(-won_at_ms.abs()).arg(order_sn.as_str());
     }

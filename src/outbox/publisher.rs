@@ -6,7 +6,12 @@
 //! So the busier the sale, the fuller each message, and the broker's work per order falls
 //! (measured on 2 cores: with four batches in flight, messages held 19 orders and the
 //! purchase path ran at 7k/s; with one, 9.6k/s). At most [`BUFFER`] orders wait in memory;
-//! a full buffer, or no broker, leaves the order in the Redis outbox for the relay.
+//! with a full buffer, or no broker, the order waits in the Redis outbox for the relay.
+//!
+//! Before a batch is sent, its orders are entered in their outboxes and their buckets
+//! marked for the relay, in two round trips: should this process die before the broker
+//! confirms them, the relay sends them. An order that dies with the process before that
+//! (in the buffer) is in `pending` alone, where the safety sweep finds it (`super`).
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -21,7 +26,7 @@ use crate::domain::BucketId;
 use crate::keys::Keys;
 use crate::marks::{self, Work};
 use crate::signals::Signals;
-use crate::store::RedisConns;
+use crate::store::{Grouped, RedisConns};
 use crate::telemetry::Meters;
 
 use super::Via;
@@ -38,26 +43,28 @@ const CONNECT_WAIT: Duration = Duration::from_secs(1);
 pub const HOLDS_AT_MOST: Duration =
     Duration::from_secs(CONNECT_WAIT.as_secs() + crate::broker::CONFIRM_TIMEOUT.as_secs());
 
-/// How often buckets of orders the full buffer turned away are marked for the relay.
-const MARK_DROPPED_EVERY: Duration = Duration::from_secs(1);
+/// How often orders the full buffer turned away are entered in their outboxes.
+const ENTER_DROPPED_EVERY: Duration = Duration::from_secs(1);
 
 /// The purchase handlers' end of the publisher.
 #[derive(Clone)]
 pub struct OrderPublisher {
     tx: mpsc::Sender<Outgoing>,
-    /// Buckets of orders turned away by a full buffer, to be marked for the relay.
-    dropped: Arc<Mutex<HashSet<BucketId>>>,
+    /// Orders turned away by a full buffer, to be entered in their outboxes for the relay
+    /// (their payloads go: the relay reads `pending`).
+    dropped: Arc<Mutex<Vec<Outgoing>>>,
 }
 
 impl OrderPublisher {
-    /// Hands an order over without waiting. If the buffer is full the order simply stays
-    /// in the outbox, where the relay finds it.
+    /// Hands an order over without waiting. If the buffer is full the order is entered in
+    /// its outbox within a second instead, where the relay finds it.
     pub fn offer(&self, order: Outgoing) {
         if let Err(refused) = self.tx.try_send(order) {
             tracing::debug!("publisher buffer full; the relay will send this order");
-            let stock = refused.into_inner().order_sn.bucket();
+            let mut order = refused.into_inner();
+            order.payload = String::new();
             if let Ok(mut dropped) = self.dropped.lock() {
-                dropped.insert(stock);
+                dropped.push(order);
             }
         }
     }
@@ -69,7 +76,7 @@ impl OrderPublisher {
         shutdown: CancellationToken,
     ) -> (Self, tokio::task::JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(BUFFER);
-        let dropped = Arc::new(Mutex::new(HashSet::new()));
+        let dropped = Arc::new(Mutex::new(Vec::new()));
         let outboxes = Outboxes {
             redis: deps.redis.clone(),
             keys: deps.keys.clone(),
@@ -91,27 +98,35 @@ impl OrderPublisher {
 struct Outboxes {
     redis: RedisConns,
     keys: Keys,
-    dropped: Arc<Mutex<HashSet<BucketId>>>,
+    dropped: Arc<Mutex<Vec<Outgoing>>>,
 }
 
 impl Outboxes {
-    /// Marks the buckets of won orders for the relay, before they are sent: should this
-    /// process die before the broker confirms them, a scheduler's relay looks there.
-    async fn mark(&self, batch: &[Outgoing]) {
-        let mut stocks: HashSet<BucketId> = batch.iter().map(|o| o.order_sn.bucket()).collect();
-        if let Ok(mut dropped) = self.dropped.lock() {
-            stocks.extend(dropped.drain());
-        }
+    /// Enters won orders in their outboxes and marks their buckets for the relay, before
+    /// they are sent (with the orders the full buffer turned away): should this process die
+    /// before the broker confirms them, a scheduler's relay sends them.
+    async fn enter(&self, batch: &[Outgoing]) {
+        let dropped: Vec<Outgoing> = match self.dropped.lock() {
+            Ok(mut dropped) => dropped.drain(..).collect(),
+            Err(_) => Vec::new(),
+        };
+        let orders = || batch.iter().chain(&dropped);
+        let stocks: HashSet<BucketId> = orders().map(|o| o.order_sn.bucket()).collect();
         if stocks.is_empty() {
             return;
         }
-        let marked = async {
+        let entered = async {
+            let mut grouped = Grouped::new(&self.redis);
+            super::enter(&mut grouped, &self.keys, orders());
+            grouped.run(&self.redis).await?;
+            // After the entries, as every mark (`crate::marks`).
             let mut conn = self.redis.bulk().await?;
             marks::mark(&mut conn, &self.keys, Work::Relay, stocks).await
         };
-        if let Err(e) = marked.await {
-            // The scheduler's safety sweep finds these outboxes without the marks.
-            tracing::warn!(error = %e, "could not mark won orders' buckets for the relay");
+        if let Err(e) = entered.await {
+            // The scheduler's safety sweep finds these orders in `pending`, or their
+            // outboxes without the marks.
+            tracing::warn!(error = %e, "could not enter won orders in their outboxes for the relay");
         }
     }
 }
@@ -129,8 +144,8 @@ async fn run(
         batch.clear();
         let received = tokio::select! {
             n = rx.recv_many(&mut batch, BATCH) => n,
-            () = tokio::time::sleep(MARK_DROPPED_EVERY) => {
-                outboxes.mark(&[]).await;
+            () = tokio::time::sleep(ENTER_DROPPED_EVERY) => {
+                outboxes.enter(&[]).await;
                 continue;
             }
             () = shutdown.cancelled() => {
@@ -140,10 +155,10 @@ async fn run(
             }
         };
         if received == 0 {
-            outboxes.mark(&[]).await;
+            outboxes.enter(&[]).await;
             return;
         }
-        outboxes.mark(&batch).await;
+        outboxes.enter(&batch).await;
         let Some(channel) = broker.publish_channel_within(CONNECT_WAIT).await else {
             tracing::debug!(
                 orders = batch.len(),

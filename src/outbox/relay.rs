@@ -29,7 +29,10 @@ const EVERY: Duration = Duration::from_secs(1);
 /// How long a pass holds the buckets it took (one that dies leaves them for this long).
 const LEASE: Duration = Duration::from_secs(10);
 const BATCH: isize = 1_000;
-/// A pending order older than this, no longer in the outbox, is checked against MySQL.
+/// A pending order this old that no sender took (not in the outbox) is entered there by
+/// the safety sweep. Well past the time an order waits in its publisher's buffer.
+const UNSENT_AFTER: Duration = Duration::from_secs(5);
+/// A pending order older than this, confirmed by the broker, is checked against MySQL.
 const PENDING_STALE_AFTER: Duration = Duration::from_secs(60);
 /// ... and, if MySQL lacks it while the order queue is empty, sent again after this long.
 const PENDING_LOST_AFTER: Duration = Duration::from_secs(300);
@@ -109,15 +112,16 @@ impl Relay {
             let mut done = Vec::new();
             let mut corrupt = Vec::new();
             let mut outgoing = Vec::with_capacity(sns.len());
-            let mut won_at = Vec::with_capacity(sns.len());
             for ((sn, score), payload) in sns.into_iter().zip(scores).zip(payloads) {
                 match (OrderSn::parse(&sn), payload) {
                     // No pending JSON: the consumer already wrote it to MySQL.
                     (_, None) => done.push(sn),
-                    (Some(order_sn), Some(payload)) => {
-                        outgoing.push(Outgoing { order_sn, payload });
-                        won_at.push(score as i64);
-                    }
+                    (Some(order_sn), Some(payload)) => outgoing.push(Outgoing {
+                        order_sn,
+                        payload,
+                        // A claim's score is the time negated.
+                        won_at_ms: (score as i64).abs(),
+                    }),
                     (None, Some(_)) => corrupt.push(sn),
                 }
             }
@@ -140,8 +144,7 @@ impl Relay {
             // As a purchase does: what a failover could still undo is not sent.
             let claims: Vec<(&OrderSn, i64)> = outgoing
                 .iter()
-                .map(|o| &o.order_sn)
-                .zip(won_at.iter().copied())
+                .map(|o| (&o.order_sn, o.won_at_ms))
                 .collect();
             if !cleared_to_send(&self.redis, &self.keys, stock, &claims).await? {
                 tracing::debug!(%stock, "relay: the replicas do not hold these orders yet; sending later");
@@ -166,13 +169,15 @@ impl Relay {
         }
     }
 
-    /// Pending entries that are old and no longer in the outbox were confirmed by the
-    /// broker long ago. If MySQL has them, the consumer's clean-up was lost: drop them.
-    /// If MySQL still lacks them long after, while the order queue is empty, their message
-    /// was lost after the confirm (a purged queue): put them back in the outbox. (While the
-    /// queue holds messages the consumer is merely behind, and nothing is sent again.)
-    /// The hash is walked with HSCAN, a thousand entries at a time, so neither Redis nor
-    /// MySQL ever gets one huge request.
+    /// Repairs the bucket's pending orders, by their outbox entries (the table in
+    /// `super`). One with no entry long after it was won was never handed to a sender (its
+    /// publisher's process died, or its give-back kept it): it is entered, and the relay
+    /// sends it. One confirmed long ago was checked in by the broker: if MySQL has it, the
+    /// consumer's clean-up was lost, and it goes; if MySQL still lacks it long after, while
+    /// the order queue is empty, its message was lost after the confirm (a purged queue),
+    /// and it is sent again. (While the queue holds messages the consumer is merely behind,
+    /// and nothing is sent again.) The hash is walked with HSCAN, a thousand entries at a
+    /// time, so neither Redis nor MySQL ever gets one huge request.
     pub async fn sweep_pending(&self, stock: BucketId) -> Result<(), StoreError> {
         let pending = self.keys.pending(stock);
         let mut cursor = 0u64;
@@ -219,15 +224,26 @@ impl Relay {
                 .query_async(&mut conn),
         )
         .await?;
-        let stale_before =
-            crate::clock::now().timestamp_millis() - PENDING_STALE_AFTER.as_millis() as i64;
-        let stale: Vec<OrderPlaced> = entries
-            .iter()
-            .zip(&in_outbox)
-            .filter(|(_, score)| score.is_none())
-            .filter_map(|((_, json), _)| serde_json::from_str::<OrderPlaced>(json).ok())
-            .filter(|o| o.created_at_ms < stale_before)
-            .collect();
+        let now = crate::clock::now().timestamp_millis();
+        let (unsent_before, stale_before) = (
+            now - UNSENT_AFTER.as_millis() as i64,
+            now - PENDING_STALE_AFTER.as_millis() as i64,
+        );
+        let mut unsent = Vec::new();
+        let mut stale = Vec::new();
+        for ((_, json), score) in entries.iter().zip(&in_outbox) {
+            let Ok(order) = serde_json::from_str::<OrderPlaced>(json) else {
+                continue;
+            };
+            match score {
+                None if order.created_at_ms < unsent_before => unsent.push(order),
+                Some(score) if *score == f64::INFINITY && order.created_at_ms < stale_before => {
+                    stale.push(order)
+                }
+                _ => {}
+            }
+        }
+        self.enter_unsent(stock, &unsent).await?;
         if stale.is_empty() {
             return Ok(());
         }
@@ -239,8 +255,7 @@ impl Relay {
         let (written, lost): (Vec<&OrderPlaced>, Vec<&OrderPlaced>) = stale
             .iter()
             .partition(|o| written.contains(o.order_sn.as_str()));
-        let lost_before =
-            crate::clock::now().timestamp_millis() - PENDING_LOST_AFTER.as_millis() as i64;
+        let lost_before = now - PENDING_LOST_AFTER.as_millis() as i64;
         let lost: Vec<&OrderPlaced> = lost
             .into_iter()
             .filter(|o| o.created_at_ms < lost_before)
@@ -252,6 +267,7 @@ impl Relay {
         let mut pipe = redis::pipe();
         for order in &written {
             pipe.hdel(&pending, order.order_sn.as_str()).ignore();
+            pipe.zrem(&outbox, order.order_sn.as_str()).ignore();
         }
         if requeue {
             for order in &lost {
@@ -268,6 +284,33 @@ impl Relay {
             cleared = written.len(),
             requeued = if requeue { lost.len() } else { 0 },
             "pending_sweep repaired stale entries"
+        );
+        Ok(())
+    }
+
+    /// Enters in the bucket's outbox won orders no sender took, and marks it for the relay,
+    /// which sends them (`NX`: one a sender entered meanwhile stays as it is). Should a give-
+    /// back take one back meanwhile, its entry has no `pending` one, and the relay drops it.
+    async fn enter_unsent(
+        &self,
+        stock: BucketId,
+        unsent: &[OrderPlaced],
+    ) -> Result<(), StoreError> {
+        if unsent.is_empty() {
+            return Ok(());
+        }
+        let mut entry = redis::cmd("ZADD");
+        entry.arg(self.keys.outbox(stock)).arg("NX");
+        for order in unsent {
+            entry.arg(order.created_at_ms).arg(order.order_sn.as_str());
+        }
+        let mut conn = self.redis.bulk().await?;
+        redis_timed(entry.query_async::<()>(&mut conn)).await?;
+        marks::mark(&mut conn, &self.keys, Work::Relay, [stock]).await?;
+        tracing::warn!(
+            %stock,
+            orders = unsent.len(),
+            "pending_sweep: won orders no publisher took, entered for the relay"
         );
         Ok(())
     }

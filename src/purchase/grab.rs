@@ -78,7 +78,7 @@ pub async fn grab(
     order_json: &str,
     idempotency: Option<&IdempotencyKey>,
 ) -> Result<GrabOutcome, RedisError> {
-    let mut call = purchase_keys(&GRAB, keys, user, idempotency);
+    let mut call = purchase_keys(&GRAB, keys, user, None, idempotency);
     call.arg(user.get())
         .arg(order_sn.as_str())
         .arg(order_json)
@@ -124,7 +124,7 @@ pub async fn give_back(
     order_sn: &OrderSn,
     idempotency: Option<&IdempotencyKey>,
 ) -> Result<bool, RedisError> {
-    let mut call = purchase_keys(&GIVE_BACK, keys, user, idempotency);
+    let mut call = purchase_keys(&GIVE_BACK, keys, user, Some(&keys.outbox), idempotency);
     call.arg(user.get())
         .arg(order_sn.as_str())
         .arg(idempotency.map_or("", |i| i.key.as_str()));
@@ -133,19 +133,23 @@ pub async fn give_back(
 }
 
 /// `grab.lua`'s and `give_back.lua`'s keys, in their order: the bucket's meta and units,
-/// the buyer's records, the pending orders, the outbox and (with a key) its record.
+/// the buyer's records, the pending orders, the outbox (`give_back.lua` only: a grab
+/// leaves it to whoever sends the order) and (with a key) its record.
 fn purchase_keys<'a>(
     script: &'a Script,
     keys: &ItemKeys,
     user: UserId,
+    outbox: Option<&str>,
     idempotency: Option<&IdempotencyKey>,
 ) -> ScriptInvocation<'a> {
     let mut call = script.prepare_invoke();
     call.key(&keys.meta)
         .key(&keys.tokens)
         .key(keys.buyer_orders(user))
-        .key(&keys.pending)
-        .key(&keys.outbox);
+        .key(&keys.pending);
+    if let Some(outbox) = outbox {
+        call.key(outbox);
+    }
     if let Some(idempotency) = idempotency {
         call.key(&idempotency.record);
     }

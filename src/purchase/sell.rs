@@ -267,9 +267,10 @@ impl Seller<'_> {
         // failover could otherwise put the unit back on sale while MySQL gets its order.
         if !replication.held().await {
             // Given back while it is still where it was won, so that no unit waits for a
-            // confirmation that may never come. Unless someone claimed it to send it (then it
-            // is kept and sent), or a failover loses the give-back (then it is kept and waits
-            // for its replicas): either way pressing again tells the buyer (409).
+            // confirmation that may never come. Unless someone entered it in the outbox to send
+            // it (then it is kept and sent), or a failover loses the give-back (then it is kept,
+            // and the safety sweep sends it once its replicas hold it): either way pressing
+            // again tells the buyer (409).
             let home = item.home(order.user_id);
             let given_back = async {
                 let mut conn = self.deps.redis.hot().await?;
@@ -283,6 +284,7 @@ impl Seller<'_> {
         self.publisher.offer(Outgoing {
             order_sn: order.order_sn.clone(),
             payload: order_json,
+            won_at_ms: order.created_at_ms,
         });
         Ok(order.order_sn)
     }

@@ -57,6 +57,63 @@ async fn an_api_instance_killed_mid_burst_loses_nothing() {
 
 /// A consumer killed mid-batch while draining thousands of orders (some committed, not
 /// all acked): the next consumer gets the redeliveries, and each order is one row.
+/// Wins whose API process died right after its grab, before its publisher entered them in
+/// the outbox (played by this test calling the server's own `grab.lua`): they are in
+/// `pending` alone, and the scheduler's safety sweep enters them for the relay. Each
+/// reaches MySQL once, within seconds, and its buyer holds it (`409` naming it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wins_no_publisher_took_are_found_and_sent_within_seconds() {
+    use seckill::domain::{BucketId, ItemId, OrderPlaced, OrderSn, UserId};
+    let env = TestEnv::new("unsent").await;
+    let server = env.server(ALL_ROLES).await;
+    env.item(1, 10).on_sale(&server).await;
+    let item = ItemId::new(1).unwrap();
+    let mut won = Vec::new();
+    let grabbed = Instant::now();
+    for user in 1..=5 {
+        let now = chrono::Utc::now().timestamp_millis();
+        let order = OrderPlaced {
+            order_sn: OrderSn::generate(BucketId::whole(item), false),
+            item_id: item,
+            user_id: UserId::new(user),
+            created_at_ms: now,
+            pay_deadline_ms: now + 1_800_000,
+            slot: 0,
+        };
+        let outcome = seckill::testing::grab(
+            &mut env.redis.clone(),
+            &env.item_keys(1),
+            (order.user_id, 1),
+            &order.order_sn,
+            &serde_json::to_string(&order).unwrap(),
+            None,
+        )
+        .await
+        .unwrap();
+        assert_eq!(outcome.as_str(), "won");
+        won.push(order.order_sn.to_string());
+    }
+    env.wait_for_orders(&server, 1, 5, Duration::from_secs(30))
+        .await;
+    eprintln!(
+        "wins no publisher took: in MySQL {:?} after the grab",
+        grabbed.elapsed()
+    );
+    // User 3 won the third.
+    let (status, json) = env.buy(&server, 3, 1).await;
+    assert_eq!(
+        (status, json["order_sn"].as_str()),
+        (409, Some(won[2].as_str())),
+        "{json}"
+    );
+    let mut in_mysql: Vec<String> = env.orders(1).await.into_iter().map(|o| o.0).collect();
+    in_mysql.sort();
+    won.sort();
+    assert_eq!(in_mysql, won);
+    env.assert_invariants(&server, 1, 10, &won).await;
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_consumer_killed_mid_batch_leaves_every_order_exactly_once() {
     let env = TestEnv::new("crash_consumer").await;
@@ -69,15 +126,12 @@ async fn a_consumer_killed_mid_batch_leaves_every_order_exactly_once() {
     assert_eq!(ledger.won.len(), UNITS as usize, "{:?}", ledger.answers);
     // Every order confirmed by RabbitMQ, none written: thousands wait in the queue.
     eventually(Duration::from_secs(20), "every order queued", || async {
-        let stats = env.stats(&api, 1).await;
-        let outbox: u64 =
-            redis::AsyncCommands::zcard(&mut env.redis.clone(), env.item_keys(1).outbox)
-                .await
-                .unwrap();
-        if outbox == 0 {
-            Ok(())
-        } else {
-            Err(format!("{stats} outbox {outbox}"))
+        match env.confirmed_in_outbox(1).await {
+            confirmed if confirmed == u64::from(UNITS) => Ok(()),
+            confirmed => Err(format!(
+                "{} confirmed {confirmed}",
+                env.stats(&api, 1).await
+            )),
         }
     })
     .await;

@@ -174,6 +174,19 @@ impl TestEnv {
     pub fn topology(&self) -> Topology {
         Topology::new(&self.namespace)
     }
+
+    /// An unsplit item's orders RabbitMQ confirmed that the consumer has not taken yet:
+    /// its outbox's entries scored `+inf` (src/outbox/mod.rs).
+    pub async fn confirmed_in_outbox(&self, item: u64) -> u64 {
+        redis::AsyncCommands::zcount(
+            &mut self.redis.clone(),
+            self.item_keys(item).outbox,
+            "+inf",
+            "+inf",
+        )
+        .await
+        .unwrap()
+    }
 }
 
 impl Drop for TestEnv {
