@@ -56,6 +56,13 @@ impl Keys {
         self.bucket_key(bucket, "outbox")
     }
 
+    /// SET of `order_sn`s RabbitMQ confirmed and the consumer has not yet written (taken out
+    /// of the outbox on the confirm, out of here with their `pending` entry): what tells a
+    /// confirmed order from one no sender took (`src/outbox/mod.rs`).
+    pub fn confirmed(&self, bucket: BucketId) -> String {
+        self.bucket_key(bucket, "confirmed")
+    }
+
     /// [`ItemKeys::due`] alone.
     pub fn due(&self, bucket: BucketId) -> String {
         self.bucket_key(bucket, "due")
@@ -88,6 +95,7 @@ impl Keys {
             keys.tokens,
             keys.pending,
             keys.outbox,
+            self.confirmed(bucket),
             keys.due,
             keys.replicated,
             keys.lent,
@@ -237,7 +245,8 @@ pub struct ItemKeys {
     pub tokens: String,
     /// HASH `order_sn` → order JSON: won, not yet written to MySQL.
     pub pending: String,
-    /// ZSET `order_sn` → won-at ms: not yet confirmed by RabbitMQ (the relay's work list).
+    /// ZSET `order_sn` → won-at ms (negative once claimed: `src/outbox/mod.rs`): handed to a
+    /// sender and not yet confirmed by RabbitMQ (the relay's work list).
     pub outbox: String,
     /// ZSET delay queue: task (`cancel|SN`, `remind:50|SN`) → when it is due (ms). Tasks a
     /// scheduler has taken wait in [`Keys::leased`] until done or their lease runs out.

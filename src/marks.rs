@@ -190,8 +190,7 @@ impl Taken {
 }
 
 /// The earliest score in each bucket's sorted sets named by `sets` (`None`: all empty),
-/// plus `after` ms: one pipelined round trip. `+inf` is not a time (an outbox's
-/// confirmed orders score it) and is passed over.
+/// plus `after` ms: one pipelined round trip.
 pub async fn earliest(
     redis: &RedisConns,
     stocks: &[BucketId],
@@ -202,7 +201,7 @@ pub async fn earliest(
     for stock in stocks {
         let pipe = grouped.group();
         for key in sets(*stock) {
-            pipe.zrangebyscore_limit_withscores(key, "-inf", "(+inf", 0, 1);
+            pipe.zrange_withscores(key, 0, 0);
         }
     }
     let firsts: Vec<Vec<Vec<(String, f64)>>> = grouped.query(redis).await?;
@@ -221,8 +220,6 @@ pub async fn earliest(
 /// sweep marks, and what must be gone before a sale is retired.
 #[derive(Debug)]
 pub struct Holding {
-    /// Outbox entries RabbitMQ has not confirmed (the confirmed wait for the consumer,
-    /// counted in `pending`).
     pub outbox: u64,
     pub due: u64,
     pub leased: u64,
@@ -253,8 +250,7 @@ pub async fn holdings(
     for stock in stocks {
         grouped
             .group()
-            // Finite scores: the confirmed score `+inf` (the outbox module's table).
-            .zcount(keys.outbox(*stock), "-inf", "(+inf")
+            .zcard(keys.outbox(*stock))
             .zcard(keys.due(*stock))
             .zcard(keys.leased(*stock))
             .zcard(keys.ending(*stock))

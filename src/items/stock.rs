@@ -162,7 +162,7 @@ pub async fn live_states<'a>(
             .hexists(&keys.meta, "loaded")
             .llen(&keys.tokens)
             .hlen(&keys.lent)
-            .zcount(&keys.outbox, "-inf", crate::outbox::UNCONFIRMED)
+            .zcard(&keys.outbox)
             .hlen(&keys.pending)
             .zcard(&keys.due);
     }

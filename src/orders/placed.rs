@@ -66,9 +66,9 @@ async fn write_once(db: &Db, orders: &[OrderPlaced]) -> Result<(), DbError> {
     Ok(())
 }
 
-/// The orders are in MySQL: they leave Redis's `pending` hash and outbox, and their
-/// deadline and reminders go into the delay queue, in one round trip (then their buckets
-/// are marked for the deadline pass, in a second).
+/// The orders are in MySQL: they leave Redis's `pending` hash (and the outbox's `confirmed`
+/// set), and their deadline and reminders go into the delay queue, in one round trip (then
+/// their buckets are marked for the deadline pass, in a second).
 pub async fn settle_in_redis(
     redis: &RedisConns,
     keys: &Keys,
@@ -85,10 +85,13 @@ pub async fn settle_in_redis(
             .push(order.order_sn.as_str());
     }
     for (bucket, sns) in &by_bucket {
-        // Their outbox entries go with them (confirmed ones wait there for this).
+        // With their marks as confirmed, and any outbox entry (a claim made to write it:
+        // `crate::outbox::cleared_to_send`).
         grouped
             .group()
             .hdel(keys.pending(*bucket), sns)
+            .ignore()
+            .srem(keys.confirmed(*bucket), sns)
             .ignore()
             .zrem(keys.outbox(*bucket), sns)
             .ignore();

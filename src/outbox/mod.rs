@@ -3,14 +3,15 @@
 //!
 //! `grab.lua` writes every won order into the item's `pending` hash (its JSON, until the
 //! consumer has it in MySQL) in the same atomic step that sells the unit. Whoever sends it
-//! first enters it in the item's `outbox` set, whose score says where it is:
+//! first enters it in the item's `outbox` sorted set; a confirm moves it into the item's
+//! `confirmed` set, which the consumer empties with `pending`. So where a pending order is:
 //!
-//! | outbox entry | the order |
-//! |---|---|
-//! | none | won, not handed to a sender yet: in a publisher's buffer, or its process died, or the buffer was full, or its give-back kept it |
-//! | when it was won (ms) | handed to a sender, not yet confirmed by RabbitMQ |
-//! | negative | claimed: a sender waits for Redis's replicas before it sends ([`cleared_to_send`]) |
-//! | `+inf` ([`CONFIRMED`]) | confirmed by RabbitMQ; it leaves with its `pending` entry, when MySQL has it |
+//! | outbox | confirmed | the order |
+//! |---|---|---|
+//! | – | – | won, not handed to a sender yet: in a publisher's buffer, or its process died, or the buffer was full, or its give-back kept it |
+//! | when it was won (ms) | – | handed to a sender, not yet confirmed by RabbitMQ |
+//! | negative | – | claimed: a sender waits for Redis's replicas before it sends ([`cleared_to_send`]) |
+//! | – | ✓ | confirmed by RabbitMQ, waiting for the consumer |
 //!
 //! The [`publisher`] enters and sends new orders at once, in batches; the [`relay`] sends
 //! again whatever stayed in the outbox unconfirmed too long, and the safety sweep
@@ -18,8 +19,9 @@
 //! idempotent, so sending twice is harmless and sending never is impossible.
 //!
 //! The grab used to enter every win itself (servers up to commit 668f7da, 2026-12-03); a
-//! sorted-set insert inside the script cost a tenth of a win's Redis time, and the
-//! publisher enters a whole batch in a round trip it makes anyway.
+//! sorted-set insert inside the script cost a tenth of a win's Redis instructions, and the
+//! publisher enters a whole batch in one round trip. Old servers read the outbox as before
+//! (an entry: not confirmed) and never the `confirmed` set.
 
 pub mod publisher;
 pub mod relay;
@@ -55,16 +57,16 @@ impl Via {
 #[derive(Debug)]
 pub struct Sent {
     pub orders: usize,
-    /// How many the broker confirmed (their outbox entries say so).
+    /// How many the broker confirmed (these are out of their outboxes, in `confirmed`).
     pub confirmed: usize,
     pub took: Duration,
-    /// Confirmed orders not marked so in the outbox (Redis did not answer): harmless, the
+    /// Confirmed orders still in the outbox (Redis did not answer the move): harmless, the
     /// relay sends them again and the insert is idempotent.
     pub not_cleared: Option<RedisError>,
 }
 
 /// The one way orders are sent: published with confirms, counted, logged, and the
-/// confirmed ones marked so in their outboxes.
+/// confirmed ones moved from their outboxes to their `confirmed` sets.
 pub async fn send(
     channel: &Channel,
     broker: &Broker,
@@ -104,14 +106,9 @@ pub async fn send(
     }
 }
 
-/// The outbox score of an order RabbitMQ confirmed: above every time, so the relay's
-/// "overdue" range never reaches it.
-pub const CONFIRMED: &str = "+inf";
-/// The upper end of the scores of orders not confirmed yet, for `ZCOUNT` (exclusive).
-pub const UNCONFIRMED: &str = "(+inf";
-
-/// Marks confirmed orders so in their items' outboxes, in one round trip. `XX`: an order
-/// the consumer already took out (with its `pending` entry) stays out.
+/// Moves confirmed orders from their items' outboxes to their `confirmed` sets, in one
+/// round trip. One the consumer wrote meanwhile leaves a member there without a `pending`
+/// entry: the sweep never meets it, and retiring the sale deletes it.
 async fn mark_confirmed<'a>(
     redis: &RedisConns,
     keys: &Keys,
@@ -126,22 +123,19 @@ async fn mark_confirmed<'a>(
     }
     let mut grouped = Grouped::new(redis);
     for (stock, sns) in by_stock {
-        let mark = grouped
+        grouped
             .group()
-            .cmd("ZADD")
-            .arg(keys.outbox(stock))
-            .arg("XX");
-        for sn in sns {
-            mark.arg(CONFIRMED).arg(sn);
-        }
-        mark.ignore();
+            .zrem(keys.outbox(stock), &sns)
+            .ignore()
+            .sadd(keys.confirmed(stock), &sns)
+            .ignore();
     }
     grouped.run(redis).await
 }
 
 /// Enters won orders in their items' outboxes as handed to a sender (each scored by when it
-/// was won), in `grouped`'s round trip. `NX`: an entry there already (claimed, or
-/// confirmed) stays as it is.
+/// was won), in `grouped`'s round trip. `NX`: an entry there already (claimed) stays as it
+/// is.
 pub fn enter<'a>(grouped: &mut Grouped, keys: &Keys, orders: impl Iterator<Item = &'a Outgoing>) {
     let mut by_stock: HashMap<BucketId, Vec<&Outgoing>> = HashMap::new();
     for order in orders {
@@ -189,8 +183,8 @@ pub async fn cleared_to_send(
     let replication = redis.replicas_for(&keys.replicated(stock)).await;
     // `LT`: a claimed score stays as it is. Not `XX`: an order no one entered yet must be
     // claimed as well. A claim of an order the consumer took out meanwhile leaves an entry
-    // without a `pending` one, which the relay drops; a confirmed one claimed again is sent
-    // again, harmlessly.
+    // without a `pending` one, which the relay drops; one confirmed already is sent again,
+    // harmlessly.
     let mut claim = redis::cmd("ZADD");
     claim.arg(&outbox).arg("LT");
     for (order_sn, won_at_ms) in orders {

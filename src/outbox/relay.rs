@@ -216,11 +216,17 @@ impl Relay {
             return Ok(());
         }
         let (outbox, pending) = (self.keys.outbox(stock), self.keys.pending(stock));
+        let confirmed = self.keys.confirmed(stock);
         let mut conn = self.redis.bulk().await?;
-        let in_outbox: Vec<Option<f64>> = redis_timed(
-            redis::cmd("ZMSCORE")
+        let sns: Vec<&str> = entries.iter().map(|(sn, _)| *sn).collect();
+        let (in_outbox, is_confirmed): (Vec<Option<f64>>, Vec<bool>) = redis_timed(
+            redis::pipe()
+                .cmd("ZMSCORE")
                 .arg(&outbox)
-                .arg(entries.iter().map(|(sn, _)| *sn).collect::<Vec<_>>())
+                .arg(&sns)
+                .cmd("SMISMEMBER")
+                .arg(&confirmed)
+                .arg(&sns)
                 .query_async(&mut conn),
         )
         .await?;
@@ -231,15 +237,13 @@ impl Relay {
         );
         let mut unsent = Vec::new();
         let mut stale = Vec::new();
-        for ((_, json), score) in entries.iter().zip(&in_outbox) {
+        for (((_, json), entered), confirmed) in entries.iter().zip(&in_outbox).zip(is_confirmed) {
             let Ok(order) = serde_json::from_str::<OrderPlaced>(json) else {
                 continue;
             };
-            match score {
-                None if order.created_at_ms < unsent_before => unsent.push(order),
-                Some(score) if *score == f64::INFINITY && order.created_at_ms < stale_before => {
-                    stale.push(order)
-                }
+            match (entered, confirmed) {
+                (None, false) if order.created_at_ms < unsent_before => unsent.push(order),
+                (None, true) if order.created_at_ms < stale_before => stale.push(order),
                 _ => {}
             }
         }
@@ -267,10 +271,11 @@ impl Relay {
         let mut pipe = redis::pipe();
         for order in &written {
             pipe.hdel(&pending, order.order_sn.as_str()).ignore();
-            pipe.zrem(&outbox, order.order_sn.as_str()).ignore();
+            pipe.srem(&confirmed, order.order_sn.as_str()).ignore();
         }
         if requeue {
             for order in &lost {
+                pipe.srem(&confirmed, order.order_sn.as_str()).ignore();
                 pipe.zadd(&outbox, order.order_sn.as_str(), order.created_at_ms)
                     .ignore();
             }

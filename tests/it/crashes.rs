@@ -126,7 +126,7 @@ async fn a_consumer_killed_mid_batch_leaves_every_order_exactly_once() {
     assert_eq!(ledger.won.len(), UNITS as usize, "{:?}", ledger.answers);
     // Every order confirmed by RabbitMQ, none written: thousands wait in the queue.
     eventually(Duration::from_secs(20), "every order queued", || async {
-        match env.confirmed_in_outbox(1).await {
+        match env.confirmed(1).await {
             confirmed if confirmed == u64::from(UNITS) => Ok(()),
             confirmed => Err(format!(
                 "{} confirmed {confirmed}",

@@ -111,10 +111,10 @@ async fn with_the_consumer_down_orders_wait_in_the_queue_and_land_once_it_starts
     let api = env.server(&[Role::Api, Role::Scheduler]).await;
     env.item(1, 30).on_sale(&api).await;
     let won = buy_many(&env, &api, 1, 1..31).await;
-    // Every order confirmed by the broker (so marked in the outbox), none in MySQL: they
+    // Every order confirmed by the broker (out of the outbox), none in MySQL: they
     // wait in the queue (in one or more messages: the publisher batches them).
     eventually(Duration::from_secs(20), "every order confirmed", || async {
-        match env.confirmed_in_outbox(1).await {
+        match env.confirmed(1).await {
             30 => Ok(()),
             confirmed => Err(format!("{confirmed} confirmed")),
         }
@@ -573,7 +573,8 @@ async fn an_order_twice_in_one_batch_is_one_row_and_no_false_alarm() {
 
 /// The relay's pending sweep walks a hash of 70,000 stale entries confirmed by the broker
 /// long ago — more order numbers than one MySQL statement can name (65,535) — a page at a
-/// time: the entries MySQL has (their clean-up was lost) are cleared, outbox and all.
+/// time: the entries MySQL has (their clean-up was lost) are cleared, with their marks as
+/// confirmed.
 #[tokio::test]
 async fn the_pending_sweep_pages_through_more_entries_than_one_query_can_name() {
     use redis::AsyncCommands;
@@ -603,10 +604,9 @@ async fn the_pending_sweep_pages_through_more_entries_than_one_query_can_name() 
             .hset_multiple::<_, _, _, ()>(env.item_keys(1).pending, &fields)
             .await
             .unwrap();
-        let confirmed: Vec<(&str, &str)> =
-            fields.iter().map(|(sn, _)| ("+inf", sn.as_str())).collect();
+        let sns: Vec<&str> = fields.iter().map(|(sn, _)| sn.as_str()).collect();
         redis
-            .zadd_multiple::<_, _, _, ()>(env.item_keys(1).outbox, &confirmed)
+            .sadd::<_, _, ()>(env.keys().confirmed(env.bucket(1)), &sns)
             .await
             .unwrap();
     }
@@ -625,6 +625,9 @@ async fn the_pending_sweep_pages_through_more_entries_than_one_query_can_name() 
         .expect("the sweep");
     let left: u64 = redis.hlen(env.item_keys(1).pending).await.unwrap();
     assert_eq!(left, 0);
-    let left: u64 = redis.zcard(env.item_keys(1).outbox).await.unwrap();
+    let left: u64 = redis
+        .scard(env.keys().confirmed(env.bucket(1)))
+        .await
+        .unwrap();
     assert_eq!(left, 0);
 }

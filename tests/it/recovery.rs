@@ -42,11 +42,11 @@ async fn a_warmup_after_redis_lost_the_item_waits_for_the_orders_in_flight() {
     env.item(1, 20).on_sale(&api).await;
     let (first, _) = buy_each(&env, &api, 1, 1..=8).await;
     assert_eq!(first.len(), 8);
-    // Confirmed by RabbitMQ (so marked in the outbox), waiting in its queue.
+    // Confirmed by RabbitMQ (out of the outbox), waiting in its queue.
     eventually(Duration::from_secs(10), "orders in the queue", || async {
         let stats = env.stats(&api, 1).await;
         let queued = queue_depth(&env.topology().orders_queue).await;
-        if env.confirmed_in_outbox(1).await == 8 && queued.is_some_and(|n| n > 0) {
+        if env.confirmed(1).await == 8 && queued.is_some_and(|n| n > 0) {
             Ok(())
         } else {
             Err(format!("{stats} queue {queued:?}"))

@@ -175,14 +175,12 @@ impl TestEnv {
         Topology::new(&self.namespace)
     }
 
-    /// An unsplit item's orders RabbitMQ confirmed that the consumer has not taken yet:
-    /// its outbox's entries scored `+inf` (src/outbox/mod.rs).
-    pub async fn confirmed_in_outbox(&self, item: u64) -> u64 {
-        redis::AsyncCommands::zcount(
+    /// An unsplit item's orders RabbitMQ confirmed that the consumer has not taken yet
+    /// (src/outbox/mod.rs).
+    pub async fn confirmed(&self, item: u64) -> u64 {
+        redis::AsyncCommands::scard(
             &mut self.redis.clone(),
-            self.item_keys(item).outbox,
-            "+inf",
-            "+inf",
+            self.keys().confirmed(self.bucket(item)),
         )
         .await
         .unwrap()
