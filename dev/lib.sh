@@ -2,6 +2,12 @@
 # their messages, waiting for a port or a URL, installing Debian packages, and calling the
 # operators' API.
 
+# How a sale's Redis keeps small hashes and sorted sets (docs/deployment.md, "Running it in
+# production"; docker-compose.yml says the same): as hash tables and skip lists from the
+# 17th entry on, not as lists scanned entry by entry up to the 128th. Every Redis the
+# scripts start for a sale, or to measure one, runs with these.
+REDIS_SALE_SETTINGS=(--hash-max-listpack-entries 16 --zset-max-listpack-entries 16)
+
 # Messages are prefixed with the script's name, without `.sh`.
 lib_tag=$(basename "$0" .sh)
 

@@ -17,7 +17,7 @@ start_redis() {
   [ -w "$dir" ] || dir=$(mktemp -d)
   [ -w "$(dirname "$logfile")" ] || logfile="$dir/redis.log"
   redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
-    --hash-max-listpack-entries 16 --dir "$dir" --logfile "$logfile"
+    "${REDIS_SALE_SETTINGS[@]}" --dir "$dir" --logfile "$logfile"
 }
 
 start_mariadb() {

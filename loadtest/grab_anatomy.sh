@@ -52,7 +52,7 @@ cleanup() {
 cleanup
 trap cleanup EXIT
 redis_args=(--port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$PWD/$out"
-  --logfile "$PWD/$out/redis.log")
+  --logfile "$PWD/$out/redis.log" "${REDIS_SALE_SETTINGS[@]}")
 if [ "$count" = instructions ]; then
   callgrind_redis "$PWD/$out" "${redis_args[@]}"
   wait_until 60 r ping || die "the private Redis did not start; see $out/valgrind.log"

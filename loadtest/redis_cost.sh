@@ -69,7 +69,7 @@ if [ -n "${REDIS_CPU:-}" ]; then
   taskset -pc "$others" $$ >/dev/null
 fi
 redis_args=(--port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$PWD/$out"
-  --logfile "$PWD/$out/redis.log")
+  --logfile "$PWD/$out/redis.log" "${REDIS_SALE_SETTINGS[@]}")
 if [ "$count" = instructions ]; then
   callgrind_redis "$PWD/$out" "${redis_args[@]}"
   pids+=("$callgrind_pid")
