@@ -8,8 +8,10 @@
 #
 #   ./loadtest/bench.sh            (DURATION=10s CONNECTIONS=64 by default)
 #
-# Uses the machine's Redis, MariaDB and RabbitMQ under the namespace and database
-# `seckill_bench`, emptied before and after. Logs and wrk outputs stay in loadtest/out/.
+# Uses a private Redis on port 16600 with the deployment's settings (REDIS_SALE_SETTINGS in
+# dev/lib.sh: how the machine's own Redis was started is not the benchmark's business), and
+# the machine's MariaDB and RabbitMQ under the namespace and database `seckill_bench`,
+# emptied before and after. Logs and wrk outputs stay in loadtest/out/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . loadtest/lib.sh
@@ -34,18 +36,25 @@ export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$ns"
 export SECKILL_ADMIN_TOKEN=bench-admin
 export SECKILL_RATE_PER_USER=0
 export SECKILL_HTTP_ADDR=127.0.0.1:18080
+redis_port=16600
+export SECKILL_REDIS_URL=redis://127.0.0.1:$redis_port
 export RUST_LOG=${RUST_LOG:-info}
 bin=target/release/seckill
 api="http://$SECKILL_HTTP_ADDR"
 pids=()
 
+r() { redis-cli -p "$redis_port" "$@"; }
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  forget "$ns" "${ns}_alone:*" "bench_bare:*"
+  r shutdown nosave >/dev/null 2>&1 || true
+  forget "$ns"
 }
 cleanup
 trap cleanup EXIT
+redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$PWD/$out" \
+  --logfile "$PWD/$out/redis.log" "${REDIS_SALE_SETTINGS[@]}" --daemonize yes >/dev/null
+wait_until 5 r ping || die "the private Redis did not start; see $out/redis.log"
 
 stat() { admin GET "/admin/items/$1/stats" | sed -E "s/.*\"$2\":([0-9]+).*/\1/"; }
 rows() { mariadb -h 127.0.0.1 -u root -N -e "SELECT COUNT(*) FROM \`$ns\`.orders WHERE item_id = $1"; }
@@ -82,7 +91,7 @@ done
 all_pending() { [ "$(stat 3 pending)" = "$fill_units" ]; }
 wait_until 20 all_pending || die "item 3 did not sell out: $(admin GET /admin/items/3/stats)"
 # Every order confirmed by the broker: the outbox is empty.
-outbox_empty() { [ "$(redis-cli zcard "$ns:{item:$1}:v1:outbox")" = 0 ]; }
+outbox_empty() { [ "$(r zcard "$ns:{item:$1}:v1:outbox")" = 0 ]; }
 wait_until 20 outbox_empty 3 || true
 
 echo "draining $fill_units queued orders with a consumer" >&2
@@ -104,7 +113,8 @@ t1=$(date +%s.%N)
 kill "$consumer_pid"
 drain_rate=$(echo "($fill_units - $first_count) / ($t1 - $t0)" | bc)
 
-target/release/examples/bare --addr 127.0.0.1:18081 --namespace bench_bare --units 400000 >"$out/bare.log" 2>&1 &
+target/release/examples/bare --addr 127.0.0.1:18081 --redis "$SECKILL_REDIS_URL" \
+  --namespace bench_bare --units 400000 >"$out/bare.log" 2>&1 &
 pids+=("$!")
 wait_http "http://127.0.0.1:18081/hello"
 
