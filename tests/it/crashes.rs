@@ -21,7 +21,7 @@ use crate::support::*;
 
 /// An API process killed (SIGKILL) mid-burst while units still sell: its buyers press
 /// again at the other instance; what it had won and not yet published is sent by the
-/// relay from the Redis outbox.
+/// relay from the Redis outbox (entered there by its publisher, or by the safety sweep).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_api_instance_killed_mid_burst_loses_nothing() {
     let env = TestEnv::new("crash_api").await;
