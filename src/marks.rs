@@ -226,6 +226,9 @@ pub struct Holding {
     pub ending: u64,
     pub lent: u64,
     pub pending: u64,
+    /// Orders RabbitMQ confirmed, waiting for the consumer (`crate::keys::Keys::confirmed`):
+    /// more than `pending` means some the consumer wrote before their confirm was noted.
+    pub confirmed: u64,
 }
 
 impl Holding {
@@ -255,18 +258,22 @@ pub async fn holdings(
             .zcard(keys.leased(*stock))
             .zcard(keys.ending(*stock))
             .hlen(keys.lent(*stock))
-            .hlen(keys.pending(*stock));
+            .hlen(keys.pending(*stock))
+            .scard(keys.confirmed(*stock));
     }
-    let held: Vec<(u64, u64, u64, u64, u64, u64)> = grouped.query(redis).await?;
+    let held: Vec<(u64, u64, u64, u64, u64, u64, u64)> = grouped.query(redis).await?;
     Ok(held
         .into_iter()
-        .map(|(outbox, due, leased, ending, lent, pending)| Holding {
-            outbox,
-            due,
-            leased,
-            ending,
-            lent,
-            pending,
-        })
+        .map(
+            |(outbox, due, leased, ending, lent, pending, confirmed)| Holding {
+                outbox,
+                due,
+                leased,
+                ending,
+                lent,
+                pending,
+                confirmed,
+            },
+        )
         .collect())
 }

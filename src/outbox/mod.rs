@@ -107,8 +107,9 @@ pub async fn send(
 }
 
 /// Moves confirmed orders from their items' outboxes to their `confirmed` sets, in one
-/// round trip. One the consumer wrote meanwhile leaves a member there without a `pending`
-/// entry: the sweep never meets it, and retiring the sale deletes it.
+/// round trip. One the consumer wrote meanwhile (RabbitMQ may deliver a message before it
+/// confirms it) leaves a member there without a `pending` entry, which the safety sweep
+/// takes out ([`relay::Relay::prune_confirmed`]).
 async fn mark_confirmed<'a>(
     redis: &RedisConns,
     keys: &Keys,

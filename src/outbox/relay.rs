@@ -293,6 +293,53 @@ impl Relay {
         Ok(())
     }
 
+    /// Takes out of the bucket's `confirmed` set the orders no longer pending: the consumer
+    /// wrote them before their publisher noted the confirm (RabbitMQ may deliver a message
+    /// before it confirms it). A page of `SSCAN` at a time; an order number is never pending
+    /// again once it was not, so nothing still pending is taken out.
+    pub async fn prune_confirmed(&self, stock: BucketId) -> Result<(), StoreError> {
+        let (confirmed, pending) = (self.keys.confirmed(stock), self.keys.pending(stock));
+        let mut conn = self.redis.bulk().await?;
+        let mut cursor = 0u64;
+        let mut pruned = 0;
+        loop {
+            let (next, sns): (u64, Vec<String>) = redis_timed(
+                redis::cmd("SSCAN")
+                    .arg(&confirmed)
+                    .arg(cursor)
+                    .arg("COUNT")
+                    .arg(SWEEP_CHUNK)
+                    .query_async(&mut conn),
+            )
+            .await?;
+            if !sns.is_empty() {
+                let payloads: Vec<Option<String>> = redis_timed(
+                    redis::cmd("HMGET")
+                        .arg(&pending)
+                        .arg(&sns)
+                        .query_async(&mut conn),
+                )
+                .await?;
+                let written: Vec<&String> = sns
+                    .iter()
+                    .zip(&payloads)
+                    .filter(|(_, payload)| payload.is_none())
+                    .map(|(sn, _)| sn)
+                    .collect();
+                if !written.is_empty() {
+                    pruned += written.len();
+                    redis_timed(conn.srem::<_, _, ()>(&confirmed, written)).await?;
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        tracing::debug!(%stock, pruned, "confirms noted after their orders were written, forgotten");
+        Ok(())
+    }
+
     /// Enters in the bucket's outbox won orders no sender took, and marks it for the relay,
     /// which sends them (`NX`: one a sender entered meanwhile stays as it is). Should a give-
     /// back take one back meanwhile, its entry has no `pending` one, and the relay drops it.

@@ -1,7 +1,8 @@
 //! The safety sweep: walks the items index a thousand buckets a second and marks for each
 //! kind of background work the buckets that hold some without a mark — lost with a
 //! process that died between writing the work and marking it (`src/marks.rs`). It also
-//! repairs the pending orders of the buckets it visits ([`Relay::sweep_pending`]).
+//! repairs the pending orders of the buckets it visits ([`Relay::sweep_pending`]) and
+//! forgets confirms noted after their order was written ([`Relay::prune_confirmed`]).
 //!
 //! Its cost per second is bounded whatever the catalogue; a lost mark is found within one
 //! trip round the index (100 s at 100,000 buckets; every second below 1,000).
@@ -108,6 +109,9 @@ async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64,
     for (stock, holding) in stocks.iter().zip(&held) {
         if holding.pending > 0 {
             relay.sweep_pending(*stock).await?;
+        }
+        if holding.confirmed > holding.pending {
+            relay.prune_confirmed(*stock).await?;
         }
     }
     Ok(next)

@@ -631,3 +631,55 @@ async fn the_pending_sweep_pages_through_more_entries_than_one_query_can_name() 
         .unwrap();
     assert_eq!(left, 0);
 }
+
+/// A confirm noted after the consumer wrote its order (RabbitMQ may deliver a message
+/// before it confirms it) leaves the order in the bucket's `confirmed` set with nothing
+/// pending: the safety sweep takes such members out and keeps those still pending.
+#[tokio::test]
+async fn confirms_noted_after_their_order_was_written_are_forgotten() {
+    use redis::AsyncCommands;
+    let env = TestEnv::new("lateconfirm").await;
+    let server = env.server(&[Role::Api, Role::Scheduler]).await;
+    env.item(1, 10).on_sale(&server).await;
+    // Won just now: too young for the sweep's other repairs.
+    let now = chrono::Utc::now().timestamp_millis();
+    let still_pending = OrderPlaced {
+        created_at_ms: now,
+        pay_deadline_ms: now + 600_000,
+        ..order_of(1)
+    };
+    let (written, also_written) = (order_of(2), order_of(3));
+    let mut redis = env.redis.clone();
+    let confirmed = env.keys().confirmed(env.bucket(1));
+    redis
+        .hset::<_, _, _, ()>(
+            env.item_keys(1).pending,
+            still_pending.order_sn.as_str(),
+            serde_json::to_string(&still_pending).unwrap(),
+        )
+        .await
+        .unwrap();
+    redis
+        .sadd::<_, _, ()>(
+            &confirmed,
+            [&still_pending, &written, &also_written]
+                .map(|o| o.order_sn.as_str())
+                .to_vec(),
+        )
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "the late confirms forgotten",
+        || async {
+            let members: Vec<String> = env.redis.clone().smembers(&confirmed).await.unwrap();
+            if members == [still_pending.order_sn.to_string()] {
+                Ok(())
+            } else {
+                Err(format!("{members:?} confirmed"))
+            }
+        },
+    )
+    .await;
+    server.stop().await;
+}
