@@ -18,7 +18,7 @@ use crate::domain::{BucketId, OrderPlaced, OrderSn};
 use crate::keys::Keys;
 use crate::marks::{self, Work};
 use crate::orders::repo as orders;
-use crate::store::{Db, RedisConns, StoreError, redis_timed};
+use crate::store::{Db, RedisConns, RedisError, StoreError, redis_timed};
 use crate::telemetry::Meters;
 
 use super::{Via, cleared_to_send};
@@ -102,13 +102,7 @@ impl Relay {
                 return Ok(());
             }
             let (sns, scores): (Vec<String>, Vec<f64>) = entries.into_iter().unzip();
-            let payloads: Vec<Option<String>> = redis_timed(
-                redis::cmd("HMGET")
-                    .arg(&pending)
-                    .arg(&sns)
-                    .query_async(&mut conn),
-            )
-            .await?;
+            let payloads = pending_payloads(&mut conn, &pending, &sns).await?;
             let mut done = Vec::new();
             let mut corrupt = Vec::new();
             let mut outgoing = Vec::with_capacity(sns.len());
@@ -313,13 +307,7 @@ impl Relay {
             )
             .await?;
             if !sns.is_empty() {
-                let payloads: Vec<Option<String>> = redis_timed(
-                    redis::cmd("HMGET")
-                        .arg(&pending)
-                        .arg(&sns)
-                        .query_async(&mut conn),
-                )
-                .await?;
+                let payloads = pending_payloads(&mut conn, &pending, &sns).await?;
                 let written: Vec<&String> = sns
                     .iter()
                     .zip(&payloads)
@@ -366,4 +354,14 @@ impl Relay {
         );
         Ok(())
     }
+}
+
+/// The JSON of each of these orders in a bucket's `pending` hash (`None`: not pending, so
+/// in MySQL or given back), in one round trip.
+async fn pending_payloads(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    pending: &str,
+    sns: &[String],
+) -> Result<Vec<Option<String>>, RedisError> {
+    redis_timed(redis::cmd("HMGET").arg(pending).arg(sns).query_async(conn)).await
 }
