@@ -241,7 +241,7 @@ impl Relay {
                 _ => {}
             }
         }
-        self.enter_unsent(stock, &unsent).await?;
+        self.enter_unsent(&mut conn, stock, &unsent).await?;
         if stale.is_empty() {
             return Ok(());
         }
@@ -333,6 +333,7 @@ impl Relay {
     /// back take one back meanwhile, its entry has no `pending` one, and the relay drops it.
     async fn enter_unsent(
         &self,
+        conn: &mut (impl redis::aio::ConnectionLike + Send),
         stock: BucketId,
         unsent: &[OrderPlaced],
     ) -> Result<(), StoreError> {
@@ -344,9 +345,8 @@ impl Relay {
         for order in unsent {
             entry.arg(order.created_at_ms).arg(order.order_sn.as_str());
         }
-        let mut conn = self.redis.bulk().await?;
-        redis_timed(entry.query_async::<()>(&mut conn)).await?;
-        marks::mark(&mut conn, &self.keys, Work::Relay, [stock]).await?;
+        redis_timed(entry.query_async::<()>(conn)).await?;
+        marks::mark(conn, &self.keys, Work::Relay, [stock]).await?;
         tracing::warn!(
             %stock,
             orders = unsent.len(),
