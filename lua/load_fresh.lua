@@ -7,7 +7,8 @@
 --            absent): a pause or a resume since changed one of them
 -- ARGV[5]    the number of the first unit, minus one
 -- ARGV[6]    units to load (unit numbers ARGV[5] + 1 .. ARGV[5] + ARGV[6])
--- ARGV[7..]  the new meta, field and value pairs
+-- ARGV[7..]  the new meta, field and value pairs (packed for grab.lua as well:
+--            lib/rules.lua)
 --
 -- The bulk warm-up's fast path (src/items/fresh.rs): one call per bucket instead of a
 -- side list and swap.lua, which also replaces buyer records a fresh bucket does not have.
@@ -38,4 +39,6 @@ end
 redis.call('HSET', KEYS[1], unpack(ARGV, 7))
 -- The server that holds the load, by its run id (see swap.lua).
 redis.call('HSET', KEYS[1], 'loaded_on', string.match(redis.call('INFO', 'server'), 'run_id:(%x+)'))
+-- What grab.lua checks, packed (lib/rules.lua).
+pack_rules(KEYS[1])
 return 'ok'

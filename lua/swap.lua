@@ -14,7 +14,8 @@
 -- ARGV[5]    this run's id: the bucket must still be `fenced` by it (a warm-up fences
 --            every bucket of the item before its decisive read; while fenced, nothing
 --            sells, lends, gives back or releases there)
--- ARGV[6..]  the new meta, field and value pairs
+-- ARGV[6..]  the new meta, field and value pairs (packed for grab.lua as well:
+--            lib/rules.lua)
 --
 -- Every key carries the item's hash tag: one slot, so this runs on a Redis Cluster too
 -- (a WATCH would not: the cluster connection is shared by every request).
@@ -55,5 +56,7 @@ redis.call('HSET', KEYS[1], 'loaded_on', string.match(redis.call('INFO', 'server
 redis.call('HDEL', KEYS[1], 'fenced')
 -- A `sold` field an older server wrote is no count of this release's: it goes.
 redis.call('HDEL', KEYS[1], 'sold')
+-- What grab.lua checks, packed (lib/rules.lua): the new fields, and the fence gone.
+pack_rules(KEYS[1])
 local listed = redis.call('LLEN', KEYS[2])
 return {'ok', listed, tonumber(redis.call('HGET', KEYS[1], 'total')) - listed}

@@ -239,7 +239,9 @@ pub struct ItemKeys {
     /// HASH: `loaded` (ms), `total` (units this bucket holds, sold or not: less the
     /// listed units, those sold), `paused` (0/1), `start_ms`, `end_ms`; `loaded_on` (the run id of the Redis server
     /// that took the load: another one serving it means a failover or a restart since);
-    /// `fenced` (a warm-up's run id while it replaces the units: nothing sells).
+    /// `fenced` (a warm-up's run id while it replaces the units: nothing sells);
+    /// `per_user`, `waves`, `draw_ms`; and `rules`, what `grab.lua` checks of all these
+    /// packed into one field (`lua/lib/rules.lua`), which every writer of them keeps.
     pub meta: String,
     /// LIST of unsold units; `LPOP` sells one.
     pub tokens: String,

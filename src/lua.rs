@@ -70,12 +70,30 @@ pub static FINISH: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/finish.lua")));
 
 /// Puts a warm-up's units, buyer records and meta in place: see `lua/swap.lua`.
-pub static SWAP: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/swap.lua")));
+pub static SWAP: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/lib/rules.lua"),
+        include_str!("../lua/swap.lua")
+    ))
+});
 
 /// Loads a fresh bucket's units and meta (the bulk warm-up's fast path): see
 /// `lua/load_fresh.lua`.
-pub static LOAD_FRESH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/load_fresh.lua")));
+pub static LOAD_FRESH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/lib/rules.lua"),
+        include_str!("../lua/load_fresh.lua")
+    ))
+});
+
+/// Writes fields of a bucket's meta and packs what `grab.lua` checks of it: see
+/// `lua/rules_set.lua` (the packing: `lua/lib/rules.lua`).
+pub static RULES_SET: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/lib/rules.lua"),
+        include_str!("../lua/rules_set.lua")
+    ))
+});
 
 /// Takes due delay-queue entries under a lease: see `lua/claim.lua`.
 pub static CLAIM: LazyLock<Script> =
@@ -124,6 +142,7 @@ where
         &*RELEASE,
         &*SWAP,
         &*LOAD_FRESH,
+        &*RULES_SET,
         &*FORGET,
         &*ENDING_BEGIN,
         &*ENDING_DUE,

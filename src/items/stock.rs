@@ -1,10 +1,10 @@
 //! An item's live stock in Redis, as operators and the catalogue read it.
 
 use chrono::{DateTime, Utc};
-use redis::AsyncCommands;
 
 use crate::domain::BucketId;
 use crate::keys::{ItemKeys, Keys};
+use crate::lua::RULES_SET;
 use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
 use crate::telemetry::ItemLevels;
 
@@ -192,14 +192,42 @@ where
 {
     let mut fields = Rules::of(item).meta(keys.bucket.index);
     fields.push(("paused", i64::from(item.paused).to_string()));
-    redis_timed(conn.hset_multiple::<_, _, _, ()>(&keys.meta, &fields)).await
+    let mut call = RULES_SET.key(&keys.meta);
+    for (field, value) in &fields {
+        call.arg(*field).arg(value);
+    }
+    redis_timed(call.invoke_async::<()>(conn)).await
 }
 
 /// The same for a draft, into a pipeline (a bulk `PUT` of items that exist; the pause is
-/// not the draft's to change).
+/// not the draft's to change). Load [`RULES_SET`] on the connection first
+/// ([`load_rules_set`]).
 pub fn sync_draft_in(pipe: &mut redis::Pipeline, keys: &ItemKeys, draft: &ItemDraft) {
-    let fields = Rules::of_draft(draft).meta(keys.bucket.index);
-    pipe.hset_multiple(&keys.meta, &fields).ignore();
+    set_meta_in(pipe, keys, &Rules::of_draft(draft).meta(keys.bucket.index));
+}
+
+/// Writes `fields` of a bucket's meta and packs what `grab.lua` checks of it, into a
+/// pipeline (`lua/rules_set.lua`; no fields: only packs again). A plain `HSET` of a field
+/// `grab.lua` checks would leave its packed copy stale. Load [`RULES_SET`] on the
+/// connection first ([`load_rules_set`]).
+pub fn set_meta_in(pipe: &mut redis::Pipeline, keys: &ItemKeys, fields: &[(&str, String)]) {
+    pipe.cmd("EVALSHA")
+        .arg(RULES_SET.get_hash())
+        .arg(1)
+        .arg(&keys.meta);
+    for (field, value) in fields {
+        pipe.arg(*field).arg(value);
+    }
+    pipe.ignore();
+}
+
+/// Loads `lua/rules_set.lua` into Redis's script cache (on every master of a cluster), for
+/// pipelines of [`set_meta_in`]: a Redis that restarted has forgotten it.
+pub async fn load_rules_set(redis: &RedisConns) -> Result<(), RedisError> {
+    let mut conn = redis.bulk().await?;
+    redis_timed(RULES_SET.prepare_invoke().load_async(&mut conn))
+        .await
+        .map(|_| ())
 }
 
 /// What the scripts check of an item, but the pause (see `lua/grab.lua`).

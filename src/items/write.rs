@@ -120,6 +120,9 @@ impl ItemWriter<'_> {
             .filter(|(_, outcome)| *outcome == Upserted::Updated)
             .map(|(id, _)| *id)
             .collect();
+        if !updated.is_empty() {
+            stock::load_rules_set(&self.deps.redis).await?;
+        }
         let mut grouped = Grouped::new(&self.deps.redis);
         for (id, draft) in drafts.iter().filter(|(id, _)| updated.contains(id)) {
             for bucket in BucketId::all(*id, draft.buckets) {

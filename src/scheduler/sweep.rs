@@ -1,8 +1,9 @@
 //! The safety sweep: walks the items index a thousand buckets a second and marks for each
 //! kind of background work the buckets that hold some without a mark — lost with a
 //! process that died between writing the work and marking it (`src/marks.rs`). It also
-//! repairs the pending orders of the buckets it visits ([`Relay::sweep_pending`]) and
-//! forgets confirms noted after their order was written ([`Relay::prune_confirmed`]).
+//! repairs the pending orders of the buckets it visits ([`Relay::sweep_pending`]),
+//! forgets confirms noted after their order was written ([`Relay::prune_confirmed`]), and
+//! packs again what `grab.lua` checks of their meta ([`repack_rules`]).
 //!
 //! Its cost per second is bounded whatever the catalogue; a lost mark is found within one
 //! trip round the index (100 s at 100,000 buckets; every second below 1,000).
@@ -21,10 +22,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::background::{Schedule, repeat};
 use crate::domain::BucketId;
+use crate::items::stock;
+use crate::keys::Keys;
 use crate::marks::{self, Work};
 use crate::outbox::relay::Relay;
 
-use crate::store::{Grouped, StoreError, redis_timed};
+use crate::store::{Grouped, RedisConns, StoreError, redis_timed};
 
 use super::Scheduler;
 
@@ -106,6 +109,7 @@ async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64,
         }
     }
     drop(conn);
+    repack_rules(redis, keys, &stocks).await?;
     for (stock, holding) in stocks.iter().zip(&held) {
         if holding.pending > 0 {
             relay.sweep_pending(*stock).await?;
@@ -115,6 +119,23 @@ async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64,
         }
     }
     Ok(next)
+}
+
+/// Packs again what `grab.lua` checks of each bucket's meta (`lua/lib/rules.lua`): a
+/// server of a release before the packed form wrote the fields alone, and a pause, a
+/// window or a fence it wrote must not stay hidden from the grab behind a stale copy.
+/// Writes only what changed.
+async fn repack_rules(
+    redis: &RedisConns,
+    keys: &Keys,
+    stocks: &[BucketId],
+) -> Result<(), StoreError> {
+    stock::load_rules_set(redis).await?;
+    let mut grouped = Grouped::new(redis);
+    for stock in stocks {
+        stock::set_meta_in(grouped.group(), &keys.bucket(*stock), &[]);
+    }
+    Ok(grouped.run(redis).await?)
 }
 
 /// Puts back into the items index the buckets of every item loaded and not reconciled.

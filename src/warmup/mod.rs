@@ -495,9 +495,10 @@ pub(super) struct BucketMeta {
 /// Holds every bucket back for this run (`fenced` in its meta; a dead run's fence is
 /// replaced: the caller holds the item's warm-up lock).
 async fn fence(redis: &RedisConns, buckets: &[ItemKeys], run: &str) -> Result<(), RedisError> {
+    stock::load_rules_set(redis).await?;
     let mut grouped = Grouped::new(redis);
     for bucket in buckets {
-        grouped.group().hset(&bucket.meta, "fenced", run).ignore();
+        stock::set_meta_in(grouped.group(), bucket, &[("fenced", run.to_owned())]);
     }
     grouped.run(redis).await
 }

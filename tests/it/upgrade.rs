@@ -231,3 +231,113 @@ async fn keeps_selling_beside(previous: Previous, namespace: &str) {
         .await;
     env.assert_invariants(&server, 1, 300, &answered).await;
 }
+
+/// What `grab.lua` checks of a bucket's meta is also written packed into one field,
+/// `rules` (`lua/lib/rules.lua`), by every writer: a warm-up (the single one and the bulk
+/// one's fresh load), a pause and a resume, a `PUT` of a new window or limit, a forced
+/// reload's fence and its lifting. A field written alone, as servers of earlier releases
+/// write them, is packed by the safety sweep within seconds, also when the packed copy is
+/// missing altogether; a meta that is gone (a retired bucket) stays gone.
+#[tokio::test]
+async fn every_write_of_what_the_grab_checks_is_packed() {
+    use redis::AsyncCommands;
+    let env = TestEnv::new("packed_rules").await;
+    let server = env.server(ALL_ROLES).await;
+    let start = chrono::Utc::now() - chrono::Duration::seconds(5);
+    let end = start + chrono::Duration::hours(2);
+    let (start_ms, end_ms) = (start.timestamp_millis(), end.timestamp_millis());
+    let meta = env.item_keys(1).meta;
+    let mut redis = env.redis.clone();
+    let rules = |meta: String| {
+        let mut redis = env.redis.clone();
+        async move {
+            let packed: Option<String> = redis.hget(&meta, "rules").await.unwrap();
+            packed.unwrap_or_default()
+        }
+    };
+
+    env.item(1, 10).window(start, end).on_sale(&server).await;
+    assert_eq!(
+        rules(meta.clone()).await,
+        format!("open {start_ms} {end_ms} 1 ")
+    );
+    assert_eq!(env.admin_post(&server, "/admin/items/1/pause").await.0, 200);
+    assert_eq!(
+        rules(meta.clone()).await,
+        format!("paused {start_ms} {end_ms} 1 ")
+    );
+    assert_eq!(
+        env.admin_post(&server, "/admin/items/1/resume").await.0,
+        200
+    );
+    let later = end + chrono::Duration::hours(1);
+    env.item(1, 10)
+        .window(start, later)
+        .per_user(3)
+        .put(&server)
+        .await;
+    let later_ms = later.timestamp_millis();
+    assert_eq!(
+        rules(meta.clone()).await,
+        format!("open {start_ms} {later_ms} 3 ")
+    );
+    // A reload (of a paused item): fenced, then swapped.
+    assert_eq!(env.admin_post(&server, "/admin/items/1/pause").await.0, 200);
+    let (status, json) = env
+        .admin_post(&server, "/admin/items/1/warmup?force=true")
+        .await;
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(
+        rules(meta.clone()).await,
+        format!("paused {start_ms} {later_ms} 3 ")
+    );
+    assert_eq!(
+        env.admin_post(&server, "/admin/items/1/resume").await.0,
+        200
+    );
+
+    // The bulk warm-up's fresh load.
+    env.item(2, 10).window(start, end).put(&server).await;
+    let loaded = env
+        .admin(reqwest::Method::POST, &server, "/admin/items/warmup")
+        .json(&serde_json::json!({ "ids": [2] }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(loaded.status(), 200);
+    let meta2 = env.item_keys(2).meta;
+    assert_eq!(
+        rules(meta2.clone()).await,
+        format!("open {start_ms} {end_ms} 1 ")
+    );
+
+    // Written alone, as an earlier release writes: packed again by the sweep.
+    let packed_within = |meta: String, want: String| {
+        let rules = &rules;
+        async move {
+            let give_up = Instant::now() + Duration::from_secs(5);
+            loop {
+                let now = rules(meta.clone()).await;
+                if now == want {
+                    return;
+                }
+                assert!(Instant::now() < give_up, "rules {now:?}, want {want:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    redis
+        .hset::<_, _, _, ()>(&meta, "fenced", "an old warm-up")
+        .await
+        .unwrap();
+    packed_within(meta.clone(), format!("reloading {start_ms} {later_ms} 3 ")).await;
+    redis.hdel::<_, _, ()>(&meta, "fenced").await.unwrap();
+    packed_within(meta.clone(), format!("open {start_ms} {later_ms} 3 ")).await;
+    redis.hdel::<_, _, ()>(&meta2, "rules").await.unwrap();
+    packed_within(meta2.clone(), format!("open {start_ms} {end_ms} 1 ")).await;
+
+    redis.del::<_, ()>(&meta2).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let exists: bool = redis.exists(&meta2).await.unwrap();
+    assert!(!exists, "the sweep wrote a meta that was gone");
+}
