@@ -11,7 +11,8 @@
 #     sold out;
 #   - grab.lua as a Redis Function (FUNCTION LOAD, FCALL): the same three;
 #   - the parts: an empty script, the helpers' definitions alone, the meta HMGET (8
-#     fields, then 3), TIME, a missing buyer's HGET;
+#     fields, then 3; what grab.lua read before the packed rules), the packed rules'
+#     HGET and parse (what it reads now), TIME, a missing buyer's HGET;
 #   - the issue's yardstick, loadtest/lua/minimal.lua (ZSCORE, LPOP, ZADD, HINCRBY): a win
 #     and a duplicate;
 # then grab.lua's win and duplicate as ratios to the minimal script's win in this run, beside
@@ -79,7 +80,7 @@ per_call() { # benchmark arguments...
 }
 
 # The script as src/lua.rs composes grab.lua.
-libs=$(cat lua/lib/waves.lua lua/lib/places.lua)
+libs=$(cat lua/lib/rules.lua lua/lib/waves.lua lua/lib/places.lua)
 grab="$libs
 $(cat lua/grab.lua)"
 # As a library: the helpers defined once, at load; grab.lua's body a registered function.
@@ -97,7 +98,8 @@ meta=m tokens=t buyers=b pending=p
 # Units for every win of a run, the window open.
 fresh() {
   r flushall >/dev/null
-  r hset "$meta" loaded 1 paused 0 start_ms 0 end_ms 99999999999999 total "$calls" >/dev/null
+  r hset "$meta" loaded 1 paused 0 start_ms 0 end_ms 99999999999999 total "$calls" \
+    rules "open 0 99999999999999 1 " >/dev/null
   r eval "for i = 1, tonumber(ARGV[1]) do redis.call('RPUSH', KEYS[1], i) end" 1 "$tokens" \
     "$calls" >/dev/null
   r hset "$buyers" 42 sn42 >/dev/null
@@ -153,6 +155,9 @@ return {'won', ''}" \
   "the meta HMGET, 8 fields|redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'start_ms', 'end_ms', 'fenced', 'per_user', 'waves', 'draw_ms')
 return {'won', ''}" \
   "the meta HMGET, 3 fields|redis.call('HMGET', KEYS[1], 'loaded', 'start_ms', 'end_ms')
+return {'won', ''}" \
+  "the packed rules' HGET and parse|local rules = redis.call('HGET', KEYS[1], 'rules')
+local state, s, e, u, w = string.match(rules, '^(%S+) (%S*) (%S*) (%S*) (.*)$')
 return {'won', ''}" \
   "TIME and the ms from it|local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

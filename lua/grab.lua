@@ -1,6 +1,6 @@
 -- grab.lua: sell one unit of an item to one user, atomically.
 --
--- KEYS[1] meta          HASH  loaded, paused, start_ms, end_ms, fenced, per_user, waves, draw_ms
+-- KEYS[1] meta          HASH  `rules`: what this checks of the bucket, packed (lib/rules.lua)
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] buyer_orders  HASH  user_id -> the user's live orders (this user's shard; below)
 -- KEYS[4] pending       HASH  order_sn -> order JSON (won, not yet in MySQL)
@@ -76,39 +76,42 @@ if held and known_limit then
   end
 end
 
-local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'start_ms', 'end_ms', 'fenced',
-  'per_user', 'waves', 'draw_ms')
-if not meta[1] then
-  return {'not_loaded', ''}
+-- One field read, not eight (lib/rules.lua).
+local state, start_ms, end_ms, per_user, waves
+local rules = redis.call('HGET', KEYS[1], 'rules')
+if rules then
+  state, start_ms, end_ms, per_user, waves =
+    string.match(rules, '^(%S+) (%S*) (%S*) (%S*) (.*)$')
+  if not state then
+    return redis.error_reply('the meta\'s rules are not as lib/rules.lua packs them: ' .. rules)
+  end
+else
+  -- Not packed: nothing loaded, or a meta written only by servers before commit 519a305.
+  state, start_ms, end_ms, per_user, waves = read_rules(KEYS[1])
 end
-if meta[5] then
-  return {'reloading', ''}
-end
-if meta[2] == '1' then
-  return {'paused', ''}
-end
--- A draw's units are given by rank (award.lua), never to the fastest.
-if meta[8] and meta[8] ~= '' then
-  return {'ended', ''}
+-- not_loaded, reloading, paused, or ended: a draw's units are given by rank (award.lua),
+-- never to the fastest.
+if state ~= 'open' then
+  return {state, ''}
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-if now < tonumber(meta[3]) then
+if now < tonumber(start_ms) then
   return {'not_started', ''}
 end
-if now >= tonumber(meta[4]) then
+if now >= tonumber(end_ms) then
   return {'ended', ''}
 end
 
 local places, live = parse_places(held)
-local refused = at_limit(live, tonumber(meta[6]) or 1)
+local refused = at_limit(live, tonumber(per_user) or 1)
 if refused then
   return refused
 end
 
 -- A wave to come holds back what is left here (even one with no share here: a split
 -- item's buyer may borrow from a bucket it reached).
-local next_wave = held_back(meta[7], KEYS[2])
+local next_wave = held_back(waves, KEYS[2])
 if next_wave then
   return {'between_releases', next_wave}
 end

@@ -11,10 +11,11 @@ use redis::Script;
 
 use crate::store::{RedisError, redis_timed};
 
-/// Sells one unit: see `lua/grab.lua` (waves: `lua/lib/waves.lua`; the buyer record:
-/// `lua/lib/places.lua`).
+/// Sells one unit: see `lua/grab.lua` (the meta's packed rules: `lua/lib/rules.lua`;
+/// waves: `lua/lib/waves.lua`; the buyer record: `lua/lib/places.lua`).
 pub static GRAB: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
+        include_str!("../lua/lib/rules.lua"),
         include_str!("../lua/lib/waves.lua"),
         include_str!("../lua/lib/places.lua"),
         include_str!("../lua/grab.lua")

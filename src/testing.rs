@@ -18,7 +18,7 @@ pub use crate::telemetry::Meters;
 
 /// The scripts, preloaded as the server does, and the ones tests call or watch for.
 pub mod lua {
-    pub use crate::lua::{LEND, RECEIVE, RELEASE, preload};
+    pub use crate::lua::{LEND, RECEIVE, RELEASE, RULES_SET, preload};
 }
 
 /// The deadline queue's claim and finish, which a test drives to check its lease.

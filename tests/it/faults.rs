@@ -141,10 +141,7 @@ async fn a_corrupt_meta_refuses_the_purchase_without_taking_a_unit() {
     let mut redis = env.redis.clone();
     let meta = env.item_keys(1).meta;
     let start_ms: String = redis.hget(&meta, "start_ms").await.unwrap();
-    redis
-        .hset::<_, _, _, ()>(&meta, "start_ms", "garbage")
-        .await
-        .unwrap();
+    env.set_meta(1, &[("start_ms", "garbage")]).await;
     let (status, json) = env.buy(&server, 1, 1).await;
     assert_eq!(
         (status, json["code"].as_str()),
@@ -154,10 +151,7 @@ async fn a_corrupt_meta_refuses_the_purchase_without_taking_a_unit() {
     assert_eq!(env.remaining(1).await, 5, "a unit was taken");
     let pending: u64 = redis.hlen(env.item_keys(1).pending).await.unwrap();
     assert_eq!(pending, 0);
-    redis
-        .hset::<_, _, _, ()>(&meta, "start_ms", start_ms)
-        .await
-        .unwrap();
+    env.set_meta(1, &[("start_ms", &start_ms)]).await;
     assert_eq!(env.buy(&server, 1, 1).await.0, 202);
     server.stop().await;
 }

@@ -230,18 +230,12 @@ async fn the_sale_answers_win_duplicate_sold_out_and_window() {
 /// hears `503 paused` from the script, and nothing is taken.
 #[tokio::test]
 async fn a_buyer_at_their_limit_hears_409_first_whatever_redis_says_of_the_sale() {
-    use redis::AsyncCommands;
     let env = TestEnv::new("holder_first").await;
     let server = env.server(ALL_ROLES).await;
     env.item(1, 5).on_sale(&server).await;
     let (status, won) = env.buy(&server, 1, 1).await;
     assert_eq!(status, 202, "{won}");
-    let mut redis = env.redis.clone();
-    let meta = env.item_keys(1).meta;
-    redis
-        .hset::<_, _, _, ()>(&meta, "paused", "1")
-        .await
-        .unwrap();
+    env.set_meta(1, &[("paused", "1")]).await;
 
     let (status, again) = env.buy(&server, 1, 1).await;
     assert_eq!(
@@ -257,10 +251,7 @@ async fn a_buyer_at_their_limit_hears_409_first_whatever_redis_says_of_the_sale(
     );
     assert_eq!(env.remaining(1).await, 4, "units taken while paused");
 
-    redis
-        .hset::<_, _, _, ()>(&meta, "paused", "0")
-        .await
-        .unwrap();
+    env.set_meta(1, &[("paused", "0")]).await;
     assert_eq!(env.buy(&server, 2, 1).await.0, 202);
     server.stop().await;
 }

@@ -237,7 +237,8 @@ async fn keeps_selling_beside(previous: Previous, namespace: &str) {
 /// one's fresh load), a pause and a resume, a `PUT` of a new window or limit, a forced
 /// reload's fence and its lifting. A field written alone, as servers of earlier releases
 /// write them, is packed by the safety sweep within seconds, also when the packed copy is
-/// missing altogether; a meta that is gone (a retired bucket) stays gone.
+/// missing altogether; until then the grab reads a meta with no packed copy field by
+/// field. A meta that is gone (a retired bucket) stays gone.
 #[tokio::test]
 async fn every_write_of_what_the_grab_checks_is_packed() {
     use redis::AsyncCommands;
@@ -335,6 +336,34 @@ async fn every_write_of_what_the_grab_checks_is_packed() {
     packed_within(meta.clone(), format!("open {start_ms} {later_ms} 3 ")).await;
     redis.hdel::<_, _, ()>(&meta2, "rules").await.unwrap();
     packed_within(meta2.clone(), format!("open {start_ms} {end_ms} 1 ")).await;
+
+    // A meta as servers before the packed form left it (no `rules`), paused by one of them
+    // (in one step: the sweep packs either before or after): the grab reads the fields.
+    let (status, json) = env.buy(&server, 7, 1).await;
+    assert_eq!(status, 202, "{json}");
+    let as_old: (i64, i64) = redis::pipe()
+        .atomic()
+        .hdel(&meta, "rules")
+        .hset(&meta, "paused", "1")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(as_old, (1, 0));
+    let (status, json) = env.buy(&server, 8, 1).await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (503, Some("paused")),
+        "{json}"
+    );
+    let _: (i64, i64) = redis::pipe()
+        .atomic()
+        .hdel(&meta, "rules")
+        .hset(&meta, "paused", "0")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let (status, json) = env.buy(&server, 8, 1).await;
+    assert_eq!(status, 202, "{json}");
 
     redis.del::<_, ()>(&meta2).await.unwrap();
     tokio::time::sleep(Duration::from_millis(2_500)).await;

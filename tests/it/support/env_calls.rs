@@ -64,6 +64,19 @@ impl TestEnv {
         self.in_redis(item).await.remaining
     }
 
+    /// Writes fields of the item's meta (its only bucket) as the server writes them: with
+    /// what `grab.lua` checks packed again (`lua/rules_set.lua`). A plain `HSET` is what a
+    /// server of an earlier release writes.
+    pub async fn set_meta(&self, item: u64, fields: &[(&str, &str)]) {
+        let mut call = seckill::testing::lua::RULES_SET.key(self.item_keys(item).meta);
+        for (field, value) in fields {
+            call.arg(*field).arg(*value);
+        }
+        call.invoke_async::<()>(&mut self.redis.clone())
+            .await
+            .unwrap();
+    }
+
     /// The item's units listed and orders pending in Redis, over its buckets (one command
     /// a key: a cluster's client follows a moved slot for those).
     pub async fn in_redis(&self, item: u64) -> InRedis {
