@@ -1,7 +1,7 @@
 //! The yardsticks for `loadtest/bench.sh`: the least an HTTP server must do for a purchase.
 //!
-//! `POST /grab` reads `{"item_id": N}` and the `X-User` header and runs the same
-//! `EVALSHA grab.lua` as seckill over one multiplexed connection — no auth, no checks, no
+//! `POST /grab` reads `{"item_id": N}` and the `X-User` header and runs the same `grab.lua`
+//! call as seckill (`FCALL`) over one multiplexed connection — no auth, no checks, no
 //! logs, no publishing. `POST /minimal` does the same with the least a sale can do in Redis
 //! (`loadtest/lua/minimal.lua`: no window, no outbox), on an item of its own. `GET /hello`
 //! answers a constant. seckill's purchase path is measured against the first two; its

@@ -6,7 +6,7 @@
 # with, without) so that a machine drifting during the run weighs on both alike; with the
 # WAITs the server sent and how long they took (its /metrics). For each: grabs/s and p99 through one API
 # instance (wrk, wins and duplicates: every request reaches Redis), and what Redis spent
-# per grab — the EVALSHA time (INFO commandstats) and the whole server's CPU (INFO cpu),
+# per grab — the script time (EVALSHA and FCALL, INFO commandstats) and the whole server's CPU (INFO cpu),
 # summed over the masters, and the busiest master's share — so the capacity
 # model can say how many shards a sale of N presses/s needs.
 #
@@ -72,15 +72,14 @@ serve() { # wait replicas
   server_pid=$!
   wait_http "$api/healthz"
 }
-# Sums over the masters: EVALSHA calls, their µs, and the servers' CPU seconds; and the
-# busiest master's share of the EVALSHA time.
+# Sums over the masters: script calls (EVALSHA and FCALL), their µs, and the servers' CPU
+# seconds; and the busiest master's share of the script time.
 redis_cost() {
   local calls=0 usec=0 cpu=0 top=0
   for p in $(masters); do
-    local line c u s
-    line=$(redis-cli -p "$p" info commandstats | tr -d '\r' | grep '^cmdstat_evalsha:' || true)
-    c=$(sed -E 's/^cmdstat_evalsha:calls=([0-9]+),.*/\1/' <<<"${line:-cmdstat_evalsha:calls=0,}")
-    u=$(sed -E 's/.*usec=([0-9]+),.*/\1/' <<<"${line:-usec=0,}")
+    local c u s
+    read -r c u < <(redis-cli -p "$p" info commandstats | tr -d '\r' |
+      awk -F'[:,=]' '/^cmdstat_(evalsha|fcall):/ {c += $3; u += $5} END {print c + 0, u + 0}')
     s=$(redis-cli -p "$p" info cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ {t += $2} END {print t}')
     calls=$((calls + c)); usec=$((usec + u)); cpu=$(echo "$cpu + $s" | bc)
     [ "$u" -gt "$top" ] && top=$u
@@ -144,7 +143,7 @@ cat <<REPORT
 
 seckill on a local Redis Cluster (3 masters + 3 replicas) — $(nproc) cores, $(date -u +%Y-%m-%d), wrk -t2 -c$connections -d$duration, all on this machine
 
-| buckets | WAIT | req/s | p99 | EVALSHA calls | µs per EVALSHA | Redis CPU µs per grab | busiest master |
+| buckets | WAIT | req/s | p99 | script calls | µs per call | Redis CPU µs per grab | busiest master |
 |---------|------|-------|-----|---------------|----------------|-----------------------|----------------|
 $(printf '%s\n' "${rows[@]}")
 

@@ -3,7 +3,8 @@
 //!
 //! They run by `EVALSHA`; redis-rs loads a script again and retries when Redis answers
 //! `NOSCRIPT` (its script cache is empty after a restart or failover), so a flushed cache
-//! costs one extra round trip, not an outage.
+//! costs one extra round trip, not an outage. The purchase, `grab.lua`, runs as a Redis
+//! Function ([`Function`]), loaded again alike when Redis does not know it.
 
 use std::sync::LazyLock;
 
@@ -12,15 +13,100 @@ use redis::Script;
 use crate::store::{RedisError, redis_timed};
 
 /// Sells one unit: see `lua/grab.lua` (the meta's packed rules: `lua/lib/rules.lua`;
-/// waves: `lua/lib/waves.lua`; the buyer record: `lua/lib/places.lua`).
-pub static GRAB: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../lua/lib/rules.lua"),
-        include_str!("../lua/lib/waves.lua"),
-        include_str!("../lua/lib/places.lua"),
-        include_str!("../lua/grab.lua")
-    ))
+/// waves: `lua/lib/waves.lua`; the buyer record: `lua/lib/places.lua`). A Redis Function,
+/// the only one: it is the call the crowd makes ([`Function`]).
+pub static GRAB: LazyLock<Function> = LazyLock::new(|| {
+    Function::new(
+        "grab",
+        &[
+            include_str!("../lua/lib/rules.lua"),
+            include_str!("../lua/lib/waves.lua"),
+            include_str!("../lua/lib/places.lua"),
+        ],
+        include_str!("../lua/grab.lua"),
+    )
 });
+
+/// A script run as a Redis Function (`FUNCTION LOAD`, `FCALL`). A script defines its
+/// helpers (`lua/lib/`) anew on every call; a Function's library defines them once, at
+/// load: a won grab ran 90,724 instructions of Redis as a script and 84,217 as a Function
+/// (`loadtest/grab_anatomy.sh`).
+///
+/// Its name carries a hash of its code, as a script's SHA does: during a rolling upgrade
+/// servers of two releases call their own side by side, and a load never replaces another
+/// release's. So each release leaves a library of a few KB behind in Redis (`FUNCTION
+/// LIST`; docs/operations.md says how to delete the old ones).
+pub struct Function {
+    /// What `FCALL` names: `<what>_<16 hex digits of its code's SHA-1>`.
+    name: String,
+    /// The library `FUNCTION LOAD` takes: the helpers, the body wrapped in a function of
+    /// `KEYS` and `ARGV`, and its registration.
+    library: String,
+}
+
+impl Function {
+    fn new(what: &str, helpers: &[&str], body: &str) -> Self {
+        let helpers = helpers.concat();
+        let sha = Script::new(&format!("{helpers}{body}"))
+            .get_hash()
+            .to_owned();
+        let name = format!("{what}_{}", &sha[..16]);
+        let library = format!(
+            "#!lua name=seckill_{name}\n{helpers}\nlocal function {what}(KEYS, ARGV)\n{body}\nend\n\
+             redis.register_function('{name}', {what})\n"
+        );
+        Self { name, library }
+    }
+
+    /// An `FCALL` of it with `keys` keys: add the keys, then the arguments, and run it with
+    /// [`Function::invoke`].
+    pub fn call(&self, keys: usize) -> redis::Cmd {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&self.name).arg(keys);
+        cmd
+    }
+
+    /// Runs `cmd` (from [`Function::call`]). A Redis that does not know the function — it
+    /// restarted without its data, was flushed, or is a master added since — gets it loaded
+    /// and the call once more, as `EVALSHA` does on `NOSCRIPT`.
+    pub async fn invoke<T, C>(&self, cmd: &redis::Cmd, conn: &mut C) -> Result<T, RedisError>
+    where
+        T: redis::FromRedisValue,
+        C: redis::aio::ConnectionLike,
+    {
+        match redis_timed(cmd.query_async(conn)).await {
+            Err(RedisError::Command(e)) if not_found(&e) => {
+                self.load(conn).await?;
+                redis_timed(cmd.query_async(conn)).await
+            }
+            answer => answer,
+        }
+    }
+
+    /// Loads it into Redis (on a cluster, every master) unless it is there already.
+    pub async fn load<C>(&self, conn: &mut C) -> Result<(), RedisError>
+    where
+        C: redis::aio::ConnectionLike,
+    {
+        let mut load = redis::cmd("FUNCTION");
+        load.arg("LOAD").arg(&self.library);
+        match redis_timed(load.query_async::<redis::Value>(conn)).await {
+            Err(RedisError::Command(e)) if already_there(&e) => Ok(()),
+            loaded => loaded.map(|_| ()),
+        }
+    }
+}
+
+/// Redis's answer to an `FCALL` of a function it does not have.
+fn not_found(e: &redis::RedisError) -> bool {
+    e.detail()
+        .is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// Redis's answer to a `FUNCTION LOAD` of a library it has (without `REPLACE`).
+fn already_there(e: &redis::RedisError) -> bool {
+    e.detail().is_some_and(|d| d.contains("already exists"))
+}
 
 /// Enters a buyer into a draw: see `lua/enter.lua`.
 pub static ENTER: LazyLock<Script> =
@@ -137,8 +223,8 @@ pub async fn preload<C>(conn: &mut C) -> Result<(), RedisError>
 where
     C: redis::aio::ConnectionLike + Send,
 {
+    GRAB.load(conn).await?;
     for script in [
-        &*GRAB,
         &*GIVE_BACK,
         &*RELEASE,
         &*SWAP,

@@ -2,7 +2,7 @@
 //!
 //! Extractors have checked the IP and user rates, the token, the client clock and the
 //! body. What is left: the item's window, pause and sold-out flag and the circuit breakers,
-//! all from memory (a "no" costs no network round trip), then one `EVALSHA grab.lua`, then
+//! all from memory (a "no" costs no network round trip), then one `FCALL` of `grab.lua`, then
 //! `202` — the outbox already guarantees the order reaches MySQL, so the broker is not
 //! waited for.
 

@@ -1,6 +1,4 @@
-//! The Redis side of a purchase: one `EVALSHA grab.lua`, one round trip.
-
-use redis::{Script, ScriptInvocation};
+//! The Redis side of a purchase: one `FCALL` of `grab.lua`, one round trip.
 
 use crate::domain::{OrderSn, UserId};
 use crate::items::catalog::CatalogItem;
@@ -78,13 +76,15 @@ pub async fn grab(
     order_json: &str,
     idempotency: Option<&IdempotencyKey>,
 ) -> Result<GrabOutcome, RedisError> {
-    let mut call = purchase_keys(&GRAB, keys, user, None, idempotency);
-    call.arg(user.get())
+    let keys = purchase_keys(keys, user, None, idempotency);
+    let mut call = GRAB.call(keys.len());
+    call.arg(&keys)
+        .arg(user.get())
         .arg(order_sn.as_str())
         .arg(order_json)
         .arg(idempotency.map_or("", |i| i.key.as_str()))
         .arg(per_user.max(1));
-    let (outcome, detail): (String, String) = redis_timed(call.invoke_async(conn)).await?;
+    let (outcome, detail): (String, String) = GRAB.invoke(&call, conn).await?;
     let order = |detail: &str| {
         OrderSn::parse(detail)
             .ok_or_else(|| RedisError::Unexpected(format!("buyer record holds {detail:?}")))
@@ -124,7 +124,10 @@ pub async fn give_back(
     order_sn: &OrderSn,
     idempotency: Option<&IdempotencyKey>,
 ) -> Result<bool, RedisError> {
-    let mut call = purchase_keys(&GIVE_BACK, keys, user, Some(&keys.outbox), idempotency);
+    let mut call = GIVE_BACK.prepare_invoke();
+    for key in purchase_keys(keys, user, Some(&keys.outbox), idempotency) {
+        call.key(key);
+    }
     call.arg(user.get())
         .arg(order_sn.as_str())
         .arg(idempotency.map_or("", |i| i.key.as_str()));
@@ -136,22 +139,18 @@ pub async fn give_back(
 /// the buyer's records, the pending orders, the outbox (`give_back.lua` only: a grab
 /// leaves it to whoever sends the order) and (with a key) its record.
 fn purchase_keys<'a>(
-    script: &'a Script,
-    keys: &ItemKeys,
+    keys: &'a ItemKeys,
     user: UserId,
-    outbox: Option<&str>,
-    idempotency: Option<&IdempotencyKey>,
-) -> ScriptInvocation<'a> {
-    let mut call = script.prepare_invoke();
-    call.key(&keys.meta)
-        .key(&keys.tokens)
-        .key(keys.buyer_orders(user))
-        .key(&keys.pending);
-    if let Some(outbox) = outbox {
-        call.key(outbox);
-    }
-    if let Some(idempotency) = idempotency {
-        call.key(&idempotency.record);
-    }
-    call
+    outbox: Option<&'a str>,
+    idempotency: Option<&'a IdempotencyKey>,
+) -> Vec<&'a str> {
+    let mut named = vec![
+        keys.meta.as_str(),
+        keys.tokens.as_str(),
+        keys.buyer_orders(user),
+        keys.pending.as_str(),
+    ];
+    named.extend(outbox);
+    named.extend(idempotency.map(|i| i.record.as_str()));
+    named
 }

@@ -1,5 +1,5 @@
-//! Redis failing: hung, gone, restarted with an empty script cache; and the sold-out flag
-//! that spares Redis.
+//! Redis failing: hung, gone, restarted with an empty script cache and no functions; and
+//! the sold-out flag that spares Redis.
 
 use std::time::{Duration, Instant};
 
@@ -60,14 +60,26 @@ async fn a_hung_or_dead_redis_turns_into_503_within_the_budget_and_readyz_names_
     server.stop().await;
 }
 
+/// The scripts and the purchase's Function gone from Redis (flushed; a Redis restarted
+/// without its data, or a master added since, has neither): each is loaded again on its
+/// next call, which answers as usual.
 #[tokio::test]
-async fn purchases_survive_a_flushed_script_cache() {
+async fn purchases_survive_a_flushed_script_cache_and_function_library() {
     let (env, redis, server) = on_private_redis("noscript").await;
     redis.cmd(&["SCRIPT", "FLUSH"]).await;
     let (status, json) = env.buy(&server, 2, 1).await;
     assert_eq!(status, 202, "after SCRIPT FLUSH: {json}");
     let (status, _) = env.buy(&server, 2, 1).await;
     assert_eq!(status, 409);
+    redis.cmd(&["FUNCTION", "FLUSH"]).await;
+    let (status, json) = env.buy(&server, 3, 1).await;
+    assert_eq!(status, 202, "after FUNCTION FLUSH: {json}");
+    let (status, json) = env.buy(&server, 3, 1).await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (409, Some("duplicate")),
+        "{json}"
+    );
     server.stop().await;
 }
 
