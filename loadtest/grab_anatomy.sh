@@ -112,8 +112,8 @@ order='{"order_sn":"0000000001A00000000000000000001","item_id":1,"user_id":12345
 measure() { # user call...
   local user=$1
   shift
-  per_call "$@" 5 "$meta" "$tokens" "$buyers" "$pending" idem \
-    "$user" "sn__rand_int__" "$order" "" 1
+  per_call "$@" 4 "$meta" "$tokens" "$buyers" "$pending" \
+    "$user" "sn__rand_int__" "$order" 1
 }
 script() { # source: its SHA, loaded
   r script load "$1"
@@ -153,21 +153,21 @@ row "as a Function, a duplicate" "$fn_duplicate"
 r del "$tokens" >/dev/null
 row "as a Function, sold out" "$(measure __rand_int__ fcall grab)"
 for part in \
-  "an empty script|return {'won', ''}" \
+  "an empty script|return 'won'" \
   "the helpers' definitions (lua/lib) alone|$libs
-return {'won', ''}" \
+return 'won'" \
   "the meta HMGET, 8 fields|redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'start_ms', 'end_ms', 'fenced', 'per_user', 'waves', 'draw_ms')
-return {'won', ''}" \
+return 'won'" \
   "the meta HMGET, 3 fields|redis.call('HMGET', KEYS[1], 'loaded', 'start_ms', 'end_ms')
-return {'won', ''}" \
+return 'won'" \
   "the packed rules' HGET and parse|local rules = redis.call('HGET', KEYS[1], 'rules')
 local state, s, e, u, w = string.match(rules, '^(%S+) (%S*) (%S*) (%S*) (.*)$')
-return {'won', ''}" \
+return 'won'" \
   "TIME and the ms from it|local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return {'won', ''}" \
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+return 'won'" \
   "a missing buyer's HGET|redis.call('HGET', KEYS[3], ARGV[1])
-return {'won', ''}"; do
+return 'won'"; do
   row "${part%%|*}" "$(measure __rand_int__ evalsha "$(script "${part#*|}")")"
 done
 minimal=$(script "$(cat loadtest/lua/minimal.lua)")

@@ -4,13 +4,13 @@
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] buyer_orders  HASH  user_id -> the user's live orders (this user's shard; below)
 -- KEYS[4] pending       HASH  order_sn -> order JSON (won, not yet in MySQL)
--- KEYS[5] idempotency   STRING the order this user's key bought (only with ARGV[4])
+-- KEYS[5] idempotency   STRING the order this user's Idempotency-Key bought; passed only
+--                       when the buyer sent a key (its absence: no key)
 -- ARGV[1] user_id
 -- ARGV[2] order_sn      the number this order gets if the user wins
 -- ARGV[3] order JSON    stored in `pending` for the publisher, the relay and order reads
 --                       (the outbox gets the order when it is sent: src/outbox/mod.rs)
--- ARGV[4] the buyer's Idempotency-Key, '' for none
--- ARGV[5] the item's `per_user` as the caller's catalogue has it ('' or absent: unknown)
+-- ARGV[4] the item's `per_user` as the caller's catalogue has it ('' or absent: unknown)
 --
 -- A buyer who already holds that many orders is answered first, before the meta and the
 -- clock are read: it is the crowd's most frequent press that reaches Redis (a retry) and
@@ -31,13 +31,20 @@
 -- still to come holds back, by Redis's own TIME; while a wave is to come the answer is
 -- never "sold out".
 --
--- Returns a two-element array {outcome, detail}:
---   {"won", slot} | {"repeat", order_sn} (this key bought that order before) |
---   {"duplicate", existing order_sn} (per_user 1) | {"limit_reached", "sn sn …"} |
---   {"sold_out", ""} | {"between_releases", next wave's ms} | {"paused", ""} |
---   {"not_loaded", ""} | {"reloading", ""} (a warm-up is replacing the item's units:
---   `fenced`) | {"not_started", ""} | {"ended", ""};
---   an error, with nothing written, when the meta's window is not a number
+-- Returns one string, the outcome and its detail after a space (src/purchase/grab.rs):
+--   "won" (place 0) | "won <slot>" | "repeat <order_sn>" (this key bought that order
+--   before) | "duplicate <order_sn>" (per_user 1) | "limit_reached <sn sn …>" |
+--   "sold_out" | "between_releases <next wave's ms>" | "paused" | "not_loaded" |
+--   "reloading" (a warm-up is replacing the item's units: `fenced`) | "not_started" |
+--   "ended";
+--   an error, with nothing written, when the meta's window is not a number.
+-- One string, not an array: Redis turns a table a script returns into a reply at three
+-- times the cost of a string (it looks for `err`, `ok` and other fields first).
+--
+-- Every instruction here is paid on every press that reaches Redis, so the common case
+-- takes the short way: `tonumber` is avoided where a string compares as well (it
+-- converts twice; arithmetic on a string once), and a buyer with no record skips the
+-- parse of one (loadtest/grab_anatomy.sh counts what each step costs).
 --
 -- A script never rolls back: every check happens before the first write (the LPOP).
 
@@ -47,32 +54,35 @@ local function at_limit(live, limit)
     return nil
   end
   if limit == 1 then
-    return {'duplicate', live[1]}
+    return 'duplicate ' .. live[1]
   end
-  return {'limit_reached', table.concat(live, ' ')}
+  return 'limit_reached ' .. table.concat(live, ' ')
 end
 
 -- A buyer's key that bought before: its order, whatever else holds.
-local key = ARGV[4]
-if key and key ~= '' then
-  local bought = redis.call('GET', KEYS[5])
+local key = KEYS[5]
+if key then
+  local bought = redis.call('GET', key)
   if bought then
-    return {'repeat', bought}
+    return 'repeat ' .. bought
   end
 end
 
 local held = redis.call('HGET', KEYS[3], ARGV[1])
-local known_limit = tonumber(ARGV[5])
-if held and known_limit then
+if held then
+  local known_limit = ARGV[4]
   -- One order, the common case: a record of one place is an order number (a record has
   -- no trailing free places and goes when it holds none).
-  if known_limit == 1 and not string.find(held, ' ', 1, true) then
-    return {'duplicate', held}
+  if known_limit == '1' and not string.find(held, ' ', 1, true) then
+    return 'duplicate ' .. held
   end
-  local _, live = parse_places(held)
-  local refused = at_limit(live, known_limit)
-  if refused then
-    return refused
+  known_limit = tonumber(known_limit)
+  if known_limit then
+    local _, live = parse_places(held)
+    local refused = at_limit(live, known_limit)
+    if refused then
+      return refused
+    end
   end
 end
 
@@ -92,37 +102,46 @@ end
 -- not_loaded, reloading, paused, or ended: a draw's units are given by rank (award.lua),
 -- never to the fastest.
 if state ~= 'open' then
-  return {state, ''}
+  return state
 end
+-- Arithmetic on a string converts it (an error when it is not a number: nothing written).
 local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-if now < tonumber(start_ms) then
-  return {'not_started', ''}
+local now = time[1] * 1000 + math.floor(time[2] / 1000)
+if now < start_ms + 0 then
+  return 'not_started'
 end
-if now >= tonumber(end_ms) then
-  return {'ended', ''}
+if now >= end_ms + 0 then
+  return 'ended'
 end
 
-local places, live = parse_places(held)
-local refused = at_limit(live, tonumber(per_user) or 1)
-if refused then
-  return refused
+-- No record: no order held, nothing to parse.
+local places = nil
+if held then
+  local live
+  places, live = parse_places(held)
+  local refused = at_limit(live, tonumber(per_user) or 1)
+  if refused then
+    return refused
+  end
 end
 
 -- A wave to come holds back what is left here (even one with no share here: a split
 -- item's buyer may borrow from a bucket it reached).
-local next_wave = held_back(waves, KEYS[2])
+local next_wave = held_back(waves, KEYS[2], now)
 if next_wave then
-  return {'between_releases', next_wave}
+  return 'between_releases ' .. next_wave
 end
 
 local token = redis.call('LPOP', KEYS[2])
 if not token then
-  return {'sold_out', ''}
+  return 'sold_out'
 end
 
 local slot = record_win(KEYS[3], KEYS[4], ARGV[1], ARGV[2], ARGV[3], places)
-if key and key ~= '' then
-  redis.call('SET', KEYS[5], ARGV[2], 'PX', 86400000)
+if key then
+  redis.call('SET', key, ARGV[2], 'PX', 86400000)
 end
-return {'won', slot}
+if slot == 0 then
+  return 'won'
+end
+return 'won ' .. slot

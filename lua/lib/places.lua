@@ -21,8 +21,8 @@ local function parse_places(held)
 end
 
 -- Records a won unit: `sn` takes the first free place of `places` (the user's record as
--- parse_places read it), the order goes into `pending`. The order JSON gets its place when
--- not 0. Returns the place.
+-- parse_places read it; nil for a user with no record), the order goes into `pending`.
+-- The order JSON gets its place when not 0. Returns the place.
 --
 -- Nothing counts the sale: a bucket's units sold are its `total` less its listed units
 -- (src/items/stock.rs), which the LPOP before this already changed. Servers up to commit
@@ -33,6 +33,11 @@ end
 -- publisher, or the safety sweep for an order no publisher took: src/outbox/mod.rs), which
 -- saved a purchase a tenth of its Redis time. Servers up to commit 668f7da entered it here.
 local function record_win(buyer_orders, pending, user, sn, order, places)
+  if not places then
+    redis.call('HSET', buyer_orders, user, sn)
+    redis.call('HSET', pending, sn, order)
+    return 0
+  end
   local slot = #places
   for i = 1, #places do
     if places[i] == '-' then

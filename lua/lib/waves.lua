@@ -6,13 +6,15 @@
 -- never early by some host's clock.
 --
 -- Returns the next wave's time (ms, as written) when the list `tokens` holds no unit
--- beyond what is held back, else nil.
-local function held_back(waves, tokens)
+-- beyond what is held back, else nil. `now` (ms, Redis's TIME) when the caller has it.
+local function held_back(waves, tokens, now)
   if not waves or waves == '' then
     return nil
   end
-  local time = redis.call('TIME')
-  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  if not now then
+    local time = redis.call('TIME')
+    now = time[1] * 1000 + math.floor(time[2] / 1000)
+  end
   for at, held in string.gmatch(waves, '(%d+):(%d+)') do
     if tonumber(at) > now then
       if redis.call('LLEN', tokens) <= tonumber(held) then

@@ -82,20 +82,21 @@ pub async fn grab(
         .arg(user.get())
         .arg(order_sn.as_str())
         .arg(order_json)
-        .arg(idempotency.map_or("", |i| i.key.as_str()))
         .arg(per_user.max(1));
-    let (outcome, detail): (String, String) = GRAB.invoke(&call, conn).await?;
+    let answer: String = GRAB.invoke(&call, conn).await?;
+    let (outcome, detail) = answer.split_once(' ').unwrap_or((&answer, ""));
     let order = |detail: &str| {
         OrderSn::parse(detail)
             .ok_or_else(|| RedisError::Unexpected(format!("buyer record holds {detail:?}")))
     };
     let odd = || RedisError::Unexpected(format!("grab.lua answered {outcome} {detail:?}"));
-    Ok(match outcome.as_str() {
+    Ok(match outcome {
+        "won" if detail.is_empty() => GrabOutcome::Won { slot: 0 },
         "won" => GrabOutcome::Won {
             slot: detail.parse().map_err(|_| odd())?,
         },
-        "repeat" => GrabOutcome::Repeat(order(&detail)?),
-        "duplicate" => GrabOutcome::Duplicate(order(&detail)?),
+        "repeat" => GrabOutcome::Repeat(order(detail)?),
+        "duplicate" => GrabOutcome::Duplicate(order(detail)?),
         "limit_reached" => {
             GrabOutcome::LimitReached(detail.split(' ').map(order).collect::<Result<_, _>>()?)
         }
