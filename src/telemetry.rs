@@ -335,7 +335,7 @@ fn describe() {
     );
     describe_gauge!(
         "seckill_outbox_orders",
-        "Won orders handed to a sender and not yet confirmed by RabbitMQ, per item"
+        "Won orders waiting for the relay (not confirmed by RabbitMQ when sent), per item"
     );
     describe_gauge!(
         "seckill_pending_orders",
@@ -684,7 +684,14 @@ mod tests {
         keys.sort_unstable();
         assert_eq!(
             keys,
-            ["level", "message", "orders", "outcome", "target", "timestamp"],
+            [
+                "level",
+                "message",
+                "orders",
+                "outcome",
+                "target",
+                "timestamp"
+            ],
             "{text}"
         );
         assert_eq!(

@@ -2,26 +2,30 @@
 //! process dies on the way.
 //!
 //! `grab.lua` writes every won order into the item's `pending` hash (its JSON, until the
-//! consumer has it in MySQL) in the same atomic step that sells the unit. Whoever sends it
-//! first enters it in the item's `outbox` sorted set; a confirm moves it into the item's
-//! `confirmed` set, which the consumer empties with `pending`. So where a pending order is:
+//! consumer has it in MySQL) in the same atomic step that sells the unit. The purchase's
+//! own publisher sends it at once; a confirm notes it in the item's `confirmed` set, which
+//! the consumer empties with `pending`. An order that publisher could not deliver goes into
+//! the item's `outbox` sorted set, where the relay finds it. So where a pending order is:
 //!
 //! | outbox | confirmed | the order |
 //! |---|---|---|
-//! | – | – | won, not handed to a sender yet: in a publisher's buffer, or its process died, or the buffer was full, or its give-back kept it |
-//! | when it was won (ms) | – | handed to a sender, not yet confirmed by RabbitMQ |
+//! | – | – | won and with its publisher (in its buffer or on its way to RabbitMQ), or lost to it: its process died, or its give-back kept it |
+//! | when it was won (ms) | – | for the relay: the broker did not confirm it, or there was none, or the buffer was full, or the safety sweep found it lost |
 //! | negative | – | claimed: a sender waits for Redis's replicas before it sends ([`cleared_to_send`]) |
 //! | – | ✓ | confirmed by RabbitMQ, waiting for the consumer |
 //!
-//! The [`publisher`] enters and sends new orders at once, in batches; the [`relay`] sends
-//! again whatever stayed in the outbox unconfirmed too long, and the safety sweep
-//! ([`relay::Relay::sweep_pending`]) enters the orders no publisher took. Inserts are
-//! idempotent, so sending twice is harmless and sending never is impossible.
+//! The [`publisher`] sends new orders at once, in batches, and enters what the broker did
+//! not confirm; the [`relay`] sends again whatever stayed in the outbox too long, and the
+//! safety sweep ([`relay::Relay::sweep_pending`]) enters the orders in neither set well
+//! after any publisher would have delivered them. Inserts are idempotent, so sending twice
+//! is harmless and sending never is impossible.
 //!
-//! The grab used to enter every win itself (servers up to commit 668f7da, 2026-12-03); a
-//! sorted-set insert inside the script cost a tenth of a win's Redis instructions, and the
-//! publisher enters a whole batch in one round trip. Old servers read the outbox as before
-//! (an entry: not confirmed) and never the `confirmed` set.
+//! The grab used to enter every win itself (servers up to commit 668f7da, 2026-12-03), then
+//! the publisher entered each batch before sending it (up to commit 3136a93); each entry
+//! and its removal cost a won order a tenth of its Redis work. Older servers read the
+//! outbox as before (an entry: not confirmed), the oldest never the `confirmed` set: to
+//! them a confirmed order not yet written looks unsent after their sweep's delay, and they
+//! send it again, harmlessly.
 
 pub mod publisher;
 pub mod relay;
@@ -59,6 +63,8 @@ pub struct Sent {
     pub orders: usize,
     /// How many the broker confirmed (these are out of their outboxes, in `confirmed`).
     pub confirmed: usize,
+    /// Whether the broker confirmed each order, in the order they were given.
+    pub each: Vec<bool>,
     pub took: Duration,
     /// Confirmed orders still in the outbox (Redis did not answer the move): harmless, the
     /// relay sends them again and the insert is idempotent.
@@ -98,11 +104,13 @@ pub async fn send(
         .zip(&confirmed)
         .filter_map(|(order, ok)| ok.then_some(order));
     let (redis, keys) = outboxes;
+    let not_cleared = mark_confirmed(redis, keys, sent).await.err();
     Sent {
         orders: orders.len(),
         confirmed: ok,
+        each: confirmed,
         took,
-        not_cleared: mark_confirmed(redis, keys, sent).await.err(),
+        not_cleared,
     }
 }
 

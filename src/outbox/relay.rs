@@ -29,9 +29,11 @@ const EVERY: Duration = Duration::from_secs(1);
 /// How long a pass holds the buckets it took (one that dies leaves them for this long).
 const LEASE: Duration = Duration::from_secs(10);
 const BATCH: isize = 1_000;
-/// A pending order this old that no sender took (not in the outbox) is entered there by
-/// the safety sweep. Well past the time an order waits in its publisher's buffer.
-const UNSENT_AFTER: Duration = Duration::from_secs(5);
+/// A pending order this old that is neither in the outbox nor confirmed is entered there by
+/// the safety sweep: its publisher died, or lost it to a Redis error. Past the longest a
+/// publisher holds an order (its send included: it enters only what the broker did not
+/// confirm), so that the relay does not send again what is on its way.
+const UNSENT_AFTER: Duration = Duration::from_secs(super::publisher::HOLDS_AT_MOST.as_secs() + 2);
 /// A pending order older than this, confirmed by the broker, is checked against MySQL.
 const PENDING_STALE_AFTER: Duration = Duration::from_secs(60);
 /// ... and, if MySQL lacks it while the order queue is empty, sent again after this long.

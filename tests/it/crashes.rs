@@ -57,10 +57,10 @@ async fn an_api_instance_killed_mid_burst_loses_nothing() {
 
 /// A consumer killed mid-batch while draining thousands of orders (some committed, not
 /// all acked): the next consumer gets the redeliveries, and each order is one row.
-/// Wins whose API process died right after its grab, before its publisher entered them in
-/// the outbox (played by this test calling the server's own `grab.lua`): they are in
-/// `pending` alone, and the scheduler's safety sweep enters them for the relay. Each
-/// reaches MySQL once, within seconds, and its buyer holds it (`409` naming it).
+/// Wins whose API process died right after its grab, before its publisher delivered them
+/// (played by this test calling the server's own `grab.lua`): they are in `pending` alone,
+/// and the scheduler's safety sweep enters them for the relay. Each reaches MySQL once,
+/// within seconds, and its buyer holds it (`409` naming it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn wins_no_publisher_took_are_found_and_sent_within_seconds() {
     use seckill::domain::{BucketId, ItemId, OrderPlaced, OrderSn, UserId};
