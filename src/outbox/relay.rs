@@ -166,17 +166,28 @@ impl Relay {
     }
 
     /// Repairs the bucket's pending orders, by their outbox entries (the table in
-    /// `super`). One with no entry long after it was won was never handed to a sender (its
-    /// publisher's process died, or its give-back kept it): it is entered, and the relay
+    /// `super`). One with no entry long after it was won was never delivered by its
+    /// publisher (its process died, or its give-back kept it): it is entered, and the relay
     /// sends it. One confirmed long ago was checked in by the broker: if MySQL has it, the
     /// consumer's clean-up was lost, and it goes; if MySQL still lacks it long after, while
     /// the order queue is empty, its message was lost after the confirm (a purged queue),
     /// and it is sent again. (While the queue holds messages the consumer is merely behind,
-    /// and nothing is sent again.) The hash is walked with HSCAN, a thousand entries at a
-    /// time, so neither Redis nor MySQL ever gets one huge request.
-    pub async fn sweep_pending(&self, stock: BucketId) -> Result<(), StoreError> {
+    /// and nothing is sent again.)
+    ///
+    /// The hash is walked with HSCAN from cursor `from`, a thousand entries a round trip,
+    /// until about `budget` entries were read or the walk is done: so neither Redis nor
+    /// MySQL ever gets one huge request, and a bucket whose pending orders pile up (the
+    /// consumer down for minutes) is walked over several passes instead of all of it every
+    /// second. Returns the cursor to go on from (0: the walk is done).
+    pub async fn sweep_pending(
+        &self,
+        stock: BucketId,
+        from: u64,
+        budget: usize,
+    ) -> Result<u64, StoreError> {
         let pending = self.keys.pending(stock);
-        let mut cursor = 0u64;
+        let mut cursor = from;
+        let mut read = 0;
         loop {
             let (next, flat): (u64, Vec<String>) = {
                 let mut conn = self.redis.bulk().await?;
@@ -194,9 +205,10 @@ impl Relay {
                 .chunks_exact(2)
                 .map(|pair| (pair[0].as_str(), pair[1].as_str()))
                 .collect();
+            read += entries.len();
             self.sweep_entries(stock, &entries).await?;
-            if next == 0 {
-                return Ok(());
+            if next == 0 || read >= budget {
+                return Ok(next);
             }
             cursor = next;
         }

@@ -6,7 +6,10 @@
 //! packs again what `grab.lua` checks of their meta ([`repack_rules`]).
 //!
 //! Its cost per second is bounded whatever the catalogue; a lost mark is found within one
-//! trip round the index (100 s at 100,000 buckets; every second below 1,000).
+//! trip round the index (100 s at 100,000 buckets; every second below 1,000). So is its
+//! walk of pending orders, whatever piles up there while the consumer is down: about
+//! [`PENDING_PER_VISIT`] entries a visit, shared by the buckets visited, each bucket's
+//! walk going on where the last visit left it.
 //!
 //! The index and the marks are single keys with no hash tag: on a cluster they live on
 //! one master, and a failover that lost its last writes (or a loss of its data) takes
@@ -14,6 +17,8 @@
 //! items MySQL says are loaded and not yet reconciled (adding a member already there
 //! changes nothing); the trip then marks their work again.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -34,16 +39,28 @@ use super::Scheduler;
 const EVERY: Duration = Duration::from_secs(1);
 /// Buckets asked per visit (SSCAN's COUNT: a hint, Redis may answer more or fewer).
 const PER_VISIT: usize = 1_000;
+/// Pending orders read per visit, about: shared by the buckets that hold some, each
+/// getting at least a page. At 100,000 pending (a consumer down for a minute of a big
+/// sale) reading them all every second took a tenth of a core in Redis and more in the
+/// scheduler, for repairs that wait seconds anyway.
+const PENDING_PER_VISIT: usize = 10_000;
+/// Least pending orders a bucket gets read per visit: one HSCAN page.
+const PENDING_PAGE: usize = 1_000;
+
+/// Where each bucket's walk of its pending orders goes on (an HSCAN cursor); a bucket
+/// whose walk ended is not in it.
+type PendingWalks = Mutex<HashMap<BucketId, u64>>;
 
 pub async fn run(scheduler: Scheduler, relay: Relay, shutdown: CancellationToken) {
     let cursor = AtomicU64::new(0);
-    let (scheduler, relay, cursor) = (&scheduler, &relay, &cursor);
+    let walks = PendingWalks::default();
+    let (scheduler, relay, cursor, walks) = (&scheduler, &relay, &cursor, &walks);
     repeat(
         "safety sweep",
         Schedule::every(EVERY),
         &shutdown,
         || async move {
-            let next = visit(scheduler, relay, cursor.load(Ordering::Relaxed)).await?;
+            let next = visit(scheduler, relay, cursor.load(Ordering::Relaxed), walks).await?;
             cursor.store(next, Ordering::Relaxed);
             Ok::<_, StoreError>(())
         },
@@ -52,7 +69,12 @@ pub async fn run(scheduler: Scheduler, relay: Relay, shutdown: CancellationToken
 }
 
 /// One step of the walk round the index, from `cursor`; returns the next cursor.
-async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64, StoreError> {
+async fn visit(
+    scheduler: &Scheduler,
+    relay: &Relay,
+    cursor: u64,
+    walks: &PendingWalks,
+) -> Result<u64, StoreError> {
     let (redis, keys) = (&scheduler.deps.redis, &scheduler.deps.keys);
     if cursor == 0 {
         repair_index(scheduler).await?;
@@ -110,15 +132,30 @@ async fn visit(scheduler: &Scheduler, relay: &Relay, cursor: u64) -> Result<u64,
     }
     drop(conn);
     repack_rules(redis, keys, &stocks).await?;
+    let with_pending = held.iter().filter(|h| h.pending > 0).count();
+    let share = (PENDING_PER_VISIT / with_pending.max(1)).max(PENDING_PAGE);
     for (stock, holding) in stocks.iter().zip(&held) {
         if holding.pending > 0 {
-            relay.sweep_pending(*stock).await?;
+            let from = lock(walks).get(stock).copied().unwrap_or(0);
+            let next = relay.sweep_pending(*stock, from, share).await?;
+            let mut walks = lock(walks);
+            match next {
+                0 => walks.remove(stock),
+                next => walks.insert(*stock, next),
+            };
         }
         if holding.confirmed > holding.pending {
             relay.prune_confirmed(*stock).await?;
         }
     }
     Ok(next)
+}
+
+/// The walks' cursors; one left behind by a panic mid-update is as good as any.
+fn lock(walks: &PendingWalks) -> std::sync::MutexGuard<'_, HashMap<BucketId, u64>> {
+    walks
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Packs again what `grab.lua` checks of each bucket's meta (`lua/lib/rules.lua`): a

@@ -577,14 +577,56 @@ async fn an_order_twice_in_one_batch_is_one_row_and_no_false_alarm() {
 /// confirmed.
 #[tokio::test]
 async fn the_pending_sweep_pages_through_more_entries_than_one_query_can_name() {
+    let env = TestEnv::new("bigsweep").await;
+    let relay = stale_confirmed_orders(&env, 70_000).await;
+    // The whole walk in one call; the scheduler's sweep walks a bucket's share a visit.
+    let next = relay
+        .sweep_pending(env.bucket(1), 0, usize::MAX)
+        .await
+        .expect("the sweep");
+    assert_eq!(next, 0, "the walk ended");
+    assert_eq!(pending_and_confirmed(&env).await, (0, 0));
+}
+
+/// A walk given a budget reads about that many entries and says where to go on; going on
+/// from there, visit after visit, it ends having repaired every entry once.
+#[tokio::test]
+async fn the_pending_sweep_walks_a_pile_a_share_at_a_time() {
+    let env = TestEnv::new("sweepshare").await;
+    let relay = stale_confirmed_orders(&env, 5_000).await;
+    let next = relay
+        .sweep_pending(env.bucket(1), 0, 2_000)
+        .await
+        .expect("the sweep");
+    assert_ne!(next, 0, "a walk of 5,000 stopped near 2,000");
+    let (left, _) = pending_and_confirmed(&env).await;
+    assert!(
+        (1_000..=3_100).contains(&left),
+        "{left} left after a share of 2,000"
+    );
+    let mut from = next;
+    let mut visits = 1;
+    while from != 0 {
+        from = relay
+            .sweep_pending(env.bucket(1), from, 2_000)
+            .await
+            .expect("the sweep");
+        visits += 1;
+        assert!(visits <= 5, "the walk did not end");
+    }
+    assert_eq!(pending_and_confirmed(&env).await, (0, 0));
+}
+
+/// `n` orders won two hours ago, written to MySQL, confirmed by the broker and still
+/// pending in Redis (their clean-up lost), on item 1; and a relay to sweep them.
+async fn stale_confirmed_orders(env: &TestEnv, n: u64) -> seckill::testing::Relay {
     use redis::AsyncCommands;
     use seckill::testing::{OrderStatus, insert_batch};
-    let env = TestEnv::new("bigsweep").await;
     let server = env.server(&[Role::Api]).await;
     env.item(1, 10).put(&server).await;
     server.stop().await;
     let long_ago = chrono::Utc::now().timestamp_millis() - 2 * 3600 * 1000;
-    let orders: Vec<OrderPlaced> = (0..70_000)
+    let orders: Vec<OrderPlaced> = (0..n)
         .map(|user| OrderPlaced {
             created_at_ms: long_ago,
             pay_deadline_ms: long_ago + 1_800_000,
@@ -610,26 +652,26 @@ async fn the_pending_sweep_pages_through_more_entries_than_one_query_can_name() 
             .await
             .unwrap();
     }
-
     let namespace = &env.settings.namespace;
-    let relay = seckill::testing::Relay {
+    seckill::testing::Relay {
         broker: seckill::testing::Broker::new(&amqp_url(), env.topology()),
         redis: seckill::testing::RedisConns::new(&redis_url()).unwrap(),
         db: env.db.clone(),
         keys: seckill::testing::Keys::new(namespace),
         meters: std::sync::Arc::new(seckill::testing::Meters::new(namespace)),
-    };
-    relay
-        .sweep_pending(BucketId::whole(ItemId::new(1).unwrap()))
-        .await
-        .expect("the sweep");
-    let left: u64 = redis.hlen(env.item_keys(1).pending).await.unwrap();
-    assert_eq!(left, 0);
-    let left: u64 = redis
+    }
+}
+
+/// Item 1's pending orders and confirms, counted in Redis.
+async fn pending_and_confirmed(env: &TestEnv) -> (u64, u64) {
+    use redis::AsyncCommands;
+    let mut redis = env.redis.clone();
+    let pending: u64 = redis.hlen(env.item_keys(1).pending).await.unwrap();
+    let confirmed: u64 = redis
         .scard(env.keys().confirmed(env.bucket(1)))
         .await
         .unwrap();
-    assert_eq!(left, 0);
+    (pending, confirmed)
 }
 
 /// A confirm noted after the consumer wrote its order (RabbitMQ may deliver a message
