@@ -616,12 +616,18 @@ mod tests {
         }
     }
 
-    #[test]
-    fn lines_carry_the_span_fields_as_json_whatever_their_text() {
+    /// What `body` logs, in the server's format.
+    fn logged(body: impl FnOnce()) -> String {
         let captured = Captured::default();
         let writer = captured.clone();
         let subscriber = json_lines(move || writer.clone()).finish();
-        tracing::subscriber::with_default(subscriber, || {
+        tracing::subscriber::with_default(subscriber, body);
+        String::from_utf8(captured.0.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn lines_carry_the_span_fields_as_json_whatever_their_text() {
+        let text = logged(|| {
             let odd = "a \"quoted\" \\ back\nslash\t\u{7}ü";
             let span = tracing::info_span!(
                 "request",
@@ -636,7 +642,6 @@ mod tests {
             span.record("item_id", -3i64);
             tracing::info!(share = 0.5, "after");
         });
-        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
         let lines: Vec<serde_json::Value> = text
             .lines()
             .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
@@ -667,13 +672,9 @@ mod tests {
 
     #[test]
     fn a_line_outside_a_span_has_its_fields_and_no_span() {
-        let captured = Captured::default();
-        let writer = captured.clone();
-        let subscriber = json_lines(move || writer.clone()).finish();
-        tracing::subscriber::with_default(subscriber, || {
+        let text = logged(|| {
             tracing::warn!(orders = 3u64, outcome = "partly", "mq_publish");
         });
-        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
         let line: serde_json::Value = serde_json::from_str(text.trim_end()).unwrap();
         let mut keys: Vec<&str> = line
             .as_object()
