@@ -143,6 +143,9 @@ async fn visit(
                 0 => walks.remove(stock),
                 next => walks.insert(*stock, next),
             };
+        } else {
+            // Emptied mid-walk (the consumer caught up): its next walk starts afresh.
+            lock(walks).remove(stock);
         }
         if holding.confirmed > holding.pending {
             relay.prune_confirmed(*stock).await?;
