@@ -60,10 +60,8 @@ impl Via {
 /// What one send did.
 #[derive(Debug)]
 pub struct Sent {
-    pub orders: usize,
-    /// How many the broker confirmed (these are out of their outboxes, in `confirmed`).
-    pub confirmed: usize,
-    /// Whether the broker confirmed each order, in the order they were given.
+    /// Whether the broker confirmed each order, in the order they were given (the
+    /// confirmed ones are out of their outboxes, in `confirmed`).
     pub each: Vec<bool>,
     pub took: Duration,
     /// Confirmed orders still in the outbox (Redis did not answer the move): harmless, the
@@ -106,11 +104,16 @@ pub async fn send(
     let (redis, keys) = outboxes;
     let not_cleared = mark_confirmed(redis, keys, sent).await.err();
     Sent {
-        orders: orders.len(),
-        confirmed: ok,
         each: confirmed,
         took,
         not_cleared,
+    }
+}
+
+impl Sent {
+    /// Whether the broker left any of them unconfirmed.
+    pub fn any_unconfirmed(&self) -> bool {
+        self.each.contains(&false)
     }
 }
 

@@ -182,7 +182,7 @@ async fn run(
             &batch,
         )
         .await;
-        signals.published(sent.took, sent.confirmed < sent.orders);
+        signals.published(sent.took, sent.any_unconfirmed());
         if let Some(e) = sent.not_cleared {
             // Harmless: the safety sweep enters them for the relay, which sends them again,
             // and the insert is idempotent.

@@ -158,7 +158,7 @@ impl Relay {
             if let Some(e) = sent.not_cleared {
                 return Err(e.into());
             }
-            if sent.confirmed < sent.orders {
+            if sent.any_unconfirmed() {
                 // The broker is struggling; try again next pass.
                 return Ok(());
             }
