@@ -33,7 +33,8 @@ const BATCH: isize = 1_000;
 /// the safety sweep: its publisher died, or lost it to a Redis error. Past the longest a
 /// publisher holds an order (its send included: it enters only what the broker did not
 /// confirm), so that the relay does not send again what is on its way.
-const UNSENT_AFTER: Duration = Duration::from_secs(super::publisher::HOLDS_AT_MOST.as_secs() + 2);
+const UNSENT_AFTER: Duration =
+    super::publisher::HOLDS_AT_MOST.saturating_add(Duration::from_secs(2));
 /// A pending order older than this, confirmed by the broker, is checked against MySQL.
 const PENDING_STALE_AFTER: Duration = Duration::from_secs(60);
 /// ... and, if MySQL lacks it while the order queue is empty, sent again after this long.

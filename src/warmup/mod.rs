@@ -41,7 +41,7 @@ const SIDE_LIST_TTL: Duration = Duration::from_secs(600);
 /// stopped (its batch waits for a connection, then for its confirms), plus the time every
 /// instance takes to see the pause.
 const PUBLISHERS_DONE_AFTER: Duration =
-    Duration::from_secs(crate::outbox::publisher::HOLDS_AT_MOST.as_secs() + 2);
+    crate::outbox::publisher::HOLDS_AT_MOST.saturating_add(Duration::from_secs(2));
 /// Once RabbitMQ's queue was seen empty, every order published before is in a consumer's
 /// hands, which commit it within this long while MySQL answers.
 const CONSUMERS_DONE_AFTER: Duration =
