@@ -9,7 +9,9 @@
 --   ITEM     item id (default 1)
 --   MODE     random: each request picks a random user (wins, then duplicates)
 --            sequential: users in order, each once per lap (every request a new buyer)
---   BARE_USERS=N  for loadtest/bare.rs: send X-User (1..N) instead of a token
+--   BARE_USERS=N  for loadtest/bare.rs: send X-User (1..N), after the token of the same
+--            line of TOKENS when that is set too (the same requests as seckill gets, which
+--            the bare server reads no further than its X-User)
 --   THREADS  wrk's -t, for sequential mode (default 2)
 --   FIRST_USER  sequential mode starts after this many users (default 0)
 --
@@ -30,14 +32,15 @@ function init(args)
   mode = os.getenv("MODE") or "random"
   stride = tonumber(os.getenv("THREADS") or "2")
   local bare_users = tonumber(os.getenv("BARE_USERS") or "0")
-  if bare_users == 0 then
-    local path = os.getenv("TOKENS") or error("set TOKENS to a file of user tokens")
+  local path = os.getenv("TOKENS")
+  if path then
     for line in io.lines(path) do
       if #line > 0 then tokens[#tokens + 1] = "Authorization: Bearer " .. line .. "\r\n" end
     end
-  else
-    for user = 1, bare_users do tokens[user] = "X-User: " .. user .. "\r\n" end
+  elseif bare_users == 0 then
+    error("set TOKENS to a file of user tokens")
   end
+  for user = 1, bare_users do tokens[user] = (tokens[user] or "") .. "X-User: " .. user .. "\r\n" end
   users = #tokens
   local body = '{"item_id":' .. item .. '}'
   head = "POST " .. wrk.path .. " HTTP/1.1\r\n"
