@@ -46,14 +46,17 @@ const BATCH: usize = 1_000;
 /// its buyer, who has had the answer since it was won.
 const LINGER: Duration = Duration::from_millis(5);
 /// How long a batch waits for a broker connection (being made at start, or after a loss)
-/// before it is left to the relay. Purchases never wait for it: meanwhile new orders
-/// gather in the buffer.
-const CONNECT_WAIT: Duration = Duration::from_secs(1);
-/// The longest a won order stays in this publisher: its batch's wait for a connection,
-/// then for its confirms. (A rebuild of a Redis that lost its outbox waits this out.)
+/// before it is left to the relay: with the linger, a second. Purchases never wait for
+/// it: meanwhile new orders gather in the buffer.
+const CONNECT_WAIT: Duration = Duration::from_secs(1).saturating_sub(LINGER);
+/// The longest a won order stays in this publisher: its batch's linger and wait for a
+/// connection, then for its confirms — 6 s, as the contract tells of a rebuild (which
+/// waits this out for a Redis that lost its outbox).
 pub const HOLDS_AT_MOST: Duration = LINGER
     .saturating_add(CONNECT_WAIT)
     .saturating_add(crate::broker::CONFIRM_TIMEOUT);
+// docs/contract.md names the figure; a change to the waits above must not move it.
+const _: () = assert!(HOLDS_AT_MOST.as_secs() == 6 && HOLDS_AT_MOST.subsec_nanos() == 0);
 
 /// How often orders the full buffer turned away are entered in their outboxes.
 const ENTER_DROPPED_EVERY: Duration = Duration::from_secs(1);
