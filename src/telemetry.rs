@@ -19,7 +19,6 @@ use tracing_log::NormalizeEvent;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::field::RecordFields;
 use tracing_subscriber::fmt::format::{FormatEvent, FormatFields, Writer};
-use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
 
@@ -80,7 +79,7 @@ where
         let meta = normalized.as_ref().unwrap_or_else(|| event.metadata());
         let mut line = String::with_capacity(256);
         line.push_str("{\"timestamp\":\"");
-        SystemTime.format_time(&mut Writer::new(&mut line))?;
+        push_timestamp(&mut line, std::time::SystemTime::now());
         line.push_str("\",\"level\":\"");
         line.push_str(meta.level().as_str());
         line.push('"');
@@ -110,6 +109,41 @@ where
         line.push_str("}\n");
         writer.write_str(&line)
     }
+}
+
+/// `at` in RFC 3339 to the microsecond, UTC (`2026-12-03T23:35:12.789304Z`, as
+/// tracing-subscriber's `SystemTime` writes it). The date and time of day are formatted
+/// once a second per thread and copied: formatting all of it took 2,100 of a won
+/// purchase's 81,000 instructions.
+fn push_timestamp(line: &mut String, at: std::time::SystemTime) {
+    thread_local! {
+        static SECOND: std::cell::RefCell<(u64, String)> = const {
+            std::cell::RefCell::new((0, String::new()))
+        };
+    }
+    let since_epoch = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let second = since_epoch.as_secs();
+    SECOND.with_borrow_mut(|(formatted_for, text)| {
+        if *formatted_for != second || text.is_empty() {
+            text.clear();
+            let utc = i64::try_from(second)
+                .ok()
+                .and_then(|s| chrono::DateTime::from_timestamp(s, 0))
+                .unwrap_or_default();
+            let _ = write!(text, "{}", utc.format("%Y-%m-%dT%H:%M:%S"));
+            *formatted_for = second;
+        }
+        line.push_str(text);
+    });
+    let mut micros = since_epoch.subsec_micros();
+    let mut digits = [b'0'; 6];
+    for digit in digits.iter_mut().rev() {
+        *digit = b'0' + (micros % 10) as u8;
+        micros /= 10;
+    }
+    line.push('.');
+    line.extend(digits.iter().map(|&d| char::from(d)));
+    line.push('Z');
 }
 
 /// A span's fields as a JSON object, written out as they are visited. The JSON line
@@ -668,6 +702,30 @@ mod tests {
             chrono::DateTime::parse_from_rfc3339(timestamp).is_ok(),
             "{timestamp}"
         );
+    }
+
+    #[test]
+    fn timestamps_are_rfc_3339_to_the_microsecond_across_seconds() {
+        let base = std::time::UNIX_EPOCH + Duration::from_secs(1_796_340_912);
+        for (later, expected) in [
+            (
+                Duration::from_micros(789_304),
+                "2026-12-03T23:35:12.789304Z",
+            ),
+            (
+                Duration::from_micros(999_999),
+                "2026-12-03T23:35:12.999999Z",
+            ),
+            (
+                Duration::from_micros(1_000_007),
+                "2026-12-03T23:35:13.000007Z",
+            ),
+            (Duration::from_secs(86_400), "2026-12-04T23:35:12.000000Z"),
+        ] {
+            let mut line = String::new();
+            push_timestamp(&mut line, base + later);
+            assert_eq!(line, expected);
+        }
     }
 
     #[test]
