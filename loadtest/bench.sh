@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One command, one run, everything local: seckill's purchase path against two yardsticks —
-# a bare axum server doing only the same EVALSHA grab.lua, and one running the least a sale
-# can do in Redis (loadtest/lua/minimal.lua), so the price of the outbox and the checks
-# shows — (also with the pipeline off: the handler's own share), its sold-out path against
+# a bare axum server doing only the same call of grab.lua (as a Redis Function), and one
+# running the least a sale can do in Redis (loadtest/lua/minimal.lua), so the price of the
+# outbox and the checks shows; both are sent the same requests as seckill — (also with the
+# pipeline off: the handler's own share), its sold-out path against
 # a bare hello handler given the same requests, the consumer draining 100,000 queued
 # orders into MySQL, and the server's peak memory.
 #
@@ -135,13 +136,13 @@ read -r soldout_rps soldout_p99 < <(run_wrk sold_out "$api/api/flashbuy" TOKENS=
 read -r hello_rps hello_p99 < <(run_wrk bare_hello http://127.0.0.1:18081/hello TOKENS="$out/tokens.txt" ITEM=3 MODE=random)
 read -r get_rps get_p99 < <(run_wrk_get bare_hello_get http://127.0.0.1:18081/hello)
 settle
-echo "the purchase path (wins and duplicates: every request reaches Redis), then the bare EVALSHA server" >&2
+echo "the purchase path (wins and duplicates: every request reaches Redis), then the bare grab.lua server" >&2
 read -r redis_rps redis_p99 < <(run_wrk redis_path "$api/api/flashbuy" TOKENS="$out/tokens.txt" ITEM=1 MODE=random)
 peak_kb=$(awk '/VmHWM/ {print $2}' "/proc/$api_pid/status")
 settle
-read -r bare_rps bare_p99 < <(run_wrk bare_grab http://127.0.0.1:18081/grab BARE_USERS=$users ITEM=1 MODE=random)
+read -r bare_rps bare_p99 < <(run_wrk bare_grab http://127.0.0.1:18081/grab TOKENS="$out/tokens.txt" BARE_USERS=$users ITEM=1 MODE=random)
 settle
-read -r minimal_rps minimal_p99 < <(run_wrk bare_minimal http://127.0.0.1:18081/minimal BARE_USERS=$users ITEM=1 MODE=random)
+read -r minimal_rps minimal_p99 < <(run_wrk bare_minimal http://127.0.0.1:18081/minimal TOKENS="$out/tokens.txt" BARE_USERS=$users ITEM=1 MODE=random)
 
 # The handler's own share: an API server whose broker is unreachable (orders wait in its
 # outbox), so no publishing, RabbitMQ or relay work shares the cores. Its own namespace.
@@ -163,9 +164,9 @@ seckill benchmark — $(nproc) cores, $(date -u +%Y-%m-%d), wrk -t$threads -c$co
 
 | path                                   | req/s      | p99      | yardstick            | req/s      | p99      | ratio |
 |----------------------------------------|------------|----------|----------------------|------------|----------|-------|
-| purchase, Redis path (wins+duplicates) | $redis_rps | $redis_p99 | bare EVALSHA server | $bare_rps | $bare_p99 | $(ratio "$redis_rps" "$bare_rps") |
+| purchase, Redis path (wins+duplicates) | $redis_rps | $redis_p99 | bare grab.lua server | $bare_rps | $bare_p99 | $(ratio "$redis_rps" "$bare_rps") |
 | purchase, Redis path (wins+duplicates) | $redis_rps | $redis_p99 | bare minimal-script server | $minimal_rps | $minimal_p99 | $(ratio "$redis_rps" "$minimal_rps") |
-| the same, pipeline off (no broker)     | $alone_rps | $alone_p99 | bare EVALSHA server | $bare_rps | $bare_p99 | $(ratio "$alone_rps" "$bare_rps") |
+| the same, pipeline off (no broker)     | $alone_rps | $alone_p99 | bare grab.lua server | $bare_rps | $bare_p99 | $(ratio "$alone_rps" "$bare_rps") |
 | purchase, sold out (from memory)       | $soldout_rps | $soldout_p99 | bare hello handler, same requests | $hello_rps | $hello_p99 | $(ratio "$soldout_rps" "$hello_rps") |
 
 bare hello handler, plain GETs (no token, no body): $get_rps req/s, p99 $get_p99 (sold-out path against it: $(ratio "$soldout_rps" "$get_rps"))

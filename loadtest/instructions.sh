@@ -118,5 +118,5 @@ instructions per request (callgrind, $(date -u +%Y-%m-%d); wrk -t1 -c4 -d$durati
 | seckill, sold out, each token new      | $(per_request "$first_press" "$idle" "$(requests first_press)") | $(requests first_press) |
 | seckill, Redis path (wins+duplicates)  | $(per_request "$redis_path" "$idle" "$(requests redis_path)") | $(requests redis_path) |
 | bare hello handler (same requests)     | $(per_request "$hello" "$bare_idle" "$(requests hello)") | $(requests hello) |
-| bare EVALSHA server                    | $(per_request "$grab" "$bare_idle" "$(requests bare_grab)") | $(requests bare_grab) |
+| bare grab.lua server                   | $(per_request "$grab" "$bare_idle" "$(requests bare_grab)") | $(requests bare_grab) |
 REPORT
