@@ -26,9 +26,12 @@ use tracing_subscriber::registry::LookupSpan;
 ///
 /// Lines are written by a background thread, so a request never waits on stdout; if that
 /// thread falls far behind (a pipe nobody reads), lines are dropped rather than slowing
-/// purchases down.
+/// purchases down. The thread writes whatever lines wait for it with one `write` and
+/// flushes once none do: through `Stdout` alone (flushed at every newline) each line was a
+/// system call of its own, 15,000 a second when every won unit logs one.
 pub fn init() -> WorkerGuard {
-    let (writer, guard) = tracing_appender::non_blocking(std::io::stdout());
+    let stdout = std::io::BufWriter::with_capacity(64 * 1024, std::io::stdout());
+    let (writer, guard) = tracing_appender::non_blocking(stdout);
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     json_lines(writer).with_env_filter(filter).init();
     guard
