@@ -1,22 +1,19 @@
 //! Request ids: taken from `X-Request-Id` when the client (or nginx) sent a sane one, made
 //! up otherwise; echoed in the response header and in every JSON body as `trace_id`; and
-//! carried by the request's tracing span, so every log line of a request names it.
+//! given to the log lines (`telemetry::in_request`), so every line of a request names it.
 //!
-//! The span holds only `trace_id`, `user_id` and `item_id`: the log formatter encodes a
-//! span's fields on every request, logged or not (method and path cost 7% of the sold-out
-//! path's instructions). Failures, logged at the edge, add method and path themselves.
+//! Lines name only `trace_id`, `user_id` and `item_id` (as a `span`); failures, logged at
+//! the edge, add method and path themselves.
 
 use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::domain::{ItemId, UserId};
+use crate::telemetry;
 use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, Method, Uri};
 use axum::response::Response;
-use tracing::Instrument;
-use tracing::field::{Empty, Value};
-
-use crate::domain::{ItemId, UserId};
 
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
@@ -57,8 +54,8 @@ pub fn granted_budget() -> Option<Duration> {
     CURRENT.try_with(|c| c.budget.get()).ok().flatten()
 }
 
-/// Serves `request` inside its span, with its id known to [`current`] and echoed in the
-/// answer's `X-Request-Id`.
+/// Serves `request` with its id known to [`current`] and to its log lines, and echoed in
+/// the answer's `X-Request-Id`.
 pub async fn serve(request: Request, serve: impl AsyncFnOnce(Request) -> Response) -> Response {
     let id = request
         .headers()
@@ -66,8 +63,6 @@ pub async fn serve(request: Request, serve: impl AsyncFnOnce(Request) -> Respons
         .and_then(|v| v.to_str().ok())
         .filter(|v| is_sane(v))
         .map_or_else(new_id, Arc::from);
-    // As a `&str`, not `%id`: a Display value goes through `fmt`'s machinery.
-    let span = tracing::info_span!("request", trace_id = &*id, user_id = Empty, item_id = Empty);
     let current = Current {
         trace_id: id.clone(),
         method: request.method().clone(),
@@ -75,7 +70,7 @@ pub async fn serve(request: Request, serve: impl AsyncFnOnce(Request) -> Respons
         budget: Cell::new(None),
     };
     let mut response = CURRENT
-        .scope(current, serve(request).instrument(span))
+        .scope(current, telemetry::in_request(id.clone(), serve(request)))
         .await;
     if let Ok(value) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(X_REQUEST_ID.clone(), value);
@@ -89,30 +84,9 @@ fn new_id() -> Arc<str> {
     Arc::from(&*ulid::Ulid::new().array_to_str(&mut text))
 }
 
-/// Fills the request span's `user_id` (and `item_id`) in one call: the JSON log formatter
-/// re-reads and re-writes a span's stored fields on every record, so one call, not two.
+/// Names the buyer (and the item) in the rest of the request's log lines.
 pub fn record_user(user: UserId, item: Option<ItemId>) {
-    let span = tracing::Span::current();
-    let Some(fields) = span.metadata().map(|m| m.fields()) else {
-        return;
-    };
-    let (Some(user_field), Some(item_field)) = (fields.field("user_id"), fields.field("item_id"))
-    else {
-        return;
-    };
-    let user = user.get();
-    match item {
-        Some(item) => {
-            let item = item.get();
-            span.record_all(&fields.value_set(&[
-                (&user_field, Some(&user as &dyn Value)),
-                (&item_field, Some(&item as &dyn Value)),
-            ]));
-        }
-        None => {
-            span.record_all(&fields.value_set(&[(&user_field, Some(&user as &dyn Value))]));
-        }
-    }
+    telemetry::record_buyer(user.get(), item.map(ItemId::get));
 }
 
 /// Short and plain enough to go into a header, a JSON string and a log line unchanged.
