@@ -33,9 +33,9 @@ pub trait Edge: Send + Sync {
     fn limits(&self) -> &RateLimits;
 }
 
-/// Adds the layers every request passes, outermost first: request id (and its log
-/// lines' fields) with the time budget (one middleware: each costs a boxed service clone per request), the body
-/// limit; and JSON answers for unknown routes and wrong methods (axum
+/// Adds the layers every request passes, outermost first: request id (and its log lines'
+/// fields) with the time budget (one middleware: each costs a boxed service clone per
+/// request), the body limit; and JSON answers for unknown routes and wrong methods (axum
 /// still adds the `Allow` header to the latter).
 pub fn finish<S: Clone + Send + Sync + 'static>(routes: Router<S>, state: S) -> Router {
     routes

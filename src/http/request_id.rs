@@ -9,11 +9,12 @@ use std::cell::Cell;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::domain::{ItemId, UserId};
-use crate::telemetry;
 use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, Method, Uri};
 use axum::response::Response;
+
+use crate::domain::{ItemId, UserId};
+use crate::telemetry;
 
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
