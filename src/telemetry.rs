@@ -3,9 +3,10 @@
 //!
 //! Metrics: the `metrics` facade, recorded for Prometheus and served at `/metrics`.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use metrics::{Counter, Histogram, SharedString, Unit};
@@ -122,9 +123,9 @@ where
 /// it cost every request — logged or not, and most are not — a tenth of the sold-out
 /// path's instructions. Kept in a task-local, they cost a line only when it is written.
 struct RequestFields {
-    trace_id: std::sync::Arc<str>,
-    user_id: std::cell::Cell<Option<u64>>,
-    item_id: std::cell::Cell<Option<u64>>,
+    trace_id: Arc<str>,
+    user_id: Cell<Option<u64>>,
+    item_id: Cell<Option<u64>>,
 }
 
 tokio::task_local! {
@@ -146,16 +147,18 @@ impl RequestFields {
 }
 
 /// Runs `serving` as the request `trace_id`: every line it logs names the request.
-pub async fn in_request<F: std::future::Future>(
-    trace_id: std::sync::Arc<str>,
-    serving: F,
-) -> F::Output {
+pub async fn in_request<F: Future>(trace_id: Arc<str>, serving: F) -> F::Output {
     let fields = RequestFields {
         trace_id,
-        user_id: std::cell::Cell::new(None),
-        item_id: std::cell::Cell::new(None),
+        user_id: Cell::new(None),
+        item_id: Cell::new(None),
     };
     REQUEST.scope(fields, serving).await
+}
+
+/// The id of the request this task serves, if it serves one.
+pub fn trace_id() -> Option<Arc<str>> {
+    REQUEST.try_with(|request| request.trace_id.clone()).ok()
 }
 
 /// Names the current request's buyer (and item) in the lines it logs from now on; nothing
@@ -768,7 +771,7 @@ mod tests {
         let writer = captured.clone();
         let subscriber = json_lines(move || writer.clone()).finish();
         let _default = tracing::subscriber::set_default(subscriber);
-        in_request(std::sync::Arc::from("01J\"odd"), async {
+        in_request(Arc::from("01J\"odd"), async {
             tracing::info!("before");
             record_buyer(7, Some(3));
             tracing::info!(share = 0.5, "after");

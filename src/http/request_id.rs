@@ -18,9 +18,9 @@ use crate::telemetry;
 
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
-/// The request this task is serving (set by [`serve`]).
+/// The request this task is serving (set by [`serve`]; its id is the log lines'
+/// `telemetry::in_request`).
 struct Current {
-    trace_id: Arc<str>,
     method: Method,
     uri: Uri,
     /// The budget its route took, when not the default (`super::budget`).
@@ -33,9 +33,7 @@ tokio::task_local! {
 
 /// The current request's id; empty outside a request.
 pub fn current() -> Arc<str> {
-    CURRENT
-        .try_with(|c| c.trace_id.clone())
-        .unwrap_or_else(|_| Arc::from(""))
+    telemetry::trace_id().unwrap_or_else(|| Arc::from(""))
 }
 
 /// The current request's method and path, for a failure's log line.
@@ -65,7 +63,6 @@ pub async fn serve(request: Request, serve: impl AsyncFnOnce(Request) -> Respons
         .filter(|v| is_sane(v))
         .map_or_else(new_id, Arc::from);
     let current = Current {
-        trace_id: id.clone(),
         method: request.method().clone(),
         uri: request.uri().clone(),
         budget: Cell::new(None),
