@@ -16,9 +16,10 @@
 -- sale at their time, in this bucket.
 --
 -- Returns {"lent", unit}; {"empty", ""} when this bucket has no unit it may sell now
--- (waves); {"held", ""} when
--- it may have some but lends none now (not loaded, paused, or `fenced` while a warm-up
--- replaces its units).
+-- (waves); {"moving", ""} when it has none on its list but one of its loans is not settled
+-- (the unit is on its way to another bucket, or there already: one asked before this one
+-- may have it now); {"held", ""} when it may have some but lends none now (not loaded,
+-- paused, or `fenced` while a warm-up replaces its units).
 
 local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'fenced', 'waves')
 if not meta[1] or meta[2] == '1' or meta[3] then
@@ -29,6 +30,9 @@ if held_back(meta[4], KEYS[2]) then
 end
 local unit = redis.call('LPOP', KEYS[2])
 if not unit then
+  if redis.call('HLEN', KEYS[3]) > 0 then
+    return {'moving', ''}
+  end
   return {'empty', ''}
 end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2] .. '|' .. unit .. '|' .. ARGV[3])

@@ -34,6 +34,9 @@ pub struct Borrowed {
     pub stalled: bool,
     /// Buckets that had nothing to lend.
     pub empty: Vec<u8>,
+    /// One of them had a loan not yet settled: its unit may have reached a bucket asked
+    /// before it, so "nothing anywhere" cannot be said.
+    pub moving: bool,
 }
 
 /// What a loan needs besides the buckets: the Redis connections, whose replicas must hold
@@ -77,6 +80,11 @@ pub async fn borrow(
             "lent" => {}
             "empty" => {
                 borrowed.empty.push(lender.bucket.index);
+                continue;
+            }
+            "moving" => {
+                borrowed.empty.push(lender.bucket.index);
+                borrowed.moving = true;
                 continue;
             }
             // Paused, not loaded, or held back by a warm-up: it may have units.

@@ -333,6 +333,7 @@ async fn refill_and_grab(
     lending: Lending<'_>,
 ) -> Result<GrabOutcome, RedisError> {
     let home = item.home(attempt.order.user_id);
+    let mut looked_twice = false;
     for _ in 0..MOST_REFILLS {
         // Nothing for sale in the buyer's bucket (or nothing until a wave): maybe in another.
         if !matches!(
@@ -353,11 +354,21 @@ async fn refill_and_grab(
         for bucket in borrowed.empty {
             item.mark_empty(bucket);
         }
-        if borrowed.stalled {
-            return Ok(GrabOutcome::StillMoving);
-        }
         if !borrowed.moved {
-            return outcome;
+            // A unit still on loan somewhere may be on sale in a bucket asked before its
+            // lender, so "sold out" is not said then: press again.
+            if borrowed.stalled || borrowed.moving {
+                return Ok(GrabOutcome::StillMoving);
+            }
+            // A loan can also begin and end between two of the asks, from a bucket not yet
+            // asked to one asked already (or to this one: its buyer had borrowed a unit and
+            // then did not need it). So every bucket is asked once more, this one first,
+            // before "sold out" (a cost only on the way there: memory answers the presses
+            // after it).
+            if looked_twice {
+                return outcome;
+            }
+            looked_twice = true;
         }
         // Someone else of this bucket may take the unit first: then borrow again.
         outcome = attempt.grab(conn, home).await;

@@ -133,6 +133,23 @@ async fn buyers_of_one_bucket_get_every_unit_of_a_split_item_and_one_each() {
     server.stop().await;
 }
 
+/// `lend.lua` run by hand, as a server that then died would have run it: `lender` lends
+/// one unit to bucket 0. Returns the unit.
+async fn lend_to_bucket_0(env: &TestEnv, lender: &ItemKeys, transfer: &str) -> String {
+    let (outcome, unit): (String, String) = LEND
+        .key(&lender.meta)
+        .key(&lender.tokens)
+        .key(&lender.lent)
+        .arg(transfer)
+        .arg(0)
+        .arg(chrono::Utc::now().timestamp_millis())
+        .invoke_async(&mut env.redis.clone())
+        .await
+        .unwrap();
+    assert_eq!(outcome, "lent", "the lender has units to lend");
+    unit
+}
+
 /// The two states a transfer can be cut off in, made by running its first step(s) by
 /// hand as a dying server would: lent and never received (the sweep gives the unit back
 /// to its lender, and a late receive is refused), and received but not settled (the
@@ -150,24 +167,7 @@ async fn a_transfer_cut_off_between_its_steps_is_settled_and_never_doubles_a_uni
         keys.bucket(BucketId::new(item, 1)),
     );
     let mut conn = env.redis.clone();
-    let lend = |transfer: &'static str| {
-        let mut conn = env.redis.clone();
-        let lender = lender.clone();
-        async move {
-            let (outcome, unit): (String, String) = LEND
-                .key(&lender.meta)
-                .key(&lender.tokens)
-                .key(&lender.lent)
-                .arg(transfer)
-                .arg(0)
-                .arg(chrono::Utc::now().timestamp_millis())
-                .invoke_async(&mut conn)
-                .await
-                .unwrap();
-            assert_eq!(outcome, "lent", "bucket 1 has units to lend");
-            unit
-        }
-    };
+    let lend = |transfer: &'static str| lend_to_bucket_0(&env, &lender, transfer);
     let receive = |transfer: &'static str, unit: String| {
         let mut conn = env.redis.clone();
         let home = home.clone();
@@ -308,5 +308,57 @@ async fn buckets_change_only_while_nothing_of_the_item_exists() {
     // Nothing anywhere (a window copied to Redis is nothing): free to change.
     assert_eq!(put(3, 4).await.0, 201);
     assert_eq!(put(3, 2).await, (200, "updated".into()));
+    server.stop().await;
+}
+
+/// The last unit of a sale lent and cut off on its way (on no list, in its lender's
+/// loans): a buyer who finds every list empty hears `503` — press again — not `410`, and
+/// once the sweep has given the unit back, pressing again buys it; then the sale is sold
+/// out. (Before, that buyer heard `410 sold_out`, and so did everyone after, from memory,
+/// with a unit left.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_unit_on_its_way_between_buckets_is_never_called_sold_out() {
+    let env = TestEnv::new("buckets_moving").await;
+    let server = env.server(ALL_ROLES).await;
+    env.item(3, 2).buckets(2).on_sale(&server).await;
+    let keys = Keys::new(&env.settings.namespace);
+    let lender = keys.bucket(BucketId::new(ItemId::new(3).unwrap(), 1));
+    lend_to_bucket_0(&env, &lender, "cut-on-its-way").await;
+    let [first, second, third] = users_of_bucket(3, 2, 0, 3)[..] else {
+        unreachable!("three users asked for")
+    };
+    let (status, won) = env.buy(&server, first, 3).await;
+    assert_eq!(status, 202, "bucket 0's own unit: {won}");
+
+    let (status, body) = env.buy(&server, second, 3).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (503, Some("unavailable")),
+        "{body}"
+    );
+    assert!(
+        body["detail"].as_str().unwrap().contains("press again"),
+        "{body}"
+    );
+    let late = eventually(Duration::from_secs(15), "the unit back on sale", || async {
+        match env.buy(&server, second, 3).await {
+            (202, body) => Ok(body),
+            (status, body) => Err(format!("{status} {body}")),
+        }
+    })
+    .await;
+    let (status, body) = env.buy(&server, third, 3).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (410, Some("sold_out")),
+        "{body}"
+    );
+
+    let sold: Vec<String> = [won, late]
+        .iter()
+        .map(|b| b["order_sn"].as_str().unwrap().to_owned())
+        .collect();
+    quiet(&env, &server, 3, &amqp_url(), Duration::from_secs(30)).await;
+    env.assert_invariants(&server, 3, 2, &sold).await;
     server.stop().await;
 }

@@ -198,6 +198,16 @@ impl TestEnv {
             .unwrap()
     }
 
+    /// How many orders MySQL has for an item (one round trip, however many there are).
+    pub async fn order_count(&self, item: u64) -> u64 {
+        let (count,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM orders WHERE item_id = ?")
+            .bind(item)
+            .fetch_one(&self.db)
+            .await
+            .unwrap();
+        count as u64
+    }
+
     /// Waits (up to `limit`) until MySQL has `expected` orders for the item and nothing is
     /// pending in Redis.
     pub async fn wait_for_orders(
