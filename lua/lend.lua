@@ -16,10 +16,14 @@
 -- sale at their time, in this bucket.
 --
 -- Returns {"lent", unit}; {"empty", ""} when this bucket has no unit it may sell now
--- (waves); {"moving", ""} when it has none on its list but one of its loans is not settled
--- (the unit is on its way to another bucket, or there already: one asked before this one
--- may have it now); {"held", ""} when it may have some but lends none now (not loaded,
--- paused, or `fenced` while a warm-up replaces its units).
+-- (waves); {"moving", ""} when it has none on its list but lent one within the last second
+-- (by the callers' clocks) whose loan is not settled yet: the unit is on its way to another
+-- bucket, or there already, so one asked before this one may have it now. An older loan
+-- is not moving: a purchase takes well under a second, so it was cut off (its unit comes
+-- back with the repair) or only its settling is late (its unit is on the other list). Not
+-- counting those keeps a slow replica from turning a sold-out crowd's answer from memory
+-- into a "press again" that reaches Redis, for seconds. {"held", ""} when it may have some
+-- but lends none now (not loaded, paused, or `fenced` while a warm-up replaces its units).
 
 local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'fenced', 'waves')
 if not meta[1] or meta[2] == '1' or meta[3] then
@@ -30,8 +34,12 @@ if held_back(meta[4], KEYS[2]) then
 end
 local unit = redis.call('LPOP', KEYS[2])
 if not unit then
-  if redis.call('HLEN', KEYS[3]) > 0 then
-    return {'moving', ''}
+  local now = tonumber(ARGV[3])
+  for _, loan in ipairs(redis.call('HVALS', KEYS[3])) do
+    local at = tonumber(string.match(loan, '|(%d+)$'))
+    if at and math.abs(now - at) < 1000 then
+      return {'moving', ''}
+    end
   end
   return {'empty', ''}
 end

@@ -34,8 +34,9 @@ pub struct Borrowed {
     pub stalled: bool,
     /// Buckets that had nothing to lend.
     pub empty: Vec<u8>,
-    /// One of them had a loan not yet settled: its unit may have reached a bucket asked
-    /// before it, so "nothing anywhere" cannot be said.
+    /// One of them lent a unit within the last second and its loan is not settled: the
+    /// unit may have reached a bucket asked before it, so "nothing anywhere" cannot be
+    /// said.
     pub moving: bool,
 }
 

@@ -355,8 +355,8 @@ async fn refill_and_grab(
             item.mark_empty(bucket);
         }
         if !borrowed.moved {
-            // A unit still on loan somewhere may be on sale in a bucket asked before its
-            // lender, so "sold out" is not said then: press again.
+            // A unit lent a moment ago and still on its way may be on sale in a bucket
+            // asked before its lender, so "sold out" is not said then: press again.
             if borrowed.stalled || borrowed.moving {
                 return Ok(GrabOutcome::StillMoving);
             }

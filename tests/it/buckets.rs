@@ -312,10 +312,11 @@ async fn buckets_change_only_while_nothing_of_the_item_exists() {
 }
 
 /// The last unit of a sale lent and cut off on its way (on no list, in its lender's
-/// loans): a buyer who finds every list empty hears `503` — press again — not `410`, and
-/// once the sweep has given the unit back, pressing again buys it; then the sale is sold
-/// out. (Before, that buyer heard `410 sold_out`, and so did everyone after, from memory,
-/// with a unit left.)
+/// loans): a buyer who finds every list empty while the loan is a moment old hears `503`
+/// — press again — not `410`. (Before, that buyer heard `410 sold_out`, and so did
+/// everyone after, from memory, with the unit about to arrive.) A loan over a second old
+/// no longer counts as moving (a purchase is over by then): `410` until the sweep gives
+/// the unit back, after which pressing again buys it; then the sale is sold out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_unit_on_its_way_between_buckets_is_never_called_sold_out() {
     let env = TestEnv::new("buckets_moving").await;
@@ -338,6 +339,14 @@ async fn a_unit_on_its_way_between_buckets_is_never_called_sold_out() {
     );
     assert!(
         body["detail"].as_str().unwrap().contains("press again"),
+        "{body}"
+    );
+    // Well before the sweep's five seconds: the loan was cut off, not moving.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (status, body) = env.buy(&server, second, 3).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (410, Some("sold_out")),
         "{body}"
     );
     let late = eventually(Duration::from_secs(15), "the unit back on sale", || async {
