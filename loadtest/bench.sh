@@ -32,16 +32,10 @@ mkdir -p "$out"
 # One fixed namespace and database, emptied before and after: RabbitMQ's command line
 # cannot delete exchanges, so a new name per run would leave a pair behind each time.
 ns=seckill_bench
-export SECKILL_NAMESPACE=$ns
-export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$ns"
-export SECKILL_ADMIN_TOKEN=bench-admin
-export SECKILL_RATE_PER_USER=0
-export SECKILL_HTTP_ADDR=127.0.0.1:18080
+bench_env "$ns" 127.0.0.1:18080
 redis_port=16600
 export SECKILL_REDIS_URL=redis://127.0.0.1:$redis_port
-export RUST_LOG=${RUST_LOG:-info}
 bin=target/release/seckill
-api="http://$SECKILL_HTTP_ADDR"
 pids=()
 
 r() { redis-cli -p "$redis_port" "$@"; }

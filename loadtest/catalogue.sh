@@ -23,15 +23,9 @@ cargo build --release --locked --bin seckill 2>&1 | tail -1
 out=loadtest/out
 mkdir -p "$out"
 ns=seckill_catalogue_bench
-export SECKILL_NAMESPACE=$ns
-export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$ns"
-export SECKILL_ADMIN_TOKEN=bench-admin
-export SECKILL_HTTP_ADDR=127.0.0.1:18099
+bench_env "$ns" 127.0.0.1:18099 warn
 scheduler_addr=127.0.0.1:18098
-export SECKILL_RATE_PER_USER=0
-export RUST_LOG=${RUST_LOG:-warn}
 bin=target/release/seckill
-api="http://$SECKILL_HTTP_ADDR"
 server_pid=
 scheduler_pid=
 

@@ -31,15 +31,9 @@ cargo build --release --locked --bin seckill 2>&1 | tail -1
 out=loadtest/out
 mkdir -p "$out"
 ns=seckill_cluster_bench
-export SECKILL_NAMESPACE=$ns
-export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$ns"
+bench_env "$ns" 127.0.0.1:18090 warn
 export SECKILL_REDIS_URL="redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002"
-export SECKILL_ADMIN_TOKEN=bench-admin
-export SECKILL_RATE_PER_USER=0
-export SECKILL_HTTP_ADDR=127.0.0.1:18090
-export RUST_LOG=${RUST_LOG:-warn}
 bin=target/release/seckill
-api="http://$SECKILL_HTTP_ADDR"
 pids=()
 server_pid=
 

@@ -24,14 +24,8 @@ cargo build --release --locked --bin seckill --example bare 2>&1 | tail -1
 out=loadtest/out/cpu_split
 rm -rf "$out" && mkdir -p "$out"
 ns=seckill_cpu
-export SECKILL_NAMESPACE=$ns
-export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$ns"
-export SECKILL_ADMIN_TOKEN=bench-admin
-export SECKILL_RATE_PER_USER=0
-export SECKILL_HTTP_ADDR=127.0.0.1:18087
-export RUST_LOG=${RUST_LOG:-info}
-api="http://$SECKILL_HTTP_ADDR"
-bare_addr=127.0.0.1:18088
+bench_env "$ns" 127.0.0.1:18091
+bare_addr=127.0.0.1:18092
 seckill_redis=16603
 bare_redis=16604
 pids=()

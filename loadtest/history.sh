@@ -24,14 +24,9 @@ if [ -z "${BIN:-}" ]; then cargo build --release --locked --bin seckill 2>&1 | t
 out=loadtest/out
 mkdir -p "$out"
 ns=seckill_history_bench
-export SECKILL_NAMESPACE=$ns
-export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$ns"
-export SECKILL_ADMIN_TOKEN=bench-admin
-export SECKILL_HTTP_ADDR=127.0.0.1:18097
+bench_env "$ns" 127.0.0.1:18097 warn
 # The walker is one address: the per-address read limit would stop it at once.
 export SECKILL_READ_RATE_PER_IP=0
-export RUST_LOG=${RUST_LOG:-warn}
-api="http://$SECKILL_HTTP_ADDR"
 server_pid=
 
 source loadtest/lib.sh

@@ -25,13 +25,7 @@ cargo build --release --locked --bin seckill --example bare 2>&1 | tail -1
 out=loadtest/out/instructions
 rm -rf "$out" && mkdir -p "$out"
 ns=seckill_instr
-export SECKILL_NAMESPACE=$ns
-export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$ns"
-export SECKILL_ADMIN_TOKEN=bench-admin
-export SECKILL_RATE_PER_USER=0
-export SECKILL_HTTP_ADDR=127.0.0.1:18085
-export RUST_LOG=${RUST_LOG:-info}
-api="http://$SECKILL_HTTP_ADDR"
+bench_env "$ns" 127.0.0.1:18085
 bare_addr=127.0.0.1:18086
 pids=()
 

@@ -3,6 +3,20 @@
 # machine's MariaDB, Redis and RabbitMQ, and putting an item on sale.
 . dev/lib.sh
 
+# bench_env NAMESPACE HTTP_ADDR [LOG_LEVEL]: the settings every load-test server runs with —
+# its own namespace and database (emptied by `forget`), the admin token the scripts send,
+# no per-user purchase limit (wrk presses as fast as it can), the address it listens on,
+# and RUST_LOG unless the caller set one (LOG_LEVEL, `info` by default). Also sets `api`.
+bench_env() {
+  export SECKILL_NAMESPACE=$1
+  export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$1"
+  export SECKILL_ADMIN_TOKEN=bench-admin
+  export SECKILL_RATE_PER_USER=0
+  export SECKILL_HTTP_ADDR=$2
+  export RUST_LOG=${RUST_LOG:-${3:-info}}
+  api="http://$2"
+}
+
 # forget NAMESPACE [REDIS_PATTERN...]: drops its database, its Redis keys (and those of
 # the extra patterns) and its order queues.
 forget() {

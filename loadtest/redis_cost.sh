@@ -42,13 +42,8 @@ cargo build --release --locked --bin seckill --example redis_cost 2>&1 | tail -1
 out=loadtest/out/redis_cost
 rm -rf "$out" && mkdir -p "$out"
 ns=seckill_cost
-export SECKILL_NAMESPACE=$ns
+bench_env "$ns" 127.0.0.1:18087
 export SECKILL_REDIS_URL=redis://127.0.0.1:$port
-export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$ns"
-export SECKILL_ADMIN_TOKEN=bench-admin
-export SECKILL_RATE_PER_USER=0
-export SECKILL_HTTP_ADDR=127.0.0.1:18087
-export RUST_LOG=${RUST_LOG:-info}
 pids=()
 private() { redis-cli -p "$port" "$@"; }
 
