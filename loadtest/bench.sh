@@ -47,9 +47,7 @@ cleanup() {
 }
 cleanup
 trap cleanup EXIT
-redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --dir "$PWD/$out" \
-  --logfile "$PWD/$out/redis.log" "${REDIS_SALE_SETTINGS[@]}" --daemonize yes >/dev/null
-wait_until 5 r ping || die "the private Redis did not start; see $out/redis.log"
+private_redis "$redis_port" "$out"
 
 stat() { admin GET "/admin/items/$1/stats" | sed -E "s/.*\"$2\":([0-9]+).*/\1/"; }
 rows() { mariadb -h 127.0.0.1 -u root -N -e "SELECT COUNT(*) FROM \`$ns\`.orders WHERE item_id = $1"; }

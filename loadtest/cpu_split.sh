@@ -39,10 +39,9 @@ cleanup() {
 cleanup
 trap cleanup EXIT
 
+# A private Redis on a port, and its pid.
 start_redis() { # port
-  redis-server --port "$1" --bind 127.0.0.1 --save "" --appendonly no --dir "$PWD/$out" \
-    --logfile "$PWD/$out/redis-$1.log" "${REDIS_SALE_SETTINGS[@]}" --daemonize yes >/dev/null
-  wait_until 5 redis-cli -p "$1" ping || die "the private Redis on $1 did not start"
+  private_redis "$1" "$out"
   pgrep -f "redis-server 127.0.0.1:$1"
 }
 # Clock ticks (user + system) a process, or one thread, has used.

@@ -17,6 +17,15 @@ bench_env() {
   api="http://$2"
 }
 
+# private_redis PORT DIR: a Redis of the load test's own on PORT, with the deployment's
+# settings (REDIS_SALE_SETTINGS in dev/lib.sh), no persistence, its log in DIR/redis-PORT.log;
+# returns once it answers. Stop it with `redis-cli -p PORT shutdown nosave`.
+private_redis() {
+  redis-server --port "$1" --bind 127.0.0.1 --save "" --appendonly no --dir "$PWD/$2" \
+    --logfile "$PWD/$2/redis-$1.log" "${REDIS_SALE_SETTINGS[@]}" --daemonize yes >/dev/null
+  wait_until 5 redis-cli -p "$1" ping || die "the private Redis on port $1 did not start; see $2/redis-$1.log"
+}
+
 # forget NAMESPACE [REDIS_PATTERN...]: drops its database, its Redis keys (and those of
 # the extra patterns) and its order queues.
 forget() {
