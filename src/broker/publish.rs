@@ -28,9 +28,10 @@ pub struct Outgoing {
 
 /// Orders carried by one AMQP message. One persistent, confirmed message per order costs
 /// the broker more CPU than everything else on the purchase path together (measured: with
-/// it, the path ran at 0.4 of its speed without a broker). The broker's cost is mostly per
-/// message, whatever it holds: 500 orders (about 75 KB) cost it a third less per order than
-/// 100 at a sale's pace (docs/benchmarks.md), and a consumer batches by bytes, not messages.
+/// it, the path ran at 0.4 of its speed without a broker). Much of the broker's cost is
+/// per message, whatever it holds: 500 orders (about 70 KB) cost it about a quarter less
+/// per order than 100 at a sale's pace (docs/benchmarks.md). The consumer batches by
+/// bytes, not messages, so a fuller message does not make a bigger transaction.
 pub const ORDERS_PER_MESSAGE: usize = 500;
 
 /// An event for other services (reminders, …) on the topic exchange `{namespace}.events`.

@@ -1,9 +1,8 @@
 //! The consumer role: takes won orders off RabbitMQ and writes them to MySQL.
 //!
 //! A message carries one order or an array of them (the publisher sends up to 500 per
-//! message). Whatever messages are ready (up to [`BATCH_BYTES`] of them, with [`PREFETCH`]
-//! in flight) are
-//! written with multi-row idempotent INSERTs (see [`placed::write`]); after the commits the
+//! message). Whatever messages are ready (up to [`BATCH_BYTES`], with [`PREFETCH`] in
+//! flight) are written with multi-row idempotent INSERTs (see [`placed::write`]); after the commits the
 //! orders leave Redis's `pending` hash and their pay deadlines are scheduled; then one
 //! `ack` with `multiple` covers the batch. A crash anywhere before the ack means
 //! redelivery, which the unique key on `order_sn` turns into a no-op. While MySQL or Redis
@@ -35,14 +34,14 @@ use crate::telemetry::Meters;
 
 use super::placed;
 
-/// Messages in flight to each worker: at most 2 × 64 messages of up to 500 orders (about
-/// 16 MB) wait in memory.
+/// Messages in flight to each worker: at most 2 × 64 messages of up to 500 orders (an
+/// order is about 140 bytes of JSON: about 9 MB) wait in memory.
 const PREFETCH: u16 = 64;
-/// At most this many bytes of messages are taken per batch, about 12,000 orders: counted in
-/// bytes, not messages, since a message holds one order or 500. Bigger batches mean fewer
-/// statements and acks per order (measured with messages of up to 100 orders: 32k
-/// orders/s at 32 messages a batch, 40k at 128, about as many bytes as this).
-const BATCH_BYTES: usize = 3 << 20;
+/// At most about this many bytes of messages are taken per batch (about 11,000 orders):
+/// counted in bytes, not messages, since a message holds one order or 500. Bigger batches
+/// mean fewer statements and acks per order (measured with messages of up to 100 orders:
+/// 32k orders/s at 32 messages a batch, 40k at 128, about as many bytes as this).
+const BATCH_BYTES: usize = 1536 << 10;
 /// Consuming loops per process, each with its own channel: while one waits for MySQL to
 /// commit, another parses and inserts. Measured on 2 cores: 22k orders/s with one worker,
 /// 32k with two, 33k with four.

@@ -42,12 +42,12 @@ const BATCH: usize = 1_000;
 /// How long a batch waits after its first order for others to join it. Without it a batch
 /// left as soon as the previous one was confirmed (1–4 ms), with 30–70 orders at 15,000
 /// wins/s: each message cost RabbitMQ an `fsync` and about 0.8 ms of CPU, and each order
-/// woke this task. Most of a batch's cost, in RabbitMQ, Redis (the `confirmed` note) and
+/// woke this task. Much of a batch's cost, in RabbitMQ, Redis (the `confirmed` note) and
 /// here, is per batch, not per order: at 12,000 wins/s, 20 ms instead of 5 ms took the
-/// batches from 90 to 40 a second and the purchase path's CPU per request down by a
-/// tenth (docs/benchmarks.md; 50 ms gained nothing more). Twenty milliseconds more before
-/// an order reaches RabbitMQ is nothing to its buyer, who has had the answer since it was
-/// won, and a crash loses no order meanwhile: it is in `pending` (the safety sweep).
+/// batches from 90 to 40 a second and RabbitMQ's CPU per purchase from 3.6–4.9 µs to
+/// 1.5–2.4 (docs/benchmarks.md; 50 ms gained nothing more). Twenty milliseconds more
+/// before an order reaches RabbitMQ is nothing to its buyer, who has had the answer since
+/// it was won, and a crash loses no order meanwhile: it is in `pending` (the safety sweep).
 const LINGER: Duration = Duration::from_millis(20);
 /// How long a batch waits for a broker connection (being made at start, or after a loss)
 /// before it is left to the relay: with the linger, a second. Purchases never wait for

@@ -146,9 +146,9 @@ async fn a_consumer_killed_mid_batch_leaves_every_order_exactly_once() {
             env.database_url_via(slow_mysql.addr).expose(),
         ));
     // Killed at its first commit: each worker's first batch is the message or two that
-    // had arrived when it looked, its second everything else it was sent (up to 3 MB of
-    // messages), which takes several slowed answers more. Waiting
-    // for hundreds written instead once saw both second batches commit between looks.
+    // had arrived when it looked, its second everything else it was sent (up to 1.5 MB
+    // of messages), which takes several slowed answers more. Waiting for hundreds
+    // written instead once saw both second batches commit between looks.
     let watching = Instant::now();
     while env.order_count(1).await == 0 {
         assert!(
