@@ -9,6 +9,8 @@
 # this tells where.
 #
 #   ./loadtest/cpu_split.sh          (DURATION=10s by default)
+#   BIN=/tmp/seckill.before ./loadtest/cpu_split.sh   (another build of seckill, to compare:
+#                                    alternate it with the tree's own, run for run)
 #
 # Uses the machine's MariaDB and RabbitMQ under the namespace and database `seckill_cpu`.
 set -euo pipefail
@@ -20,6 +22,7 @@ users=200000
 ./dev/services.sh
 ./dev/tools.sh wrk
 cargo build --release --locked --bin seckill --example bare 2>&1 | tail -1
+bin=${BIN:-target/release/seckill}
 
 out=loadtest/out/cpu_split
 rm -rf "$out" && mkdir -p "$out"
@@ -93,11 +96,11 @@ syscalls_per_request() { # file seconds_counted requests_per_second
 }
 
 echo "minting $users user tokens" >&2
-target/release/seckill token --user 1 --count "$users" --ttl-s 7200 >"$out/tokens.txt"
+"$bin" token --user 1 --count "$users" --ttl-s 7200 >"$out/tokens.txt"
 
 echo "seckill: the Redis path for $duration" >&2
 redis_pid=$(start_redis $seckill_redis)
-SECKILL_REDIS_URL=redis://127.0.0.1:$seckill_redis target/release/seckill serve --roles api,scheduler \
+SECKILL_REDIS_URL=redis://127.0.0.1:$seckill_redis "$bin" serve --roles api,scheduler \
   >"$out/seckill.log" 2>&1 &
 seckill_pid=$!
 pids+=("$seckill_pid")
