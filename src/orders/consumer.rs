@@ -2,9 +2,9 @@
 //!
 //! A message carries one order or an array of them (the publisher sends up to 500 per
 //! message). Whatever messages are ready (up to [`BATCH_BYTES`], with [`PREFETCH`] in
-//! flight) are written with multi-row idempotent INSERTs (see [`placed::write`]); after the commits the
-//! orders leave Redis's `pending` hash and their pay deadlines are scheduled; then one
-//! `ack` with `multiple` covers the batch. A crash anywhere before the ack means
+//! flight) are written with multi-row idempotent INSERTs (see [`placed::write`]); after the
+//! commits the orders leave Redis's `pending` hash and their pay deadlines are scheduled;
+//! then one `ack` with `multiple` covers the batch. A crash anywhere before the ack means
 //! redelivery, which the unique key on `order_sn` turns into a no-op. While MySQL or Redis
 //! is down the batch is retried with growing pauses, never in a busy loop, and nothing is
 //! acked. What can never be written goes to the dead-letter queue with the reason, and the

@@ -219,8 +219,8 @@ impl TestEnv {
     ) {
         eventually(limit, "every order in MySQL", || async {
             let stats = self.stats(server, item).await;
-            let in_mysql = self.orders(item).await.len();
-            if in_mysql == expected && stats["pending"] == 0 {
+            let in_mysql = self.order_count(item).await;
+            if in_mysql == expected as u64 && stats["pending"] == 0 {
                 Ok(())
             } else {
                 Err(format!(
