@@ -115,7 +115,7 @@ async fn grab_handler(
     )
     .await;
     match answer {
-        Ok(outcome) => (StatusCode::OK, Json(json!({ "code": outcome.as_str() }))),
+        Ok((outcome, _)) => (StatusCode::OK, Json(json!({ "code": outcome.as_str() }))),
         Err(_) => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({ "code": "unavailable" })),

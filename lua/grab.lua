@@ -1,6 +1,7 @@
 -- grab.lua: sell one unit of an item to one user, atomically.
 --
--- KEYS[1] meta          HASH  `rules`: what this checks of the bucket, packed (lib/rules.lua)
+-- KEYS[1] meta          HASH  `rules`: what this checks of the bucket, packed (lib/rules.lua);
+--                             `lends`, read when it has no unit
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] buyer_orders  HASH  user_id -> the user's live orders (this user's shard; below)
 -- KEYS[4] pending       HASH  order_sn -> order JSON (won, not yet in MySQL)
@@ -34,7 +35,8 @@
 -- Returns one string, the outcome and its detail after a space (src/purchase/grab.rs):
 --   "won" (place 0) | "won <slot>" | "repeat <order_sn>" (this key bought that order
 --   before) | "duplicate <order_sn>" (per_user 1) | "limit_reached <sn sn …>" |
---   "sold_out" | "between_releases <next wave's ms>" | "paused" | "not_loaded" |
+--   "sold_out" | "sold_out <lends>" (a bucket that lent units: lend.lua) |
+--   "between_releases <next wave's ms>" | "paused" | "not_loaded" |
 --   "reloading" (a warm-up is replacing the item's units: `fenced`) | "not_started" |
 --   "ended";
 --   an error, with nothing written, when the meta's window is not a number.
@@ -134,7 +136,9 @@ end
 
 local token = redis.call('LPOP', KEYS[2])
 if not token then
-  return 'sold_out'
+  -- With the loans this bucket made, if any (a split item's: lend.lua).
+  local lends = redis.call('HGET', KEYS[1], 'lends')
+  return lends and 'sold_out ' .. lends or 'sold_out'
 end
 
 local slot = record_win(KEYS[3], KEYS[4], ARGV[1], ARGV[2], ARGV[3], places)

@@ -1,7 +1,7 @@
 -- lend.lua: a bucket of a split item lends one unsold unit to another of its buckets (the
 -- first step of a transfer; `receive.lua` on the other bucket is the second).
 --
--- KEYS[1] meta    HASH  loaded, paused, fenced, total, waves   (of the lending bucket)
+-- KEYS[1] meta    HASH  loaded, paused, fenced, total, waves, lends   (of the lending bucket)
 -- KEYS[2] tokens  LIST  unsold units
 -- KEYS[3] lent    HASH  transfer id -> "home|unit|ms": lent, not known to have arrived
 -- ARGV[1] transfer id (new for each transfer)
@@ -15,8 +15,13 @@
 -- Units a wave still holds back here (`waves`, lib/waves.lua) are not lent: they go on
 -- sale at their time, in this bucket.
 --
--- Returns {"lent", unit}; {"empty", ""} when this bucket has no unit it may sell now
--- (waves); {"moving", ""} when it has none on its list but lent one within the last second
+-- `lends` counts the loans this bucket ever made. A buyer who found every bucket empty
+-- twice says "sold out" only if no bucket lent between its two looks: a unit can move from
+-- a bucket not yet asked to one asked already, and again, and a loan settled meanwhile
+-- leaves no other trace (src/purchase/sell.rs, `refill_and_grab`).
+--
+-- Returns {"lent", unit}; {"empty", lends} when this bucket has no unit it may sell now
+-- (waves); {"moving", lends} when it has none on its list but lent one within the last second
 -- (by the callers' clocks) whose loan is not settled yet: the unit is on its way to another
 -- bucket, or there already, so one asked before this one may have it now. An older loan
 -- is not moving: a purchase takes well under a second, so it was cut off (its unit comes
@@ -30,19 +35,21 @@ if not meta[1] or meta[2] == '1' or meta[3] then
   return {'held', ''}
 end
 if held_back(meta[4], KEYS[2]) then
-  return {'empty', ''}
+  return {'empty', redis.call('HGET', KEYS[1], 'lends') or '0'}
 end
 local unit = redis.call('LPOP', KEYS[2])
 if not unit then
+  local lends = redis.call('HGET', KEYS[1], 'lends') or '0'
   local now = tonumber(ARGV[3])
   for _, loan in ipairs(redis.call('HVALS', KEYS[3])) do
     local at = tonumber(string.match(loan, '|(%d+)$'))
     if at and math.abs(now - at) < 1000 then
-      return {'moving', ''}
+      return {'moving', lends}
     end
   end
-  return {'empty', ''}
+  return {'empty', lends}
 end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2] .. '|' .. unit .. '|' .. ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'total', -1)
+redis.call('HINCRBY', KEYS[1], 'lends', 1)
 return {'lent', unit}

@@ -189,6 +189,13 @@ impl CatalogItem {
         }
     }
 
+    /// Remembers that a bucket has a unit again (one at least), until the next refresh.
+    pub fn mark_stocked(&self, bucket: u8) {
+        if let Some(r) = self.live.remaining.get(usize::from(bucket)) {
+            r.fetch_max(1, Ordering::Relaxed);
+        }
+    }
+
     /// Remembers what `grab.lua` just found (every bucket empty), until the next refresh
     /// says otherwise. Returns whether this instance thought otherwise until now.
     pub fn mark_sold_out(&self) -> bool {

@@ -32,8 +32,8 @@ pub struct Borrowed {
     /// bucket that may hold units sits on a master short of them: nothing can be said yet
     /// (a transfer begun is left to [`settle_stuck`]).
     pub stalled: bool,
-    /// Buckets that had nothing to lend.
-    pub empty: Vec<u8>,
+    /// Buckets that had nothing to lend, with the loans each had made (`lua/lend.lua`).
+    pub empty: Vec<(u8, u64)>,
     /// One of them lent a unit within the last second and its loan is not settled: the
     /// unit may have reached a bucket asked before it, so "nothing anywhere" cannot be
     /// said.
@@ -67,6 +67,7 @@ pub async fn borrow(
             continue;
         };
         let transfer = ulid::Ulid::new().to_string();
+        // The unit lent, or (empty, moving) the loans the lender had made.
         let (outcome, unit): (String, String) = redis_timed(
             LEND.key(&lender.meta)
                 .key(&lender.tokens)
@@ -79,13 +80,12 @@ pub async fn borrow(
         .await?;
         match outcome.as_str() {
             "lent" => {}
-            "empty" => {
-                borrowed.empty.push(lender.bucket.index);
-                continue;
-            }
-            "moving" => {
-                borrowed.empty.push(lender.bucket.index);
-                borrowed.moving = true;
+            "empty" | "moving" => {
+                let lends = unit.parse().map_err(|_| {
+                    RedisError::Unexpected(format!("lend.lua answered {outcome} {unit:?}"))
+                })?;
+                borrowed.empty.push((lender.bucket.index, lends));
+                borrowed.moving |= outcome == "moving";
                 continue;
             }
             // Paused, not loaded, or held back by a warm-up: it may have units.

@@ -68,6 +68,9 @@ impl IdempotencyKey {
 
 /// `per_user` is the item's limit as the caller's catalogue has it: a buyer who holds
 /// that many orders is answered from their record alone (see `lua/grab.lua`).
+///
+/// With the outcome, the loans the bucket had made when it had no unit to sell (a split
+/// item's, `lua/lend.lua`; 0 otherwise): see `refill_and_grab` in `sell.rs`.
 pub async fn grab(
     conn: &mut impl redis::aio::ConnectionLike,
     keys: &ItemKeys,
@@ -75,7 +78,7 @@ pub async fn grab(
     order_sn: &OrderSn,
     order_json: &str,
     idempotency: Option<&IdempotencyKey>,
-) -> Result<GrabOutcome, RedisError> {
+) -> Result<(GrabOutcome, u64), RedisError> {
     let keys = purchase_keys(keys, user, None, idempotency);
     let mut call = GRAB.call(keys.len());
     call.arg(&keys)
@@ -90,7 +93,14 @@ pub async fn grab(
             .ok_or_else(|| RedisError::Unexpected(format!("buyer record holds {detail:?}")))
     };
     let odd = || RedisError::Unexpected(format!("grab.lua answered {outcome} {detail:?}"));
-    Ok(match outcome {
+    if outcome == "sold_out" {
+        let lends = match detail {
+            "" => 0,
+            lends => lends.parse().map_err(|_| odd())?,
+        };
+        return Ok((GrabOutcome::SoldOut, lends));
+    }
+    let outcome = match outcome {
         "won" if detail.is_empty() => GrabOutcome::Won { slot: 0 },
         "won" => GrabOutcome::Won {
             slot: detail.parse().map_err(|_| odd())?,
@@ -101,7 +111,6 @@ pub async fn grab(
             GrabOutcome::LimitReached(detail.split(' ').map(order).collect::<Result<_, _>>()?)
         }
         "between_releases" => GrabOutcome::BetweenReleases(detail.parse().map_err(|_| odd())?),
-        "sold_out" => GrabOutcome::SoldOut,
         "paused" => GrabOutcome::Paused,
         "not_loaded" => GrabOutcome::NotLoaded,
         "reloading" => GrabOutcome::Reloading,
@@ -112,7 +121,8 @@ pub async fn grab(
                 "grab.lua answered {other:?}"
             )));
         }
-    })
+    };
+    Ok((outcome, 0))
 }
 
 /// Undoes a win whose replicas did not confirm it in time (`lua/give_back.lua`): true when

@@ -197,14 +197,22 @@ impl Seller<'_> {
             order_json,
             idempotency,
         };
-        let mut outcome = attempt.grab(&mut conn, home).await;
-        if item.record.split() {
+        let grabbed = attempt.grab(&mut conn, home).await;
+        let outcome = if item.record.split() {
             let lending = Lending {
                 redis: &self.deps.redis,
                 keys: &self.deps.keys,
             };
-            outcome = refill_and_grab(&mut conn, item, &attempt, outcome, lending).await;
-        }
+            let refill = Refill {
+                item,
+                catalog: self.catalog,
+                attempt: &attempt,
+                lending,
+            };
+            refill.grab(&mut conn, grabbed).await
+        } else {
+            grabbed.map(|(outcome, _)| outcome)
+        };
         let took = started.elapsed();
         self.signals.purchase(took, outcome.is_err());
         self.deps.meters.redis_grab_seconds.record(took);
@@ -309,7 +317,12 @@ struct Attempt<'a> {
 }
 
 impl Attempt<'_> {
-    async fn grab(&self, conn: &mut RedisConn, home: &ItemKeys) -> Result<GrabOutcome, RedisError> {
+    /// The outcome, and the loans `home` had made when it had no unit (`grab::grab`).
+    async fn grab(
+        &self,
+        conn: &mut RedisConn,
+        home: &ItemKeys,
+    ) -> Result<(GrabOutcome, u64), RedisError> {
         let order = self.order;
         grab(
             conn,
@@ -323,58 +336,94 @@ impl Attempt<'_> {
     }
 }
 
-/// Borrows from a split item's other buckets while the buyer's own bucket is empty, and
-/// grabs again: "sold out" only once no bucket had a unit to lend.
-async fn refill_and_grab(
-    conn: &mut RedisConn,
-    item: &CatalogItem,
-    attempt: &Attempt<'_>,
-    mut outcome: Result<GrabOutcome, RedisError>,
-    lending: Lending<'_>,
-) -> Result<GrabOutcome, RedisError> {
-    let home = item.home(attempt.order.user_id);
-    let mut looked_twice = false;
-    for _ in 0..MOST_REFILLS {
-        // Nothing for sale in the buyer's bucket (or nothing until a wave): maybe in another.
-        if !matches!(
-            outcome,
-            Ok(GrabOutcome::SoldOut | GrabOutcome::BetweenReleases(_))
-        ) {
-            return outcome;
-        }
-        item.mark_empty(home.bucket.index);
-        // The fullest first, by the last refresh; every other bucket is asked in the end.
-        let mut lenders: Vec<&ItemKeys> = item
-            .buckets
-            .iter()
-            .filter(|b| b.bucket != home.bucket)
-            .collect();
-        lenders.sort_by_key(|b| std::cmp::Reverse(item.remaining_in(b.bucket.index)));
-        let borrowed = transfer::borrow(conn, home, lenders.into_iter(), lending).await?;
-        for bucket in borrowed.empty {
-            item.mark_empty(bucket);
-        }
-        if !borrowed.moved {
-            // A unit lent a moment ago and still on its way may be on sale in a bucket
-            // asked before its lender, so "sold out" is not said then: press again.
-            if borrowed.stalled || borrowed.moving {
-                return Ok(GrabOutcome::StillMoving);
+/// A split item's purchase while the buyer's own bucket is empty.
+struct Refill<'a> {
+    item: &'a CatalogItem,
+    catalog: &'a Catalog,
+    attempt: &'a Attempt<'a>,
+    lending: Lending<'a>,
+}
+
+impl Refill<'_> {
+    /// Borrows from the item's other buckets and grabs again: "sold out" only once no
+    /// bucket had a unit to lend.
+    async fn grab(
+        &self,
+        conn: &mut RedisConn,
+        mut grabbed: Result<(GrabOutcome, u64), RedisError>,
+    ) -> Result<GrabOutcome, RedisError> {
+        let item = self.item;
+        let home = item.home(self.attempt.order.user_id);
+        // The last round's buckets, all empty, each with the loans it had made then.
+        let mut last_round: Option<Vec<(u8, u64)>> = None;
+        let mut borrowed_one = false;
+        for _ in 0..MOST_REFILLS {
+            let (outcome, home_lends) = grabbed?;
+            // Nothing for sale in the buyer's bucket (or nothing until a wave): maybe in
+            // another.
+            if !matches!(
+                outcome,
+                GrabOutcome::SoldOut | GrabOutcome::BetweenReleases(_)
+            ) {
+                if borrowed_one && !matches!(outcome, GrabOutcome::Won { .. }) {
+                    self.left_at_home(home);
+                }
+                return Ok(outcome);
             }
-            // A loan can also begin and end between two of the asks, from a bucket not yet
-            // asked to one asked already (or to this one: its buyer had borrowed a unit and
-            // then did not need it). So every bucket is asked once more, this one first,
-            // before "sold out" (a cost only on the way there: memory answers the presses
-            // after it).
-            if looked_twice {
-                return outcome;
+            item.mark_empty(home.bucket.index);
+            // The fullest first, by the last refresh; every other bucket is asked in the end.
+            let mut lenders: Vec<&ItemKeys> = item
+                .buckets
+                .iter()
+                .filter(|b| b.bucket != home.bucket)
+                .collect();
+            lenders.sort_by_key(|b| std::cmp::Reverse(item.remaining_in(b.bucket.index)));
+            let borrowed = transfer::borrow(conn, home, lenders.into_iter(), self.lending).await?;
+            for (bucket, _) in &borrowed.empty {
+                item.mark_empty(*bucket);
             }
-            looked_twice = true;
+            if borrowed.moved {
+                borrowed_one = true;
+                last_round = None;
+            } else {
+                // A unit lent a moment ago and still on its way may be on sale in a bucket
+                // asked before its lender, so "sold out" is not said then: press again.
+                if borrowed.stalled || borrowed.moving {
+                    return Ok(GrabOutcome::StillMoving);
+                }
+                // A loan can also begin and end between two of the asks, from a bucket not
+                // yet asked to one asked already (or to this one: its buyer had borrowed a
+                // unit and then did not need it), and the unit move on again in the next
+                // round. So "sold out" only after two rounds that found every bucket empty
+                // with no loan made in between: then no unit can have slipped past both (a
+                // cost only on the way there: memory answers the presses after it).
+                let mut round = borrowed.empty;
+                round.push((home.bucket.index, home_lends));
+                round.sort_unstable();
+                if last_round.as_ref() == Some(&round) {
+                    return Ok(outcome);
+                }
+                last_round = Some(round);
+            }
+            // Someone else of this bucket may take the unit first: then borrow again.
+            grabbed = self.attempt.grab(conn, home).await;
         }
-        // Someone else of this bucket may take the unit first: then borrow again.
-        outcome = attempt.grab(conn, home).await;
+        match grabbed?.0 {
+            GrabOutcome::SoldOut => Ok(GrabOutcome::StillMoving),
+            other => Ok(other),
+        }
     }
-    match outcome {
-        Ok(GrabOutcome::SoldOut) => Ok(GrabOutcome::StillMoving),
-        other => other,
+
+    /// A unit this purchase borrowed and did not take (the buyer's other press took one
+    /// meanwhile) is on sale at home: the buckets this and other instances remember as
+    /// empty must not add up to "sold out" while it is there.
+    fn left_at_home(&self, home: &ItemKeys) {
+        self.item.mark_stocked(home.bucket.index);
+        let (catalog, id) = (self.catalog.clone(), self.item.record.id);
+        tokio::spawn(async move {
+            if let Err(e) = catalog.announce(id).await {
+                tracing::debug!(error = %e, "could not announce a unit left in a bucket; other instances find it at their refresh");
+            }
+        });
     }
 }

@@ -89,7 +89,8 @@ async fn wins_no_publisher_took_are_found_and_sent_within_seconds() {
             None,
         )
         .await
-        .unwrap();
+        .unwrap()
+        .0;
         assert_eq!(outcome.as_str(), "won");
         won.push(order.order_sn.to_string());
     }
