@@ -150,6 +150,20 @@ async fn lend_to_bucket_0(env: &TestEnv, lender: &ItemKeys, transfer: &str) -> S
     unit
 }
 
+/// What `lend.lua` answers a borrower when `lender` has no unit: "empty" or "moving", and
+/// the loans it ever made (a buyer's two looks compare them).
+async fn ask_empty_lender(env: &TestEnv, lender: &ItemKeys) -> (String, String) {
+    LEND.key(&lender.meta)
+        .key(&lender.tokens)
+        .key(&lender.lent)
+        .arg("asked-while-empty")
+        .arg(0)
+        .arg(chrono::Utc::now().timestamp_millis())
+        .invoke_async(&mut env.redis.clone())
+        .await
+        .unwrap()
+}
+
 /// The two states a transfer can be cut off in, made by running its first step(s) by
 /// hand as a dying server would: lent and never received (the sweep gives the unit back
 /// to its lender, and a late receive is refused), and received but not settled (the
@@ -341,8 +355,12 @@ async fn a_unit_on_its_way_between_buckets_is_never_called_sold_out() {
         body["detail"].as_str().unwrap().contains("press again"),
         "{body}"
     );
+    let asked = ask_empty_lender(&env, &lender).await;
+    assert_eq!((asked.0.as_str(), asked.1.as_str()), ("moving", "1"));
     // Well before the sweep's five seconds: the loan was cut off, not moving.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let asked = ask_empty_lender(&env, &lender).await;
+    assert_eq!((asked.0.as_str(), asked.1.as_str()), ("empty", "1"));
     let (status, body) = env.buy(&server, second, 3).await;
     assert_eq!(
         (status, body["code"].as_str()),
