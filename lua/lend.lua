@@ -18,7 +18,7 @@
 -- `lends` counts the loans this bucket ever made. A buyer who found every bucket empty
 -- twice says "sold out" only if no bucket lent between its two looks: a unit can move from
 -- a bucket not yet asked to one asked already, and again, and a loan settled meanwhile
--- leaves no other trace (src/purchase/sell.rs, `refill_and_grab`).
+-- leaves no other trace (`Refill::grab` in src/purchase/sell.rs).
 --
 -- Returns {"lent", unit}; {"empty", lends} when this bucket has no unit it may sell now
 -- (waves); {"moving", lends} when it has none on its list but lent one within the last second

@@ -27,7 +27,7 @@ pub enum GrabOutcome {
     NotStarted,
     Ended,
     /// A split item's buyer kept losing borrowed units to others of their bucket: there
-    /// may still be units, so not "sold out" (see `api::refill_and_grab`).
+    /// may still be units, so not "sold out" (see `Refill::grab` in `sell.rs`).
     StillMoving,
 }
 
@@ -70,7 +70,7 @@ impl IdempotencyKey {
 /// that many orders is answered from their record alone (see `lua/grab.lua`).
 ///
 /// With the outcome, the loans the bucket had made when it had no unit to sell (a split
-/// item's, `lua/lend.lua`; 0 otherwise): see `refill_and_grab` in `sell.rs`.
+/// item's, `lua/lend.lua`; 0 otherwise): see `Refill::grab` in `sell.rs`.
 pub async fn grab(
     conn: &mut impl redis::aio::ConnectionLike,
     keys: &ItemKeys,
