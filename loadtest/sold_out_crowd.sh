@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The crowd's answer when the crowd is large: one server (api + scheduler) with an item
+# sold out, `wrk -t2 -c64` pressing it for 10 s over 200,000 tokens at random, then 10 s
+# more, and the server's µs of CPU per answer in each (from /proc/<pid>/stat), with its
+# peak memory. The second 10 s is the crowd pressing again, as it does after a sell-out:
+# what the server remembers of the tokens it verified shows there.
+#
+#   ./loadtest/sold_out_crowd.sh
+#   BIN=/tmp/seckill.before ./loadtest/sold_out_crowd.sh   (another build, to alternate
+#                                    with the tree's own, run for run)
+#
+# Uses a private Redis on port 16605 and the machine's MariaDB and RabbitMQ under the
+# namespace and database `seckill_crowd`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. loadtest/lib.sh
+
+users=200000
+./dev/services.sh
+./dev/tools.sh wrk
+cargo build --release --locked --bin seckill 2>&1 | tail -1
+bin=${BIN:-target/release/seckill}
+
+out=loadtest/out/sold_out_crowd
+rm -rf "$out" && mkdir -p "$out"
+ns=seckill_crowd
+bench_env "$ns" 127.0.0.1:18093
+redis_port=16605
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
+  forget "$ns"
+}
+cleanup
+trap cleanup EXIT
+private_redis "$redis_port" "$out"
+export SECKILL_REDIS_URL=redis://127.0.0.1:$redis_port
+
+echo "minting $users user tokens" >&2
+"$bin" token --user 1 --count "$users" --ttl-s 7200 >"$out/tokens.txt"
+"$bin" serve --roles api,scheduler >"$out/api.log" 2>&1 &
+pid=$!
+pids+=("$pid")
+wait_http "$api/healthz"
+on_sale 3 1
+# The one unit goes to the first press: from then on every answer is `410`.
+THREADS=1 TOKENS="$out/tokens.txt" ITEM=3 MODE=sequential FIRST_USER=0 \
+  wrk -t1 -c1 -d1s -s loadtest/wrk/flashbuy.lua "$api/api/flashbuy" >/dev/null
+sleep 1
+
+ticks() { awk '{print $14 + $15}' /proc/"$pid"/stat; }
+hz=$(getconf CLK_TCK)
+for round in first again; do
+  echo "the sold-out path for 10 s ($round)" >&2
+  t0=$(ticks)
+  THREADS=2 TOKENS="$out/tokens.txt" ITEM=3 MODE=random \
+    wrk -t2 -c64 -d10s --latency -s loadtest/wrk/flashbuy.lua "$api/api/flashbuy" >"$out/$round.txt"
+  t1=$(ticks)
+  requests=$(awk '/requests in/ {print $1}' "$out/$round.txt")
+  rps=$(awk '/Requests\/sec/ {print $2}' "$out/$round.txt")
+  printf '%-6s %10s req/s  %6s µs of CPU an answer\n' "$round" "$rps" \
+    "$(awk -v t=$((t1 - t0)) -v n="$requests" -v hz="$hz" 'BEGIN {printf "%.2f", t * 1e6 / hz / n}')"
+done
+echo "peak memory (VmHWM): $(awk '/VmHWM/ {print $2}' /proc/"$pid"/status) kB"
