@@ -42,7 +42,6 @@ timed_admin() {
   admin "$@"
 }
 median() { sort -n | awk '{a[NR] = $1} END {printf "%.1f", a[int((NR + 1) / 2)] * 1000}'; }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 redis_cpu() { redis-cli info cpu | tr -d '\r' | awk -F: '/^used_cpu_(sys|user):/ {t += $2} END {print t}'; }
 
 "$bin" token --user 1 --count 20000 --ttl-s 7200 >"$out/catalogue-tokens.txt"
@@ -79,9 +78,9 @@ for n in $sizes; do
   fi
   # Settle (a full read of the definitions included), then 30 s of nothing.
   sleep 35
-  t0=$(cpu_ticks "$server_pid"); q0=$(cpu_ticks "$scheduler_pid"); r0=$(redis_cpu); s0=$(date +%s.%N)
+  t0=$(ticks "/proc/$server_pid/stat"); q0=$(ticks "/proc/$scheduler_pid/stat"); r0=$(redis_cpu); s0=$(date +%s.%N)
   sleep 30
-  t1=$(cpu_ticks "$server_pid"); q1=$(cpu_ticks "$scheduler_pid"); r1=$(redis_cpu); s1=$(date +%s.%N)
+  t1=$(ticks "/proc/$server_pid/stat"); q1=$(ticks "/proc/$scheduler_pid/stat"); r1=$(redis_cpu); s1=$(date +%s.%N)
   hz=$(getconf CLK_TCK)
   server_cpu=$(echo "scale=1; 100 * ($t1 - $t0) / $hz / ($s1 - $s0)" | bc)
   scheduler_cpu=$(echo "scale=1; 100 * ($q1 - $q0) / $hz / ($s1 - $s0)" | bc)

@@ -47,8 +47,6 @@ start_redis() { # port
   private_redis "$1" "$out"
   pgrep -f "redis-server 127.0.0.1:$1"
 }
-# Clock ticks (user + system) a process, or one thread, has used.
-ticks() { awk '{print $14 + $15}' "$1"; }
 # "name ticks" for each of a process's threads, summed by name.
 threads() {
   for task in /proc/"$1"/task/*; do
@@ -62,8 +60,6 @@ syscalls() { # pid file
   perf stat -x, -e syscalls:sys_enter_writev,syscalls:sys_enter_write,syscalls:sys_enter_recvfrom,syscalls:sys_enter_futex,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_sched_yield \
     -p "$1" -o "$2" -- sleep 3 >/dev/null 2>&1 || true
 }
-hz=$(getconf CLK_TCK)
-per_request() { awk -v t="$1" -v n="$2" -v hz="$hz" 'BEGIN {printf "%.2f", t * 1e6 / hz / n}'; } # ticks requests
 
 # One measured run: wrk on URL while PID (and REDIS_PID) are watched. Sets `requests`,
 # `rps` and the tick deltas `d_server`, `d_redis`, `d_rabbit`.
@@ -128,12 +124,12 @@ Where a purchase's CPU goes — $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ), wrk
 
 | µs of CPU per request                 | seckill | bare grab.lua server |
 |---------------------------------------|---------|----------------------|
-| the server                            | $(per_request "$s_server" "$s_requests") | $(per_request "$b_server" "$b_requests") |
+| the server                            | $(cpu_us_per_request "$s_server" "$s_requests") | $(cpu_us_per_request "$b_server" "$b_requests") |
 $(join "$out/seckill.threads0" "$out/seckill.threads1" | while read -r name before after; do
-  printf '| - its %-31s | %s | |\n' "$name threads" "$(per_request $((after - before)) "$s_requests")"
+  printf '| - its %-31s | %s | |\n' "$name threads" "$(cpu_us_per_request $((after - before)) "$s_requests")"
 done)
-| Redis                                 | $(per_request "$s_redis" "$s_requests") | $(per_request "$b_redis" "$b_requests") |
-| RabbitMQ                              | $(per_request "$s_rabbit" "$s_requests") | — |
+| Redis                                 | $(cpu_us_per_request "$s_redis" "$s_requests") | $(cpu_us_per_request "$b_redis" "$b_requests") |
+| RabbitMQ                              | $(cpu_us_per_request "$s_rabbit" "$s_requests") | — |
 | req/s                                 | $s_rps | $b_rps |
 
 system calls per request — seckill: $(syscalls_per_request "$out/seckill.syscalls" 3 "$s_rps")

@@ -1,6 +1,6 @@
 # Shared by the load-test scripts (sourced from the repository's top): dev/lib.sh (messages,
 # waiting for a port or URL, `admin`), leaving no trace of a run's namespace in the
-# machine's MariaDB, Redis and RabbitMQ, and putting an item on sale.
+# machine's MariaDB, Redis and RabbitMQ, putting an item on sale, and a process's CPU.
 . dev/lib.sh
 
 # bench_env NAMESPACE HTTP_ADDR [LOG_LEVEL]: the settings every load-test server runs with —
@@ -68,4 +68,11 @@ callgrind_since() {
   callgrind_control -d "$callgrind_pid" >/dev/null 2>&1
   awk '/^(summary|totals):/ {print $2; exit}' "$(ls -t "$callgrind_dir"/callgrind.* | head -1)"
   callgrind_control -z "$callgrind_pid" >/dev/null 2>&1
+}
+
+# Clock ticks (user + system) a process, or one thread, has used: ticks /proc/PID/stat.
+ticks() { awk '{print $14 + $15}' "$1"; }
+# cpu_us_per_request TICKS REQUESTS: the µs of CPU those ticks were, per request.
+cpu_us_per_request() {
+  awk -v t="$1" -v n="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.2f", t * 1e6 / hz / n}'
 }

@@ -50,17 +50,15 @@ THREADS=1 TOKENS="$out/tokens.txt" ITEM=3 MODE=sequential FIRST_USER=0 \
   wrk -t1 -c1 -d1s -s loadtest/wrk/flashbuy.lua "$api/api/flashbuy" >/dev/null
 sleep 1
 
-ticks() { awk '{print $14 + $15}' /proc/"$pid"/stat; }
-hz=$(getconf CLK_TCK)
 for round in first again; do
   echo "the sold-out path for 10 s ($round)" >&2
-  t0=$(ticks)
+  t0=$(ticks /proc/"$pid"/stat)
   THREADS=2 TOKENS="$out/tokens.txt" ITEM=3 MODE=random \
     wrk -t2 -c64 -d10s --latency -s loadtest/wrk/flashbuy.lua "$api/api/flashbuy" >"$out/$round.txt"
-  t1=$(ticks)
+  t1=$(ticks /proc/"$pid"/stat)
   requests=$(awk '/requests in/ {print $1}' "$out/$round.txt")
   rps=$(awk '/Requests\/sec/ {print $2}' "$out/$round.txt")
   printf '%-6s %10s req/s  %6s µs of CPU an answer\n' "$round" "$rps" \
-    "$(awk -v t=$((t1 - t0)) -v n="$requests" -v hz="$hz" 'BEGIN {printf "%.2f", t * 1e6 / hz / n}')"
+    "$(cpu_us_per_request $((t1 - t0)) "$requests")"
 done
 echo "peak memory (VmHWM): $(awk '/VmHWM/ {print $2}' /proc/"$pid"/status) kB"
