@@ -74,7 +74,7 @@ pub fn order(item: ItemId, user: UserId) -> (OrderSn, String) {
         pay_deadline_ms: now + 1_800_000,
         slot: 0,
     };
-    let json = serde_json::to_string(&order).unwrap_or_default();
+    let json = order.to_json();
     (order.order_sn, json)
 }
 

@@ -191,15 +191,18 @@ impl OrderSn {
     /// split item, the bucket in the ULID's top random bits — so the number says where its
     /// order's records are and still fits 40 characters.
     pub fn generate(stock: BucketId, split: bool) -> Self {
-        let ulid = ulid::Ulid::new();
-        let text = if split {
+        let mut ulid = ulid::Ulid::new();
+        if split {
             let random = (ulid.random() & !(0x3f << BUCKET_SHIFT))
                 | (u128::from(stock.index) << BUCKET_SHIFT);
-            let ulid = ulid::Ulid::from_parts(ulid.timestamp_ms(), random);
-            format!("{}_{ulid}", stock.item)
-        } else {
-            format!("{}-{ulid}", stock.item)
-        };
+            ulid = ulid::Ulid::from_parts(ulid.timestamp_ms(), random);
+        }
+        // Written in place, not by `format!`: every purchase that reaches Redis numbers
+        // the order it may win.
+        let mut text = String::with_capacity(Self::MAX_LEN);
+        text.push_str(itoa::Buffer::new().format(stock.item.get()));
+        text.push(if split { '_' } else { '-' });
+        text.push_str(ulid.array_to_str(&mut [0; ulid::ULID_LEN]));
         Self { text, stock }
     }
 
@@ -297,6 +300,32 @@ fn is_zero(slot: &u8) -> bool {
 }
 
 impl OrderPlaced {
+    /// Its JSON, exactly as `serde_json::to_string` writes it (a test holds the two equal),
+    /// written directly: every purchase that reaches Redis carries it, and serde's
+    /// serializer cost a quarter of what building the `FCALL` does.
+    pub fn to_json(&self) -> String {
+        let mut json = String::with_capacity(160);
+        let mut number = itoa::Buffer::new();
+        // An order number is digits, capitals, `-` and `_` (`OrderSn::parse`): nothing
+        // to escape.
+        json.push_str("{\"order_sn\":\"");
+        json.push_str(self.order_sn.as_str());
+        json.push_str("\",\"item_id\":");
+        json.push_str(number.format(self.item_id.get()));
+        json.push_str(",\"user_id\":");
+        json.push_str(number.format(self.user_id.get()));
+        json.push_str(",\"created_at_ms\":");
+        json.push_str(number.format(self.created_at_ms));
+        json.push_str(",\"pay_deadline_ms\":");
+        json.push_str(number.format(self.pay_deadline_ms));
+        if !is_zero(&self.slot) {
+            json.push_str(",\"slot\":");
+            json.push_str(number.format(self.slot));
+        }
+        json.push('}');
+        json
+    }
+
     /// What in the order MySQL cannot store faithfully: a DATETIME holds the years 1000 to
     /// 9999, and MariaDB stores a zero date for a time outside them instead of refusing.
     pub fn out_of_range(&self) -> Option<&'static str> {
@@ -407,6 +436,26 @@ mod tests {
             ..order
         };
         assert!(early.out_of_range().is_some());
+    }
+
+    #[test]
+    fn an_order_is_written_as_serde_writes_it() {
+        let item = ItemId::new(ItemId::MAX).unwrap();
+        for (bucket, slot, created_at_ms) in [(0, 0, 1_700_000_000_000), (5, 3, -1), (63, 255, 0)] {
+            let order = OrderPlaced {
+                order_sn: OrderSn::generate(BucketId::new(item, bucket), bucket > 0),
+                item_id: item,
+                user_id: UserId::new(u64::MAX),
+                created_at_ms,
+                pay_deadline_ms: i64::MAX,
+                slot,
+            };
+            assert_eq!(order.to_json(), serde_json::to_string(&order).unwrap());
+            assert_eq!(
+                serde_json::from_str::<OrderPlaced>(&order.to_json()).unwrap(),
+                order
+            );
+        }
     }
 
     #[test]

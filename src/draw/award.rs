@@ -158,8 +158,7 @@ async fn give(
         pay_deadline_ms: now + i64::from(item.pay_timeout_s) * 1000,
         slot: 0,
     };
-    let json = serde_json::to_string(&order)
-        .map_err(|e| RedisError::Unexpected(format!("order JSON: {e}")))?;
+    let json = order.to_json();
     loop {
         let (outcome, _): (String, String) = redis_timed(
             AWARD

@@ -185,15 +185,22 @@ impl ApiError {
     /// What the client is told. Dependencies are named (operators need that) but their
     /// error text is not sent.
     pub fn detail(&self) -> String {
+        self.fixed_detail()
+            .map_or_else(|| self.to_string(), str::to_owned)
+    }
+
+    /// The detail of a failure whose cause is not for the client; `None`: the error's own
+    /// message says it.
+    fn fixed_detail(&self) -> Option<&'static str> {
         match self {
-            ApiError::Redis(_) => "Redis did not answer; try again shortly".into(),
+            ApiError::Redis(_) => Some("Redis did not answer; try again shortly"),
             ApiError::Database(e) if e.is_unavailable() => {
-                "MySQL did not answer; try again shortly".into()
+                Some("MySQL did not answer; try again shortly")
             }
             ApiError::Database(_) | ApiError::Internal(_) => {
-                "internal error; quote the trace_id when reporting it".into()
+                Some("internal error; quote the trace_id when reporting it")
             }
-            other => other.to_string(),
+            _ => None,
         }
     }
 
@@ -235,7 +242,7 @@ impl IntoResponse for ApiError {
             tracing::debug!(code, method, path, error = %self, "request refused");
         }
         let mut body = Refusal {
-            detail: self.detail(),
+            detail: Detail(&self),
             order_sn: None,
             order_sns: None,
             next_release_at: None,
@@ -266,12 +273,26 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// An error's [`ApiError::detail`], written straight into the answer: the crowd of a sale
+/// is refused, and a `String` of its own cost each refusal an allocation and a copy.
+struct Detail<'a>(&'a ApiError);
+
+impl Serialize for Detail<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.0.fixed_detail() {
+            Some(detail) => serializer.serialize_str(detail),
+            None => serializer.collect_str(self.0),
+        }
+    }
+}
+
 // A struct rather than a JSON map: the crowd of a sale is answered with one.
 /// What follows `code` and `trace_id` in a refusal.
 #[derive(Serialize, utoipa::ToSchema)]
 pub struct Refusal<'a> {
     /// A plain sentence naming what is wrong.
-    detail: String,
+    #[schema(value_type = String)]
+    detail: Detail<'a>,
     /// `duplicate`: the order the buyer already holds.
     #[serde(skip_serializing_if = "Option::is_none")]
     order_sn: Option<&'a OrderSn>,

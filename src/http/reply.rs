@@ -22,8 +22,7 @@ pub fn envelope<T: Serialize>(status: StatusCode, code: &'static str, body: T) -
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             );
-            // For the layers that count answers by code.
-            response.extensions_mut().insert(Code(code));
+            request_id::answered(code);
             response
         }
         Err(e) => {
@@ -56,10 +55,6 @@ fn spliced<T: Serialize>(code: &str, trace_id: &str, body: &T) -> serde_json::Re
     }
     Ok(out)
 }
-
-/// The `code` an answer carries, kept beside it for metrics.
-#[derive(Clone, Copy, Debug)]
-pub struct Code(pub &'static str);
 
 /// `200` with `code` and the body.
 pub fn ok<T: Serialize>(code: &'static str, body: T) -> Response {

@@ -25,6 +25,10 @@ struct Current {
     uri: Uri,
     /// The budget its route took, when not the default (`super::budget`).
     budget: Cell<Option<Duration>>,
+    /// The `code` of its answer, once made (`super::reply::envelope`), for the layers that
+    /// count answers by code. Kept here rather than in the response's extensions: their
+    /// first entry costs a map, a table and a box of the answer's own.
+    code: Cell<Option<&'static str>>,
 }
 
 tokio::task_local! {
@@ -48,6 +52,16 @@ pub fn grant_budget(budget: Duration) {
     let _ = CURRENT.try_with(|c| c.budget.set(Some(budget)));
 }
 
+/// Notes the `code` of the current request's answer (the last one made wins).
+pub fn answered(code: &'static str) {
+    let _ = CURRENT.try_with(|c| c.code.set(Some(code)));
+}
+
+/// The `code` of the current request's answer, once one was made.
+pub fn answer_code() -> Option<&'static str> {
+    CURRENT.try_with(|c| c.code.get()).ok().flatten()
+}
+
 /// The budget the current request's route took, if any.
 pub fn granted_budget() -> Option<Duration> {
     CURRENT.try_with(|c| c.budget.get()).ok().flatten()
@@ -66,6 +80,7 @@ pub async fn serve(request: Request, serve: impl AsyncFnOnce(Request) -> Respons
         method: request.method().clone(),
         uri: request.uri().clone(),
         budget: Cell::new(None),
+        code: Cell::new(None),
     };
     let mut response = CURRENT
         .scope(current, telemetry::in_request(id.clone(), serve(request)))

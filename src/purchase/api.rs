@@ -20,7 +20,7 @@ use crate::breaker::Action;
 use crate::domain::{ItemId, OrderSn};
 use crate::http::error::{ApiError, Refusal};
 use crate::http::extract::{ApiJson, Buyer, ClientTime, Idempotency};
-use crate::http::reply::{Code, envelope};
+use crate::http::reply::envelope;
 use crate::http::request_id;
 use crate::state::AppState;
 
@@ -67,10 +67,7 @@ async fn count_and_shed(
             ApiError::Overloaded.into_response()
         }
     };
-    let code = response
-        .extensions()
-        .get::<Code>()
-        .map_or("unknown", |c| c.0);
+    let code = request_id::answer_code().unwrap_or("unknown");
     state.deps.meters.purchase_answered(code, started.elapsed());
     response
 }

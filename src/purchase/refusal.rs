@@ -18,7 +18,6 @@ pub fn not_sold(not_sold: NotSold, item: &CatalogItem) -> ApiError {
             "your purchase could not be confirmed in time; press again to buy, or to find your order if it went through".into(),
         ),
         NotSold::Redis(e) => ApiError::Redis(e),
-        NotSold::Internal(e) => ApiError::Internal(e),
     }
 }
 

@@ -49,18 +49,11 @@ pub enum NotSold {
     /// still could be (pressing again tells the buyer which).
     Unconfirmed,
     Redis(RedisError),
-    Internal(anyhow::Error),
 }
 
 impl From<RedisError> for NotSold {
     fn from(e: RedisError) -> Self {
         NotSold::Redis(e)
-    }
-}
-
-impl From<serde_json::Error> for NotSold {
-    fn from(e: serde_json::Error) -> Self {
-        NotSold::Internal(e.into())
     }
 }
 
@@ -145,7 +138,7 @@ impl Seller<'_> {
             Err(short) => return Err(self.short_of_replicas(item, user, short).await),
         };
         let order = order_for(item, user, now.timestamp_millis());
-        let order_json = serde_json::to_string(&order)?;
+        let order_json = order.to_json();
         let idempotency = idempotency.as_ref();
         match self
             .run_grab(item, &order, &order_json, idempotency)
@@ -269,7 +262,7 @@ impl Seller<'_> {
         if slot > 0 {
             // As grab.lua stored it: the order's place goes with it to MySQL.
             order.slot = slot;
-            order_json = serde_json::to_string(&order)?;
+            order_json = order.to_json();
         }
         // Not answered, and not handed to the publisher, before the replicas hold it: a
         // failover could otherwise put the unit back on sale while MySQL gets its order.
