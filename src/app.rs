@@ -320,7 +320,7 @@ fn spawn_api_upkeep(
 fn routers(state: &AppState, roles: &HashSet<Role>, admin_apart: bool) -> (Router, Option<Router>) {
     let (health, health_doc) = health::router().split_for_parts();
     let (api, api_doc) = OpenApiRouter::new()
-        .merge(purchase::api::router(state))
+        .merge(purchase::api::router())
         .merge(orders::api::router())
         .merge(items::api::router())
         .merge(crate::draw::api::router())

@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use axum::extract::State;
+use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -28,10 +28,8 @@ use super::refusal::{not_sold, refusal};
 use super::sell::{Seller, bought_with, from_memory};
 
 /// `POST /api/flashbuy`, counted, timed and shed (see [`count_and_shed`]).
-pub fn router(state: &AppState) -> OpenApiRouter<AppState> {
-    let (schemas, paths, method) = routes!(flashbuy);
-    let counted = axum::middleware::from_fn_with_state(state.clone(), count_and_shed);
-    OpenApiRouter::new().routes((schemas, paths, method.layer(counted)))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(flashbuy))
 }
 
 /// A press of "buy".
@@ -50,18 +48,16 @@ struct Queued {
 
 /// Counts and times every purchase answer (the funnel's `started`, and answers by code),
 /// shed ones too: beyond `SECKILL_MAX_INFLIGHT` purchases at once, a purchase is answered
-/// `503 unavailable` at once rather than queued. (One middleware, not tower's load-shed and
-/// concurrency layers: those cost a boxed service clone and a semaphore handle per request.)
-async fn count_and_shed(
-    State(state): State<AppState>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
+/// `503 unavailable` at once rather than queued, before its token is even read. (Called by
+/// the handler rather than layered on its route: a route's middleware cost every purchase
+/// boxed clones of the route and a boxed future, about a twentieth of a sold-out answer's
+/// instructions; tower's load-shed and concurrency layers cost more still.)
+async fn count_and_shed(state: &AppState, answer: impl Future<Output = Response>) -> Response {
     let started = Instant::now();
     state.deps.meters.started.increment(1);
     let response = match state.inflight.try_acquire() {
         // Held until the answer is ready.
-        Ok(_permit) => next.run(request).await,
+        Ok(_permit) => answer.await,
         Err(_) => {
             state.deps.meters.shed.increment(1);
             ApiError::Overloaded.into_response()
@@ -92,13 +88,25 @@ async fn count_and_shed(
         (status = 503, description = "`paused` / `circuit_open` / `shop_closed` / `unavailable`: paused by an operator, a breaker open, the shop closed, a dependency down or the server at its limit; `Retry-After` set", body = Refusal),
     )
 )]
-async fn flashbuy(
-    State(state): State<AppState>,
-    Buyer(user): Buyer,
-    _: ClientTime,
-    Idempotency(key): Idempotency,
-    ApiJson(request): ApiJson<FlashbuyRequest>,
-) -> Result<Response, ApiError> {
+async fn flashbuy(State(state): State<AppState>, request: Request) -> Response {
+    count_and_shed(&state, async {
+        answer(&state, request)
+            .await
+            .unwrap_or_else(IntoResponse::into_response)
+    })
+    .await
+}
+
+/// The purchase behind [`flashbuy`]'s counting: its request read as the extractors read
+/// it (in this order: the buyer and their rates, the client's clock, the key, the body),
+/// then decided.
+async fn answer(state: &AppState, request: Request) -> Result<Response, ApiError> {
+    let (mut parts, body) = request.into_parts();
+    let Buyer(user) = Buyer::from_request_parts(&mut parts, state).await?;
+    ClientTime::from_request_parts(&mut parts, state).await?;
+    let Idempotency(key) = Idempotency::from_request_parts(&mut parts, state).await?;
+    let ApiJson(request) =
+        ApiJson::<FlashbuyRequest>::from_request(Request::from_parts(parts, body), state).await?;
     let item_id = request.item_id;
     // Debug, not info: most requests of a sale are refused from memory, and a log line
     // each cost a quarter of that path's throughput (measured).
@@ -135,7 +143,7 @@ async fn flashbuy(
     // from memory, which logs nothing at info, 13% of its path.)
     request_id::record_user(user, Some(item_id));
     if item.record.draw_at.is_some() {
-        return Box::pin(super::entry::enter(&state, &item, user)).await;
+        return Box::pin(super::entry::enter(state, &item, user)).await;
     }
     // Boxed: the Redis step's future is kilobytes, and every request's future (moved
     // several times through the layers) would otherwise carry it, refused or not.
