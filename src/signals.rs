@@ -133,5 +133,5 @@ impl Signals {
 }
 
 fn now_s() -> u64 {
-    u64::try_from(crate::clock::now().timestamp()).unwrap_or(0)
+    u64::try_from(crate::clock::now_ms().div_euclid(1000)).unwrap_or(0)
 }

@@ -174,7 +174,7 @@ impl<S: Edge> FromRequestParts<S> for ClientTime {
             .ok_or_else(|| {
                 ApiError::bad_request("X-Client-Time is not a number of ms since the epoch")
             })?;
-        let skew_ms = client_ms.saturating_sub(crate::clock::now().timestamp_millis());
+        let skew_ms = client_ms.saturating_sub(crate::clock::now_ms());
         if skew_ms.unsigned_abs() > state.settings().clock_skew_ms {
             return Err(ApiError::ClockSkew {
                 skew_ms,
