@@ -63,13 +63,7 @@ run_wrk_get() { # name url
   awk '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} END {print rps, p99}' "$out/$1.txt"
 }
 
-echo "minting $users user tokens" >&2
-"$bin" token --user 1 --count "$users" --ttl-s 7200 >"$out/tokens.txt"
-
-"$bin" serve --roles api,scheduler >"$out/api.log" 2>&1 &
-api_pid=$!
-pids+=("$api_pid")
-wait_http "$api/healthz"
+tokens_and_api
 on_sale 1 400000
 on_sale 3 "$fill_units"
 

@@ -71,6 +71,18 @@ callgrind_since() {
 }
 
 # Clock ticks (user + system) a process, or one thread, has used: ticks /proc/PID/stat.
+# Mints $users tokens into $out/tokens.txt, then starts `$bin serve --roles api,scheduler`
+# (its log in $out/api.log), adds it to `pids` and waits until it answers: its pid in
+# `api_pid`.
+tokens_and_api() {
+  echo "minting $users user tokens" >&2
+  "$bin" token --user 1 --count "$users" --ttl-s 7200 >"$out/tokens.txt"
+  "$bin" serve --roles api,scheduler >"$out/api.log" 2>&1 &
+  api_pid=$!
+  pids+=("$api_pid")
+  wait_http "$api/healthz"
+}
+
 ticks() { awk '{print $14 + $15}' "$1"; }
 # cpu_us_per_request TICKS REQUESTS: the µs of CPU those ticks were, per request.
 cpu_us_per_request() {

@@ -38,12 +38,7 @@ trap cleanup EXIT
 private_redis "$redis_port" "$out"
 export SECKILL_REDIS_URL=redis://127.0.0.1:$redis_port
 
-echo "minting $users user tokens" >&2
-"$bin" token --user 1 --count "$users" --ttl-s 7200 >"$out/tokens.txt"
-"$bin" serve --roles api,scheduler >"$out/api.log" 2>&1 &
-pid=$!
-pids+=("$pid")
-wait_http "$api/healthz"
+tokens_and_api
 on_sale 3 1
 # The one unit goes to the first press: from then on every answer is `410`.
 THREADS=1 TOKENS="$out/tokens.txt" ITEM=3 MODE=sequential FIRST_USER=0 \
@@ -52,13 +47,13 @@ sleep 1
 
 for round in first again; do
   echo "the sold-out path for 10 s ($round)" >&2
-  t0=$(ticks /proc/"$pid"/stat)
+  t0=$(ticks /proc/"$api_pid"/stat)
   THREADS=2 TOKENS="$out/tokens.txt" ITEM=3 MODE=random \
     wrk -t2 -c64 -d10s --latency -s loadtest/wrk/flashbuy.lua "$api/api/flashbuy" >"$out/$round.txt"
-  t1=$(ticks /proc/"$pid"/stat)
+  t1=$(ticks /proc/"$api_pid"/stat)
   requests=$(awk '/requests in/ {print $1}' "$out/$round.txt")
   rps=$(awk '/Requests\/sec/ {print $2}' "$out/$round.txt")
   printf '%-6s %10s req/s  %6s µs of CPU an answer\n' "$round" "$rps" \
     "$(cpu_us_per_request $((t1 - t0)) "$requests")"
 done
-echo "peak memory (VmHWM): $(awk '/VmHWM/ {print $2}' /proc/"$pid"/status) kB"
+echo "peak memory (VmHWM): $(awk '/VmHWM/ {print $2}' /proc/"$api_pid"/status) kB"

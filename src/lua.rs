@@ -70,8 +70,7 @@ impl Function {
         // Room for a purchase's keys and arguments (the order's JSON among them) from the
         // start: grown from empty, the command's buffer was reallocated five times a call.
         let mut cmd = redis::Cmd::with_capacity(CALL_ARGS, CALL_BYTES);
-        cmd.arg("FCALL");
-        cmd.arg(&self.name).arg(keys);
+        cmd.arg("FCALL").arg(&self.name).arg(keys);
         cmd
     }
 

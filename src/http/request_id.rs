@@ -25,9 +25,9 @@ struct Current {
     uri: Uri,
     /// The budget its route took, when not the default (`super::budget`).
     budget: Cell<Option<Duration>>,
-    /// The `code` of its answer, once made (`super::reply::envelope`), for the layers that
-    /// count answers by code. Kept here rather than in the response's extensions: their
-    /// first entry costs a map, a table and a box of the answer's own.
+    /// The `code` of its answer, once made (`super::reply::envelope`), for what counts
+    /// answers by code (`purchase::api::count_and_shed`). Kept here rather than in the
+    /// response's extensions: their first entry costs a map, a table and a box.
     code: Cell<Option<&'static str>>,
 }
 
