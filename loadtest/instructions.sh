@@ -7,6 +7,7 @@
 # server spends in the same time (its refresh and upkeep loops).
 #
 #   ./loadtest/instructions.sh        (DURATION=15s per path by default)
+#   BIN=/tmp/seckill.before ./loadtest/instructions.sh   (another build of seckill)
 #
 # valgrind has no SHA-NI: the token's HMAC counts for more here than on the real CPU.
 # Uses the machine's services under the namespace and database `seckill_instr`.
@@ -21,6 +22,7 @@ first_users=$((${duration%s} * 4000))
 ./dev/services.sh
 ./dev/tools.sh wrk valgrind
 cargo build --release --locked --bin seckill --example bare 2>&1 | tail -1
+bin=${BIN:-target/release/seckill}
 
 out=loadtest/out/instructions
 rm -rf "$out" && mkdir -p "$out"
@@ -65,11 +67,11 @@ per_request() { # instructions idle requests
 }
 
 echo "minting $users user tokens, and $first_users more that are each sent once" >&2
-target/release/seckill token --user 1 --count "$users" --ttl-s 7200 >"$out/tokens.txt"
-target/release/seckill token --user 1000001 --count "$first_users" --ttl-s 7200 \
+"$bin" token --user 1 --count "$users" --ttl-s 7200 >"$out/tokens.txt"
+"$bin" token --user 1000001 --count "$first_users" --ttl-s 7200 \
   >"$out/first_tokens.txt"
 
-under_callgrind seckill target/release/seckill serve --roles api
+under_callgrind seckill "$bin" serve --roles api
 seckill_pid=${pids[-1]}
 wait_http "$api/healthz"
 # Under valgrind the server's first admin calls may take longer than the one-second

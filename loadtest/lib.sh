@@ -70,7 +70,6 @@ callgrind_since() {
   callgrind_control -z "$callgrind_pid" >/dev/null 2>&1
 }
 
-# Clock ticks (user + system) a process, or one thread, has used: ticks /proc/PID/stat.
 # Mints $users tokens into $out/tokens.txt, then starts `$bin serve --roles api,scheduler`
 # (its log in $out/api.log), adds it to `pids` and waits until it answers: its pid in
 # `api_pid`.
@@ -83,6 +82,7 @@ tokens_and_api() {
   wait_http "$api/healthz"
 }
 
+# Clock ticks (user + system) a process, or one thread, has used: ticks /proc/PID/stat.
 ticks() { awk '{print $14 + $15}' "$1"; }
 # cpu_us_per_request TICKS REQUESTS: the µs of CPU those ticks were, per request.
 cpu_us_per_request() {

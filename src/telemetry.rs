@@ -178,14 +178,15 @@ impl RequestFields {
     }
 }
 
-/// Runs `serving` as the request `trace_id`: every line it logs names the request.
-pub async fn in_request<F: Future>(trace_id: Arc<str>, serving: F) -> F::Output {
+/// Runs `serving` as the request `trace_id`: every line it logs names the request. (Not
+/// an `async fn`, which would keep `serving` twice: see `http::request_id::serve`.)
+pub fn in_request<F: Future>(trace_id: Arc<str>, serving: F) -> impl Future<Output = F::Output> {
     let fields = RequestFields {
         trace_id,
         user_id: Cell::new(None),
         item_id: Cell::new(None),
     };
-    REQUEST.scope(fields, serving).await
+    REQUEST.scope(fields, serving)
 }
 
 /// The id of the request this task serves, if it serves one.

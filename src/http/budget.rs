@@ -4,11 +4,15 @@
 //! A route registered without it gets the second.
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::Request;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
 use utoipa_axum::router::{UtoipaMethodRouter, UtoipaMethodRouterExt};
 
 use super::error::ApiError;
@@ -32,22 +36,55 @@ async fn grant_bulk(request: Request, next: Next) -> Response {
     next.run(request).await
 }
 
+pin_project! {
+    /// `run`'s answer, or `503 unavailable` once the request's budget is spent (see
+    /// [`within`]).
+    pub struct Within<F> {
+        #[pin]
+        run: F,
+        #[pin]
+        deadline: Sleep,
+        started: Instant,
+        // Whether the route's own budget was asked for (once, when the second ran out).
+        asked: bool,
+    }
+}
+
 /// `run`'s answer, or `503 unavailable` once the request's budget is spent. The edge
 /// starts waiting before the route is known (one middleware for every request, not one per
 /// route: each costs a boxed service clone); a route that takes a longer budget extends
-/// the wait.
-pub async fn within(run: impl Future<Output = Response>) -> Response {
-    let started = tokio::time::Instant::now();
-    let mut run = std::pin::pin!(run);
-    if let Ok(response) = tokio::time::timeout_at(started + REQUEST, &mut run).await {
-        return response;
+/// the wait. A future of its own rather than an `async fn`: one of those keeps `run` twice
+/// (as it was given and as it is polled), and every request's future, moved on its way
+/// through the layers, carried both copies.
+pub fn within<F: Future<Output = Response>>(run: F) -> Within<F> {
+    let started = Instant::now();
+    Within {
+        run,
+        deadline: tokio::time::sleep_until(started + REQUEST),
+        started,
+        asked: false,
     }
-    // Asked only now: the common answer, well within the second, never reads it.
-    match request_id::granted_budget() {
-        Some(granted) if granted > REQUEST => tokio::time::timeout_at(started + granted, run)
-            .await
-            .unwrap_or_else(|_| ApiError::Timeout.into_response()),
-        _ => ApiError::Timeout.into_response(),
+}
+
+impl<F: Future<Output = Response>> Future for Within<F> {
+    type Output = Response;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response> {
+        let mut this = self.project();
+        if let Poll::Ready(response) = this.run.poll(cx) {
+            return Poll::Ready(response);
+        }
+        while this.deadline.as_mut().poll(cx).is_ready() {
+            // Asked only now: the common answer, well within the second, never reads it.
+            match request_id::granted_budget() {
+                Some(granted) if granted > REQUEST && !*this.asked => {
+                    *this.asked = true;
+                    this.deadline.as_mut().reset(*this.started + granted);
+                }
+                _ => return Poll::Ready(ApiError::Timeout.into_response()),
+            }
+        }
+        Poll::Pending
     }
 }
 
@@ -65,15 +102,14 @@ mod tests {
     /// A request whose route takes `took` to answer, granting `grant` first.
     async fn answered(grant: Option<Duration>, took: Duration) -> StatusCode {
         let request = Request::new(Body::empty());
-        let response = request_id::serve(request, async |_| {
-            within(async {
+        let response = request_id::serve(request, |_| {
+            within(async move {
                 if let Some(budget) = grant {
                     request_id::grant_budget(budget);
                 }
                 tokio::time::sleep(took).await;
                 StatusCode::OK.into_response()
             })
-            .await
         })
         .await;
         response.status()

@@ -50,10 +50,7 @@ pub fn finish<S: Clone + Send + Sync + 'static>(routes: Router<S>, state: S) -> 
 }
 
 /// Every request: its id and span (see [`request_id`]), within its time budget (see
-/// [`budget`]).
-async fn edge(request: Request, next: Next) -> Response {
-    request_id::serve(request, async move |request| {
-        budget::within(next.run(request)).await
-    })
-    .await
+/// [`budget`]). Built of futures that hold what they run once (no `async` here).
+fn edge(request: Request, next: Next) -> impl Future<Output = Response> {
+    request_id::serve(request, |request| budget::within(next.run(request)))
 }

@@ -27,7 +27,7 @@ use crate::state::AppState;
 use super::refusal::{not_sold, refusal};
 use super::sell::{Seller, bought_with, from_memory};
 
-/// `POST /api/flashbuy`, counted, timed and shed (see [`count_and_shed`]).
+/// `POST /api/flashbuy`, counted, timed and shed (see [`Counted`]).
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(flashbuy))
 }
@@ -47,25 +47,36 @@ struct Queued {
 }
 
 /// Counts and times every purchase answer (the funnel's `started`, and answers by code),
-/// shed ones too: beyond `SECKILL_MAX_INFLIGHT` purchases at once, a purchase is answered
-/// `503 unavailable` at once rather than queued, before its token is even read. (Called by
-/// the handler rather than layered on its route: a route's middleware cost every purchase
-/// boxed clones of the route and a boxed future, about a twentieth of a sold-out answer's
-/// instructions; tower's load-shed and concurrency layers cost more still.)
-async fn count_and_shed(state: &AppState, answer: impl Future<Output = Response>) -> Response {
-    let started = Instant::now();
-    state.deps.meters.started.increment(1);
-    let response = match state.inflight.try_acquire() {
-        // Held until the answer is ready.
-        Ok(_permit) => answer.await,
-        Err(_) => {
-            state.deps.meters.shed.increment(1);
-            ApiError::Overloaded.into_response()
+/// shed ones too. (Counted in the handler rather than by a layer on its route: a route's
+/// middleware cost every purchase boxed clones of the route and a boxed future, about a
+/// twentieth of a sold-out answer's instructions; tower's load-shed and concurrency layers
+/// cost more still.)
+struct Counted<'a> {
+    state: &'a AppState,
+    started: Instant,
+}
+
+impl<'a> Counted<'a> {
+    fn start(state: &'a AppState) -> Self {
+        state.deps.meters.started.increment(1);
+        Self {
+            state,
+            started: Instant::now(),
         }
-    };
-    let code = request_id::answer_code().unwrap_or("unknown");
-    state.deps.meters.purchase_answered(code, started.elapsed());
-    response
+    }
+
+    /// Beyond `SECKILL_MAX_INFLIGHT` purchases at once, a purchase is answered `503
+    /// unavailable` at once rather than queued, before its token is even read.
+    fn shed(&self) -> Response {
+        self.state.deps.meters.shed.increment(1);
+        ApiError::Overloaded.into_response()
+    }
+
+    fn answered(self, response: Response) -> Response {
+        let code = request_id::answer_code().unwrap_or("unknown");
+        (self.state.deps.meters).purchase_answered(code, self.started.elapsed());
+        response
+    }
 }
 
 /// Buy one unit: the first `total` buyers win, each at most one unit of an item.
@@ -89,12 +100,17 @@ async fn count_and_shed(state: &AppState, answer: impl Future<Output = Response>
     )
 )]
 async fn flashbuy(State(state): State<AppState>, request: Request) -> Response {
-    count_and_shed(&state, async {
-        answer(&state, request)
+    // Written out rather than wrapped around a future handed in: an `async fn` given a
+    // future keeps it twice, and this one's future is moved on its way through the layers.
+    let counted = Counted::start(&state);
+    let response = match state.inflight.try_acquire() {
+        // Held until the answer is ready.
+        Ok(_permit) => answer(&state, request)
             .await
-            .unwrap_or_else(IntoResponse::into_response)
-    })
-    .await
+            .unwrap_or_else(IntoResponse::into_response),
+        Err(_) => counted.shed(),
+    };
+    counted.answered(response)
 }
 
 /// The purchase behind [`flashbuy`]'s counting: its request read as the extractors read
@@ -123,9 +139,16 @@ async fn answer(state: &AppState, request: Request) -> Result<Response, ApiError
         .ok_or(ApiError::ItemNotFound)?;
     if let Some(refused) = from_memory(&item, now) {
         // A retry whose key bought a unit hears its 202 again, sold out or not.
+        // Boxed, as the rare case it is: inline, its future doubled every purchase's.
         if let Some(key) = &key
-            && let Some(order_sn) =
-                bought_with(&state.deps.redis, &state.deps.keys, &item, user, key).await
+            && let Some(order_sn) = Box::pin(bought_with(
+                &state.deps.redis,
+                &state.deps.keys,
+                &item,
+                user,
+                key,
+            ))
+            .await
         {
             return Ok(queued(order_sn, item_id));
         }
