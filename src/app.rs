@@ -11,6 +11,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tower::util::MapResponseLayer;
 use utoipa_axum::router::OpenApiRouter;
 
 use crate::auth::Jwt;
@@ -381,11 +382,11 @@ async fn serve(
     router: Router,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown.cancelled_owned())
-    .await
-    .context("HTTP server failed")
+    let make = router.into_make_service_with_connect_info::<SocketAddr>();
+    // Each connection's service with the edge around it.
+    let edged = tower::Layer::layer(&MapResponseLayer::new(http::EdgeService::around), make);
+    axum::serve(listener, edged)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+        .context("HTTP server failed")
 }

@@ -150,7 +150,7 @@ where
 /// its fields as JSON, recording the buyer into it, entering it at every poll and closing
 /// it cost every request — logged or not, and most are not — a tenth of the sold-out
 /// path's instructions. Kept in a task-local, they cost a line only when it is written.
-struct RequestFields {
+pub struct RequestFields {
     trace_id: Arc<str>,
     user_id: Cell<Option<u64>>,
     item_id: Cell<Option<u64>>,
@@ -159,6 +159,9 @@ struct RequestFields {
 tokio::task_local! {
     static REQUEST: RequestFields;
 }
+
+/// A future run by [`in_request`].
+pub type InRequest<F> = tokio::task::futures::TaskLocalFuture<RequestFields, F>;
 
 impl RequestFields {
     /// As the span they replace was written: `,"span":{…,"name":"request"}`.
@@ -180,7 +183,7 @@ impl RequestFields {
 
 /// Runs `serving` as the request `trace_id`: every line it logs names the request. (Not
 /// an `async fn`, which would keep `serving` twice: see `http::request_id::serve`.)
-pub fn in_request<F: Future>(trace_id: Arc<str>, serving: F) -> impl Future<Output = F::Output> {
+pub fn in_request<F: Future>(trace_id: Arc<str>, serving: F) -> InRequest<F> {
     let fields = RequestFields {
         trace_id,
         user_id: Cell::new(None),

@@ -6,22 +6,25 @@
 //! the edge, add method and path themselves.
 
 use std::cell::Cell;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, Method, Uri};
 use axum::response::Response;
-use futures::FutureExt;
+use pin_project_lite::pin_project;
+use tokio::task::futures::TaskLocalFuture;
 
 use crate::domain::{ItemId, UserId};
-use crate::telemetry;
+use crate::telemetry::{self, InRequest};
 
 pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The request this task is serving (set by [`serve`]; its id is the log lines'
 /// `telemetry::in_request`).
-struct Current {
+pub struct Current {
     method: Method,
     uri: Uri,
     /// The budget its route took, when not the default (`super::budget`).
@@ -72,11 +75,11 @@ pub fn granted_budget() -> Option<Duration> {
 /// the answer's `X-Request-Id`. Not an `async fn`, and `serve` not an async closure: each
 /// would keep the future it is given twice, and every request's future, moved on its way
 /// through the layers, would carry the copies (their moves were a twentieth of a purchase's
-/// CPU, measured with `perf`).
+/// CPU, measured with `perf`); and a type of its own, so that the edge can name it.
 pub fn serve<F: Future<Output = Response>>(
     request: Request,
     serve: impl FnOnce(Request) -> F,
-) -> impl Future<Output = Response> {
+) -> Served<F> {
     let id = request
         .headers()
         .get(&X_REQUEST_ID)
@@ -89,15 +92,33 @@ pub fn serve<F: Future<Output = Response>>(
         budget: Cell::new(None),
         code: Cell::new(None),
     };
-    let header = HeaderValue::from_str(&id).ok();
-    CURRENT
-        .scope(current, telemetry::in_request(id, serve(request)))
-        .map(|mut response| {
-            if let Some(value) = header {
-                response.headers_mut().insert(X_REQUEST_ID.clone(), value);
-            }
-            response
-        })
+    Served {
+        header: HeaderValue::from_str(&id).ok(),
+        serving: CURRENT.scope(current, telemetry::in_request(id, serve(request))),
+    }
+}
+
+pin_project! {
+    /// A request served by [`serve`].
+    pub struct Served<F> {
+        #[pin]
+        serving: TaskLocalFuture<Current, InRequest<F>>,
+        // The `X-Request-Id` the answer gets.
+        header: Option<HeaderValue>,
+    }
+}
+
+impl<F: Future<Output = Response>> Future for Served<F> {
+    type Output = Response;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Response> {
+        let this = self.project();
+        let mut response = ready!(this.serving.poll(cx));
+        if let Some(value) = this.header.take() {
+            response.headers_mut().insert(X_REQUEST_ID.clone(), value);
+        }
+        Poll::Ready(response)
+    }
 }
 
 /// A new ULID, encoded on the stack and allocated once.
