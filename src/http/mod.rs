@@ -10,11 +10,11 @@ pub mod rate_limit;
 pub mod reply;
 pub mod request_id;
 
-use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request};
 use std::convert::Infallible;
 use std::task::{Context, Poll};
 
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request};
 use axum::response::Response;
 use futures::FutureExt;
 use futures::future::Map;

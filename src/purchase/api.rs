@@ -74,7 +74,10 @@ impl<'a> Counted<'a> {
 
     fn answered(self, response: Response) -> Response {
         let code = request_id::answer_code().unwrap_or("unknown");
-        (self.state.deps.meters).purchase_answered(code, self.started.elapsed());
+        self.state
+            .deps
+            .meters
+            .purchase_answered(code, self.started.elapsed());
         response
     }
 }
