@@ -355,9 +355,9 @@ async fn worker_host_cut_off_from_mysql_mid_drain(fleet: &mut Fleet, after: u64)
         hosts.cut("worker1", &MYSQL);
         hosts.cut("worker2", &MYSQL);
         let began = Instant::now();
-        let written = env.orders(1).await.len();
+        let written = env.order_count(1).await;
         assert!(
-            written < UNITS as usize,
+            written < u64::from(UNITS),
             "drained before the cut ({written})"
         );
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -614,9 +614,9 @@ async fn galera_node_lost(fleet: &mut Fleet, after: u64, killed: bool) {
             hosts.cut(MYSQL[0], &MYSQL[1..]);
         }
         let began = Instant::now();
-        let written = rows_patiently(&env, 1).await;
+        let written = env.order_count(1).await;
         assert!(
-            written < UNITS as usize,
+            written < u64::from(UNITS),
             "drained before the fault ({written})"
         );
         began
@@ -685,8 +685,8 @@ async fn rabbit_node_cut_off(fleet: &mut Fleet, after: u64) {
 /// mid-drain fault strikes.
 async fn written_at_least(env: &TestEnv, rows: u64) {
     eventually(Duration::from_secs(60), "orders being written", || async {
-        let written = rows_patiently(env, 1).await;
-        if written >= rows as usize {
+        let written = env.order_count(1).await;
+        if written >= rows {
             Ok(())
         } else {
             Err(format!("{written}"))

@@ -103,7 +103,7 @@ async fn sale_with_fault(
         let mut at_fault = 0;
         let began = mid_burst(&answered, 600, async {
             eventually(Duration::from_secs(30), "orders being written", || async {
-                let written = rows_patiently(env, 1).await;
+                let written = env.order_count(1).await;
                 if written >= 100 {
                     Ok(())
                 } else {
@@ -114,12 +114,12 @@ async fn sale_with_fault(
             // Counted as the fault strikes, not once it is confirmed: the writers may
             // well finish on another node while a cut-off one is still deciding it is
             // out of the primary component (that is the failover working).
-            at_fault = rows_patiently(env, 1).await;
+            at_fault = env.order_count(1).await;
             fault.await;
         })
         .await;
         assert!(
-            at_fault < UNITS as usize,
+            at_fault < u64::from(UNITS),
             "the drain finished before the fault ({at_fault})"
         );
         began

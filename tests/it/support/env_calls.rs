@@ -13,7 +13,7 @@ use seckill::testing::invariants::{self, InRedis, Orders, Outcome};
 
 use super::env::{ADMIN_TOKEN, TestEnv};
 use super::server::{TestServer, buy};
-use super::wait::eventually;
+use super::wait::{eventually, read_patiently};
 
 impl TestEnv {
     pub fn token(&self, user: u64) -> String {
@@ -191,20 +191,22 @@ impl TestEnv {
 
     /// Orders in MySQL for an item.
     pub async fn orders(&self, item: u64) -> Vec<(String, u64, String)> {
-        sqlx::query_as("SELECT order_sn, user_id, status FROM orders WHERE item_id = ?")
-            .bind(item)
-            .fetch_all(&self.db)
-            .await
-            .unwrap()
+        read_patiently("the orders of an item", || {
+            sqlx::query_as("SELECT order_sn, user_id, status FROM orders WHERE item_id = ?")
+                .bind(item)
+                .fetch_all(&self.db)
+        })
+        .await
     }
 
     /// How many orders MySQL has for an item (one round trip, however many there are).
     pub async fn order_count(&self, item: u64) -> u64 {
-        let (count,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM orders WHERE item_id = ?")
-            .bind(item)
-            .fetch_one(&self.db)
-            .await
-            .unwrap();
+        let (count,): (i64,) = read_patiently("a count of the orders", || {
+            sqlx::query_as("SELECT COUNT(*) FROM orders WHERE item_id = ?")
+                .bind(item)
+                .fetch_one(&self.db)
+        })
+        .await;
         count as u64
     }
 
@@ -259,11 +261,12 @@ impl TestEnv {
     /// `answered` the order numbers of every `202` seen.
     pub async fn order_facts(&self, item: u64, total: u32, answered: &[String]) -> Orders {
         let rows = self.orders(item).await;
-        let (per_user,): (u8,) = sqlx::query_as("SELECT per_user FROM items WHERE id = ?")
-            .bind(item)
-            .fetch_one(&self.db)
-            .await
-            .unwrap();
+        let (per_user,): (u8,) = read_patiently("the item's per_user", || {
+            sqlx::query_as("SELECT per_user FROM items WHERE id = ?")
+                .bind(item)
+                .fetch_one(&self.db)
+        })
+        .await;
         let rows = rows.iter().map(|(sn, user, status)| {
             let status = OrderStatus::try_from(status.clone()).expect("an order status");
             (sn.as_str(), *user, status)

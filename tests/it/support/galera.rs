@@ -289,24 +289,3 @@ impl Drop for PrivateGalera {
         }
     }
 }
-
-/// The orders of `item` in MySQL, asked again while the node the environment reads
-/// through is the one just lost (its pool moves within a second, as the server's does) and
-/// while the others wait to evict it (seconds: commits wait for every node of the
-/// component). Each try is given up after two seconds, as the server gives up its own: a
-/// read sent to a node just cut off from its cluster waits for the cluster (then answers
-/// 1205 after Galera's 30 s `causal_read_timeout`), even once the node knows it is alone.
-pub async fn rows_patiently(env: &super::TestEnv, item: u64) -> usize {
-    eventually(Duration::from_secs(30), "a count of the orders", || async {
-        let count = sqlx::query_as("SELECT COUNT(*) FROM orders WHERE item_id = ?")
-            .bind(item)
-            .fetch_one(&env.db);
-        match tokio::time::timeout(Duration::from_secs(2), count).await {
-            Ok(counted) => counted
-                .map(|(rows,): (i64,)| rows as usize)
-                .map_err(|e| e.to_string()),
-            Err(_) => Err("no answer within 2 s".to_owned()),
-        }
-    })
-    .await
-}
