@@ -23,11 +23,11 @@ where
 }
 
 /// A read of the test's own database, asked again until it answers (up to a minute and a
-/// half), each try given up after two seconds, as the server gives up its own. The checker reads MySQL as the server
-/// does, through the same pool: on a Galera cluster a read sent to a node just cut off
-/// waits for its cluster and answers 1205 only after Galera's 30 s `causal_read_timeout`,
-/// and the pool moves to another node within a second; one such answer is not what MySQL
-/// holds.
+/// half), each try given up after two seconds, as the server gives up its own. The checker
+/// reads MySQL through the server's own pool: on a Galera cluster a read sent to a node
+/// just cut off waits for its cluster, even once the node knows it is alone, and answers
+/// 1205 only after Galera's 30 s `causal_read_timeout`, while the pool moves to another
+/// node within a second; one such answer is not what MySQL holds.
 pub async fn read_patiently<T, F, Fut>(what: &str, read: F) -> T
 where
     F: Fn() -> Fut,
