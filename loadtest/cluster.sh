@@ -11,6 +11,12 @@
 # model can say how many shards a sale of N presses/s needs.
 #
 #   ./loadtest/cluster.sh          (DURATION=10s CONNECTIONS=64 by default)
+#   MODE=sequential USERS=500000 ./loadtest/cluster.sh
+#                                  every request a buyer's first press (a win each), so every
+#                                  WAIT run's request waits for its replicas
+#
+# A second table splits each run's CPU a request between the API server, the masters, the
+# replicas and the whole machine (wrk and the kernel's share included), from /proc.
 #
 # Everything shares this machine's cores: the absolute rates are this VM's; the Redis
 # cost per grab and its spread over the masters are what carry over.
@@ -20,8 +26,10 @@ cd "$(dirname "$0")/.."
 
 duration=${DURATION:-10s}
 connections=${CONNECTIONS:-64}
-units=400000
-users=200000
+users=${USERS:-200000}
+# Random buyers (wins, then more and more duplicates) or each buyer once (wins only).
+mode=${MODE:-random}
+units=$((users > 400000 ? users : 400000))
 ports=(7000 7001 7002 7003 7004 7005)
 
 ./dev/services.sh
@@ -66,6 +74,19 @@ serve() { # wait replicas
   server_pid=$!
   wait_http "$api/healthz"
 }
+# Busy clock ticks: of the whole machine (user, nice, system, irq, softirq), and of every
+# process a run's CPU is split between: "api", "master" or "replica" and its ticks, a line
+# each.
+machine_ticks() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
+process_ticks() {
+  echo "api $(ticks "/proc/$server_pid/stat")"
+  for p in "${ports[@]}"; do
+    local role pid
+    role=$(redis-cli -p "$p" role | head -1)
+    pid=$(redis-cli -p "$p" info server | tr -d '\r' | awk -F: '/^process_id:/ {print $2}')
+    echo "${role/slave/replica} $(ticks "/proc/$pid/stat")"
+  done
+}
 # Sums over the masters: script calls (EVALSHA and FCALL), their µs, and the servers' CPU
 # seconds; and the busiest master's share of the script time.
 redis_cost() {
@@ -88,6 +109,7 @@ start=$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)
 end=$(date -u -d '+1 day' +%Y-%m-%dT%H:%M:%SZ)
 
 rows=()
+cpu_rows=()
 declare -A rps_sum p99_sum
 # wrk's latencies (`850.00us`, `14.92ms`, `1.02s`) in ms.
 ms() { awk -v v="$1" 'BEGIN { n = v + 0; if (v ~ /us$/) n /= 1000; else if (v ~ /[0-9]s$/) n *= 1000; print n }'; }
@@ -98,9 +120,22 @@ run() { # item buckets wait
   sleep 1
   read -r c0 u0 cpu0 _ < <(redis_cost)
   for p in $(masters); do redis-cli -p "$p" config resetstat >/dev/null; done
-  THREADS=2 TOKENS="$out/tokens.txt" ITEM=$item MODE=random wrk -t2 -c"$connections" -d"$duration" --latency \
+  process_ticks >"$out/cluster-ticks-before.txt"
+  local machine0
+  machine0=$(machine_ticks)
+  THREADS=2 TOKENS="$out/tokens.txt" ITEM=$item MODE=$mode wrk -t2 -c"$connections" -d"$duration" --latency \
     -s loadtest/wrk/flashbuy.lua "$api/api/flashbuy" >"$out/cluster-k$buckets-w$3.txt"
+  local machine1
+  machine1=$(machine_ticks)
+  process_ticks >"$out/cluster-ticks-after.txt"
   read -r calls usec cpu1 top < <(redis_cost)
+  local requests split
+  requests=$(awk '/requests in/ {print $1}' "$out/cluster-k$buckets-w$3.txt")
+  # µs a request per role (processes of one role summed), then the machine's.
+  split=$(paste "$out/cluster-ticks-before.txt" "$out/cluster-ticks-after.txt" |
+    awk -v n="$requests" -v hz="$(getconf CLK_TCK)" '{t[$1] += $4 - $2}
+      END {printf "%.1f | %.1f | %.1f", t["api"] * 1e6 / hz / n, t["master"] * 1e6 / hz / n, t["replica"] * 1e6 / hz / n}')
+  cpu_rows+=("| $buckets | $3 | $split | $(cpu_us_per_request "$((machine1 - machine0))" "$requests") |")
   local rps p99
   rps=$(awk '/Requests\/sec/ {print $2}' "$out/cluster-k$buckets-w$3.txt")
   p99=$(awk '/^ +99%/ {print $2}' "$out/cluster-k$buckets-w$3.txt")
@@ -135,11 +170,17 @@ run 8 8 0
 
 cat <<REPORT
 
-seckill on a local Redis Cluster (3 masters + 3 replicas) — $(nproc) cores, $(date -u +%Y-%m-%d), wrk -t2 -c$connections -d$duration, all on this machine
+seckill on a local Redis Cluster (3 masters + 3 replicas) — $(nproc) cores, $(date -u +%Y-%m-%d), wrk -t2 -c$connections -d$duration, buyers $mode out of $users, all on this machine
 
 | buckets | WAIT | req/s | p99 | script calls | µs per call | Redis CPU µs per grab | busiest master |
 |---------|------|-------|-----|---------------|----------------|-----------------------|----------------|
 $(printf '%s\n' "${rows[@]}")
+
+CPU µs a request (buyers: $mode), per role and for the whole machine (wrk and the kernel included):
+
+| buckets | WAIT | API server | masters | replicas | machine |
+|---------|------|------------|---------|----------|---------|
+$(printf '%s\n' "${cpu_rows[@]}")
 
 WAIT 1 on one bucket, against no WAIT (two runs each): $(echo "scale=2; ${rps_sum[1]} / ${rps_sum[0]}" | bc) of the throughput, p99 $(echo "scale=2; ${p99_sum[1]} / ${p99_sum[0]}" | bc)×; $waits
 REPORT
