@@ -13,7 +13,7 @@
 
 use redis::AsyncCommands;
 
-use crate::domain::{BucketId, OrderPlaced, OrderSn, UserId};
+use crate::domain::{BucketId, UserId};
 use crate::items::repo::Item;
 use crate::items::transfer::{self, Lending};
 use crate::keys::{ItemKeys, Keys};
@@ -150,14 +150,7 @@ async fn give(
 ) -> Result<Given, RedisError> {
     let home = &buckets[usize::from(item_home(item, user).index).min(buckets.len() - 1)];
     let now = crate::clock::now().timestamp_millis();
-    let order = OrderPlaced {
-        order_sn: OrderSn::generate(home.bucket, item.split()),
-        item_id: item.id,
-        user_id: user,
-        created_at_ms: now,
-        pay_deadline_ms: now + i64::from(item.pay_timeout_s) * 1000,
-        slot: 0,
-    };
+    let order = item.order_for(home.bucket, user, now);
     let json = order.to_json();
     loop {
         let (outcome, _): (String, String) = redis_timed(

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::QueryBuilder;
 
-use crate::domain::{BucketId, ItemId};
+use crate::domain::{BucketId, ItemId, OrderPlaced, OrderSn, UserId};
 use crate::store::{Db, DbError, mysql_begin, mysql_timed, retrying_deadlocks};
 
 use super::waves::Waves;
@@ -59,6 +59,19 @@ impl Item {
     /// Whether the item is split over several buckets.
     pub fn split(&self) -> bool {
         self.buckets > 1
+    }
+
+    /// A fresh order of this item for `user`, won in `bucket` at `now_ms`: a new order
+    /// number, the pay deadline the item gives, no slot yet (`grab.lua` says which it holds).
+    pub fn order_for(&self, bucket: BucketId, user: UserId, now_ms: i64) -> OrderPlaced {
+        OrderPlaced {
+            order_sn: OrderSn::generate(bucket, self.split()),
+            item_id: self.id,
+            user_id: user,
+            created_at_ms: now_ms,
+            pay_deadline_ms: now_ms + i64::from(self.pay_timeout_s) * 1000,
+            slot: 0,
+        }
     }
 
     /// Whether buyers can buy now by the record (window open, not paused).

@@ -82,19 +82,6 @@ pub fn from_memory(item: &CatalogItem, now: chrono::DateTime<Utc>) -> Option<Gra
     }
 }
 
-/// The order the buyer gets if they win: numbered in their home bucket, where every
-/// purchase of theirs goes ("one per user" is decided there).
-fn order_for(item: &CatalogItem, user: UserId, now_ms: i64) -> OrderPlaced {
-    OrderPlaced {
-        order_sn: OrderSn::generate(item.home(user).bucket, item.record.split()),
-        item_id: item.record.id,
-        user_id: user,
-        created_at_ms: now_ms,
-        pay_deadline_ms: now_ms + i64::from(item.record.pay_timeout_s) * 1000,
-        slot: 0,
-    }
-}
-
 /// The order a buyer's `Idempotency-Key` bought, if it did (`None` too when Redis cannot
 /// say: the refusal memory gave stands).
 pub async fn bought_with(
@@ -137,7 +124,11 @@ impl Seller<'_> {
             Ok(replication) => replication,
             Err(short) => return Err(self.short_of_replicas(item, user, short).await),
         };
-        let order = order_for(item, user, now.timestamp_millis());
+        // Numbered in the buyer's home bucket, where every purchase of theirs goes ("one per
+        // user" is decided there).
+        let order = item
+            .record
+            .order_for(item.home(user).bucket, user, now.timestamp_millis());
         let order_json = order.to_json();
         let idempotency = idempotency.as_ref();
         match self
