@@ -129,13 +129,13 @@ run() { # item buckets wait
   machine1=$(machine_ticks)
   process_ticks >"$out/cluster-ticks-after.txt"
   read -r calls usec cpu1 top < <(redis_cost)
-  local requests split
+  local requests api_ticks master_ticks replica_ticks
   requests=$(awk '/requests in/ {print $1}' "$out/cluster-k$buckets-w$3.txt")
-  # µs a request per role (processes of one role summed), then the machine's.
-  split=$(paste "$out/cluster-ticks-before.txt" "$out/cluster-ticks-after.txt" |
-    awk -v n="$requests" -v hz="$(getconf CLK_TCK)" '{t[$1] += $4 - $2}
-      END {printf "%.1f | %.1f | %.1f", t["api"] * 1e6 / hz / n, t["master"] * 1e6 / hz / n, t["replica"] * 1e6 / hz / n}')
-  cpu_rows+=("| $buckets | $3 | $split | $(cpu_us_per_request "$((machine1 - machine0))" "$requests") |")
+  # Ticks per role (processes of one role summed), then µs a request of each and the machine's.
+  read -r api_ticks master_ticks replica_ticks < <(
+    paste "$out/cluster-ticks-before.txt" "$out/cluster-ticks-after.txt" |
+      awk '{t[$1] += $4 - $2} END {print t["api"] + 0, t["master"] + 0, t["replica"] + 0}')
+  cpu_rows+=("| $buckets | $3 | $(cpu_us_per_request "$api_ticks" "$requests") | $(cpu_us_per_request "$master_ticks" "$requests") | $(cpu_us_per_request "$replica_ticks" "$requests") | $(cpu_us_per_request "$((machine1 - machine0))" "$requests") |")
   local rps p99
   rps=$(awk '/Requests\/sec/ {print $2}' "$out/cluster-k$buckets-w$3.txt")
   p99=$(awk '/^ +99%/ {print $2}' "$out/cluster-k$buckets-w$3.txt")
