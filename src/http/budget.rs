@@ -53,9 +53,9 @@ pin_project! {
 /// `run`'s answer, or `503 unavailable` once the request's budget is spent. The edge
 /// starts waiting before the route is known (it goes around the whole router, not a layer
 /// on each route: each layer costs a boxed service clone); a route that takes a longer
-/// budget extends the wait. A future of its own rather than an `async fn`: one of those keeps `run` twice
-/// (as it was given and as it is polled), and every request's future, moved on its way
-/// through the layers, carried both copies.
+/// budget extends the wait. A future of its own rather than an `async fn`: one of those
+/// keeps `run` twice (as it was given and as it is polled), and every request's future,
+/// moved on its way through the layers, carried both copies.
 pub fn within<F: Future<Output = Response>>(run: F) -> Within<F> {
     let started = Instant::now();
     Within {

@@ -62,7 +62,8 @@ impl Item {
     }
 
     /// A fresh order of this item for `user`, won in `bucket` at `now_ms`: a new order
-    /// number, the pay deadline the item gives, no slot yet (`grab.lua` says which it holds).
+    /// number, the pay deadline the item gives, no slot yet (`grab.lua` says which it
+    /// holds).
     pub fn order_for(&self, bucket: BucketId, user: UserId, now_ms: i64) -> OrderPlaced {
         OrderPlaced {
             order_sn: OrderSn::generate(bucket, self.split()),
