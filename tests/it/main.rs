@@ -16,6 +16,7 @@ mod edge;
 mod faults;
 mod fleet;
 mod galera;
+mod generated;
 mod history;
 mod layout;
 mod lifecycle;

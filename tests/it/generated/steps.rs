@@ -1,0 +1,572 @@
+//! Each step of a history run for real against the world, and judged as it comes: a press
+//! by the oracle, an operator's change by what the contract says it may do to the sale as
+//! it stands, a quiescent moment by the stock.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+
+use super::model::{Change, Op};
+use super::oracle::{Answer, Sale};
+use super::world::{ITEM, World, answer};
+
+impl World {
+    /// Runs step number `i` of the history.
+    pub fn step(&mut self, i: usize, op: &Op) {
+        let outcome = match op {
+            Op::Press {
+                user,
+                key,
+                pair,
+                api,
+            } => self.press(i, u64::from(*user), *key, *pair, *api),
+            Op::Cancel { user } => self.end_order(i, u64::from(*user), "cancel"),
+            Op::Pay { user } => self.end_order(i, u64::from(*user), "pay"),
+            Op::Read { user } => self.read(i, u64::from(*user)),
+            Op::Put(change) => self.put(i, change),
+            Op::Pause => self.pause(i, true),
+            Op::Resume => self.pause(i, false),
+            Op::Warmup { force } => self.warmup(i, *force),
+            Op::Reconcile => {
+                let path = format!("/admin/items/{ITEM}/reconcile");
+                let (status, code, _) = self.block_on(self.admin(reqwest::Method::POST, &path));
+                if status != 200 {
+                    self.oracle
+                        .violation(i, format!("reconcile answered {status} {code}"));
+                }
+                format!("{status} {code}")
+            }
+            Op::Circuit(level) => self.circuit(i, *level),
+            Op::KillApi(api) => {
+                self.kill_api(*api);
+                self.oracle.fault_moved();
+                "killed and started again".to_owned()
+            }
+            Op::KillWorker => {
+                self.kill_worker();
+                self.oracle.fault_moved();
+                "killed and started again".to_owned()
+            }
+            Op::ClockOff { api, seconds } => {
+                self.clock_off(*api, *seconds);
+                self.oracle.fault_moved();
+                "started again".to_owned()
+            }
+            Op::FreezeReplica => {
+                self.freeze_replica();
+                self.oracle.fault_moved();
+                "frozen".to_owned()
+            }
+            Op::ThawReplica => {
+                self.thaw_replica();
+                self.oracle.fault_moved();
+                "thawed, in step".to_owned()
+            }
+            Op::Failover => {
+                self.fail_over();
+                self.oracle.fault_moved();
+                "failed over, whole again".to_owned()
+            }
+            Op::CutRabbit => {
+                self.cut_rabbit();
+                "cut".to_owned()
+            }
+            Op::RestoreRabbit => {
+                self.restore_rabbit();
+                "restored".to_owned()
+            }
+            Op::Wait { ms } => {
+                std::thread::sleep(Duration::from_millis(u64::from(*ms)));
+                "waited".to_owned()
+            }
+            Op::Quiesce => self.checkpoint(i, Duration::from_secs(30)),
+        };
+        self.log.push(format!("{i:>3}. {op:?} -> {outcome}"));
+    }
+
+    /// The sale as a press meets it now, by the record the server took last.
+    pub fn sale(&self) -> Sale {
+        let now = Utc::now();
+        let at = |v: &Value| v.as_str().and_then(|s| s.parse::<DateTime<Utc>>().ok());
+        let end_at = at(&self.record["end_at"]);
+        let margin = chrono::Duration::seconds(3);
+        Sale {
+            ended: end_at.is_some_and(|end| end - margin <= now),
+            wave_ahead: self.record["release"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|wave| at(&wave["at"]))
+                .any(|wave| wave + margin > now),
+            draw: self.record["mode"] == "draw",
+        }
+    }
+
+    fn press(&mut self, i: usize, user: u64, key: Option<u8>, pair: Option<u8>, api: u8) -> String {
+        let token = self.env.token(user);
+        let send = |api: u8| {
+            let mut request = self
+                .http
+                .post(self.api(api).url("/api/flashbuy"))
+                .bearer_auth(&token)
+                .header("x-client-time", Utc::now().timestamp_millis().to_string())
+                .json(&json!({ "item_id": ITEM }));
+            if let Some(key) = key {
+                request = request.header("idempotency-key", format!("k{key}"));
+            }
+            async move { press_answer(answer(request.send().await).await) }
+        };
+        let answers: Vec<Answer> = match pair {
+            None => vec![self.block_on(send(api))],
+            Some(other) => {
+                let (a, b) = self.block_on(async { tokio::join!(send(api), send(other)) });
+                vec![a, b]
+            }
+        };
+        let sale = self.sale();
+        let faulty = self.replica_frozen() || self.rabbit_cut;
+        for answer in &answers {
+            self.oracle.press(i, user, key, answer, &sale, faulty);
+        }
+        if let [a, b] = answers.as_slice()
+            && let (Some(x), Some(y)) = (&a.order_sn, &b.order_sn)
+            && x != y
+        {
+            self.oracle.violation(
+                i,
+                format!("one Idempotency-Key of user {user}, pressed twice at once, named {x} and {y} (invariant 2)"),
+            );
+        }
+        answers
+            .iter()
+            .map(Answer::label)
+            .collect::<Vec<_>>()
+            .join(" | ")
+    }
+
+    /// The user's newest live order (pending or unpaid), by `my-orders` (`None`: none).
+    async fn newest_live(&self, user: u64) -> Option<String> {
+        let sent = self
+            .http
+            .get(self.api(0).url(&format!("/api/items/{ITEM}/my-orders")))
+            .bearer_auth(self.env.token(user))
+            .send()
+            .await;
+        let (_, _, body) = answer(sent).await;
+        body["orders"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|order| order["status"] == "pending" || order["status"] == "unpaid")
+            .and_then(|order| order["order_sn"].as_str())
+            .map(str::to_owned)
+    }
+
+    /// A pay or a cancel (`what`) of the user's newest live order.
+    fn end_order(&mut self, i: usize, user: u64, what: &str) -> String {
+        let Some(sn) = self.block_on(self.newest_live(user)) else {
+            return "no live order".to_owned();
+        };
+        let request = self
+            .http
+            .post(self.api(1).url(&format!("/api/orders/{sn}/{what}")))
+            .bearer_auth(self.env.token(user));
+        let (status, code, _) = self.block_on(async { answer(request.send().await).await });
+        self.oracle.named.insert(sn.clone());
+        let faulty = self.replica_frozen() || self.rabbit_cut;
+        match (what, status, code.as_str()) {
+            ("cancel", 200, "cancelled") => {
+                self.oracle.cancelled.insert(sn.clone());
+            }
+            ("pay", 200, "paid") => {}
+            // Raced by its deadline, or paid/cancelled by a step before.
+            (_, 409, "order_paid" | "order_cancelled") => {}
+            (_, 503, _) | (_, 0, _) if faulty => {}
+            _ => self.oracle.violation(
+                i,
+                format!("{what} of {sn} (user {user}) answered {status} {code}"),
+            ),
+        }
+        format!("{sn}: {status} {code}")
+    }
+
+    fn read(&mut self, i: usize, user: u64) -> String {
+        let token = self.env.token(user);
+        let path = format!("/api/items/{ITEM}/my-order");
+        let request = self.http.get(self.api(1).url(&path)).bearer_auth(&token);
+        let (status, code, body) = self.block_on(async { answer(request.send().await).await });
+        match (status, body["order_sn"].as_str()) {
+            (200, Some(sn)) => {
+                self.oracle.named.insert(sn.to_owned());
+                if body["user_id"].as_u64() != Some(user) {
+                    self.oracle
+                        .violation(i, format!("user {user}'s my-order answered {body}"));
+                }
+            }
+            (404, _) => {}
+            (503, _) | (0, _) if self.replica_frozen() || self.rabbit_cut => {}
+            _ => self.oracle.violation(
+                i,
+                format!("user {user}'s my-order answered {status} {code}"),
+            ),
+        }
+        format!("{status} {code}")
+    }
+
+    fn pause(&mut self, i: usize, paused: bool) -> String {
+        let what = if paused { "pause" } else { "resume" };
+        let path = format!("/admin/items/{ITEM}/{what}");
+        let (status, code, _) = self.block_on(self.admin(reqwest::Method::POST, &path));
+        if status == 200 {
+            self.oracle.paused = paused;
+            self.oracle.changed();
+        } else {
+            self.oracle
+                .violation(i, format!("{what} answered {status} {code}"));
+        }
+        format!("{status} {code}")
+    }
+
+    fn circuit(&mut self, i: usize, level: u8) -> String {
+        let path = match level {
+            0 => format!("/admin/circuit/close?item={ITEM}"),
+            level => format!("/admin/circuit/open?item={ITEM}&level={level}"),
+        };
+        let (status, code, _) = self.block_on(self.admin(reqwest::Method::POST, &path));
+        if status == 200 {
+            self.oracle.circuit = level;
+            self.oracle.changed();
+        } else {
+            self.oracle
+                .violation(i, format!("breaker level {level} answered {status} {code}"));
+        }
+        format!("{status} {code}")
+    }
+
+    fn warmup(&mut self, i: usize, force: bool) -> String {
+        let path = format!("/admin/items/{ITEM}/warmup?force={force}");
+        let (status, code, _) = self.block_on(self.admin(reqwest::Method::POST, &path));
+        let allowed = match (status, code.as_str()) {
+            (200, _) => true,
+            // The item is loaded: a warm-up that is not forced refuses.
+            (409, "already_loaded") => !force,
+            // A forced one refuses a live sale, or while orders may be on their way, or when
+            // more units are held than the total, or when the item changed meanwhile.
+            (409, "sale_live" | "orders_in_flight" | "over_held" | "raced" | "warmup_running") => {
+                force
+            }
+            (503, _) | (0, _) => self.replica_frozen() || self.rabbit_cut,
+            _ => false,
+        };
+        if !allowed {
+            self.oracle.violation(
+                i,
+                format!("warm-up (force {force}) answered {status} {code}"),
+            );
+        }
+        if status == 200 {
+            self.oracle.changed();
+            self.loaded_total = self.record["total"].as_u64().unwrap_or(0) as u32;
+        }
+        format!("{status} {code}")
+    }
+
+    /// An operator's `PUT` of the record with one change, judged by what the contract says
+    /// a change may do to the sale as it stands now.
+    fn put(&mut self, i: usize, change: &Change) -> String {
+        let now = Utc::now();
+        let mut next = self.record.clone();
+        let total = next["total"].as_u64().unwrap_or(1);
+        let stats = self.block_on(self.stats());
+        // Units a sale has given out or holds for someone: they cannot be taken back.
+        let committed = stats["pending"].as_u64().unwrap_or(0)
+            + stats["orders"]["unpaid"].as_u64().unwrap_or(0)
+            + stats["orders"]["paid"].as_u64().unwrap_or(0);
+        let loaded = stats["loaded"] == true;
+        // Why the contract has the server refuse this change (`None`: it takes it).
+        let mut refuse: Option<String> = None;
+        match change {
+            Change::Total(delta) => {
+                let total = (total as i64 + i64::from(*delta)).max(1) as u64;
+                next["total"] = json!(total);
+                if total < committed {
+                    refuse = Some(format!("total {total} below the {committed} units sold"));
+                }
+            }
+            Change::EndsIn(s) => {
+                next["end_at"] = json!(now + chrono::Duration::seconds((*s).into()));
+            }
+            Change::EndsLater => next["end_at"] = json!(now + chrono::Duration::hours(1)),
+            Change::Wave(units) => {
+                let at = next["release"][0]["at"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| (now + chrono::Duration::seconds(45)).to_rfc3339());
+                let released = at.parse::<DateTime<Utc>>().is_ok_and(|at| at <= now);
+                next["release"] = json!([{ "at": at, "units": units }]);
+                // Units held back for the wave must be units no one holds.
+                let unsold = stats["remaining"].as_u64().unwrap_or(0)
+                    + stats["unreleased"].as_u64().unwrap_or(0);
+                if released {
+                    refuse = Some("the wave is on sale already".to_owned());
+                } else if loaded && u64::from(*units) > unsold {
+                    refuse = Some(format!(
+                        "a wave of {units} units where {unsold} are unsold (hole 4)"
+                    ));
+                }
+            }
+            Change::PerUser(n) => next["per_user"] = json!(n),
+            Change::Draw(s) => {
+                next["mode"] = json!("draw");
+                next["draw_at"] = json!(now + chrono::Duration::seconds((*s).into()));
+                let bought = !self.oracle.won.is_empty() || committed > 0;
+                if bought && self.record["mode"] != "draw" {
+                    refuse = Some("a sale with buyers turned into a draw (hole 2)".to_owned());
+                }
+            }
+            Change::FirstCome => {
+                if let Some(body) = next.as_object_mut() {
+                    body.remove("mode");
+                    body.remove("draw_at");
+                }
+            }
+            Change::Buckets(k) => {
+                next["buckets"] = json!(k);
+                if loaded && self.record["buckets"] != json!(k) {
+                    refuse = Some("the buckets of a loaded item".to_owned());
+                }
+            }
+        }
+        if let Some(bad) = invalid(&next) {
+            refuse = Some(format!("a bad record: {bad}"));
+        }
+        let (status, code, body) = self.block_on(self.put_record(&next));
+        let taken = status == 200 || status == 201;
+        if taken {
+            self.record = next;
+            self.oracle.total_max = self
+                .oracle
+                .total_max
+                .max(self.record["total"].as_u64().unwrap_or(0) as u32);
+            self.oracle.per_user_max = self
+                .oracle
+                .per_user_max
+                .max(self.record["per_user"].as_u64().unwrap_or(1) as u8);
+            self.oracle.changed();
+        }
+        let drawn = stats["entries"].is_u64() && self.record["mode"] == "draw";
+        match (&refuse, taken) {
+            (Some(why), true) => self
+                .oracle
+                .violation(i, format!("PUT {change:?} taken ({status} {code}): {why}")),
+            // A draw's fields are fixed once it has entries or is drawn; the rest is taken.
+            (None, false) if !(drawn && status == 409) => self.oracle.violation(
+                i,
+                format!("PUT {change:?} refused: {status} {code} {}", body["detail"]),
+            ),
+            _ => {}
+        }
+        format!("{status} {code}")
+    }
+
+    /// Waits (up to `limit`) until nothing is on its way — no order pending in Redis, the
+    /// orders queue empty — then judges the stock: on sale + still to come + unpaid + paid
+    /// = total, and the server's `consistent` saying the same. With a fault on, nothing can
+    /// be quiet: the step only waits a moment.
+    pub fn checkpoint(&mut self, i: usize, limit: Duration) -> String {
+        if self.replica_frozen() || self.rabbit_cut {
+            std::thread::sleep(Duration::from_millis(500));
+            return "a fault is on: not judged".to_owned();
+        }
+        match self.block_on(self.quiet(limit)) {
+            Err(last) => {
+                self.oracle
+                    .violation(i, format!("never quiescent within {limit:?}: {last}"));
+                "not quiescent".to_owned()
+            }
+            Ok(stats) => {
+                let judged =
+                    self.block_on(super::judge::stock(&self.env, &stats, self.loaded_total));
+                match judged {
+                    Ok(said) => said,
+                    Err(broken) => {
+                        self.oracle.violation(i, broken.clone());
+                        broken
+                    }
+                }
+            }
+        }
+    }
+
+    /// Nothing pending in Redis, the orders queue empty, twice in a row: the stats then.
+    async fn quiet(&self, limit: Duration) -> Result<Value, String> {
+        let queue = self.env.topology().orders_queue;
+        let deadline = std::time::Instant::now() + limit;
+        let mut calm = 0;
+        loop {
+            let stats = self.stats().await;
+            let depth = crate::support::queue_depth_on(&crate::support::amqp_url(), &queue).await;
+            if stats["pending"] == 0 && depth == Some(0) && stats["reloading"] == false {
+                calm += 1;
+                if calm == 2 {
+                    return Ok(stats);
+                }
+            } else {
+                calm = 0;
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(format!("{stats}, queue {depth:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+}
+
+/// A press's answer as the oracle reads it.
+fn press_answer((status, code, body): (u16, String, Value)) -> Answer {
+    Answer {
+        status,
+        code,
+        order_sn: body["order_sn"].as_str().map(str::to_owned),
+        order_sns: body["order_sns"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|sn| sn.as_str().map(str::to_owned))
+            .collect(),
+    }
+}
+
+/// What in a record `PUT /admin/items/{id}` refuses as bad input (`400`), as the contract
+/// states it: a wave within the window and no larger than the total, a draw's time within
+/// the window, a draw without waves and with one unit per buyer.
+fn invalid(record: &Value) -> Option<String> {
+    let at = |v: &Value| v.as_str().and_then(|s| s.parse::<DateTime<Utc>>().ok());
+    let (start, end) = (at(&record["start_at"])?, at(&record["end_at"])?);
+    let total = record["total"].as_u64()?;
+    for wave in record["release"].as_array().into_iter().flatten() {
+        let wave_at = at(&wave["at"])?;
+        if wave_at < start || wave_at >= end {
+            return Some("a wave outside the window".to_owned());
+        }
+        if wave["units"].as_u64()? > total {
+            return Some("a wave larger than the total".to_owned());
+        }
+    }
+    if record["mode"] == "draw" {
+        let draw_at = at(&record["draw_at"])?;
+        if draw_at <= start || draw_at > end {
+            return Some("a draw outside the window".to_owned());
+        }
+        if record["release"].as_array().is_some_and(|r| !r.is_empty()) {
+            return Some("a draw with waves".to_owned());
+        }
+        if record["per_user"] != 1 {
+            return Some("a draw with per_user above 1".to_owned());
+        }
+    }
+    None
+}
+
+impl World {
+    /// The end of a history (numbered `i` in its report): every fault healed, the sale
+    /// resumed and its breaker closed, a draw drawn; then the stock judged, the sale made to
+    /// sell what it has left (liveness: every unit on sale is bought by fresh buyers, each
+    /// hearing `202`, then `410` or `409 between_releases` — nothing else), the stock judged
+    /// again, and every order against what the history heard.
+    pub fn finish(&mut self, i: usize) {
+        self.heal();
+        self.oracle.fault_moved();
+        for op in [Op::Resume, Op::Circuit(0)] {
+            self.step(i, &op);
+        }
+        let stats = self.block_on(self.stats());
+        if stats["reloading"] == true || stats["loaded"] == false {
+            // A warm-up cut off or raced leaves the item fenced until one completes: the
+            // operator's procedure is to run it again (docs/operations.md).
+            for op in [Op::Pause, Op::Warmup { force: true }, Op::Resume] {
+                self.step(i, &op);
+            }
+        }
+        if self.sale().draw {
+            self.block_on(self.drawn());
+        }
+        // Every instance has heard of the last change.
+        std::thread::sleep(Duration::from_millis(2500));
+        let end = self.checkpoint(i, Duration::from_secs(60));
+        self.log.push(format!("{i:>3}. end: {end}"));
+        let sale = self.sale();
+        if !sale.ended && !sale.draw {
+            let outcome = self.sell_out(i);
+            self.log.push(format!("{i:>3}. liveness: {outcome}"));
+            let sold_out = self.checkpoint(i, Duration::from_secs(60));
+            self.log.push(format!("{i:>3}. sold out: {sold_out}"));
+        }
+        let ctx = self.context();
+        ctx.rt
+            .block_on(super::judge::orders(&self.env, &mut self.oracle));
+    }
+
+    /// Waits (up to 30 s past its time) until the draw is drawn.
+    async fn drawn(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(40);
+        while std::time::Instant::now() < deadline {
+            let drawn: Option<(Option<DateTime<Utc>>,)> =
+                sqlx::query_as("SELECT drawn_at FROM items WHERE id = ?")
+                    .bind(ITEM)
+                    .fetch_optional(&self.env.db)
+                    .await
+                    .ok()
+                    .flatten();
+            if drawn.is_some_and(|(at,)| at.is_some()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    /// Fresh buyers press, one at a time, until told nothing is left: every unit on sale
+    /// must sell, and each press must hear a win or the end.
+    fn sell_out(&mut self, i: usize) -> String {
+        let on_sale = self.block_on(self.stats())["remaining"]
+            .as_u64()
+            .unwrap_or(0);
+        let sale = self.sale();
+        let mut wins = 0u64;
+        let mut presses = 0u64;
+        for buyer in 1_000..1_000 + on_sale + 5 {
+            presses += 1;
+            let token = self.env.token(buyer);
+            let request = self
+                .http
+                .post(self.api((buyer % 2) as u8).url("/api/flashbuy"))
+                .bearer_auth(&token)
+                .header("x-client-time", Utc::now().timestamp_millis().to_string())
+                .json(&json!({ "item_id": ITEM }));
+            let answer = press_answer(self.block_on(async { answer(request.send().await).await }));
+            self.oracle.press(i, buyer, None, &answer, &sale, false);
+            match (answer.status, answer.code.as_str()) {
+                (202, "queued") => wins += 1,
+                (410, _) | (409, "between_releases") => break,
+                _ => {
+                    self.oracle.violation(
+                        i,
+                        format!(
+                            "liveness: with every fault healed, a fresh buyer heard {}",
+                            answer.label()
+                        ),
+                    );
+                    break;
+                }
+            }
+        }
+        if wins < on_sale {
+            self.oracle.violation(
+                i,
+                format!("liveness: {on_sale} units on sale, {wins} sold to fresh buyers"),
+            );
+        }
+        format!("{on_sale} on sale, {wins} sold in {presses} presses")
+    }
+}
