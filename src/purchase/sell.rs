@@ -98,9 +98,10 @@ fn repeats_claim(redis: &RedisConns) -> bool {
 }
 
 /// The order a buyer's `Idempotency-Key` bought, for a press memory refused. `None` when it
-/// bought nothing, or when Redis cannot say (the refusal memory gave stands). An order that
-/// may still be given back is claimed and named once its replicas hold the claim, as a
-/// grab's repeat is.
+/// bought nothing; or cannot have, the item never having been loaded (nothing of it was
+/// ever on sale: a crowd pressing before the warm-up costs Redis nothing); or when Redis
+/// cannot say (the refusal memory gave stands). An order that may still be given back is
+/// claimed and named once its replicas hold the claim, as a grab's repeat is.
 pub async fn bought_with(
     redis: &RedisConns,
     keys: &Keys,
@@ -108,6 +109,9 @@ pub async fn bought_with(
     user: UserId,
     key: &str,
 ) -> Result<Option<OrderSn>, NotSold> {
+    if item.never_loaded() {
+        return Ok(None);
+    }
     let claims = repeats_claim(redis);
     let idempotency = IdempotencyKey::of(keys, item, user, key.to_owned(), claims);
     if !claims {

@@ -171,6 +171,67 @@ async fn a_corrupt_meta_refuses_the_purchase_without_taking_a_unit() {
     server.stop().await;
 }
 
+/// Before its first warm-up nothing of an item was ever on sale, so an `Idempotency-Key`
+/// cannot have bought any of it: a keyed press memory refuses (`403 not_started`) is
+/// answered without asking Redis — with Redis hung, at once, as a press without a key is.
+/// Once loaded, a key that bought is answered its order again even after the window is
+/// moved back into the future: then Redis is asked.
+#[tokio::test]
+async fn a_keyed_press_before_the_first_warm_up_is_answered_without_redis() {
+    let env = TestEnv::new("keys_before_load").await;
+    let redis = PrivateRedis::start().await;
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.redis_url = Secret::new(redis.url());
+            s.rate_per_user = 0;
+        })
+        .await;
+    let now = chrono::Utc::now();
+    let (later, end) = (
+        now + chrono::Duration::hours(1),
+        now + chrono::Duration::hours(2),
+    );
+    env.item(1, 5).window(later, end).put(&server).await;
+    let (status, json) = env.buy(&server, 7, 1).await;
+    assert_eq!((status, json["code"].as_str()), (403, Some("not_started")));
+
+    redis.freeze();
+    for user in [7, 8] {
+        let started = Instant::now();
+        let (status, json) = crate::shapes::press(&env, &server, user, 1, "early").await;
+        let took = started.elapsed();
+        assert_eq!(
+            (status, json["code"].as_str()),
+            (403, Some("not_started")),
+            "{json}"
+        );
+        assert!(
+            took < Duration::from_millis(300),
+            "a keyed press before the warm-up took {took:?}: it waited for Redis"
+        );
+    }
+    redis.thaw();
+
+    // Loaded and on sale, the key buys; the window moved later again, it still names
+    // its order (memory refuses, Redis is asked).
+    env.item(1, 5)
+        .window(now - chrono::Duration::seconds(5), end)
+        .on_sale(&server)
+        .await;
+    let (status, won) = crate::shapes::press(&env, &server, 7, 1, "early").await;
+    assert_eq!(status, 202, "{won}");
+    env.item(1, 5).window(later, end).put(&server).await;
+    let (status, json) = env.buy(&server, 8, 1).await;
+    assert_eq!((status, json["code"].as_str()), (403, Some("not_started")));
+    let (status, again) = crate::shapes::press(&env, &server, 7, 1, "early").await;
+    assert_eq!(
+        (status, &again["order_sn"]),
+        (202, &won["order_sn"]),
+        "{again}"
+    );
+    server.stop().await;
+}
+
 /// A test's world on a private Redis master with one replica in step, and a server (every
 /// role) whose wins wait for that replica (`WAIT 1`).
 struct WaitOne {
