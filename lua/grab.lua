@@ -7,6 +7,9 @@
 -- KEYS[4] pending       HASH  order_sn -> order JSON (won, not yet in MySQL)
 -- KEYS[5] idempotency   STRING the order this user's Idempotency-Key bought; passed only
 --                       when the buyer sent a key (its absence: no key)
+-- KEYS[6] outbox        ZSET  order_sn -> won-at ms: where a repeat of the key claims its
+--                       order (lib/repeats.lua); passed only with a key, when replicas are
+--                       asked for (its absence: a repeat is answered at once)
 -- ARGV[1] user_id
 -- ARGV[2] order_sn      the number this order gets if the user wins
 -- ARGV[3] order JSON    stored in `pending` for the publisher, the relay and order reads
@@ -34,12 +37,15 @@
 --
 -- Returns one string, the outcome and its detail after a space (src/purchase/grab.rs):
 --   "won" (place 0) | "won <slot>" | "repeat <order_sn>" (this key bought that order
---   before) | "duplicate <order_sn>" (per_user 1) | "limit_reached <sn sn …>" |
+--   before) | "claimed <order_sn>" (… and it is still pending: claimed now, it is the
+--   buyer's once its replicas hold the claim; with KEYS[6] only) | "duplicate <order_sn>"
+--   (per_user 1) | "limit_reached <sn sn …>" |
 --   "sold_out" | "sold_out <lends>" (a bucket that lent units: lend.lua) |
 --   "between_releases <next wave's ms>" | "paused" | "not_loaded" |
 --   "reloading" (a warm-up is replacing the item's units: `fenced`) | "not_started" |
 --   "ended";
---   an error, with nothing written, when the meta's window is not a number.
+--   an error, with nothing written, when the meta's window is not a number (or a claimed
+--   order has no won-at time).
 -- One string, not an array: Redis turns a table a script returns into a reply at three
 -- times the cost of a string (it looks for `err`, `ok` and other fields first).
 --
@@ -61,11 +67,15 @@ local function at_limit(live, limit)
   return 'limit_reached ' .. table.concat(live, ' ')
 end
 
--- A buyer's key that bought before: its order, whatever else holds.
+-- A buyer's key that bought before: its order, whatever else holds (claimed first when
+-- replicas are asked for: lib/repeats.lua).
 local key = KEYS[5]
 if key then
   local bought = redis.call('GET', key)
   if bought then
+    if KEYS[6] then
+      return claim_repeat(KEYS[4], KEYS[6], bought)
+    end
     return 'repeat ' .. bought
   end
 end

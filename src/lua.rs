@@ -13,8 +13,9 @@ use redis::Script;
 use crate::store::{RedisError, redis_timed};
 
 /// Sells one unit: see `lua/grab.lua` (the meta's packed rules: `lua/lib/rules.lua`;
-/// waves: `lua/lib/waves.lua`; the buyer record: `lua/lib/places.lua`). A Redis Function,
-/// the only one: it is the call the crowd makes ([`Function`]).
+/// waves: `lua/lib/waves.lua`; the buyer record: `lua/lib/places.lua`; a repeated key's
+/// claim: `lua/lib/repeats.lua`). A Redis Function, the only one: it is the call the crowd
+/// makes ([`Function`]).
 pub static GRAB: LazyLock<Function> = LazyLock::new(|| {
     Function::new(
         "grab",
@@ -22,6 +23,7 @@ pub static GRAB: LazyLock<Function> = LazyLock::new(|| {
             include_str!("../lua/lib/rules.lua"),
             include_str!("../lua/lib/waves.lua"),
             include_str!("../lua/lib/places.lua"),
+            include_str!("../lua/lib/repeats.lua"),
         ],
         include_str!("../lua/grab.lua"),
     )
@@ -125,6 +127,15 @@ pub static AWARD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(concat!(
         include_str!("../lua/lib/places.lua"),
         include_str!("../lua/award.lua")
+    ))
+});
+
+/// The order an `Idempotency-Key` bought, claimed while pending, for a press memory
+/// refused: see `lua/bought.lua`.
+pub static BOUGHT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/lib/repeats.lua"),
+        include_str!("../lua/bought.lua")
     ))
 });
 
@@ -233,6 +244,7 @@ where
 {
     GRAB.load(conn).await?;
     for script in [
+        &*BOUGHT,
         &*GIVE_BACK,
         &*RELEASE,
         &*SWAP,

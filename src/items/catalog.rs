@@ -102,7 +102,10 @@ pub struct CatalogItem {
 
 /// The item's stock as last seen in Redis (shared across reloads of the definition).
 struct LiveStock {
+    /// Every bucket loaded.
     loaded: AtomicBool,
+    /// Some bucket seen loaded, ever (by this instance).
+    seen_loaded: AtomicBool,
     /// Per bucket.
     remaining: Box<[AtomicU64]>,
     /// When it was read (ms since the epoch; 0: never).
@@ -113,6 +116,7 @@ impl LiveStock {
     fn new(buckets: u8) -> Self {
         Self {
             loaded: AtomicBool::new(false),
+            seen_loaded: AtomicBool::new(false),
             remaining: (0..buckets.max(1)).map(|_| AtomicU64::new(0)).collect(),
             read_at_ms: AtomicI64::new(0),
         }
@@ -164,6 +168,14 @@ impl CatalogItem {
         }
     }
 
+    /// Whether nothing of it can have been on sale yet, so no purchase won (an
+    /// `Idempotency-Key` bought nothing): no warm-up recorded a load in MySQL, and this
+    /// instance never saw a bucket of it loaded in Redis (a warm-up cut off between its load
+    /// and that record leaves units on sale: the next read of the stock sees them).
+    pub fn never_loaded(&self) -> bool {
+        self.record.loaded_at.is_none() && !self.live.seen_loaded.load(Ordering::Relaxed)
+    }
+
     /// For a sale retired from Redis: the units it left unsold (its stock is not read).
     fn retired_unsold(&self) -> Option<u64> {
         self.record.retired_at?;
@@ -201,6 +213,7 @@ impl CatalogItem {
     pub fn mark_sold_out(&self) -> bool {
         let news = !self.sold_out();
         self.live.loaded.store(true, Ordering::Relaxed);
+        self.live.seen_loaded.store(true, Ordering::Relaxed);
         for r in &self.live.remaining {
             r.store(0, Ordering::Relaxed);
         }
@@ -487,6 +500,9 @@ impl Catalog {
             let mut levels = ItemLevels::default();
             for (remaining, state) in entry.live.remaining.iter().zip(states.by_ref()) {
                 loaded &= state.loaded;
+                if state.loaded {
+                    entry.live.seen_loaded.store(true, Ordering::Relaxed);
+                }
                 remaining.store(state.levels.remaining, Ordering::Relaxed);
                 levels.remaining += state.levels.remaining;
                 levels.outbox += state.levels.outbox;

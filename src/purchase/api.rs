@@ -141,19 +141,22 @@ async fn answer(state: &AppState, request: Request) -> Result<Response, ApiError
         .await?
         .ok_or(ApiError::ItemNotFound)?;
     if let Some(refused) = from_memory(&item, now) {
-        // A retry whose key bought a unit hears its 202 again, sold out or not.
+        // A retry whose key bought a unit hears its 202 again, sold out or not (once the
+        // order is safe: `bought_with`).
         // Boxed, as the rare case it is: inline, its future doubled every purchase's.
-        if let Some(key) = &key
-            && let Some(order_sn) = Box::pin(bought_with(
+        if let Some(key) = &key {
+            let bought = Box::pin(bought_with(
                 &state.deps.redis,
                 &state.deps.keys,
                 &item,
                 user,
                 key,
-            ))
-            .await
-        {
-            return Ok(queued(order_sn, item_id));
+            ));
+            match bought.await {
+                Ok(Some(order_sn)) => return Ok(queued(order_sn, item_id)),
+                Ok(None) => {}
+                Err(not_yet) => return Err(not_sold(not_yet, &item)),
+            }
         }
         return Err(refusal(refused, &item));
     }

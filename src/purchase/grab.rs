@@ -3,7 +3,7 @@
 use crate::domain::{OrderSn, UserId};
 use crate::items::catalog::CatalogItem;
 use crate::keys::{ItemKeys, Keys};
-use crate::lua::{GIVE_BACK, GRAB};
+use crate::lua::{BOUGHT, GIVE_BACK, GRAB};
 use crate::store::{RedisError, redis_timed};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -12,8 +12,14 @@ pub enum GrabOutcome {
     Won {
         slot: u8,
     },
-    /// The buyer's `Idempotency-Key` bought this order before.
+    /// The buyer's `Idempotency-Key` bought this order before, and nothing can take it
+    /// back: it is in MySQL, or wins are never given back (no replicas asked for, or the
+    /// `degrade` policy).
     Repeat(OrderSn),
+    /// The buyer's `Idempotency-Key` bought this order before, and it is still pending:
+    /// claimed now, so that no give-back takes it, it is theirs once its replicas hold the
+    /// claim (`lua/lib/repeats.lua`).
+    RepeatClaimed(OrderSn),
     Duplicate(OrderSn),
     /// The buyer holds `per_user` live orders (more than one).
     LimitReached(Vec<OrderSn>),
@@ -36,6 +42,7 @@ impl GrabOutcome {
         match self {
             GrabOutcome::Won { .. } => "won",
             GrabOutcome::Repeat(_) => "repeat",
+            GrabOutcome::RepeatClaimed(_) => "repeat_claimed",
             GrabOutcome::Duplicate(_) => "duplicate",
             GrabOutcome::LimitReached(_) => "limit_reached",
             GrabOutcome::SoldOut => "sold_out",
@@ -55,13 +62,17 @@ impl GrabOutcome {
 pub struct IdempotencyKey {
     pub key: String,
     pub record: String,
+    /// Whether a repeat claims the order the key bought while it is pending: replicas are
+    /// asked for, and a win they do not confirm is given back (`lua/lib/repeats.lua`).
+    pub claims: bool,
 }
 
 impl IdempotencyKey {
-    pub fn of(keys: &Keys, item: &CatalogItem, user: UserId, key: String) -> Self {
+    pub fn of(keys: &Keys, item: &CatalogItem, user: UserId, key: String, claims: bool) -> Self {
         Self {
             record: keys.idempotency(item.home(user).bucket, user, &key),
             key,
+            claims,
         }
     }
 }
@@ -79,9 +90,13 @@ pub async fn grab(
     order_json: &str,
     idempotency: Option<&IdempotencyKey>,
 ) -> Result<(GrabOutcome, u64), RedisError> {
-    let keys = purchase_keys(keys, user, None, idempotency);
-    let mut call = GRAB.call(keys.len());
-    call.arg(&keys)
+    let mut named = purchase_keys(keys, user, None, idempotency);
+    // After the key's record: where a repeat claims its order.
+    if idempotency.is_some_and(|i| i.claims) {
+        named.push(&keys.outbox);
+    }
+    let mut call = GRAB.call(named.len());
+    call.arg(&named)
         .arg(user.get())
         .arg(order_sn.as_str())
         .arg(order_json)
@@ -105,7 +120,7 @@ pub async fn grab(
         "won" => GrabOutcome::Won {
             slot: detail.parse().map_err(|_| odd())?,
         },
-        "repeat" => GrabOutcome::Repeat(order(detail)?),
+        "repeat" | "claimed" => repeat(outcome, order(detail)?),
         "duplicate" => GrabOutcome::Duplicate(order(detail)?),
         "limit_reached" => {
             GrabOutcome::LimitReached(detail.split(' ').map(order).collect::<Result<_, _>>()?)
@@ -123,6 +138,44 @@ pub async fn grab(
         }
     };
     Ok((outcome, 0))
+}
+
+/// A repeat's outcome from `lua/lib/repeats.lua`'s answer (`repeat` or `claimed`).
+fn repeat(answer: &str, order_sn: OrderSn) -> GrabOutcome {
+    if answer == "claimed" {
+        GrabOutcome::RepeatClaimed(order_sn)
+    } else {
+        GrabOutcome::Repeat(order_sn)
+    }
+}
+
+/// The order `idempotency` bought (`None`: nothing), claimed while it is pending (as a
+/// grab claims it: `lua/bought.lua`), for a press memory refused. A `Repeat` or a
+/// `RepeatClaimed`.
+pub async fn bought(
+    conn: &mut impl redis::aio::ConnectionLike,
+    keys: &ItemKeys,
+    idempotency: &IdempotencyKey,
+) -> Result<Option<GrabOutcome>, RedisError> {
+    let mut call = BOUGHT.prepare_invoke();
+    call.key(&idempotency.record)
+        .key(&keys.pending)
+        .key(&keys.outbox);
+    let answer: Option<String> = redis_timed(call.invoke_async(conn)).await?;
+    let Some(answer) = answer else {
+        return Ok(None);
+    };
+    match answer.split_once(' ') {
+        Some((outcome @ ("repeat" | "claimed"), sn)) => match OrderSn::parse(sn) {
+            Some(order_sn) => Ok(Some(repeat(outcome, order_sn))),
+            None => Err(RedisError::Unexpected(format!(
+                "an Idempotency-Key's record holds {sn:?}"
+            ))),
+        },
+        _ => Err(RedisError::Unexpected(format!(
+            "bought.lua answered {answer:?}"
+        ))),
+    }
 }
 
 /// Undoes a win whose replicas did not confirm it in time (`lua/give_back.lua`): true when

@@ -17,6 +17,9 @@ pub fn not_sold(not_sold: NotSold, item: &CatalogItem) -> ApiError {
         NotSold::Unconfirmed => ApiError::Unavailable(
             "your purchase could not be confirmed in time; press again to buy, or to find your order if it went through".into(),
         ),
+        NotSold::RepeatUnconfirmed => ApiError::Unavailable(
+            "the order your Idempotency-Key bought is not confirmed yet; press again with it shortly".into(),
+        ),
         NotSold::Redis(e) => ApiError::Redis(e),
     }
 }
@@ -45,7 +48,7 @@ pub fn refusal(outcome: GrabOutcome, item: &CatalogItem) -> ApiError {
         }
         GrabOutcome::NotStarted => ApiError::NotStarted("the sale has not opened yet"),
         GrabOutcome::Ended => ApiError::Ended,
-        GrabOutcome::Won { .. } | GrabOutcome::Repeat(_) => {
+        GrabOutcome::Won { .. } | GrabOutcome::Repeat(_) | GrabOutcome::RepeatClaimed(_) => {
             ApiError::Internal(anyhow::anyhow!("a win answered as a refusal"))
         }
     }

@@ -8,17 +8,19 @@ use std::time::Instant;
 use chrono::Utc;
 
 use crate::broker::Outgoing;
+use crate::config::WaitPolicy;
 use crate::deps::Deps;
 use crate::domain::{OrderPlaced, OrderSn, UserId};
 use crate::items::catalog::{Catalog, CatalogItem};
 use crate::items::transfer::{self, Lending};
 use crate::keys::{ItemKeys, Keys};
+use crate::marks::{self, Work};
 use crate::orders::placed;
 use crate::outbox::publisher::OrderPublisher;
 use crate::signals::Signals;
 use crate::store::{RedisConn, RedisConns, RedisError, Replication, ShortOfReplicas, redis_timed};
 
-use super::grab::{GrabOutcome, IdempotencyKey, give_back, grab};
+use super::grab::{GrabOutcome, IdempotencyKey, bought, give_back, grab};
 
 /// Units a buyer of a split item may borrow into their bucket and lose to others of it
 /// before being told to press again (each round moves a unit: the sale goes on).
@@ -48,6 +50,10 @@ pub enum NotSold {
     /// Won, but its replicas did not confirm it in time: the unit was given back where it
     /// still could be (pressing again tells the buyer which).
     Unconfirmed,
+    /// A repeated `Idempotency-Key` whose order is still pending: claimed, but its replicas
+    /// did not confirm the claim in time. The order is kept and sent once they do; pressing
+    /// again with the key then answers it.
+    RepeatUnconfirmed,
     Redis(RedisError),
 }
 
@@ -82,21 +88,77 @@ pub fn from_memory(item: &CatalogItem, now: chrono::DateTime<Utc>) -> Option<Gra
     }
 }
 
-/// The order a buyer's `Idempotency-Key` bought, if it did (`None` too when Redis cannot
-/// say: the refusal memory gave stands).
+/// Whether a repeated `Idempotency-Key` claims its order while it is pending: a win is
+/// given back when its replicas do not confirm it in time (`SECKILL_REDIS_WAIT_REPLICAS`
+/// under the `refuse` policy; under `degrade` and without replicas nothing is).
+fn repeats_claim(redis: &RedisConns) -> bool {
+    redis
+        .wait_rule()
+        .is_some_and(|rule| rule.policy == WaitPolicy::Refuse)
+}
+
+/// The order a buyer's `Idempotency-Key` bought, for a press memory refused. `None` when it
+/// bought nothing; or cannot have, the item never having been loaded (nothing of it was
+/// ever on sale: a crowd pressing before the warm-up costs Redis nothing); or when Redis
+/// cannot say (the refusal memory gave stands). An order that may still be given back is
+/// claimed and named once its replicas hold the claim, as a grab's repeat is.
 pub async fn bought_with(
     redis: &RedisConns,
     keys: &Keys,
     item: &CatalogItem,
     user: UserId,
     key: &str,
-) -> Option<OrderSn> {
-    let record = IdempotencyKey::of(keys, item, user, key.to_owned()).record;
-    let mut conn = redis.hot().await.ok()?;
-    let sn: Option<String> = redis_timed(redis::AsyncCommands::get(&mut conn, record))
-        .await
-        .ok()?;
-    sn.as_deref().and_then(OrderSn::parse)
+) -> Result<Option<OrderSn>, NotSold> {
+    if item.never_loaded() {
+        return Ok(None);
+    }
+    let claims = repeats_claim(redis);
+    let idempotency = IdempotencyKey::of(keys, item, user, key.to_owned(), claims);
+    if !claims {
+        let Ok(mut conn) = redis.hot().await else {
+            return Ok(None);
+        };
+        let sn: Option<String> =
+            redis_timed(redis::AsyncCommands::get(&mut conn, &idempotency.record))
+                .await
+                .unwrap_or_default();
+        return Ok(sn.as_deref().and_then(OrderSn::parse));
+    }
+    let home = item.home(user);
+    // Taken before the claim, as before a grab (a master short of replicas still gets the
+    // claim, which its replicas confirm once they are back).
+    let replication = redis.replicas_for(&home.replicated).await.ok();
+    let Ok(mut conn) = redis.hot().await else {
+        return Ok(None);
+    };
+    match bought(&mut conn, home, &idempotency).await {
+        Ok(Some(GrabOutcome::RepeatClaimed(order_sn))) => {
+            once_held(order_sn, replication).await.map(Some)
+        }
+        Ok(Some(GrabOutcome::Repeat(order_sn))) => Ok(Some(order_sn)),
+        Ok(_) => Ok(None),
+        Err(e) => {
+            tracing::debug!(error = %e, "an Idempotency-Key's order could not be looked up; the refusal from memory stands");
+            Ok(None)
+        }
+    }
+}
+
+/// A repeated key's order, claimed while pending: the buyer's once the replicas taken before
+/// the claim hold it (`None`: its master was short of them).
+async fn once_held(
+    order_sn: OrderSn,
+    replication: Option<Replication>,
+) -> Result<OrderSn, NotSold> {
+    let held = match replication {
+        Some(replication) => replication.held().await,
+        None => false,
+    };
+    if held {
+        return Ok(order_sn);
+    }
+    tracing::info!(%order_sn, "a repeated Idempotency-Key whose order its Redis replicas did not confirm in time: claimed, kept");
+    Err(NotSold::RepeatUnconfirmed)
 }
 
 impl Seller<'_> {
@@ -111,7 +173,9 @@ impl Seller<'_> {
         key: Option<String>,
     ) -> Result<OrderSn, NotSold> {
         let item_id = item.record.id;
-        let idempotency = key.map(|key| IdempotencyKey::of(&self.deps.keys, item, user, key));
+        let claims = repeats_claim(&self.deps.redis);
+        let idempotency =
+            key.map(|key| IdempotencyKey::of(&self.deps.keys, item, user, key, claims));
         // Before the grab (`SECKILL_REDIS_WAIT_REPLICAS`): the replicas a win will wait for,
         // on the master serving the buyer's bucket now. While that master is short of them no
         // unit is taken there — it could never be confirmed.
@@ -145,6 +209,9 @@ impl Seller<'_> {
                 self.accept(item, won, replication).await
             }
             GrabOutcome::Repeat(order_sn) => Ok(order_sn),
+            // Not answered before the replicas hold it: the original's give-back keeps a
+            // claimed order, a failover before they hold it loses the claim with the order.
+            GrabOutcome::RepeatClaimed(order_sn) => once_held(order_sn, Some(replication)).await,
             GrabOutcome::SoldOut => {
                 if item.mark_sold_out() {
                     // Other instances learn it from the announcement rather than waiting for
@@ -262,11 +329,18 @@ impl Seller<'_> {
             // confirmation that may never come. Unless someone entered it in the outbox to send
             // it (then it is kept and sent), or a failover loses the give-back (then it is kept,
             // and the safety sweep sends it once its replicas hold it): either way pressing
-            // again tells the buyer (409).
+            // again tells the buyer (409, or their key's 202). A kept order's bucket is marked
+            // for the relay at once: a claim (a repeat of the key's, say) is sent once its
+            // replicas hold it, not when the safety sweep comes round to the bucket.
             let home = item.home(order.user_id);
             let given_back = async {
                 let mut conn = self.deps.redis.hot().await?;
-                give_back(&mut conn, home, order.user_id, &order.order_sn, idempotency).await
+                let given_back =
+                    give_back(&mut conn, home, order.user_id, &order.order_sn, idempotency).await?;
+                if !given_back {
+                    marks::mark(&mut conn, &self.deps.keys, Work::Relay, [home.bucket]).await?;
+                }
+                Ok::<_, RedisError>(given_back)
             };
             let given_back = given_back.await;
             tracing::info!(order_sn = %order.order_sn, given_back = ?given_back.as_ref().ok(), "a win its Redis replicas did not confirm in time");

@@ -1,10 +1,13 @@
 //! Redis failing: hung, gone, restarted with an empty script cache and no functions; and
 //! the sold-out flag that spares Redis.
 
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use seckill::config::Secret;
+use serde_json::{Value, json};
 
+use crate::history::quiet;
 use crate::support::*;
 
 /// A server on a private Redis, item 1 on sale with 10 units, and user 1 holding one.
@@ -168,39 +171,127 @@ async fn a_corrupt_meta_refuses_the_purchase_without_taking_a_unit() {
     server.stop().await;
 }
 
+/// Before its first warm-up nothing of an item was ever on sale, so an `Idempotency-Key`
+/// cannot have bought any of it: a keyed press memory refuses (`403 not_started`) is
+/// answered without asking Redis — with Redis hung, at once, as a press without a key is.
+/// Once loaded, a key that bought is answered its order again even after the window is
+/// moved back into the future: then Redis is asked.
+#[tokio::test]
+async fn a_keyed_press_before_the_first_warm_up_is_answered_without_redis() {
+    let env = TestEnv::new("keys_before_load").await;
+    let redis = PrivateRedis::start().await;
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.redis_url = Secret::new(redis.url());
+            s.rate_per_user = 0;
+        })
+        .await;
+    let now = chrono::Utc::now();
+    let (later, end) = (
+        now + chrono::Duration::hours(1),
+        now + chrono::Duration::hours(2),
+    );
+    env.item(1, 5).window(later, end).put(&server).await;
+    let (status, json) = env.buy(&server, 7, 1).await;
+    assert_eq!((status, json["code"].as_str()), (403, Some("not_started")));
+
+    redis.freeze();
+    for user in [7, 8] {
+        let started = Instant::now();
+        let (status, json) = crate::shapes::press(&env, &server, user, 1, "early").await;
+        let took = started.elapsed();
+        assert_eq!(
+            (status, json["code"].as_str()),
+            (403, Some("not_started")),
+            "{json}"
+        );
+        assert!(
+            took < Duration::from_millis(300),
+            "a keyed press before the warm-up took {took:?}: it waited for Redis"
+        );
+    }
+    redis.thaw();
+
+    // Loaded and on sale, the key buys; the window moved later again, it still names
+    // its order (memory refuses, Redis is asked).
+    env.item(1, 5)
+        .window(now - chrono::Duration::seconds(5), end)
+        .on_sale(&server)
+        .await;
+    let (status, won) = crate::shapes::press(&env, &server, 7, 1, "early").await;
+    assert_eq!(status, 202, "{won}");
+    env.item(1, 5).window(later, end).put(&server).await;
+    let (status, json) = env.buy(&server, 8, 1).await;
+    assert_eq!((status, json["code"].as_str()), (403, Some("not_started")));
+    let (status, again) = crate::shapes::press(&env, &server, 7, 1, "early").await;
+    assert_eq!(
+        (status, &again["order_sn"]),
+        (202, &won["order_sn"]),
+        "{again}"
+    );
+    server.stop().await;
+}
+
+/// A test's world on a private Redis master with one replica in step, and a server (every
+/// role) whose wins wait for that replica (`WAIT 1`).
+struct WaitOne {
+    env: TestEnv,
+    server: TestServer,
+    replica: PrivateRedis,
+    _master: PrivateRedis,
+}
+
+impl WaitOne {
+    async fn start(name: &str) -> Self {
+        let master = PrivateRedis::start().await;
+        let master_port = master.port.to_string();
+        // Loading the master's copy straight from the socket: nothing written to disk here.
+        let replica = PrivateRedis::start_with(&[
+            "--replicaof",
+            "127.0.0.1",
+            &master_port,
+            "--repl-diskless-load",
+            "on-empty-db",
+        ])
+        .await;
+        eventually(Duration::from_secs(10), "the replica in step", || async {
+            let info = replica.cmd(&["INFO", "replication"]).await;
+            let info: String = redis::FromRedisValue::from_redis_value(info).unwrap_or_default();
+            if info.contains("master_link_status:up") {
+                Ok(())
+            } else {
+                Err(info)
+            }
+        })
+        .await;
+        // The test's own reads of Redis (its invariants) go to that master too.
+        let env = TestEnv::on_stores(name, &mysql_server_url(), &master.url(), &amqp_url()).await;
+        let server = env
+            .server_with(ALL_ROLES, |s| {
+                s.redis_wait_replicas = 1;
+                s.rate_per_user = 0;
+            })
+            .await;
+        Self {
+            env,
+            server,
+            replica,
+            _master: master,
+        }
+    }
+}
+
 /// `WAIT 1` on one Redis server with one replica (no cluster): a win is answered once the
 /// replica holds it; while the replica is stuck (frozen), purchases are refused before
 /// the grab and take nothing; thawed, the sale goes on — every unit accounted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_wait_one_server_sells_only_what_its_replica_holds() {
-    let env = TestEnv::new("wait_one_server").await;
-    let master = PrivateRedis::start().await;
-    let master_port = master.port.to_string();
-    // Loading the master's copy straight from the socket: nothing written to disk here.
-    let replica = PrivateRedis::start_with(&[
-        "--replicaof",
-        "127.0.0.1",
-        &master_port,
-        "--repl-diskless-load",
-        "on-empty-db",
-    ])
-    .await;
-    eventually(Duration::from_secs(10), "the replica in step", || async {
-        let info = replica.cmd(&["INFO", "replication"]).await;
-        let info: String = redis::FromRedisValue::from_redis_value(info).unwrap_or_default();
-        if info.contains("master_link_status:up") {
-            Ok(())
-        } else {
-            Err(info)
-        }
-    })
-    .await;
-    let server = env
-        .server_with(ALL_ROLES, |s| {
-            s.redis_url = Secret::new(master.url());
-            s.redis_wait_replicas = 1;
-        })
-        .await;
+    let WaitOne {
+        env,
+        server,
+        replica,
+        _master,
+    } = WaitOne::start("wait_one_server").await;
     env.item(1, 10).on_sale(&server).await;
     assert_eq!(env.buy(&server, 1, 1).await.0, 202);
 
@@ -230,6 +321,213 @@ async fn with_wait_one_server_sells_only_what_its_replica_holds() {
         (stats["remaining"].as_u64(), stats["consistent"].as_bool()),
         (Some(8), Some(true)),
         "{stats}"
+    );
+    server.stop().await;
+}
+
+/// A buyer's one `Idempotency-Key`: the user, and every answer its presses heard.
+type KeyAnswers = (u64, Vec<(u16, Value)>);
+
+/// Every `202` names exactly one row of MySQL, and no key named two orders.
+async fn every_202_is_one_row(env: &TestEnv, item: u64, answers: &[KeyAnswers]) -> Vec<String> {
+    let mut won = Vec::new();
+    for (user, heard) in answers {
+        let sns: HashSet<&str> = heard
+            .iter()
+            .filter(|(status, _)| *status == 202)
+            .filter_map(|(_, body)| body["order_sn"].as_str())
+            .collect();
+        assert!(sns.len() <= 1, "user {user}'s one key bought {sns:?}");
+        won.extend(sns.into_iter().map(str::to_owned));
+    }
+    let mut rows: HashMap<String, usize> = HashMap::new();
+    for (sn, _, _) in env.orders(item).await {
+        *rows.entry(sn).or_default() += 1;
+    }
+    let lost: Vec<&String> = won.iter().filter(|sn| rows.get(*sn) != Some(&1)).collect();
+    assert!(
+        lost.is_empty(),
+        "{} of {} orders answered 202 are not one row in MySQL: {lost:?}",
+        lost.len(),
+        won.len()
+    );
+    won
+}
+
+/// Presses `user`'s key until it is answered `202` (the replica back, its claimed order
+/// sent or its unit free again): every answer heard.
+async fn press_until_queued(
+    env: &TestEnv,
+    server: &TestServer,
+    user: u64,
+    item: u64,
+    key: &str,
+) -> Vec<(u16, Value)> {
+    let mut heard = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = crate::shapes::press(env, server, user, item, key).await;
+        heard.push((status, body));
+        if status == 202 {
+            return heard;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "key {key} never answered 202: {heard:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `WAIT 1`: new buyers (`per_user` 2) each send one purchase twice at once with one
+/// `Idempotency-Key` (a double submit) — both answered the one order while the replica is
+/// in step; then, the replica frozen, round after round until the watcher sees it gone.
+/// The press that wins waits for the replica; the other is answered the same order — never
+/// `202` before the replica holds it, and a win given back for want of the replica is never
+/// one an answer promised. Thawed, each key pressed again is answered `202`; every `202` is
+/// one row of MySQL, no key bought two units, and the invariants hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_wait_one_a_repeated_key_is_answered_202_only_for_what_the_replica_holds() {
+    let WaitOne {
+        env,
+        server,
+        replica,
+        _master,
+    } = WaitOne::start("wait_one_repeats").await;
+    let total = 400;
+    env.item(1, total).per_user(2).on_sale(&server).await;
+    assert_eq!(env.buy(&server, 1, 1).await.0, 202);
+    // The replica in step: both presses of a pair are answered the one order (a `503`
+    // pressed again, as a storefront does).
+    let mut answers: Vec<KeyAnswers> = futures::future::join_all((10..20).map(|user| {
+        let (env, server) = (&env, &server);
+        async move {
+            let key = format!("double-{user}");
+            let (a, b) = tokio::join!(
+                press_until_queued(env, server, user, 1, &key),
+                press_until_queued(env, server, user, 1, &key)
+            );
+            let (a, b) = (a.last().unwrap().clone(), b.last().unwrap().clone());
+            assert_eq!(a.1["order_sn"], b.1["order_sn"], "{a:?} {b:?}");
+            (user, vec![a, b])
+        }
+    }))
+    .await;
+
+    replica.freeze();
+    let frozen_at = Instant::now();
+    let mut next_user = 100;
+    loop {
+        let round: Vec<u64> = (next_user..next_user + 10).collect();
+        next_user += 10;
+        let (env, server) = (&env, &server);
+        answers.extend(
+            futures::future::join_all(round.into_iter().map(|user| async move {
+                let key = format!("double-{user}");
+                let first = crate::shapes::press(env, server, user, 1, &key);
+                let second = async {
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    crate::shapes::press(env, server, user, 1, &key).await
+                };
+                let (a, b) = tokio::join!(first, second);
+                (user, vec![a, b])
+            }))
+            .await,
+        );
+        let stats = env.stats(server, 1).await;
+        if stats["replicas"]["short"] == json!([0]) {
+            break;
+        }
+        assert!(
+            frozen_at.elapsed() < Duration::from_secs(15),
+            "the watcher never saw the replica frozen: {stats}"
+        );
+    }
+    let mut heard: BTreeMap<String, u64> = BTreeMap::new();
+    for (_, pair) in &answers[10..] {
+        for (status, body) in pair {
+            *heard
+                .entry(format!("{status} {}", body["code"].as_str().unwrap_or("?")))
+                .or_default() += 1;
+        }
+    }
+    eprintln!("while the replica was frozen: {heard:?}");
+
+    replica.thaw();
+    for (user, pair) in &mut answers {
+        if !pair.iter().any(|(status, _)| *status == 202) {
+            let key = format!("double-{user}");
+            pair.extend(press_until_queued(&env, &server, *user, 1, &key).await);
+        }
+    }
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let mut won = every_202_is_one_row(&env, 1, &answers).await;
+    won.extend(
+        env.orders(1)
+            .await
+            .into_iter()
+            .filter(|(_, user, _)| *user == 1)
+            .map(|(sn, _, _)| sn),
+    );
+    env.assert_invariants(&server, 1, total, &won).await;
+    server.stop().await;
+}
+
+/// `WAIT 1`, the replica frozen, the refusal from memory: a buyer's key wins the last unit
+/// of an item and waits for the replica; another buyer's press finds it sold out, so this
+/// instance's memory says so; the buyer presses again with the same key, which memory
+/// refuses and Redis is asked about. That repeat is not answered `202` before the replica
+/// holds the order (`503`); thawed, the key is answered `202` with an order MySQL has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_wait_one_a_key_refused_from_memory_is_answered_202_only_for_what_the_replica_holds() {
+    let WaitOne {
+        env,
+        server,
+        replica,
+        _master,
+    } = WaitOne::start("wait_one_memory_repeat").await;
+    let items: Vec<u64> = (1..=4).collect();
+    for item in &items {
+        env.item(*item, 1).on_sale(&server).await;
+    }
+
+    replica.freeze();
+    let mut answers: Vec<(u64, KeyAnswers)> = Vec::new();
+    for item in &items {
+        let (buyer, other) = (10 + item, 50 + item);
+        let key = format!("last-{item}");
+        let (env, server) = (&env, &server);
+        let first = crate::shapes::press(env, server, buyer, *item, &key);
+        let then = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            let refused = env.buy(server, other, *item).await;
+            let again = crate::shapes::press(env, server, buyer, *item, &key).await;
+            (refused, again)
+        };
+        let (first, (refused, again)) = tokio::join!(first, then);
+        eprintln!(
+            "item {item}: {} {}, another buyer {} {}, pressed again {} {}",
+            first.0, first.1, refused.0, refused.1, again.0, again.1
+        );
+        answers.push((*item, (buyer, vec![first, again])));
+    }
+    replica.thaw();
+    for (item, (buyer, heard)) in &mut answers {
+        if !heard.iter().any(|(status, _)| *status == 202) {
+            let key = format!("last-{item}");
+            heard.extend(press_until_queued(&env, &server, *buyer, *item, &key).await);
+        }
+    }
+    for (item, key) in &answers {
+        quiet(&env, &server, *item, &amqp_url(), Duration::from_secs(30)).await;
+        let won = every_202_is_one_row(&env, *item, std::slice::from_ref(key)).await;
+        env.assert_invariants(&server, *item, 1, &won).await;
+    }
+    // The repeat waited for the replica, and could not have it (at least once: the
+    // watcher refuses every purchase once it sees the replica gone, ~2 s on).
+    assert!(
+        answers.iter().any(|(_, (_, heard))| heard[1].0 == 503),
+        "{answers:?}"
     );
     server.stop().await;
 }

@@ -16,7 +16,7 @@ use crate::history::quiet;
 use crate::support::*;
 
 /// A press with an `Idempotency-Key`: status and body.
-async fn press(
+pub async fn press(
     env: &TestEnv,
     server: &TestServer,
     user: u64,
