@@ -10,6 +10,10 @@
 //! schedulers never give one entry two units, and a winner who cancelled is not given the
 //! unit back. The units are the item's loaded tokens, so no more than `total` are ever
 //! given, whatever runs twice.
+//!
+//! Before its first unit the round closes the entries for good (`drawn` in each bucket's
+//! meta, which `lua/enter.lua` checks): whatever `draw_at` says later, no entry is taken
+//! once the draw is being made.
 
 use redis::AsyncCommands;
 
@@ -30,8 +34,9 @@ pub struct Round {
     pub given: u64,
     /// The highest rank given a unit so far.
     pub cutoff: Option<u64>,
-    /// Units or entries ran out: every entry of rank ≤ `cutoff` has a unit, and no more
-    /// can be given now.
+    /// Units or entries ran out: every entry of rank ≤ `cutoff` has a unit (or was passed
+    /// over: its user held as many orders as `per_user` allows), and no more can be given
+    /// now.
     pub complete: bool,
 }
 
@@ -49,6 +54,9 @@ pub async fn draw(
     let (secs, micros): (i64, i64) = redis_timed(redis::cmd("TIME").query_async(&mut conn)).await?;
     if secs * 1000 + micros / 1000 < draw_at.timestamp_millis() {
         return Ok(None);
+    }
+    if item.drawn_at.is_none() {
+        close_entries(redis, &buckets).await?;
     }
     let mut round = Round {
         cutoff: item.draw_cutoff,
@@ -82,6 +90,15 @@ pub async fn draw(
             return Ok(Some(round));
         }
     }
+}
+
+/// Marks every bucket's entries closed for good (`drawn` in its meta: `lua/enter.lua`).
+async fn close_entries(redis: &RedisConns, buckets: &[ItemKeys]) -> Result<(), RedisError> {
+    let mut grouped = Grouped::new(redis);
+    for bucket in buckets {
+        grouped.group().hset_nx(&bucket.meta, "drawn", 1).ignore();
+    }
+    grouped.run(redis).await
 }
 
 /// Units on the buckets' lists (one round trip per server).
@@ -130,7 +147,8 @@ async fn next_entries(
 /// What giving one entry a unit came to.
 enum Given {
     Won,
-    /// It had one already.
+    /// It had one already, or was passed over (its user holds as many orders as
+    /// `per_user` allows).
     Repeat,
     /// No bucket has a unit to give.
     NoUnit,
@@ -171,7 +189,7 @@ async fn give(
         .await?;
         match outcome.as_str() {
             "won" => return Ok(Given::Won),
-            "repeat" => return Ok(Given::Repeat),
+            "repeat" | "passed" => return Ok(Given::Repeat),
             "sold_out" if item.split() => {
                 let lenders = buckets.iter().filter(|b| b.bucket != home.bucket);
                 let borrowed = transfer::borrow(conn, home, lenders, lending).await?;
