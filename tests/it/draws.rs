@@ -721,3 +721,123 @@ async fn a_drawn_draw_takes_no_entry_and_keeps_its_seed() {
     .await;
     assert_eq!(env.stats(&server, 1).await["entries"], 30);
 }
+
+/// A winner's award that Redis lost after the round recorded its cut-off in MySQL (a
+/// failover that lost the last writes, the order not yet sent): the unit is back on the
+/// list and the winner holds nothing; the next round gives it to that winner again, before
+/// any rank above the cut-off, so the units still go to the lowest ranks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_award_goes_back_to_its_rank_first() {
+    let env = TestEnv::new("draws_lost").await;
+    let server = env.server(&[Role::Api, Role::Consumer]).await;
+    let draw_at = Utc::now() + chrono::Duration::seconds(2);
+    env.item(1, 5).draw(draw_at).on_sale(&server).await;
+    let seed = seed_of(&env, 1).await;
+    enter_directly(&env, 1, 1, &seed, 1..31).await;
+    until(draw_at).await;
+
+    // The first round, as the draw pass runs it, with nobody to send its orders yet.
+    let redis = seckill::testing::RedisConns::new(env.settings.redis_url.expose()).unwrap();
+    let keys = env.keys();
+    let id = ItemId::new(1).unwrap();
+    let item = seckill::testing::items::get(&env.db, id)
+        .await
+        .unwrap()
+        .unwrap();
+    let round = seckill::testing::draw::draw(&redis, &keys, &item)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(round.given == 5 && round.complete, "{round:?}");
+    sqlx::query("UPDATE items SET draw_cutoff = ?, drawn_at = UTC_TIMESTAMP(3) WHERE id = 1")
+        .bind(round.cutoff)
+        .execute(&env.db)
+        .await
+        .unwrap();
+
+    // Redis loses the award of the lowest rank: its record, its buyer record, its order
+    // (pending, outbox) and the unit's LPOP.
+    let expected = lowest(&seed, 1..31, 6);
+    let lost = UserId::new(expected[0]);
+    let bucket = BucketId::home(id, lost, 1);
+    let item_keys = keys.bucket(bucket);
+    let mut conn = env.redis.clone();
+    let sn: String = conn.hget(keys.awarded(bucket), lost.get()).await.unwrap();
+    let () = conn.hdel(keys.awarded(bucket), lost.get()).await.unwrap();
+    let () = conn
+        .hdel(item_keys.buyer_orders(lost), lost.get())
+        .await
+        .unwrap();
+    let () = conn.hdel(&item_keys.pending, &sn).await.unwrap();
+    let () = conn.zrem(&item_keys.outbox, &sn).await.unwrap();
+    let () = conn.rpush(&item_keys.tokens, 1_000).await.unwrap();
+
+    let _scheduler = env.server(&[Role::Scheduler]).await;
+    eventually(Duration::from_secs(15), "the unit given again", || async {
+        if env.remaining(1).await == 0 {
+            Ok(())
+        } else {
+            Err("a unit listed".to_owned())
+        }
+    })
+    .await;
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let mut holders = live_buyers(&env, 1).await;
+    holders.sort_unstable();
+    let mut want = expected[..5].to_vec();
+    want.sort_unstable();
+    assert_eq!(
+        holders, want,
+        "the lost winner (rank 1) is given the unit again, not rank 6"
+    );
+    let (_, theirs) = env
+        .get(&server, "/api/items/1/my-entry", Some(lost.get()))
+        .await;
+    assert_eq!(theirs["status"], "won", "{theirs}");
+    env.assert_invariants(&server, 1, 5, &[]).await;
+}
+
+/// No unit passes on after `end_at` (by Redis's clock): a winner who cancels once the sale
+/// ended leaves the unit on the list, and the next entry by rank stays `not_drawn` —
+/// however long after its last read of the item the draw pass looks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_unit_passes_on_after_the_end() {
+    let env = TestEnv::new("draws_end").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    let now = Utc::now();
+    let draw_at = now + chrono::Duration::seconds(3);
+    let end_at = now + chrono::Duration::seconds(8);
+    env.item(1, 3)
+        .window(now - chrono::Duration::seconds(5), end_at)
+        .draw(draw_at)
+        .on_sale(&server)
+        .await;
+    let seed = seed_of(&env, 1).await;
+    enter_directly(&env, 1, 1, &seed, 1..21).await;
+    until(draw_at).await;
+    drawn(&env, &server, 1, Duration::from_secs(30)).await;
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let expected = lowest(&seed, 1..21, 4);
+
+    until(end_at).await;
+    let (_, mine) = env
+        .get(&server, "/api/items/1/my-entry", Some(expected[0]))
+        .await;
+    let sn = mine["order_sn"].as_str().unwrap().to_owned();
+    let (status, body) = env
+        .post_as(&server, &format!("/api/orders/{sn}/cancel"), expected[0])
+        .await;
+    assert_eq!(status, 200, "{body}");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (_, next) = env
+        .get(&server, "/api/items/1/my-entry", Some(expected[3]))
+        .await;
+    assert_eq!(
+        next["status"], "not_drawn",
+        "a unit passed on after end_at: {next}"
+    );
+    assert_eq!(env.remaining(1).await, 1);
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    assert_eq!(live_buyers(&env, 1).await.len(), 2);
+    env.assert_invariants(&server, 1, 3, &[]).await;
+}
