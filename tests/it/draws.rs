@@ -841,3 +841,29 @@ async fn no_unit_passes_on_after_the_end() {
     assert_eq!(live_buyers(&env, 1).await.len(), 2);
     env.assert_invariants(&server, 1, 3, &[]).await;
 }
+
+/// A draw's time lies before the sale's end, since no unit is given after it: a draw
+/// without `draw_at`, or with it at `end_at`, is `400` naming `draw_at`, and nothing is
+/// written. (Before, `draw_at` defaulted to `end_at`: a draw that never gave a unit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draw_needs_its_time_before_the_end() {
+    let env = TestEnv::new("draws_time").await;
+    let server = env.server(&[Role::Api]).await;
+    let now = Utc::now();
+    let end = now + chrono::Duration::hours(1);
+    let at_end = env
+        .item(1, 10)
+        .window(now - chrono::Duration::seconds(5), end)
+        .draw(end);
+    let mut without = at_end.body();
+    without.as_object_mut().unwrap().remove("draw_at");
+    for body in [without, at_end.body()] {
+        let (status, answer) = put_item(&env, &server, 1, &body).await;
+        assert_eq!(status, 400, "{answer}");
+        let detail = answer["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains("`draw_at`"), "{answer}");
+    }
+    assert_eq!(env.get(&server, "/api/items/1", None).await.0, 404);
+    let before_end = at_end.draw(end - chrono::Duration::seconds(1));
+    assert_eq!(before_end.try_put(&server).await.0, 201);
+}
