@@ -1,12 +1,12 @@
 -- award.lua: give a draw's winner a unit, once ever.
 --
--- KEYS[1] meta          HASH  loaded, fenced
+-- KEYS[1] meta          HASH  loaded, fenced, end_ms, per_user
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] buyer_orders  HASH  (the winner's shard, as grab.lua)
 -- KEYS[4] pending       HASH  order_sn -> order JSON
 -- KEYS[5] outbox        ZSET  order_sn -> ms
 -- KEYS[6] entries       ZSET  user_id -> rank
--- KEYS[7] awarded       HASH  user_id -> the order they were given
+-- KEYS[7] awarded       HASH  user_id -> the order they were given, or '-': passed over
 -- ARGV[1] user_id
 -- ARGV[2] order_sn      the number the order gets
 -- ARGV[3] now           ms since the epoch (the order's time: its pay deadline counts
@@ -19,25 +19,52 @@
 -- scheduler) answers 'repeat', and a winner who cancelled is not given the unit again —
 -- it passes on to the next entry by rank.
 --
--- Returns {'won', order_sn} | {'repeat', order_sn} | {'not_entered', ''} |
--- {'sold_out', ''} (no unit in this bucket: borrow, or none is left) | {'not_loaded', ''} |
--- {'reloading', ''}.
+-- A winner whose live orders already reach the meta's `per_user` (bought while the item
+-- was a first-come sale, before it became a draw) is never given one more: the entry is
+-- passed over for good ('-' in `awarded`) and the unit goes to the next entry by rank, as
+-- a cancelled winner's does.
+--
+-- No unit is given once Redis's clock reaches the sale's end (`end_ms`), the clock the
+-- window is judged by everywhere (grab.lua): the draw pass reads an item's record again
+-- only every 10 s, so its own view of the end may be that late.
+--
+-- Returns {'won', order_sn} | {'repeat', order_sn} | {'passed', ''} (passed over, now or
+-- before) | {'not_entered', ''} | {'sold_out', ''} (no unit in this bucket: borrow, or
+-- none is left) | {'ended', ''} | {'not_loaded', ''} | {'reloading', ''};
+-- an error, with nothing written, when the meta's end is not a number.
+--
+-- A script never rolls back: every check happens before the first write.
 
-local meta = redis.call('HMGET', KEYS[1], 'loaded', 'fenced')
+local PASSED = '-'
+
+local meta = redis.call('HMGET', KEYS[1], 'loaded', 'fenced', 'end_ms', 'per_user')
 if not meta[1] then
   return {'not_loaded', ''}
 end
 local given = redis.call('HGET', KEYS[7], ARGV[1])
+if given == PASSED then
+  return {'passed', ''}
+end
 if given then
   return {'repeat', given}
 end
 if meta[2] then
   return {'reloading', ''}
 end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- Arithmetic on a string converts it (an error when it is not a number: nothing written).
+if now >= meta[3] + 0 then
+  return {'ended', ''}
+end
 if not redis.call('ZSCORE', KEYS[6], ARGV[1]) then
   return {'not_entered', ''}
 end
-local places = parse_places(redis.call('HGET', KEYS[3], ARGV[1]))
+local places, live = parse_places(redis.call('HGET', KEYS[3], ARGV[1]))
+if #live >= (tonumber(meta[4]) or 1) then
+  redis.call('HSET', KEYS[7], ARGV[1], PASSED)
+  return {'passed', ''}
+end
 if not redis.call('LPOP', KEYS[2]) then
   return {'sold_out', ''}
 end

@@ -5,11 +5,21 @@
 //! entry by rank.
 //!
 //! Each winner's unit is given by `lua/award.lua`, which records the winner in the same
-//! step: giving it again answers "repeat". So a scheduler killed mid-draw resumes where
-//! MySQL's `draw_cutoff` says (or before: what was given since answers "repeat"), two
-//! schedulers never give one entry two units, and a winner who cancelled is not given the
-//! unit back. The units are the item's loaded tokens, so no more than `total` are ever
-//! given, whatever runs twice.
+//! step: giving it again answers "repeat". So a scheduler killed mid-draw resumes where it
+//! was cut off, two schedulers never give one entry two units, and a winner who cancelled
+//! is not given the unit back. The units are the item's loaded tokens, so no more than
+//! `total` are ever given, whatever runs twice.
+//!
+//! Each round walks the entries from the lowest rank, skipping those already decided (a
+//! unit given, or passed over), not from MySQL's `draw_cutoff`: an award Redis lost after
+//! the cut-off was recorded (a failover that lost the last writes) leaves an entry below
+//! the cut-off with nothing, and it must have the unit before any rank above. The walk
+//! costs a read of the decided entries only while a unit waits on the list and some entry
+//! is undecided.
+//!
+//! Before its first unit the round closes the entries for good (`drawn` in each bucket's
+//! meta, which `lua/enter.lua` checks): whatever `draw_at` says later, no entry is taken
+//! once the draw is being made.
 
 use redis::AsyncCommands;
 
@@ -30,8 +40,9 @@ pub struct Round {
     pub given: u64,
     /// The highest rank given a unit so far.
     pub cutoff: Option<u64>,
-    /// Units or entries ran out: every entry of rank ≤ `cutoff` has a unit, and no more
-    /// can be given now.
+    /// Units or entries ran out, or the sale ended: every entry of rank ≤ `cutoff` has a
+    /// unit (or was passed over: its user held as many orders as `per_user` allows), and
+    /// no more can be given now.
     pub complete: bool,
 }
 
@@ -50,49 +61,99 @@ pub async fn draw(
     if secs * 1000 + micros / 1000 < draw_at.timestamp_millis() {
         return Ok(None);
     }
+    if item.drawn_at.is_none() {
+        close_entries(redis, &buckets).await?;
+    }
     let mut round = Round {
         cutoff: item.draw_cutoff,
         ..Round::default()
     };
-    // Every unit given (the usual state between the draw and `end_at`): nothing to read.
-    if listed(redis, &buckets).await? == 0 {
+    // Every unit given (the usual state between the draw and `end_at`), or every entry
+    // decided: nothing to read.
+    let counts = counts(redis, keys, &buckets).await?;
+    if counts.listed == 0 || counts.decided >= counts.entries {
         round.complete = true;
         return Ok(Some(round));
     }
     let lending = Lending { redis, keys };
+    let mut from = None;
     loop {
-        let page = next_entries(&mut conn, keys, &buckets, round.cutoff).await?;
+        let page = next_entries(&mut conn, keys, &buckets, from).await?;
         let last_page = page.len() < PAGE as usize;
-        for (user, rank) in page {
-            match give(&mut conn, keys, item, &buckets, user, lending).await? {
+        for entry in &page {
+            let given = if entry.decided {
+                Given::Repeat
+            } else {
+                give(&mut conn, keys, item, &buckets, entry.user, lending).await?
+            };
+            match given {
                 Given::Won => {
                     round.given += 1;
-                    round.cutoff = Some(rank);
+                    round.cutoff = round.cutoff.max(Some(entry.rank));
                 }
-                Given::Repeat => round.cutoff = Some(rank),
-                Given::NoUnit => {
+                Given::Repeat => round.cutoff = round.cutoff.max(Some(entry.rank)),
+                Given::NoUnit | Given::Ended => {
                     round.complete = true;
                     return Ok(Some(round));
                 }
                 Given::Wait => return Ok(Some(round)),
             }
         }
-        if last_page {
-            round.complete = true;
-            return Ok(Some(round));
+        match page.last() {
+            Some(entry) if !last_page => from = Some(entry.rank),
+            _ => {
+                round.complete = true;
+                return Ok(Some(round));
+            }
         }
     }
 }
 
-/// Units on the buckets' lists (one round trip per server).
-async fn listed(redis: &RedisConns, buckets: &[ItemKeys]) -> Result<u64, RedisError> {
+/// Marks every bucket's entries closed for good (`drawn` in its meta: `lua/enter.lua`).
+async fn close_entries(redis: &RedisConns, buckets: &[ItemKeys]) -> Result<(), RedisError> {
     let mut grouped = Grouped::new(redis);
     for bucket in buckets {
-        grouped.group().llen(&bucket.tokens);
+        grouped.group().hset_nx(&bucket.meta, "drawn", 1).ignore();
     }
-    // Each group's answers come as one array: here, of one length.
-    let lengths: Vec<(u64,)> = grouped.query(redis).await?;
-    Ok(lengths.into_iter().map(|(n,)| n).sum())
+    grouped.run(redis).await
+}
+
+/// What a round looks at before it reads any entry.
+struct Counts {
+    /// Units on the buckets' lists.
+    listed: u64,
+    entries: u64,
+    /// Entries given a unit or passed over (`awarded`).
+    decided: u64,
+}
+
+/// [`Counts`] over the buckets (one round trip per server).
+async fn counts(
+    redis: &RedisConns,
+    keys: &Keys,
+    buckets: &[ItemKeys],
+) -> Result<Counts, RedisError> {
+    let mut grouped = Grouped::new(redis);
+    for bucket in buckets {
+        grouped
+            .group()
+            .llen(&bucket.tokens)
+            .zcard(keys.entries(bucket.bucket))
+            .hlen(keys.awarded(bucket.bucket));
+    }
+    let each: Vec<(u64, u64, u64)> = grouped.query(redis).await?;
+    Ok(each.into_iter().fold(
+        Counts {
+            listed: 0,
+            entries: 0,
+            decided: 0,
+        },
+        |sum, (listed, entries, decided)| Counts {
+            listed: sum.listed + listed,
+            entries: sum.entries + entries,
+            decided: sum.decided + decided,
+        },
+    ))
 }
 
 /// The bucket that keeps `user`'s entry and record of the item.
@@ -100,16 +161,24 @@ fn item_home(item: &Item, user: UserId) -> BucketId {
     BucketId::home(item.id, user, item.buckets)
 }
 
-/// The next entries by rank from `cutoff` on (inclusive: an entry tied with the cutoff, or
-/// the cutoff's own, answers "repeat" if it has a unit), merged over the buckets.
+/// An entry as a round reads it.
+struct Entry {
+    user: UserId,
+    rank: u64,
+    /// Given a unit, or passed over, before (`awarded` has it).
+    decided: bool,
+}
+
+/// The next entries by rank from `from` on (inclusive: an entry tied with the last one
+/// read comes again, decided by then; `None`: from the lowest), merged over the buckets.
 async fn next_entries(
     conn: &mut RedisConn,
     keys: &Keys,
     buckets: &[ItemKeys],
-    cutoff: Option<u64>,
-) -> Result<Vec<(UserId, u64)>, RedisError> {
-    let from = cutoff.map_or("-inf".to_owned(), |c| c.to_string());
-    let mut all: Vec<(UserId, u64)> = Vec::new();
+    from: Option<u64>,
+) -> Result<Vec<Entry>, RedisError> {
+    let from = from.map_or("-inf".to_owned(), |rank| rank.to_string());
+    let mut all: Vec<Entry> = Vec::new();
     for bucket in buckets {
         let page: Vec<(u64, f64)> = redis_timed(conn.zrangebyscore_limit_withscores(
             keys.entries(bucket.bucket),
@@ -119,10 +188,33 @@ async fn next_entries(
             PAGE,
         ))
         .await?;
-        all.extend(page.into_iter().map(|(u, r)| (UserId::new(u), r as u64)));
+        if page.is_empty() {
+            continue;
+        }
+        let users: Vec<u64> = page.iter().map(|(user, _)| *user).collect();
+        let awarded: Vec<Option<String>> = redis_timed(
+            redis::cmd("HMGET")
+                .arg(keys.awarded(bucket.bucket))
+                .arg(&users)
+                .query_async(conn),
+        )
+        .await?;
+        all.extend(
+            page.into_iter()
+                .zip(awarded)
+                .map(|((user, rank), awarded)| Entry {
+                    user: UserId::new(user),
+                    rank: rank as u64,
+                    decided: awarded.is_some(),
+                }),
+        );
     }
     // Lowest rank first; a tie (one in ~10^14) by user id as text, as Redis orders it.
-    all.sort_by(|(ua, ra), (ub, rb)| ra.cmp(rb).then_with(|| ua.to_string().cmp(&ub.to_string())));
+    all.sort_by(|a, b| {
+        a.rank
+            .cmp(&b.rank)
+            .then_with(|| a.user.to_string().cmp(&b.user.to_string()))
+    });
     all.truncate(PAGE as usize);
     Ok(all)
 }
@@ -130,12 +222,15 @@ async fn next_entries(
 /// What giving one entry a unit came to.
 enum Given {
     Won,
-    /// It had one already.
+    /// It had one already, or was passed over (its user holds as many orders as
+    /// `per_user` allows).
     Repeat,
     /// No bucket has a unit to give.
     NoUnit,
     /// A bucket that may have one cannot lend now (its master is short of replicas).
     Wait,
+    /// The sale ended by Redis's clock: nothing more is given.
+    Ended,
 }
 
 /// Gives `user` a unit in their home bucket (`lua/award.lua`), borrowing one from the
@@ -171,7 +266,8 @@ async fn give(
         .await?;
         match outcome.as_str() {
             "won" => return Ok(Given::Won),
-            "repeat" => return Ok(Given::Repeat),
+            "repeat" | "passed" => return Ok(Given::Repeat),
+            "ended" => return Ok(Given::Ended),
             "sold_out" if item.split() => {
                 let lenders = buckets.iter().filter(|b| b.bucket != home.bucket);
                 let borrowed = transfer::borrow(conn, home, lenders, lending).await?;

@@ -97,10 +97,12 @@ pub enum Conflict {
     OrdersInFlight,
     OverHeld,
     Raced,
+    ModeFixed,
+    DrawFixed,
 }
 
 impl Conflict {
-    pub const ALL: [Conflict; 12] = [
+    pub const ALL: [Conflict; 14] = [
         Conflict::OrderPaid,
         Conflict::OrderCancelled,
         Conflict::Reconciling,
@@ -113,6 +115,8 @@ impl Conflict {
         Conflict::OrdersInFlight,
         Conflict::OverHeld,
         Conflict::Raced,
+        Conflict::ModeFixed,
+        Conflict::DrawFixed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -129,6 +133,8 @@ impl Conflict {
             Conflict::OrdersInFlight => "orders_in_flight",
             Conflict::OverHeld => "over_held",
             Conflict::Raced => "raced",
+            Conflict::ModeFixed => "mode_fixed",
+            Conflict::DrawFixed => "draw_fixed",
         }
     }
 }

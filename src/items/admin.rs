@@ -37,13 +37,32 @@ impl From<WriteError> for ApiError {
                 code: Conflict::ReleaseStarted,
                 detail: format!(
                     "{}the tranche of {} is on sale already: it may not be changed, removed or added; only tranches still to come may",
-                    index.map(|n| format!("items[{n}]: ")).unwrap_or_default(),
+                    in_bulk(index),
                     at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ),
+            },
+            WriteError::DrawFixed { field, index } => ApiError::Conflict {
+                code: Conflict::DrawFixed,
+                detail: format!(
+                    "{}`{field}`: the draw is under way or made (its time came, or units were given): its mode, `draw_at`, seed and entries are final",
+                    in_bulk(index)
+                ),
+            },
+            WriteError::ModeFixed { index } => ApiError::Conflict {
+                code: Conflict::ModeFixed,
+                detail: format!(
+                    "{}`mode`: the item was loaded, or has buyers, entries or orders: it keeps its mode; use a new item id",
+                    in_bulk(index)
                 ),
             },
             WriteError::Store(e) => e.into(),
         }
     }
+}
+
+/// `items[N]: ` for the item at `index` of a bulk call.
+fn in_bulk(index: Option<usize>) -> String {
+    index.map(|n| format!("items[{n}]: ")).unwrap_or_default()
 }
 
 /// The operators' item calls: write one or many, pause, resume. (Warm-ups: `crate::warmup`;
@@ -86,7 +105,7 @@ struct Switched {
     responses(
         (status = 200, description = "`updated`", body = WrittenItem),
         (status = 201, description = "`created`", body = WrittenItem),
-        (status = 409, description = "`buckets_fixed` / `release_started`: an item with units, buyers or orders keeps its buckets; a loaded item's tranche already on sale may not change", body = Refusal),
+        (status = 409, description = "`buckets_fixed` / `release_started` / `mode_fixed` / `draw_fixed`: an item with units, buyers or orders keeps its buckets; a loaded item's tranche already on sale may not change; a loaded item keeps its mode; a draw under way or made keeps its mode and `draw_at`", body = Refusal),
     )
 )]
 async fn put_item(

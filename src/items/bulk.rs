@@ -61,7 +61,7 @@ struct Written {
     request_body = ItemsBody,
     responses(
         (status = 200, description = "`ok`: each item's outcome, in the order sent", body = Written),
-        (status = 409, description = "`release_started`: a loaded item's tranche already on sale may not change (the detail names the item); nothing is written", body = Refusal),
+        (status = 409, description = "`release_started` / `mode_fixed` / `draw_fixed`: a loaded item's tranche already on sale may not change, a loaded item keeps its mode, a draw under way or made keeps its mode and `draw_at` (the detail names the item); nothing is written", body = Refusal),
     )
 )]
 pub(super) async fn put_items(

@@ -92,7 +92,7 @@ impl Regrouping {
 }
 
 /// Those of the items (with their present bucket counts) that have state in Redis.
-async fn in_redis(
+pub(super) async fn in_redis(
     redis: &RedisConns,
     keys: &Keys,
     items: &[(ItemId, u8)],

@@ -45,6 +45,16 @@ pub enum WriteError {
         at: DateTime<Utc>,
         index: Option<usize>,
     },
+    /// The item's draw is under way or made (its time came, or units were given): its
+    /// mode and `draw_at` are final. `field`: the one the write would change.
+    #[error("the draw is under way or made: `{field}` is final")]
+    DrawFixed {
+        field: &'static str,
+        index: Option<usize>,
+    },
+    /// The item was loaded, or has buyers, entries or orders: it keeps its mode.
+    #[error("the item was loaded: it keeps its mode")]
+    ModeFixed { index: Option<usize> },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -58,14 +68,34 @@ fn released_changed(live: &Item, next: &Waves) -> Option<DateTime<Utc>> {
     live.release.released_changed(next, crate::clock::now())
 }
 
+/// The field `next` would change of the live item's draw once it is under way or made —
+/// its time came for a loaded item, or a round gave units — if any: its mode and `draw_at`
+/// are final then.
+fn draw_made_changed(live: &Item, next: &ItemDraft, now: DateTime<Utc>) -> Option<&'static str> {
+    let at = live.draw_at?;
+    let made = (at <= now && live.loaded_at.is_some())
+        || live.drawn_at.is_some()
+        || live.draw_cutoff.is_some();
+    match next.draw_at {
+        _ if !made => None,
+        None => Some("mode"),
+        Some(next_at) if next_at != at => Some("draw_at"),
+        Some(_) => None,
+    }
+}
+
 impl ItemWriter<'_> {
     /// Creates or updates the item `id`; a changed `total` takes effect with a forced
     /// warm-up.
     pub async fn put(&self, id: ItemId, draft: ItemDraft) -> Result<Put, WriteError> {
-        if let Some(live) = repo::get(&self.deps.db, id).await?
-            && let Some(at) = released_changed(&live, &draft.release)
+        let live = repo::get(&self.deps.db, id).await?;
+        if let Some(live) = &live
+            && let Some(at) = released_changed(live, &draft.release)
         {
             return Err(WriteError::ReleaseStarted { at, index: None });
+        }
+        if let Some(live) = &live {
+            self.keep_modes(&[(None, live, &draft)]).await?;
         }
         let regrouping = Regrouping::hold(
             &self.deps.db,
@@ -106,6 +136,12 @@ impl ItemWriter<'_> {
                 });
             }
         }
+        let writes: Vec<(Option<usize>, &Item, &ItemDraft)> = drafts
+            .iter()
+            .enumerate()
+            .filter_map(|(index, (id, draft))| Some((Some(index), live.get(id)?, draft)))
+            .collect();
+        self.keep_modes(&writes).await?;
         let regrouping =
             Regrouping::hold(&self.deps.db, &self.deps.redis, &self.deps.keys, drafts).await?;
         let done = repo::upsert_many(&self.deps.db, drafts, &regrouping.kept).await;
@@ -141,6 +177,53 @@ impl ItemWriter<'_> {
         grouped.run(&self.deps.redis).await?;
         self.catalog.announce_all().await;
         Ok(done)
+    }
+
+    /// Refuses the first of `writes` (each with its place in a bulk call, the live item
+    /// and the draft) that would change what is final of an item's mode or draw: once a
+    /// draw is under way, its mode and `draw_at` (entries taken after, with the seed
+    /// public, could be chosen to win); once an item was loaded, its mode — a sale's
+    /// buyers entered into a draw could win a second unit, a draw's entrants would lose
+    /// their units to the fastest. Loaded is told as `buckets` is (`super::regroup`):
+    /// `loaded_at`, orders in MySQL, or anything of it in Redis.
+    async fn keep_modes(
+        &self,
+        writes: &[(Option<usize>, &Item, &ItemDraft)],
+    ) -> Result<(), WriteError> {
+        let now = crate::clock::now();
+        let mut switching: Vec<(Option<usize>, &Item)> = Vec::new();
+        for (index, live, next) in writes {
+            if let Some(field) = draw_made_changed(live, next, now) {
+                return Err(WriteError::DrawFixed {
+                    field,
+                    index: *index,
+                });
+            }
+            if live.draw_at.is_some() != next.draw_at.is_some() {
+                if live.loaded_at.is_some() {
+                    return Err(WriteError::ModeFixed { index: *index });
+                }
+                switching.push((*index, live));
+            }
+        }
+        if switching.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<ItemId> = switching.iter().map(|(_, live)| live.id).collect();
+        let mut held: HashSet<ItemId> =
+            crate::orders::repo::items_having_orders(&self.deps.db, &ids)
+                .await?
+                .into_iter()
+                .collect();
+        let buckets: Vec<(ItemId, u8)> = switching
+            .iter()
+            .map(|(_, live)| (live.id, live.buckets))
+            .collect();
+        held.extend(super::regroup::in_redis(&self.deps.redis, &self.deps.keys, &buckets).await?);
+        match switching.iter().find(|(_, live)| held.contains(&live.id)) {
+            Some((index, _)) => Err(WriteError::ModeFixed { index: *index }),
+            None => Ok(()),
+        }
     }
 
     /// Pauses or resumes the item's sale.

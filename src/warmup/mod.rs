@@ -669,8 +669,8 @@ fn swap_parts<'k>(
     (keys, args)
 }
 
-/// A bucket's meta fields once loaded: its counts, and the item's rules (see
-/// `lua/grab.lua`).
+/// A bucket's meta fields once loaded: its counts, the item's rules (see `lua/grab.lua`)
+/// and a draw's entries closed once it is under way.
 pub(super) fn meta_after(
     item: &Item,
     bucket: u8,
@@ -682,5 +682,10 @@ pub(super) fn meta_after(
         ("paused", i64::from(item.paused).to_string()),
     ];
     fields.extend(stock::Rules::of(item).meta(bucket));
+    // A draw MySQL records as under way keeps its entries closed (`lua/enter.lua`), also
+    // in a meta rebuilt after Redis lost it.
+    if item.draw_cutoff.is_some() || item.drawn_at.is_some() {
+        fields.push(("drawn", "1".to_owned()));
+    }
     fields
 }

@@ -80,6 +80,11 @@ async fn live_buyers(env: &TestEnv, item: u64) -> Vec<u64> {
         .collect()
 }
 
+/// `at` to the millisecond, as MySQL keeps a draw's time.
+fn to_millis(at: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(at.timestamp_millis()).unwrap()
+}
+
 async fn until(moment: DateTime<Utc>) {
     let wait = (moment - Utc::now()).to_std().unwrap_or_default();
     tokio::time::sleep(wait + Duration::from_millis(100)).await;
@@ -422,4 +427,443 @@ async fn two_draws_at_once_give_nobody_twice() {
     let expected: HashSet<u64> = lowest(&seed, 1..5_001, 200).into_iter().collect();
     assert_eq!(unique, expected);
     env.assert_invariants(&server, 1, 200, &[]).await;
+}
+
+/// `PUT /admin/items/{id}` with `body`: its status and answer.
+async fn put_item(env: &TestEnv, server: &TestServer, id: u64, body: &Value) -> (u16, Value) {
+    let response = env
+        .admin(reqwest::Method::PUT, server, &format!("/admin/items/{id}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// What anyone and an operator see of the item: `GET /api/items/{id}` and its stats
+/// (without their requests' `trace_id`).
+async fn seen(env: &TestEnv, server: &TestServer, item: u64) -> (Value, Value) {
+    let (status, mut shown) = env.get(server, &format!("/api/items/{item}"), None).await;
+    assert_eq!(status, 200, "{shown}");
+    let mut stats = env.stats(server, item).await;
+    for answer in [&mut shown, &mut stats] {
+        answer.as_object_mut().unwrap().remove("trace_id");
+    }
+    (shown, stats)
+}
+
+/// Asserts a `409` with `code` whose detail names `field`.
+fn refused(answer: &(u16, Value), code: &str, field: &str) {
+    let (status, body) = answer;
+    assert_eq!(
+        (*status, body["code"].as_str()),
+        (409, Some(code)),
+        "{body}"
+    );
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains(&format!("`{field}`")), "{body}");
+}
+
+/// Pause, `warmup?force=true`, resume: how an operator reloads an item.
+async fn reload(env: &TestEnv, server: &TestServer, item: u64) {
+    for (path, want) in [
+        (format!("/admin/items/{item}/pause"), 200),
+        (format!("/admin/items/{item}/warmup?force=true"), 200),
+        (format!("/admin/items/{item}/resume"), 200),
+    ] {
+        let (status, body) = env.admin_post(server, &path).await;
+        assert_eq!(status, want, "{path}: {body}");
+    }
+}
+
+/// An item keeps its mode once it was loaded: a live sale with five buyers switched to a
+/// draw, and a loaded draw (no entry yet) switched to a sale, are each `409 mode_fixed`
+/// naming `mode`, and change nothing (the item as shown and its stats alike); an item
+/// never loaded changes its mode freely.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_loaded_item_keeps_its_mode() {
+    let env = TestEnv::new("draws_mode").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    let now = Utc::now();
+    let (start, end) = (
+        now - chrono::Duration::seconds(5),
+        now + chrono::Duration::hours(1),
+    );
+    let sale = || env.item(1, 10).window(start, end);
+    sale().on_sale(&server).await;
+    let mut won = Vec::new();
+    for user in 1..=5 {
+        let (status, body) = env.buy(&server, user, 1).await;
+        assert_eq!(status, 202, "{body}");
+        won.push(body["order_sn"].as_str().unwrap().to_owned());
+    }
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let before = seen(&env, &server, 1).await;
+    let as_draw = sale().draw(now + chrono::Duration::minutes(1)).body();
+    refused(
+        &put_item(&env, &server, 1, &as_draw).await,
+        "mode_fixed",
+        "mode",
+    );
+    let mut in_bulk = as_draw.clone();
+    in_bulk["id"] = 1.into();
+    let bulk = env
+        .admin(reqwest::Method::PUT, &server, "/admin/items")
+        .json(&serde_json::json!({ "items": [in_bulk] }))
+        .send()
+        .await
+        .unwrap();
+    let status = bulk.status().as_u16();
+    refused(&(status, bulk.json().await.unwrap()), "mode_fixed", "mode");
+    assert_eq!(
+        seen(&env, &server, 1).await,
+        before,
+        "a refused PUT changes nothing"
+    );
+    // The sale goes on as a sale: a buyer cannot buy twice, a new one can buy.
+    assert_eq!(env.buy(&server, 1, 1).await.0, 409);
+    let (status, body) = env.buy(&server, 6, 1).await;
+    assert_eq!(status, 202, "{body}");
+    won.push(body["order_sn"].as_str().unwrap().to_owned());
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    env.assert_invariants(&server, 1, 10, &won).await;
+
+    let draw = || {
+        env.item(2, 10)
+            .window(start, end)
+            .draw(now + chrono::Duration::minutes(1))
+    };
+    draw().on_sale(&server).await;
+    let before = seen(&env, &server, 2).await;
+    let as_sale = env.item(2, 10).window(start, end).body();
+    refused(
+        &put_item(&env, &server, 2, &as_sale).await,
+        "mode_fixed",
+        "mode",
+    );
+    assert_eq!(seen(&env, &server, 2).await, before);
+    assert_eq!(
+        draw().try_put(&server).await.0,
+        200,
+        "the same mode is fine"
+    );
+
+    let never_loaded = env.item(3, 10).window(start, end);
+    assert_eq!(never_loaded.try_put(&server).await.0, 201);
+    let as_draw = never_loaded.draw(now + chrono::Duration::minutes(1));
+    assert_eq!(as_draw.try_put(&server).await.0, 200);
+    assert_eq!(put_item(&env, &server, 3, &sale().body()).await.0, 200);
+}
+
+/// A live sale with five buyers made a draw behind the server's back (its record and meta
+/// changed as a `PUT` racing the item's warm-up could, or a server of an earlier release
+/// did), its buyers among the entries: the draw passes over every entry whose user holds
+/// an order — the unit goes to the next entry by rank — so nobody holds two where
+/// `per_user` is 1, and the units go to the lowest ranks among the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_draw_never_gives_a_buyer_a_second_unit() {
+    let env = TestEnv::new("draws_buyers").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    env.item(1, 10).on_sale(&server).await;
+    for user in 1..=5 {
+        let (status, body) = env.buy(&server, user, 1).await;
+        assert_eq!(status, 202, "{body}");
+    }
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+
+    // A seed under which a buyer ranks among the five lowest of the twenty entries.
+    let seed = (0u8..=255)
+        .map(|n| hex::encode([n; 32]))
+        .find(|seed| lowest(seed, 1..21, 5).iter().any(|user| *user <= 5))
+        .unwrap();
+    let draw_at = to_millis(Utc::now() + chrono::Duration::seconds(4));
+    sqlx::query("UPDATE items SET draw_at = ?, draw_seed = ? WHERE id = 1")
+        .bind(draw_at)
+        .bind(&seed)
+        .execute(&env.db)
+        .await
+        .unwrap();
+    reload(&env, &server, 1).await;
+    enter_directly(&env, 1, 1, &seed, 1..21).await;
+    assert!(Utc::now() < draw_at, "entering took past draw_at");
+
+    until(draw_at).await;
+    drawn(&env, &server, 1, Duration::from_secs(30)).await;
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    env.assert_invariants(&server, 1, 10, &[]).await;
+    let mut expected: Vec<u64> = (1..=5).chain(lowest(&seed, 6..21, 5)).collect();
+    let mut holders = live_buyers(&env, 1).await;
+    expected.sort_unstable();
+    holders.sort_unstable();
+    assert_eq!(
+        holders, expected,
+        "the buyers once each, and the five lowest ranks among the others"
+    );
+    let passed = lowest(&seed, 1..21, 5)
+        .into_iter()
+        .find(|user| *user <= 5)
+        .unwrap();
+    let (_, theirs) = env
+        .get(&server, "/api/items/1/my-entry", Some(passed))
+        .await;
+    assert_eq!(theirs["status"], "not_drawn", "{theirs}");
+}
+
+/// Once drawn, a draw is final: a `PUT` moving `draw_at` or making it a sale is `409
+/// draw_fixed` naming the field, and changes nothing; a larger `total` and a forced
+/// warm-up give the new units to the next entries by rank, keep the seed and take no
+/// entry; and should its time move anyway (the record changed behind the server's back),
+/// `enter.lua` takes no entry once the draw was made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drawn_draw_takes_no_entry_and_keeps_its_seed() {
+    let env = TestEnv::new("draws_final").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    let now = Utc::now();
+    let (start, end) = (
+        now - chrono::Duration::seconds(5),
+        now + chrono::Duration::hours(1),
+    );
+    let draw_at = now + chrono::Duration::seconds(4);
+    let item = |total| env.item(1, total).window(start, end).draw(draw_at);
+    item(10).on_sale(&server).await;
+    let seed = seed_of(&env, 1).await;
+    enter_directly(&env, 1, 1, &seed, 1..31).await;
+    until(draw_at).await;
+    let shown = drawn(&env, &server, 1, Duration::from_secs(30)).await;
+    assert_eq!(shown["draw_seed"].as_str(), Some(seed.as_str()));
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let before = seen(&env, &server, 1).await;
+
+    let later = env
+        .item(1, 10)
+        .window(start, end)
+        .draw(now + chrono::Duration::minutes(30))
+        .body();
+    refused(
+        &put_item(&env, &server, 1, &later).await,
+        "draw_fixed",
+        "draw_at",
+    );
+    let as_sale = env.item(1, 10).window(start, end).body();
+    refused(
+        &put_item(&env, &server, 1, &as_sale).await,
+        "draw_fixed",
+        "mode",
+    );
+    assert_eq!(
+        seen(&env, &server, 1).await,
+        before,
+        "a refused PUT changes nothing"
+    );
+    let (status, late) = env.buy(&server, 1_000, 1).await;
+    assert_eq!(
+        (status, late["code"].as_str()),
+        (403, Some("ended")),
+        "{late}"
+    );
+
+    // Two units more, loaded by a forced warm-up: ranks 11 and 12 win them.
+    let (status, body) = item(12).try_put(&server).await;
+    assert_eq!(status, 200, "{body}");
+    reload(&env, &server, 1).await;
+    let (status, late) = env.buy(&server, 1_001, 1).await;
+    assert_eq!(
+        (status, late["code"].as_str()),
+        (403, Some("ended")),
+        "{late}"
+    );
+    let expected = lowest(&seed, 1..31, 12);
+    eventually(Duration::from_secs(15), "ranks 11 and 12 won", || async {
+        let mut holders = live_buyers(&env, 1).await;
+        holders.sort_unstable();
+        let mut want = expected.clone();
+        want.sort_unstable();
+        if holders == want {
+            Ok(())
+        } else {
+            Err(format!("{holders:?}"))
+        }
+    })
+    .await;
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let (shown, stats) = seen(&env, &server, 1).await;
+    assert_eq!(shown["draw_seed"].as_str(), Some(seed.as_str()));
+    assert_eq!(shown["draw_commitment"], before.0["draw_commitment"]);
+    assert_eq!(stats["entries"], 30, "{stats}");
+    env.assert_invariants(&server, 1, 12, &[]).await;
+
+    // The record moved behind the server's back, copied to Redis and the catalogues by a
+    // pause and a resume, and a winner's unit back on the list (the draw pass waits for
+    // the new time): enter.lua still takes no entry.
+    sqlx::query("UPDATE items SET draw_at = ? WHERE id = 1")
+        .bind(to_millis(now + chrono::Duration::minutes(30)))
+        .execute(&env.db)
+        .await
+        .unwrap();
+    for path in ["/admin/items/1/pause", "/admin/items/1/resume"] {
+        assert_eq!(env.admin_post(&server, path).await.0, 200);
+    }
+    let (_, mine) = env
+        .get(&server, "/api/items/1/my-entry", Some(expected[0]))
+        .await;
+    let sn = mine["order_sn"].as_str().unwrap().to_owned();
+    let cancel = format!("/api/orders/{sn}/cancel");
+    assert_eq!(env.post_as(&server, &cancel, expected[0]).await.0, 200);
+    eventually(Duration::from_secs(5), "the entry refused", || async {
+        let (status, body) = env.buy(&server, 1_002, 1).await;
+        if (status, body["code"].as_str()) == (403, Some("ended")) {
+            Ok(())
+        } else {
+            Err(format!("{status} {body}"))
+        }
+    })
+    .await;
+    assert_eq!(env.stats(&server, 1).await["entries"], 30);
+}
+
+/// A winner's award that Redis lost after the round recorded its cut-off in MySQL (a
+/// failover that lost the last writes, the order not yet sent): the unit is back on the
+/// list and the winner holds nothing; the next round gives it to that winner again, before
+/// any rank above the cut-off, so the units still go to the lowest ranks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_award_goes_back_to_its_rank_first() {
+    let env = TestEnv::new("draws_lost").await;
+    let server = env.server(&[Role::Api, Role::Consumer]).await;
+    let draw_at = Utc::now() + chrono::Duration::seconds(2);
+    env.item(1, 5).draw(draw_at).on_sale(&server).await;
+    let seed = seed_of(&env, 1).await;
+    enter_directly(&env, 1, 1, &seed, 1..31).await;
+    until(draw_at).await;
+
+    // The first round, as the draw pass runs it, with nobody to send its orders yet.
+    let redis = seckill::testing::RedisConns::new(env.settings.redis_url.expose()).unwrap();
+    let keys = env.keys();
+    let id = ItemId::new(1).unwrap();
+    let item = seckill::testing::items::get(&env.db, id)
+        .await
+        .unwrap()
+        .unwrap();
+    let round = seckill::testing::draw::draw(&redis, &keys, &item)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(round.given == 5 && round.complete, "{round:?}");
+    sqlx::query("UPDATE items SET draw_cutoff = ?, drawn_at = UTC_TIMESTAMP(3) WHERE id = 1")
+        .bind(round.cutoff)
+        .execute(&env.db)
+        .await
+        .unwrap();
+
+    // Redis loses the award of the lowest rank: its record, its buyer record, its order
+    // (pending, outbox) and the unit's LPOP.
+    let expected = lowest(&seed, 1..31, 6);
+    let lost = UserId::new(expected[0]);
+    let bucket = BucketId::home(id, lost, 1);
+    let item_keys = keys.bucket(bucket);
+    let mut conn = env.redis.clone();
+    let sn: String = conn.hget(keys.awarded(bucket), lost.get()).await.unwrap();
+    let () = conn.hdel(keys.awarded(bucket), lost.get()).await.unwrap();
+    let () = conn
+        .hdel(item_keys.buyer_orders(lost), lost.get())
+        .await
+        .unwrap();
+    let () = conn.hdel(&item_keys.pending, &sn).await.unwrap();
+    let () = conn.zrem(&item_keys.outbox, &sn).await.unwrap();
+    let () = conn.rpush(&item_keys.tokens, 1_000).await.unwrap();
+
+    let _scheduler = env.server(&[Role::Scheduler]).await;
+    eventually(Duration::from_secs(15), "the unit given again", || async {
+        if env.remaining(1).await == 0 {
+            Ok(())
+        } else {
+            Err("a unit listed".to_owned())
+        }
+    })
+    .await;
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let mut holders = live_buyers(&env, 1).await;
+    holders.sort_unstable();
+    let mut want = expected[..5].to_vec();
+    want.sort_unstable();
+    assert_eq!(
+        holders, want,
+        "the lost winner (rank 1) is given the unit again, not rank 6"
+    );
+    let (_, theirs) = env
+        .get(&server, "/api/items/1/my-entry", Some(lost.get()))
+        .await;
+    assert_eq!(theirs["status"], "won", "{theirs}");
+    env.assert_invariants(&server, 1, 5, &[]).await;
+}
+
+/// No unit passes on after `end_at` (by Redis's clock): a winner who cancels once the sale
+/// ended leaves the unit on the list, and the next entry by rank stays `not_drawn` —
+/// however long after its last read of the item the draw pass looks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_unit_passes_on_after_the_end() {
+    let env = TestEnv::new("draws_end").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    let now = Utc::now();
+    let draw_at = now + chrono::Duration::seconds(3);
+    let end_at = now + chrono::Duration::seconds(8);
+    env.item(1, 3)
+        .window(now - chrono::Duration::seconds(5), end_at)
+        .draw(draw_at)
+        .on_sale(&server)
+        .await;
+    let seed = seed_of(&env, 1).await;
+    enter_directly(&env, 1, 1, &seed, 1..21).await;
+    until(draw_at).await;
+    drawn(&env, &server, 1, Duration::from_secs(30)).await;
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let expected = lowest(&seed, 1..21, 4);
+
+    until(end_at).await;
+    let (_, mine) = env
+        .get(&server, "/api/items/1/my-entry", Some(expected[0]))
+        .await;
+    let sn = mine["order_sn"].as_str().unwrap().to_owned();
+    let (status, body) = env
+        .post_as(&server, &format!("/api/orders/{sn}/cancel"), expected[0])
+        .await;
+    assert_eq!(status, 200, "{body}");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (_, next) = env
+        .get(&server, "/api/items/1/my-entry", Some(expected[3]))
+        .await;
+    assert_eq!(
+        next["status"], "not_drawn",
+        "a unit passed on after end_at: {next}"
+    );
+    assert_eq!(env.remaining(1).await, 1);
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    assert_eq!(live_buyers(&env, 1).await.len(), 2);
+    env.assert_invariants(&server, 1, 3, &[]).await;
+}
+
+/// A draw's time lies before the sale's end, since no unit is given after it: a draw
+/// without `draw_at`, or with it at `end_at`, is `400` naming `draw_at`, and nothing is
+/// written. (Before, `draw_at` defaulted to `end_at`: a draw that never gave a unit.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draw_needs_its_time_before_the_end() {
+    let env = TestEnv::new("draws_time").await;
+    let server = env.server(&[Role::Api]).await;
+    let now = Utc::now();
+    let end = now + chrono::Duration::hours(1);
+    let at_end = env
+        .item(1, 10)
+        .window(now - chrono::Duration::seconds(5), end)
+        .draw(end);
+    let mut without = at_end.body();
+    without.as_object_mut().unwrap().remove("draw_at");
+    for body in [without, at_end.body()] {
+        let (status, answer) = put_item(&env, &server, 1, &body).await;
+        assert_eq!(status, 400, "{answer}");
+        let detail = answer["detail"].as_str().unwrap_or_default();
+        assert!(detail.contains("`draw_at`"), "{answer}");
+    }
+    assert_eq!(env.get(&server, "/api/items/1", None).await.0, 404);
+    let before_end = at_end.draw(end - chrono::Duration::seconds(1));
+    assert_eq!(before_end.try_put(&server).await.0, 201);
 }
