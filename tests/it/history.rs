@@ -185,6 +185,37 @@ pub async fn crowd_of(
     all
 }
 
+/// `presses` presses at `addr`, `at_once` at the same time (each on a connection of its
+/// own), by `users` users in turn (user 1, 2, …, `users`, 1, …): each presses again
+/// whatever they were told, as a crowd hammering the button does.
+pub async fn pressing(
+    env: &TestEnv,
+    item: u64,
+    users: u64,
+    presses: u64,
+    addr: SocketAddr,
+    at_once: usize,
+) -> Ledger {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let answers: Vec<(u64, (String, Press))> = futures::stream::iter(0..presses)
+        .map(|n| {
+            let user = 1 + n % users;
+            let http = &http;
+            async move { (user, press(env, http, item, user, addr).await) }
+        })
+        .buffer_unordered(at_once)
+        .collect()
+        .await;
+    let mut ledger = Ledger::default();
+    for (user, (label, answer)) in answers {
+        ledger.noted(user, label, answer);
+    }
+    ledger
+}
+
 /// Runs `fault` once `after` answers have come, while the crowd presses on; returns
 /// when the fault began.
 pub async fn mid_burst<F: std::future::Future<Output = ()>>(
