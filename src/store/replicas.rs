@@ -2,8 +2,10 @@
 //! per master, one committer whose `INCR` + `WAIT` covers every win its master took before
 //! it (group commit), sent to the master chosen before the write; and a watcher that reads
 //! every [`WATCH_EVERY`] which master serves each slot and how many replicas it has in
-//! step, so a purchase refuses before taking a unit where they are short. Why and how:
-//! docs/architecture.md, "Failover and `WAIT`" and "A master short of replicas".
+//! step, so a purchase refuses before taking a unit where they are short — judged so that
+//! a host too busy to answer in time is not taken for one that lost its replicas
+//! ([`judge`]). Why and how: docs/architecture.md, "Failover and `WAIT`" and "A master
+//! short of replicas".
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -30,6 +32,15 @@ const MOST_LAG_S: u64 = 2;
 const FIRST_LOOK_WITHIN: Duration = Duration::from_secs(1);
 /// One call of the watcher or a committer to a node, at most (beyond a `WAIT`'s own time).
 const NODE_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long a master that does not answer the watcher keeps what it was last judged,
+/// from its last answer: a starved host answers late, and its replicas may be in step
+/// all along. Then it counts as short. (As long as a replica may go without
+/// acknowledging, [`MOST_LAG_S`].)
+const SILENT_AT_MOST: Duration = Duration::from_secs(2);
+/// How long a `WAIT` that the replicas the rule asks for acknowledged proves them in step,
+/// whatever the master's `INFO` said (or did not say) meanwhile: shorter than
+/// [`MOST_LAG_S`], so it never outlives a replica that stopped acknowledging.
+const PROOF_FOR: Duration = Duration::from_secs(1);
 /// Writes waiting at one master's committer, at most: beyond, they count as not held.
 const QUEUE: usize = 16_384;
 /// `WAIT`s in flight at once per master, each on a connection of its own: a write that
@@ -92,12 +103,69 @@ const NO_MASTER: u16 = u16::MAX;
 #[derive(Clone, Debug)]
 struct Master {
     node: Node,
-    /// Replicas connected and acknowledging (0 when the node did not answer as a master).
+    /// Replicas in step, as [`judge`] made of the node's answers and its `WAIT`s (0: short
+    /// of any, or not a master).
     in_step: u32,
     /// Replicas a failover could promote: those the cluster lists as not failed (for one
     /// server, those connected at all). `None`: not known (the node did not answer, and
     /// nothing was known of it before) — then one might.
     could_take_over: Option<u32>,
+    /// The node's last answer to `INFO` (`None`: it never answered).
+    heard: Option<Heard>,
+}
+
+/// When a master last answered the watcher, and whether it then said it had fewer
+/// replicas in step than the rule asks for.
+#[derive(Clone, Copy, Debug)]
+struct Heard {
+    at: Instant,
+    short: bool,
+}
+
+/// What a look makes of a master: `said` is how many replicas in step its `INFO` counts
+/// now (`None`: no answer in time), `before` what the last look judged of the same node,
+/// `held_at` when a `WAIT` there that the replicas acknowledged was last sent. A saturated
+/// host answers `INFO` late and reads a replica's `lag` high while every replica
+/// acknowledges, so:
+/// - a `WAIT` acknowledged within [`PROOF_FOR`] proves `required` replicas in step;
+/// - a master that does not answer keeps its last judgement for [`SILENT_AT_MOST`] from
+///   its last answer (one never heard from counts as short);
+/// - a master judged in step turns short only when two answers in a row say so.
+///
+/// Hence a master whose replicas stop acknowledging is short from the second look after
+/// its `INFO` reads their last acknowledgement over [`MOST_LAG_S`] old (by 3 s, in whole
+/// seconds): within 4 s while it answers; one that stops answering, from the first look
+/// more than [`SILENT_AT_MOST`] after its last answer.
+fn judge(
+    required: u32,
+    said: Option<u32>,
+    before: Option<&Master>,
+    held_at: Option<Instant>,
+    now: Instant,
+) -> (u32, Option<Heard>) {
+    let proven = match held_at {
+        Some(at) if now.saturating_duration_since(at) <= PROOF_FOR => required,
+        _ => 0,
+    };
+    let kept = before.map_or(0, |m| m.in_step);
+    let last = before.and_then(|m| m.heard);
+    let (in_step, heard) = match said {
+        Some(in_step) => {
+            let heard = Heard {
+                at: now,
+                short: in_step < required,
+            };
+            // One short answer after one that was not: the next look confirms it or not.
+            let unconfirmed = heard.short && kept >= required && last.is_some_and(|h| !h.short);
+            (if unconfirmed { kept } else { in_step }, Some(heard))
+        }
+        None => {
+            let lately =
+                last.is_some_and(|h| now.saturating_duration_since(h.at) <= SILENT_AT_MOST);
+            (if lately { kept } else { 0 }, last)
+        }
+    };
+    (in_step.max(proven), heard)
 }
 
 impl View {
@@ -136,9 +204,16 @@ pub(super) struct Replicas {
     rule: WaitRule,
     nodes: Nodes,
     view: watch::Sender<Arc<View>>,
-    committers: Mutex<HashMap<Node, mpsc::Sender<Ask>>>,
+    committers: Mutex<HashMap<Node, Committers>>,
     watching: Once,
     meters: WaitMeters,
+}
+
+/// One master's committers: where writes ask for replicas, and when a `WAIT` of theirs
+/// that the replicas acknowledged was last sent (the watcher's proof).
+struct Committers {
+    asks: mpsc::Sender<Ask>,
+    held_at: Arc<Mutex<Option<Instant>>>,
 }
 
 /// A write that must be held by replicas before it counts.
@@ -262,11 +337,11 @@ impl Replicas {
     /// The committer of `node`, started at its first use (and again if it ended).
     fn committer(&self, node: &Node) -> mpsc::Sender<Ask> {
         let mut committers = self.committers.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(asks) = committers.get(node)
-            && !asks.is_closed()
-        {
-            return asks.clone();
-        }
+        let held_at = match committers.get(node) {
+            Some(running) if !running.asks.is_closed() => return running.asks.clone(),
+            Some(ended) => ended.held_at.clone(),
+            None => Arc::default(),
+        };
         let (asks, queue) = mpsc::channel(QUEUE);
         let queue = Arc::new(tokio::sync::Mutex::new(queue));
         for _ in 0..IN_FLIGHT {
@@ -275,12 +350,24 @@ impl Replicas {
                 self.info_for(node),
                 self.rule.replicas,
                 queue.clone(),
+                held_at.clone(),
                 meters,
             );
             tokio::spawn(committer);
         }
-        committers.insert(node.clone(), asks.clone());
+        let running = Committers {
+            asks: asks.clone(),
+            held_at,
+        };
+        committers.insert(node.clone(), running);
         asks
+    }
+
+    /// When a `WAIT` on `node` that the replicas acknowledged was last sent.
+    fn held_at(&self, node: &Node) -> Option<Instant> {
+        let committers = self.committers.lock().unwrap_or_else(|e| e.into_inner());
+        let held_at = &committers.get(node)?.held_at;
+        *held_at.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// How to connect to `node`: as the configured URL does (password, TLS), at its address.
@@ -307,9 +394,9 @@ impl Replicas {
     }
 
     /// One look: the masters (and, on a cluster, the slots they serve), then each
-    /// master's replicas. What a node does not answer is taken as unknown, never as "no
-    /// replica": a master it cannot see counts as short, and as one a replica might still
-    /// take over from.
+    /// master's replicas, as [`judge`] makes of them. What a node does not answer is taken
+    /// as unknown, never as "no replica": a master it cannot see keeps its last judgement
+    /// for a while, then counts as short, and as one a replica might still take over from.
     async fn look(&self, links: &mut Links) -> View {
         let before = self.view.borrow().clone();
         let (slots, masters) = match &self.nodes {
@@ -337,20 +424,22 @@ impl Replicas {
             async move { replication_info(&info, link).await }
         }))
         .await;
+        let now = Instant::now();
         let mut seen_masters = Vec::with_capacity(masters.len());
         for ((node, listed), (seen, link)) in masters.into_iter().zip(answers) {
             if let Some(link) = link {
                 links.insert(node.clone(), link);
             }
-            let known_before = || {
-                let was = before.masters.iter().find(|m| m.node == node);
-                was.and_then(|m| m.could_take_over)
-            };
+            let was = before.masters.iter().find(|m| m.node == node);
+            let said = seen.as_ref().map(|seen| seen.in_step);
+            let held_at = self.held_at(&node);
+            let (in_step, heard) = judge(self.rule.replicas, said, was, held_at, now);
             seen_masters.push(Master {
                 could_take_over: listed
                     .or(seen.as_ref().map(|seen| seen.connected))
-                    .or_else(known_before),
-                in_step: seen.map_or(0, |seen| seen.in_step),
+                    .or_else(|| was.and_then(|m| m.could_take_over)),
+                in_step,
+                heard,
                 node,
             });
         }
@@ -447,6 +536,7 @@ async fn commit(
     info: ConnectionInfo,
     replicas: u32,
     asks: Arc<tokio::sync::Mutex<mpsc::Receiver<Ask>>>,
+    held_at: Arc<Mutex<Option<Instant>>>,
     (waits, wait_seconds): (Counter, Histogram),
 ) {
     let mut conn = None;
@@ -460,6 +550,12 @@ async fn commit(
                 let held = wait_once(&info, &mut conn, replicas, &batch, by - now).await;
                 waits.increment(1);
                 wait_seconds.record(now.elapsed());
+                if held {
+                    // As of when it was sent: the replicas held everything written before.
+                    // (Another committer's later one may have answered first.)
+                    let mut at = held_at.lock().unwrap_or_else(|e| e.into_inner());
+                    *at = (*at).max(Some(now));
+                }
                 held
             }
             None => false,
@@ -748,6 +844,93 @@ mod tests {
         );
         let replica = "role:slave\r\nmaster_host:10.0.0.1\r\nslave_repl_offset:1\r\n";
         assert_eq!(parse_replication(replica), ReplicationInfo::default());
+    }
+
+    /// A master as the last look judged it: `in_step`, last heard `heard`.
+    fn judged(in_step: u32, heard: Option<Heard>) -> Master {
+        Master {
+            node: Node {
+                host: "127.0.0.1".into(),
+                port: 7000,
+            },
+            in_step,
+            could_take_over: Some(1),
+            heard,
+        }
+    }
+
+    #[test]
+    fn a_master_without_an_answer_keeps_its_judgement_until_silent_too_long() {
+        let t0 = Instant::now();
+        let heard = Some(Heard {
+            at: t0,
+            short: false,
+        });
+        let before = judged(1, heard);
+        let later = |s: f64| t0 + Duration::from_secs_f64(s);
+        assert_eq!(judge(1, None, Some(&before), None, later(1.9)).0, 1);
+        assert_eq!(judge(1, None, Some(&before), None, later(2.1)).0, 0);
+        // Never heard from: nothing to keep.
+        assert_eq!(
+            judge(1, None, Some(&judged(0, None)), None, later(0.1)).0,
+            0
+        );
+        assert_eq!(judge(1, None, None, None, later(0.1)).0, 0);
+        // It answers again: what it says counts.
+        let (in_step, heard) = judge(1, Some(1), Some(&before), None, later(3.0));
+        assert_eq!((in_step, heard.map(|h| h.at)), (1, Some(later(3.0))));
+    }
+
+    #[test]
+    fn a_master_in_step_turns_short_when_two_answers_in_a_row_say_so() {
+        let t0 = Instant::now();
+        let before = judged(
+            1,
+            Some(Heard {
+                at: t0,
+                short: false,
+            }),
+        );
+        let t1 = t0 + WATCH_EVERY;
+        let (in_step, heard) = judge(1, Some(0), Some(&before), None, t1);
+        assert_eq!(in_step, 1, "one short answer");
+        let once = judged(in_step, heard);
+        assert_eq!(judge(1, Some(0), Some(&once), None, t1 + WATCH_EVERY).0, 0);
+        // A silent look between them does not reset the count.
+        let silent = judged(1, heard);
+        assert_eq!(
+            judge(1, Some(0), Some(&silent), None, t1 + WATCH_EVERY).0,
+            0
+        );
+        // A master seen for the first time (one just promoted): its first answer counts.
+        assert_eq!(judge(1, Some(0), None, None, t1).0, 0);
+        // Back in step: at once.
+        let short = judged(
+            0,
+            Some(Heard {
+                at: t1,
+                short: true,
+            }),
+        );
+        assert_eq!(judge(1, Some(1), Some(&short), None, t1 + WATCH_EVERY).0, 1);
+    }
+
+    #[test]
+    fn a_wait_its_replicas_acknowledged_proves_them_in_step_for_a_while() {
+        let t0 = Instant::now();
+        let short = judged(
+            0,
+            Some(Heard {
+                at: t0,
+                short: true,
+            }),
+        );
+        let sent = Some(t0);
+        // INFO says short (a lag read high), or nothing at all: the WAIT says otherwise.
+        assert_eq!(judge(1, Some(0), Some(&short), sent, t0 + PROOF_FOR).0, 1);
+        assert_eq!(judge(2, None, None, sent, t0 + PROOF_FOR).0, 2);
+        let after = t0 + PROOF_FOR + Duration::from_millis(1);
+        assert_eq!(judge(1, Some(0), Some(&short), sent, after).0, 0);
     }
 
     #[test]

@@ -65,6 +65,66 @@ pub enum Press {
 
 pub const PRESSES: u32 = 6;
 
+/// One press of `user` at `addr`: its answer as a label (`202 queued`, `transport`, …)
+/// and what it means to the buyer.
+pub async fn press(
+    env: &TestEnv,
+    http: &reqwest::Client,
+    item: u64,
+    user: u64,
+    addr: SocketAddr,
+) -> (String, Press) {
+    let sent = http
+        .post(format!("http://{addr}/api/flashbuy"))
+        .bearer_auth(env.token(user))
+        .header(
+            "x-client-time",
+            chrono::Utc::now().timestamp_millis().to_string(),
+        )
+        .json(&serde_json::json!({ "item_id": item }))
+        .send()
+        .await;
+    match sent {
+        Err(_) => ("transport".to_owned(), Press::Uncertain),
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let json: Value = response.json().await.unwrap_or(Value::Null);
+            let code = json["code"].as_str().unwrap_or("-").to_owned();
+            let sn = json["order_sn"].as_str().map(str::to_owned);
+            let press = match (status, code.as_str(), sn) {
+                (202, _, Some(sn)) => Press::Won(sn),
+                (409, "duplicate", Some(sn)) => Press::Named(sn),
+                (403 | 404 | 410, _, _) => Press::Final,
+                (429, _, _) | (503, "paused" | "circuit_open" | "shop_closed", _) => Press::Later,
+                _ => Press::Uncertain,
+            };
+            (format!("{status} {code}"), press)
+        }
+    }
+}
+
+impl Ledger {
+    /// Notes one press's answer; true when it tells the buyer something final (a win, their
+    /// order named, sold out or not on sale).
+    fn noted(&mut self, user: u64, label: String, press: Press) -> bool {
+        *self.answers.entry(label).or_default() += 1;
+        match press {
+            Press::Won(sn) => self.won.push(sn),
+            Press::Named(sn) => {
+                self.named.insert(sn);
+            }
+            Press::Final => {}
+            Press::Later => return false,
+            Press::Uncertain => {
+                self.uncertain.insert(user);
+                self.troubled(Instant::now());
+                return false;
+            }
+        }
+        true
+    }
+}
+
 /// One buyer: presses until told something final (at most [`PRESSES`] times, 200 ms
 /// apart), at `target(attempt)`.
 pub async fn buyer(
@@ -76,54 +136,11 @@ pub async fn buyer(
     answered: &AtomicU64,
 ) -> Ledger {
     let mut ledger = Ledger::default();
-    let token = env.token(user);
     for attempt in 0..PRESSES {
-        let sent = http
-            .post(format!("http://{}/api/flashbuy", target(user, attempt)))
-            .bearer_auth(&token)
-            .header(
-                "x-client-time",
-                chrono::Utc::now().timestamp_millis().to_string(),
-            )
-            .json(&serde_json::json!({ "item_id": item }))
-            .send()
-            .await;
-        let (label, press) = match sent {
-            Err(_) => ("transport".to_owned(), Press::Uncertain),
-            Ok(response) => {
-                let status = response.status().as_u16();
-                let json: Value = response.json().await.unwrap_or(Value::Null);
-                let code = json["code"].as_str().unwrap_or("-").to_owned();
-                let sn = json["order_sn"].as_str().map(str::to_owned);
-                let press = match (status, code.as_str(), sn) {
-                    (202, _, Some(sn)) => Press::Won(sn),
-                    (409, "duplicate", Some(sn)) => Press::Named(sn),
-                    (403 | 404 | 410, _, _) => Press::Final,
-                    (429, _, _) | (503, "paused" | "circuit_open" | "shop_closed", _) => {
-                        Press::Later
-                    }
-                    _ => Press::Uncertain,
-                };
-                (format!("{status} {code}"), press)
-            }
-        };
-        *ledger.answers.entry(label).or_default() += 1;
+        let (label, answer) = press(env, http, item, user, target(user, attempt)).await;
         answered.fetch_add(1, Ordering::Relaxed);
-        match press {
-            Press::Won(sn) => {
-                ledger.won.push(sn);
-                return ledger;
-            }
-            Press::Named(sn) => {
-                ledger.named.insert(sn);
-                return ledger;
-            }
-            Press::Final => return ledger,
-            Press::Later => {}
-            Press::Uncertain => {
-                ledger.uncertain.insert(user);
-                ledger.troubled(Instant::now());
-            }
+        if ledger.noted(user, label, answer) {
+            return ledger;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -166,6 +183,37 @@ pub async fn crowd_of(
         all.merge(ledger);
     }
     all
+}
+
+/// `presses` presses at `addr`, `at_once` at the same time (each on a connection of its
+/// own), by `users` users in turn (user 1, 2, …, `users`, 1, …): each presses again
+/// whatever they were told, as a crowd hammering the button does.
+pub async fn pressing(
+    env: &TestEnv,
+    item: u64,
+    users: u64,
+    presses: u64,
+    addr: SocketAddr,
+    at_once: usize,
+) -> Ledger {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let answers: Vec<(u64, (String, Press))> = futures::stream::iter(0..presses)
+        .map(|n| {
+            let user = 1 + n % users;
+            let http = &http;
+            async move { (user, press(env, http, item, user, addr).await) }
+        })
+        .buffer_unordered(at_once)
+        .collect()
+        .await;
+    let mut ledger = Ledger::default();
+    for (user, (label, answer)) in answers {
+        ledger.noted(user, label, answer);
+    }
+    ledger
 }
 
 /// Runs `fault` once `after` answers have come, while the crowd presses on; returns
