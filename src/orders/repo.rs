@@ -5,7 +5,7 @@ use serde::Serialize;
 use sqlx::QueryBuilder;
 
 use crate::domain::{ItemId, OrderPlaced, OrderSn, UserId};
-use crate::store::{Db, DbError, mysql_timed};
+use crate::store::{Db, DbError, mysql_timed, retrying_deadlocks};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -132,54 +132,69 @@ impl CancelReason {
 
 /// `unpaid` → `paid`, only for the owner and only before the deadline. Returns whether
 /// this call paid it (a conditional update: racing a cancel, exactly one of them wins).
+/// Run again while MySQL picks it as a deadlock's victim, or Galera fails its commit's
+/// certification (both 1213): it was rolled back whole, and the condition makes running
+/// it again harmless.
 pub async fn pay(db: &Db, sn: &OrderSn, user: UserId) -> Result<bool, DbError> {
-    let done = mysql_timed(
-        sqlx::query(
-            "UPDATE orders SET status = 'paid', paid_at = UTC_TIMESTAMP(3)
-             WHERE order_sn = ? AND user_id = ? AND status = 'unpaid'
-               AND pay_deadline > UTC_TIMESTAMP(3)",
+    retrying_deadlocks("order pay", || async {
+        let done = mysql_timed(
+            sqlx::query(
+                "UPDATE orders SET status = 'paid', paid_at = UTC_TIMESTAMP(3)
+                 WHERE order_sn = ? AND user_id = ? AND status = 'unpaid'
+                   AND pay_deadline > UTC_TIMESTAMP(3)",
+            )
+            .bind(sn.as_str())
+            .bind(user.get())
+            .execute(db),
         )
-        .bind(sn.as_str())
-        .bind(user.get())
-        .execute(db),
-    )
-    .await?;
-    Ok(done.rows_affected() == 1)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    })
+    .await
 }
 
-/// `unpaid` → `cancelled` for the owner. Returns whether this call cancelled it.
+/// `unpaid` → `cancelled` for the owner. Returns whether this call cancelled it. Run
+/// again after a deadlock or a certification failure, as [`pay`].
 pub async fn cancel_own(db: &Db, sn: &OrderSn, user: UserId) -> Result<bool, DbError> {
-    let done = mysql_timed(
-        sqlx::query(
-            "UPDATE orders SET status = 'cancelled', cancel_reason = ?
-             WHERE order_sn = ? AND user_id = ? AND status = 'unpaid'",
+    retrying_deadlocks("order cancel", || async {
+        let done = mysql_timed(
+            sqlx::query(
+                "UPDATE orders SET status = 'cancelled', cancel_reason = ?
+                 WHERE order_sn = ? AND user_id = ? AND status = 'unpaid'",
+            )
+            .bind(CancelReason::User.as_str())
+            .bind(sn.as_str())
+            .bind(user.get())
+            .execute(db),
         )
-        .bind(CancelReason::User.as_str())
-        .bind(sn.as_str())
-        .bind(user.get())
-        .execute(db),
-    )
-    .await?;
-    Ok(done.rows_affected() == 1)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    })
+    .await
 }
 
 /// `unpaid` → `cancelled` for those of these orders whose deadline has passed (by
-/// MySQL's clock). Returns how many this call cancelled.
+/// MySQL's clock). Returns how many this call cancelled. Run again after a deadlock or a
+/// certification failure, as [`pay`] (a late pay cancels through here).
 pub async fn cancel_overdue(db: &Db, sns: &[&str], reason: CancelReason) -> Result<u64, DbError> {
     if sns.is_empty() {
         return Ok(0);
     }
-    let mut query = QueryBuilder::new("UPDATE orders SET status = 'cancelled', cancel_reason = ");
-    query
-        .push_bind(reason.as_str())
-        .push(" WHERE status = 'unpaid' AND pay_deadline <= UTC_TIMESTAMP(3) AND order_sn IN (");
-    let mut list = query.separated(", ");
-    for sn in sns {
-        list.push_bind(*sn);
-    }
-    query.push(")");
-    let done = mysql_timed(query.build().execute(db)).await?;
-    Ok(done.rows_affected())
+    retrying_deadlocks("overdue orders' cancel", || async {
+        let mut query =
+            QueryBuilder::new("UPDATE orders SET status = 'cancelled', cancel_reason = ");
+        query.push_bind(reason.as_str()).push(
+            " WHERE status = 'unpaid' AND pay_deadline <= UTC_TIMESTAMP(3) AND order_sn IN (",
+        );
+        let mut list = query.separated(", ");
+        for sn in sns {
+            list.push_bind(*sn);
+        }
+        query.push(")");
+        let done = mysql_timed(query.build().execute(db)).await?;
+        Ok(done.rows_affected())
+    })
+    .await
 }
 
 /// An item's unpaid orders whose deadline passed at least `grace` ago, oldest first (by
