@@ -359,35 +359,106 @@ pub async fn insert_batch<'a>(
     orders: impl IntoIterator<Item = &'a OrderPlaced>,
     status: OrderStatus,
 ) -> Result<(), sqlx::Error> {
-    let mut orders = orders.into_iter().peekable();
-    if orders.peek().is_none() {
+    // Every order's times first: one MySQL cannot store is an error, not a row with a
+    // 1970 (or zero) deadline.
+    let rows = orders
+        .into_iter()
+        .map(|order| Ok((order, stored_times(order)?)))
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(|e| sqlx::Error::Encode(e.into()))?;
+    if rows.is_empty() {
         return Ok(());
     }
     let mut query = QueryBuilder::new(
         "INSERT INTO orders (order_sn, item_id, user_id, slot, status, created_at, pay_deadline) ",
     );
-    query.push_values(orders, |mut row, order| {
+    query.push_values(rows, |mut row, (order, (created_at, pay_deadline))| {
         row.push_bind(order.order_sn.as_str())
             .push_bind(order.item_id.get())
             .push_bind(order.user_id.get())
             .push_bind(order.slot)
             .push_bind(status.as_str())
-            .push_bind(from_millis(order.created_at_ms))
-            .push_bind(from_millis(order.pay_deadline_ms));
+            .push_bind(created_at)
+            .push_bind(pay_deadline);
     });
     query.push(" ON DUPLICATE KEY UPDATE order_sn = order_sn");
     query.build().execute(db).await?;
     Ok(())
 }
 
-pub fn from_millis(ms: i64) -> DateTime<Utc> {
-    Utc.timestamp_millis_opt(ms)
-        .single()
-        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+/// The order's creation and pay deadline as MySQL stores them; what is wrong (naming the
+/// order) when it cannot (`OrderPlaced::out_of_range`).
+fn stored_times(order: &OrderPlaced) -> Result<(DateTime<Utc>, DateTime<Utc>), String> {
+    let wrong = |what: &dyn std::fmt::Display| format!("order {}: {what}", order.order_sn);
+    if let Some(why) = order.out_of_range() {
+        return Err(wrong(&why));
+    }
+    let created_at = from_millis(order.created_at_ms).map_err(|e| wrong(&e))?;
+    let pay_deadline = from_millis(order.pay_deadline_ms).map_err(|e| wrong(&e))?;
+    Ok((created_at, pay_deadline))
+}
+
+/// A time given in ms since the epoch, as orders carry them, that is no time a date can
+/// hold.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0} ms since 1970 is not a time")]
+pub struct NotATime(pub i64);
+
+/// An order's time from its ms since the epoch; an error, not 1970, when it is none.
+pub fn from_millis(ms: i64) -> Result<DateTime<Utc>, NotATime> {
+    Utc.timestamp_millis_opt(ms).single().ok_or(NotATime(ms))
 }
 
 impl OrderRow {
     pub fn user(&self) -> UserId {
         UserId::new(self.user_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::BucketId;
+
+    fn order(created_at_ms: i64, pay_deadline_ms: i64) -> OrderPlaced {
+        let item = ItemId::new(3).unwrap();
+        OrderPlaced {
+            order_sn: OrderSn::generate(BucketId::whole(item), false),
+            item_id: item,
+            user_id: UserId::new(9),
+            created_at_ms,
+            pay_deadline_ms,
+            slot: 0,
+        }
+    }
+
+    #[test]
+    fn a_bad_time_is_an_error_not_1970() {
+        assert_eq!(from_millis(0).unwrap(), DateTime::<Utc>::UNIX_EPOCH);
+        assert_eq!(
+            from_millis(1_700_000_000_123).unwrap().timestamp_millis(),
+            1_700_000_000_123
+        );
+        assert_eq!(from_millis(i64::MAX), Err(NotATime(i64::MAX)));
+        assert!(
+            NotATime(i64::MAX)
+                .to_string()
+                .contains("9223372036854775807"),
+            "names the value"
+        );
+    }
+
+    #[test]
+    fn an_order_whose_times_mysql_cannot_store_is_refused_naming_it() {
+        let good = order(1_700_000_000_000, 1_700_000_600_000);
+        let (created_at, pay_deadline) = stored_times(&good).unwrap();
+        assert_eq!(pay_deadline - created_at, chrono::Duration::minutes(10));
+        let late = order(1_700_000_000_000, i64::MAX);
+        let why = stored_times(&late).unwrap_err();
+        assert!(
+            why.starts_with(&format!("order {}", late.order_sn)),
+            "{why}"
+        );
+        assert!(why.contains("pay_deadline_ms"), "{why}");
     }
 }
