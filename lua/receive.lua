@@ -10,7 +10,8 @@
 -- A transfer is decided here, once: "in" (the unit is on sale here now) or "void" (a
 -- sweeper found it stuck and gave the unit back to its lender, or this bucket is not
 -- loaded). Deciding again answers the first decision, so a late or repeated call can never
--- put a unit on sale twice.
+-- put a unit on sale twice. The request that made the transfer drops the decision once it
+-- settled the lender (no call of it can come after); one cut off keeps it.
 --
 -- Returns "in" or "void".
 

@@ -259,7 +259,8 @@ pub struct ItemKeys {
     /// arrived for sure: transfer id → `home|unit|ms` (see `lua/lend.lua`).
     pub lent: String,
     /// HASH of transfers into this bucket: transfer id → `in` (the unit arrived) or `void`
-    /// (it never will: its lender took it back).
+    /// (it never will: its lender took it back). Only transfers under way or cut off: the
+    /// request that settles its own transfer drops its entry (`items::transfer`).
     pub transfers: String,
     /// ZSET per shard that servers before 2026-12-03 kept beside `buyer_orders` (`user_id`
     /// → won-at ms) and nothing read. During a rolling upgrade the old servers may still

@@ -36,6 +36,13 @@ pub mod items {
     pub use crate::items::repo::get;
 }
 
+/// The retention pass's steps — the items due, retiring one — which a test runs by hand
+/// around a change of the item.
+pub mod retire {
+    pub use crate::items::repo::due_for_retirement;
+    pub use crate::items::retire::{Retirement, retire};
+}
+
 /// A draw's ranking and its award, which a test runs twice at once.
 pub mod draw {
     pub use crate::draw::{award::draw, rank::rank};

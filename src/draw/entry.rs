@@ -43,6 +43,8 @@ pub async fn enter(
     let seed = item.record.draw_seed.as_deref().ok_or_else(|| {
         EntryError::Internal(anyhow::anyhow!("draw item {} has no seed", item.record.id))
     })?;
+    let rank = rank::rank(seed, user)
+        .map_err(|e| EntryError::Internal(anyhow::anyhow!("draw item {}: {e}", item.record.id)))?;
     let home = item.home(user);
     let mut conn = redis.hot().await?;
     let outcome: String = redis_timed(
@@ -50,7 +52,7 @@ pub async fn enter(
             .key(&home.meta)
             .key(keys.entries(home.bucket))
             .arg(user.get())
-            .arg(rank::rank(seed, user))
+            .arg(rank)
             .invoke_async(&mut conn),
     )
     .await?;

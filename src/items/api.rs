@@ -103,7 +103,13 @@ async fn get_item(
             released: waves.map(|w| u64::from(item.total).saturating_sub(w.unreleased(now))),
             next_release_at: waves.map(|w| w.next_at(now)),
             draw_at: item.draw_at,
-            draw_commitment: item.draw_seed.as_deref().map(crate::draw::rank::commitment),
+            draw_commitment: item.draw_seed.as_deref().and_then(|seed| {
+                // A commitment to a seed that ranks nothing would promise nothing: none is
+                // shown, and the seed's fault is logged (entries are refused likewise).
+                crate::draw::rank::commitment(seed)
+                    .inspect_err(|e| tracing::error!(item = %item.id, error = %e, "no draw commitment shown"))
+                    .ok()
+            }),
             draw_seed: item.drawn_at.and(item.draw_seed.as_deref()),
             draw_cutoff: item.drawn_at.and(item.draw_cutoff),
         },

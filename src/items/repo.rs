@@ -336,6 +336,22 @@ fn upsert_items(writes: &[&(ItemId, ItemDraft)]) -> QueryBuilder<sqlx::MySql> {
     insert
 }
 
+/// Which of these items are retired (their sale's state gone from Redis, or going).
+pub async fn retired_among(db: &Db, ids: &[ItemId]) -> Result<Vec<ItemId>, DbError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut query =
+        QueryBuilder::new("SELECT id FROM items WHERE retired_at IS NOT NULL AND id IN (");
+    let mut list = query.separated(", ");
+    for id in ids {
+        list.push_bind(id.get());
+    }
+    query.push(")");
+    let ids: Vec<u64> = mysql_timed(query.build_query_scalar().fetch_all(db)).await?;
+    Ok(ids.into_iter().filter_map(ItemId::new).collect())
+}
+
 /// Returns false when there is no such item. A pause keeps the moment it began (a
 /// repeated pause does not move it); a resume clears it.
 pub async fn set_paused(db: &Db, id: ItemId, paused: bool) -> Result<bool, DbError> {
@@ -455,26 +471,43 @@ pub async fn mark_reconciled(db: &Db, id: ItemId) -> Result<(), DbError> {
     Ok(())
 }
 
-/// Items whose Redis state is to go (at most `limit`): reconciled at least `retention`
-/// ago and not retired yet, or retired with some of their state not yet cleared (a
-/// retirement cut off halfway).
+/// When an item's Redis state is to go: reconciled at least `retention` (the bound
+/// number of seconds) ago and not retired yet, or retired with some of its state not yet
+/// cleared (a retirement cut off halfway).
+const DUE_FOR_RETIREMENT: &str = "redis_cleared_at IS NULL AND reconciled_at IS NOT NULL
+     AND (retired_at IS NOT NULL OR reconciled_at <= UTC_TIMESTAMP(3) - INTERVAL ? SECOND)";
+
+/// Items whose Redis state is to go (at most `limit`), longest reconciled first.
 pub async fn due_for_retirement(
     db: &Db,
     retention: std::time::Duration,
     limit: u32,
-) -> Result<Vec<Item>, DbError> {
-    let sql = format!(
-        "SELECT {COLUMNS} FROM items
-          WHERE redis_cleared_at IS NULL AND reconciled_at IS NOT NULL
-            AND (retired_at IS NOT NULL
-                 OR reconciled_at <= UTC_TIMESTAMP(3) - INTERVAL ? SECOND)
-          ORDER BY reconciled_at LIMIT ?"
-    );
-    mysql_timed(
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+) -> Result<Vec<ItemId>, DbError> {
+    let sql =
+        format!("SELECT id FROM items WHERE {DUE_FOR_RETIREMENT} ORDER BY reconciled_at LIMIT ?");
+    let ids: Vec<u64> = mysql_timed(
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(retention.as_secs())
             .bind(limit)
             .fetch_all(db),
+    )
+    .await?;
+    Ok(ids.into_iter().filter_map(ItemId::new).collect())
+}
+
+/// The item, if its row says now that its Redis state is to go (see
+/// [`due_for_retirement`]).
+pub async fn due_to_retire(
+    db: &Db,
+    id: ItemId,
+    retention: std::time::Duration,
+) -> Result<Option<Item>, DbError> {
+    let sql = format!("SELECT {COLUMNS} FROM items WHERE id = ? AND {DUE_FOR_RETIREMENT}");
+    mysql_timed(
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(id.get())
+            .bind(retention.as_secs())
+            .fetch_optional(db),
     )
     .await
 }
@@ -505,16 +538,29 @@ pub async fn record_draw(
 }
 
 /// Records that the sale is retired, with the units it left unsold: from now on its
-/// Redis state is not read. `false`: it was retired already (another scheduler).
-/// Counts as a change of the item, so every catalogue learns it.
-pub async fn mark_retired(db: &Db, id: ItemId, unsold: u64) -> Result<bool, DbError> {
+/// Redis state is not read. Only while the row still says what `item` (read under the
+/// retirement's locks) said: not retired, not cleared, reconciled at least `retention`
+/// ago, loaded when it was. `false`: it no longer does — a `PUT` moved the sale's end
+/// (which resets its reconciliation), a warm-up loaded it again, another scheduler retired
+/// it — and nothing was recorded. Counts as a change of the item, so every catalogue
+/// learns it.
+pub async fn mark_retired(
+    db: &Db,
+    item: &Item,
+    unsold: u32,
+    retention: std::time::Duration,
+) -> Result<bool, DbError> {
     let done = mysql_timed(
         sqlx::query(
             "UPDATE items SET retired_at = UTC_TIMESTAMP(3), unsold = ?
-              WHERE id = ? AND retired_at IS NULL AND reconciled_at IS NOT NULL",
+              WHERE id = ? AND retired_at IS NULL AND redis_cleared_at IS NULL
+                AND reconciled_at <= UTC_TIMESTAMP(3) - INTERVAL ? SECOND
+                AND loaded_at <=> ?",
         )
-        .bind(u32::try_from(unsold).unwrap_or(u32::MAX))
-        .bind(id.get())
+        .bind(unsold)
+        .bind(item.id.get())
+        .bind(retention.as_secs())
+        .bind(item.loaded_at)
         .execute(db),
     )
     .await?;

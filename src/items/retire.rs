@@ -2,17 +2,19 @@
 //! state goes and MySQL alone answers for it — nothing in flight checked first, MySQL told
 //! (`retired_at`, `unsold`), the keys, index entries, marks and breaker deleted, MySQL told
 //! again (`redis_cleared_at`); each step can be repeated, so a crash or a second scheduler
-//! does no harm, and an item retired but not cleared resumes at the keys. Why:
-//! docs/architecture.md, "Retention".
+//! does no harm, and an item retired but not cleared resumes at the keys. Whether it is
+//! due is read again under the item's locks, and recorded only if the row still says so:
+//! a sale reopened meanwhile keeps its state. Why: docs/architecture.md, "Retention".
 
 use std::time::Duration;
 
 use crate::breaker::Scope;
+use crate::domain::ItemId;
 use crate::keys::Keys;
 use crate::lock::RedisLock;
 use crate::marks::{self, Work};
 use crate::orders::repo as orders;
-use crate::store::{Db, Grouped, RedisConns, StoreError};
+use crate::store::{Db, Grouped, RedisConns, RedisError, StoreError};
 
 use super::repo::{self, Item};
 use super::stock;
@@ -29,27 +31,34 @@ pub enum Retirement {
     Busy,
     /// Something of it is still on its way (named): later.
     InFlight(&'static str),
+    /// Its row no longer says it is due: its sale was reopened (a `PUT` moved its end, a
+    /// warm-up loaded it again) or another scheduler retired it, since the due list was
+    /// read. Nothing was changed.
+    NotDue,
 }
 
+/// Retires the item if it is due (`retention` after its reconciliation, or cut off
+/// halfway): see the module's header.
 pub async fn retire(
     db: &Db,
     redis: &RedisConns,
     keys: &Keys,
-    item: &Item,
+    id: ItemId,
+    retention: Duration,
 ) -> Result<Retirement, StoreError> {
     // Neither a warm-up (which would load it again) nor a reconciliation (which reads
     // what is being deleted) runs meanwhile.
-    let wanted = vec![keys.warmup_lock(item.id), keys.reconcile_lock(item.id)];
+    let wanted = vec![keys.warmup_lock(id), keys.reconcile_lock(id)];
     let taken = RedisLock::try_take_many(redis, wanted, LOCK_FOR).await?;
     let all_taken = taken.iter().all(Option::is_some);
     let locks: Vec<RedisLock> = taken.into_iter().flatten().collect();
     let outcome = if all_taken {
-        retire_locked(db, redis, keys, item).await
+        retire_locked(db, redis, keys, id, retention).await
     } else {
         Ok(Retirement::Busy)
     };
     if let Err(e) = RedisLock::release_many(redis, locks).await {
-        tracing::warn!(item = %item.id, error = %e, "could not release the retirement's locks; they expire by themselves");
+        tracing::warn!(item = %id, error = %e, "could not release the retirement's locks; they expire by themselves");
     }
     outcome
 }
@@ -58,13 +67,19 @@ async fn retire_locked(
     db: &Db,
     redis: &RedisConns,
     keys: &Keys,
-    item: &Item,
+    id: ItemId,
+    retention: Duration,
 ) -> Result<Retirement, StoreError> {
+    // The row as it is now, not as the due list read it: a `PUT` may have moved the sale's
+    // end since, or a warm-up (before the locks were taken) loaded it again.
+    let Some(item) = repo::due_to_retire(db, id, retention).await? else {
+        return Ok(Retirement::NotDue);
+    };
     if item.retired_at.is_none() {
-        if let Some(what) = in_flight(redis, keys, item).await? {
+        if let Some(what) = in_flight(redis, keys, &item).await? {
             return Ok(Retirement::InFlight(what));
         }
-        let counts = orders::count_by_status(db, item.id).await?;
+        let counts = orders::count_by_status(db, id).await?;
         if counts.unpaid > 0 {
             return Ok(Retirement::InFlight("unpaid orders"));
         }
@@ -78,11 +93,26 @@ async fn retire_locked(
             // Never loaded (or lost): what no order holds was not sold.
             u64::from(item.total).saturating_sub(counts.paid)
         };
-        repo::mark_retired(db, item.id, unsold).await?;
+        // A `PUT` does not wait for these locks: one reopening the sale from the read
+        // above on leaves the row not due, and then nothing is recorded or deleted.
+        if !repo::mark_retired(db, &item, unsold_count(id, unsold)?, retention).await? {
+            return Ok(Retirement::NotDue);
+        }
     }
-    clear(redis, keys, item).await?;
-    repo::mark_cleared(db, item.id).await?;
+    clear(redis, keys, &item).await?;
+    repo::mark_cleared(db, id).await?;
     Ok(Retirement::Done)
+}
+
+/// `unsold` as the count MySQL keeps; more than a count holds is no number of units an
+/// item has, so Redis's figures are wrong and nothing is recorded.
+fn unsold_count(id: ItemId, unsold: u64) -> Result<u32, RedisError> {
+    u32::try_from(unsold).map_err(|_| {
+        RedisError::Unexpected(format!(
+            "item {id}: {unsold} units listed as unsold, more than an item can hold ({})",
+            u32::MAX
+        ))
+    })
 }
 
 /// What of the sale is still on its way in Redis, if anything (its delay-queue tasks
@@ -128,4 +158,18 @@ async fn clear(redis: &RedisConns, keys: &Keys, item: &Item) -> Result<(), Store
         .ignore();
     grouped.run(redis).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unsold_count_out_of_range_is_an_error_not_a_number() {
+        let id = ItemId::new(7).unwrap();
+        assert_eq!(unsold_count(id, 3).unwrap(), 3);
+        assert_eq!(unsold_count(id, u64::from(u32::MAX)).unwrap(), u32::MAX);
+        let e = unsold_count(id, u64::from(u32::MAX) + 1).unwrap_err();
+        assert!(e.to_string().contains("item 7: 4294967296 units"), "{e}");
+    }
 }

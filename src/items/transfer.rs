@@ -153,6 +153,7 @@ async fn receive(
     // grab that follows waits for the same replicas), and the loan is settled later.
     if arrived.held().await {
         settle(conn, lender, transfer, &decided).await?;
+        forget(conn, home, transfer).await;
     } else {
         let _ = marks::mark(conn, lending.keys, Work::Loans, [lender.bucket]).await;
     }
@@ -177,6 +178,31 @@ async fn settle(
     )
     .await?;
     Ok(())
+}
+
+/// Drops the home bucket's decision of a transfer this request decided and settled. The
+/// decision is kept against a second `receive.lua` of the transfer, and none can come any
+/// more: the request sent its only one and heard the answer, and the repair, which never
+/// receives, acts only on a loan the lender still holds — settled now. Without this the
+/// `transfers` hash kept an entry per transfer for the life of the sale, growing with every
+/// unit a cancel put back (under a new name) and lent again. One cut off (settled by the
+/// repair) keeps its decision: its request may yet send a late receive. A failure leaves
+/// the entry, which harms nothing but its bytes.
+async fn forget(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    home: &ItemKeys,
+    transfer: &str,
+) {
+    let dropped: Result<i64, _> = redis_timed(
+        redis::cmd("HDEL")
+            .arg(&home.transfers)
+            .arg(transfer)
+            .query_async(conn),
+    )
+    .await;
+    if let Err(e) = dropped {
+        tracing::debug!(bucket = %home.bucket, transfer, error = %e, "could not drop a settled transfer's decision; it stays until the sale is retired");
+    }
 }
 
 /// Finishes transfers of these lenders cut off between their steps (a process died, a

@@ -149,13 +149,17 @@ impl ItemWriter<'_> {
         let done = done?;
 
         // The rules grab.lua checks (window, per-user limit, waves), into Redis for the
-        // items that existed (a PUT does not change the pause; new items have nothing in
-        // Redis yet).
-        let updated: HashSet<ItemId> = done
+        // items that existed and are not retired (a PUT does not change the pause; new
+        // items have nothing in Redis yet; see `spread_rules` for retired ones).
+        let mut updated: HashSet<ItemId> = done
             .iter()
             .filter(|(_, outcome)| *outcome == Upserted::Updated)
             .map(|(id, _)| *id)
             .collect();
+        let listed: Vec<ItemId> = updated.iter().copied().collect();
+        for id in repo::retired_among(&self.deps.db, &listed).await? {
+            updated.remove(&id);
+        }
         if !updated.is_empty() {
             stock::load_rules_set(&self.deps.redis).await?;
         }
@@ -238,13 +242,22 @@ impl ItemWriter<'_> {
     /// After the MySQL record changed: copies what `grab.lua` checks (window, pause) to
     /// Redis and has every instance's catalogue reload the item. Returns the item as
     /// recorded.
+    ///
+    /// A retired sale's state in Redis is gone, or going (a retirement that recorded it
+    /// deletes it next, whatever the meta says): its rules are not written there, which
+    /// would recreate a meta of rules alone, or let a moved window sell from a state about
+    /// to be deleted. A forced warm-up loads it again, rules included. (Read after the
+    /// write: a write that moved the sale's end before the retirement recorded it keeps it
+    /// from being retired.)
     async fn spread_rules(&self, id: ItemId) -> Result<Item, WriteError> {
         let item = repo::get(&self.deps.db, id)
             .await?
             .ok_or(WriteError::NotFound)?;
         let mut conn = self.deps.redis.bulk().await?;
-        for bucket in item.bucket_ids() {
-            stock::sync_rules(&mut conn, &self.deps.keys.bucket(bucket), &item).await?;
+        if item.retired_at.is_none() {
+            for bucket in item.bucket_ids() {
+                stock::sync_rules(&mut conn, &self.deps.keys.bucket(bucket), &item).await?;
+            }
         }
         let mut pipe = redis::pipe();
         super::draw_schedule::note_in(&mut pipe, &self.deps.keys, id, item.draw_at);

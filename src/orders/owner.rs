@@ -15,7 +15,7 @@ use crate::deps::Deps;
 use crate::domain::{BucketId, ItemId, OrderPlaced, OrderSn, UserId};
 use crate::items::catalog::Catalog;
 use crate::outbox::cleared_to_send;
-use crate::store::StoreError;
+use crate::store::{RedisError, StoreError};
 
 use super::ending::{self, Held};
 use super::placed;
@@ -87,7 +87,7 @@ impl Owner<'_> {
     /// The owner's order: `pending` while Redis still holds it, else as MySQL has it.
     pub async fn order(&self, sn: &OrderSn, user: UserId) -> Result<OrderView, OrderError> {
         let view = match placed::pending(&self.deps.redis, &self.deps.keys, sn).await? {
-            Some(order) => OrderView::pending(order),
+            Some(order) => OrderView::pending(order)?,
             None => repo::find(&self.deps.db, sn)
                 .await?
                 .ok_or(OrderError::NotFound)?
@@ -118,10 +118,10 @@ impl Owner<'_> {
             let mut views = Vec::new();
             for sn in placed::held_by(redis, &item_keys, user).await? {
                 if let Some(order) = placed::pending(redis, keys, &sn).await? {
-                    views.push(OrderView::pending(order));
+                    views.push(OrderView::pending(order)?);
                 }
             }
-            Ok::<_, crate::store::RedisError>(views)
+            Ok::<_, RedisError>(views)
         }
         .await;
         let stored = repo::orders_of_user(db, item, user, most).await;
@@ -258,15 +258,21 @@ impl OrderView {
         self.status != OrderStatusShown::Cancelled
     }
 
-    fn pending(order: OrderPlaced) -> Self {
-        OrderView {
+    /// An order Redis holds as pending; one whose times are none is an error naming it.
+    fn pending(order: OrderPlaced) -> Result<Self, RedisError> {
+        let time = |ms| {
+            from_millis(ms).map_err(|e| {
+                RedisError::Unexpected(format!("pending order {}: {e}", order.order_sn))
+            })
+        };
+        Ok(OrderView {
+            created_at: time(order.created_at_ms)?,
+            pay_deadline: time(order.pay_deadline_ms)?,
             order_sn: order.order_sn,
             item_id: order.item_id,
             user_id: order.user_id,
             status: OrderStatusShown::Pending,
-            created_at: from_millis(order.created_at_ms),
-            pay_deadline: from_millis(order.pay_deadline_ms),
-        }
+        })
     }
 }
 

@@ -5,7 +5,7 @@ use serde::Serialize;
 use sqlx::QueryBuilder;
 
 use crate::domain::{ItemId, OrderPlaced, OrderSn, UserId};
-use crate::store::{Db, DbError, mysql_timed};
+use crate::store::{Db, DbError, mysql_timed, retrying_deadlocks};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -132,54 +132,69 @@ impl CancelReason {
 
 /// `unpaid` → `paid`, only for the owner and only before the deadline. Returns whether
 /// this call paid it (a conditional update: racing a cancel, exactly one of them wins).
+/// Run again while MySQL picks it as a deadlock's victim, or Galera fails its commit's
+/// certification (both 1213): it was rolled back whole, and the condition makes running
+/// it again harmless.
 pub async fn pay(db: &Db, sn: &OrderSn, user: UserId) -> Result<bool, DbError> {
-    let done = mysql_timed(
-        sqlx::query(
-            "UPDATE orders SET status = 'paid', paid_at = UTC_TIMESTAMP(3)
-             WHERE order_sn = ? AND user_id = ? AND status = 'unpaid'
-               AND pay_deadline > UTC_TIMESTAMP(3)",
+    retrying_deadlocks("order pay", || async {
+        let done = mysql_timed(
+            sqlx::query(
+                "UPDATE orders SET status = 'paid', paid_at = UTC_TIMESTAMP(3)
+                 WHERE order_sn = ? AND user_id = ? AND status = 'unpaid'
+                   AND pay_deadline > UTC_TIMESTAMP(3)",
+            )
+            .bind(sn.as_str())
+            .bind(user.get())
+            .execute(db),
         )
-        .bind(sn.as_str())
-        .bind(user.get())
-        .execute(db),
-    )
-    .await?;
-    Ok(done.rows_affected() == 1)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    })
+    .await
 }
 
-/// `unpaid` → `cancelled` for the owner. Returns whether this call cancelled it.
+/// `unpaid` → `cancelled` for the owner. Returns whether this call cancelled it. Run
+/// again after a deadlock or a certification failure, as [`pay`].
 pub async fn cancel_own(db: &Db, sn: &OrderSn, user: UserId) -> Result<bool, DbError> {
-    let done = mysql_timed(
-        sqlx::query(
-            "UPDATE orders SET status = 'cancelled', cancel_reason = ?
-             WHERE order_sn = ? AND user_id = ? AND status = 'unpaid'",
+    retrying_deadlocks("order cancel", || async {
+        let done = mysql_timed(
+            sqlx::query(
+                "UPDATE orders SET status = 'cancelled', cancel_reason = ?
+                 WHERE order_sn = ? AND user_id = ? AND status = 'unpaid'",
+            )
+            .bind(CancelReason::User.as_str())
+            .bind(sn.as_str())
+            .bind(user.get())
+            .execute(db),
         )
-        .bind(CancelReason::User.as_str())
-        .bind(sn.as_str())
-        .bind(user.get())
-        .execute(db),
-    )
-    .await?;
-    Ok(done.rows_affected() == 1)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    })
+    .await
 }
 
 /// `unpaid` → `cancelled` for those of these orders whose deadline has passed (by
-/// MySQL's clock). Returns how many this call cancelled.
+/// MySQL's clock). Returns how many this call cancelled. Run again after a deadlock or a
+/// certification failure, as [`pay`] (a late pay cancels through here).
 pub async fn cancel_overdue(db: &Db, sns: &[&str], reason: CancelReason) -> Result<u64, DbError> {
     if sns.is_empty() {
         return Ok(0);
     }
-    let mut query = QueryBuilder::new("UPDATE orders SET status = 'cancelled', cancel_reason = ");
-    query
-        .push_bind(reason.as_str())
-        .push(" WHERE status = 'unpaid' AND pay_deadline <= UTC_TIMESTAMP(3) AND order_sn IN (");
-    let mut list = query.separated(", ");
-    for sn in sns {
-        list.push_bind(*sn);
-    }
-    query.push(")");
-    let done = mysql_timed(query.build().execute(db)).await?;
-    Ok(done.rows_affected())
+    retrying_deadlocks("overdue orders' cancel", || async {
+        let mut query =
+            QueryBuilder::new("UPDATE orders SET status = 'cancelled', cancel_reason = ");
+        query.push_bind(reason.as_str()).push(
+            " WHERE status = 'unpaid' AND pay_deadline <= UTC_TIMESTAMP(3) AND order_sn IN (",
+        );
+        let mut list = query.separated(", ");
+        for sn in sns {
+            list.push_bind(*sn);
+        }
+        query.push(")");
+        let done = mysql_timed(query.build().execute(db)).await?;
+        Ok(done.rows_affected())
+    })
+    .await
 }
 
 /// An item's unpaid orders whose deadline passed at least `grace` ago, oldest first (by
@@ -344,35 +359,106 @@ pub async fn insert_batch<'a>(
     orders: impl IntoIterator<Item = &'a OrderPlaced>,
     status: OrderStatus,
 ) -> Result<(), sqlx::Error> {
-    let mut orders = orders.into_iter().peekable();
-    if orders.peek().is_none() {
+    // Every order's times first: one MySQL cannot store is an error, not a row with a
+    // 1970 (or zero) deadline.
+    let rows = orders
+        .into_iter()
+        .map(|order| Ok((order, stored_times(order)?)))
+        .collect::<Result<Vec<_>, String>>()
+        .map_err(|e| sqlx::Error::Encode(e.into()))?;
+    if rows.is_empty() {
         return Ok(());
     }
     let mut query = QueryBuilder::new(
         "INSERT INTO orders (order_sn, item_id, user_id, slot, status, created_at, pay_deadline) ",
     );
-    query.push_values(orders, |mut row, order| {
+    query.push_values(rows, |mut row, (order, (created_at, pay_deadline))| {
         row.push_bind(order.order_sn.as_str())
             .push_bind(order.item_id.get())
             .push_bind(order.user_id.get())
             .push_bind(order.slot)
             .push_bind(status.as_str())
-            .push_bind(from_millis(order.created_at_ms))
-            .push_bind(from_millis(order.pay_deadline_ms));
+            .push_bind(created_at)
+            .push_bind(pay_deadline);
     });
     query.push(" ON DUPLICATE KEY UPDATE order_sn = order_sn");
     query.build().execute(db).await?;
     Ok(())
 }
 
-pub fn from_millis(ms: i64) -> DateTime<Utc> {
-    Utc.timestamp_millis_opt(ms)
-        .single()
-        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+/// The order's creation and pay deadline as MySQL stores them; what is wrong (naming the
+/// order) when it cannot (`OrderPlaced::out_of_range`).
+fn stored_times(order: &OrderPlaced) -> Result<(DateTime<Utc>, DateTime<Utc>), String> {
+    let wrong = |what: &dyn std::fmt::Display| format!("order {}: {what}", order.order_sn);
+    if let Some(why) = order.out_of_range() {
+        return Err(wrong(&why));
+    }
+    let created_at = from_millis(order.created_at_ms).map_err(|e| wrong(&e))?;
+    let pay_deadline = from_millis(order.pay_deadline_ms).map_err(|e| wrong(&e))?;
+    Ok((created_at, pay_deadline))
+}
+
+/// A time given in ms since the epoch, as orders carry them, that is no time a date can
+/// hold.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0} ms since 1970 is not a time")]
+pub struct NotATime(pub i64);
+
+/// An order's time from its ms since the epoch; an error, not 1970, when it is none.
+pub fn from_millis(ms: i64) -> Result<DateTime<Utc>, NotATime> {
+    Utc.timestamp_millis_opt(ms).single().ok_or(NotATime(ms))
 }
 
 impl OrderRow {
     pub fn user(&self) -> UserId {
         UserId::new(self.user_id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::BucketId;
+
+    fn order(created_at_ms: i64, pay_deadline_ms: i64) -> OrderPlaced {
+        let item = ItemId::new(3).unwrap();
+        OrderPlaced {
+            order_sn: OrderSn::generate(BucketId::whole(item), false),
+            item_id: item,
+            user_id: UserId::new(9),
+            created_at_ms,
+            pay_deadline_ms,
+            slot: 0,
+        }
+    }
+
+    #[test]
+    fn a_bad_time_is_an_error_not_1970() {
+        assert_eq!(from_millis(0).unwrap(), DateTime::<Utc>::UNIX_EPOCH);
+        assert_eq!(
+            from_millis(1_700_000_000_123).unwrap().timestamp_millis(),
+            1_700_000_000_123
+        );
+        assert_eq!(from_millis(i64::MAX), Err(NotATime(i64::MAX)));
+        assert!(
+            NotATime(i64::MAX)
+                .to_string()
+                .contains("9223372036854775807"),
+            "names the value"
+        );
+    }
+
+    #[test]
+    fn an_order_whose_times_mysql_cannot_store_is_refused_naming_it() {
+        let good = order(1_700_000_000_000, 1_700_000_600_000);
+        let (created_at, pay_deadline) = stored_times(&good).unwrap();
+        assert_eq!(pay_deadline - created_at, chrono::Duration::minutes(10));
+        let late = order(1_700_000_000_000, i64::MAX);
+        let why = stored_times(&late).unwrap_err();
+        assert!(
+            why.starts_with(&format!("order {}", late.order_sn)),
+            "{why}"
+        );
+        assert!(why.contains("pay_deadline_ms"), "{why}");
     }
 }

@@ -34,19 +34,20 @@ async fn pass(scheduler: &Scheduler) -> Result<(), StoreError> {
     let due =
         crate::items::repo::due_for_retirement(&scheduler.deps.db, retention, PER_PASS).await?;
     let mut retired = 0;
-    for item in &due {
+    for &id in &due {
         match retire(
             &scheduler.deps.db,
             &scheduler.deps.redis,
             &scheduler.deps.keys,
-            item,
+            id,
+            retention,
         )
         .await?
         {
             Retirement::Done => retired += 1,
-            Retirement::Busy => {}
+            Retirement::Busy | Retirement::NotDue => {}
             Retirement::InFlight(what) => {
-                tracing::info!(item = %item.id, waiting_for = what, "sale not retired yet: something of it is still on its way");
+                tracing::info!(item = %id, waiting_for = what, "sale not retired yet: something of it is still on its way");
             }
         }
     }

@@ -5,6 +5,12 @@
 //! primary component (a node cut off into a minority answers every query with error 1047,
 //! "WSREP has not yet prepared node for application use").
 //!
+//! Every instance prefers the node listed first: one that moved away (the node did not
+//! answer a check in time, say, on a loaded host) moves back once the earlier node has
+//! answered ready for [`BACK_AFTER_CHECKS`] checks in a row. Without that, instances that
+//! moved on a brief fault of their own wrote through different nodes for good, and met as
+//! certification failures on every row they shared.
+//!
 //! The move is the pool's own: new connections go to the chosen node
 //! (`Pool::set_connect_options`), connections opened before the move are closed when next
 //! taken or given back, and a connection is only ever opened to a node that is ready. A
@@ -26,6 +32,9 @@ use sqlx::{ConnectOptions, Connection, MySqlPool};
 const CHECK_EVERY: Duration = Duration::from_millis(500);
 /// How long a node has to connect and answer a check.
 const CHECK_WITHIN: Duration = Duration::from_secs(1);
+/// Checks in a row (5 s) an earlier-listed node must answer ready before the pool moves
+/// back to it: a node that flaps does not pull the pool to and fro.
+const BACK_AFTER_CHECKS: u32 = 10;
 
 /// The nodes, and which one is written through.
 struct Nodes {
@@ -155,23 +164,71 @@ fn opened_since_move(
 }
 
 /// Checks the node written through every [`CHECK_EVERY`]; when it is not ready, moves the
-/// pool to the next node (in the order listed) that is.
+/// pool to the next node (in the order listed) that is. While it is not the first listed,
+/// checks the nodes listed before it too, and moves back to the first of them that stayed
+/// ready for [`BACK_AFTER_CHECKS`] checks in a row.
 async fn watch(pool: MySqlPool, nodes: Arc<Nodes>) {
+    let count = nodes.nodes.len();
+    let mut way_back = WayBack::default();
     while !pool.is_closed() {
         tokio::time::sleep(CHECK_EVERY).await;
         let (current, _) = nodes.current();
-        let Err(why) = ready_node(&nodes.nodes[current]).await else {
-            continue;
-        };
-        let count = nodes.nodes.len();
-        for next in (1..count).map(|step| (current + step) % count) {
-            if ready_node(&nodes.nodes[next]).await.is_ok() {
-                pool.set_connect_options(nodes.nodes[next].clone());
-                *nodes.current.lock().unwrap_or_else(|e| e.into_inner()) = (next, Instant::now());
-                tracing::warn!(from = %nodes.name(current), to = %nodes.name(next), reason = %why, "MySQL node not ready; writing through another node of the Galera cluster");
-                break;
+        let to = match ready_node(&nodes.nodes[current]).await {
+            Err(why) => {
+                let mut to = None;
+                for next in (1..count).map(|step| (current + step) % count) {
+                    if ready_node(&nodes.nodes[next]).await.is_ok() {
+                        to = Some((next, why));
+                        break;
+                    }
+                }
+                to
             }
+            Ok(()) => {
+                let mut ready = Vec::with_capacity(current);
+                for earlier in &nodes.nodes[..current] {
+                    ready.push(ready_node(earlier).await.is_ok());
+                }
+                way_back.note(&ready).map(|back| {
+                    (
+                        back,
+                        format!(
+                            "{} ready again for {} checks in a row",
+                            nodes.name(back),
+                            BACK_AFTER_CHECKS
+                        ),
+                    )
+                })
+            }
+        };
+        if let Some((to, why)) = to {
+            pool.set_connect_options(nodes.nodes[to].clone());
+            *nodes.current.lock().unwrap_or_else(|e| e.into_inner()) = (to, Instant::now());
+            way_back = WayBack::default();
+            tracing::warn!(from = %nodes.name(current), to = %nodes.name(to), reason = %why, "writing through another node of the Galera cluster");
         }
+    }
+}
+
+/// For the nodes listed before the one written through: how many checks in a row each
+/// answered ready.
+#[derive(Default)]
+struct WayBack {
+    streaks: Vec<u32>,
+}
+
+impl WayBack {
+    /// Notes a check of the nodes listed before the one written through (`ready[i]`:
+    /// whether node `i` answered ready). Returns the first of them ready for
+    /// [`BACK_AFTER_CHECKS`] checks in a row, if one is.
+    fn note(&mut self, ready: &[bool]) -> Option<usize> {
+        self.streaks.resize(ready.len(), 0);
+        for (streak, ready) in self.streaks.iter_mut().zip(ready) {
+            *streak = if *ready { *streak + 1 } else { 0 };
+        }
+        self.streaks
+            .iter()
+            .position(|streak| *streak >= BACK_AFTER_CHECKS)
     }
 }
 
@@ -215,5 +272,31 @@ async fn ready(conn: &mut MySqlConnection) -> Result<(), String> {
         (ready, component) => Err(format!(
             "not ready (wsrep_ready {ready}, cluster status {component})"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pool_moves_back_to_an_earlier_node_once_it_stayed_ready() {
+        let mut way_back = WayBack::default();
+        // Written through node 2: node 0 is down, node 1 comes back.
+        for _ in 1..BACK_AFTER_CHECKS {
+            assert_eq!(way_back.note(&[false, true]), None);
+        }
+        // A single miss starts node 1's count again.
+        assert_eq!(way_back.note(&[false, false]), None);
+        for _ in 1..BACK_AFTER_CHECKS {
+            assert_eq!(way_back.note(&[true, true]), None);
+        }
+        assert_eq!(
+            way_back.note(&[true, true]),
+            Some(0),
+            "the first listed first"
+        );
+        // On the first node there is nothing to go back to.
+        assert_eq!(WayBack::default().note(&[]), None);
     }
 }

@@ -389,3 +389,71 @@ async fn a_unit_on_its_way_between_buckets_is_never_called_sold_out() {
     env.assert_invariants(&server, 3, 2, &sold).await;
     server.stop().await;
 }
+
+/// One unit passed back and forth between the two buckets of a split item by buy and
+/// cancel churn: a buyer of the bucket without it borrows it, cancels (it comes back to
+/// their bucket, under a new name), and a buyer of the other bucket borrows it back, 20
+/// times each way. Every one of the 40 transfers settled by its own request leaves no
+/// entry in either bucket's `transfers` hash (docs/architecture.md: only transfers under
+/// way or cut off keep one), the loans are all settled, and the stock adds up. (Before,
+/// every transfer left its entry for the life of the sale: 40 for an item of 2.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn buy_and_cancel_churn_across_buckets_leaves_no_transfer_records() {
+    let env = TestEnv::new("buckets_churn").await;
+    let server = env.server(ALL_ROLES).await;
+    env.item(4, 2).buckets(2).on_sale(&server).await;
+    let keys = Keys::new(&env.settings.namespace);
+    let buckets: Vec<ItemKeys> = BucketId::all(ItemId::new(4).unwrap(), 2)
+        .map(|s| keys.bucket(s))
+        .collect();
+    assert_eq!(listed(&env, &buckets).await, [1, 1]);
+    // Bucket 1's own unit is bought and kept: one unit is left, in bucket 0.
+    let keeper = users_of_bucket(4, 2, 1, 3)[2];
+    assert_eq!(env.buy(&server, keeper, 4).await.0, 202);
+    let [zero] = users_of_bucket(4, 2, 0, 1)[..] else {
+        unreachable!("one user asked for")
+    };
+    let [one] = users_of_bucket(4, 2, 1, 1)[..] else {
+        unreachable!("one user asked for")
+    };
+
+    for round in 0..20 {
+        for (user, home) in [(one, 1), (zero, 0)] {
+            // Memory may still say "sold out" until its next look at the stock (the unit
+            // came back by a cancel): within a second.
+            let won = eventually(Duration::from_secs(3), "the unit bought", || async {
+                match env.buy(&server, user, 4).await {
+                    (202, won) => Ok(won),
+                    answer => Err(format!("round {round}, bucket {home}: {answer:?}")),
+                }
+            })
+            .await;
+            let sn = won["order_sn"].as_str().unwrap().to_owned();
+            let (status, json) = env
+                .post_as(&server, &format!("/api/orders/{sn}/cancel"), user)
+                .await;
+            assert_eq!(status, 200, "round {round}: cancel: {json}");
+            let mut expected = [0, 0];
+            expected[home] = 1;
+            assert_eq!(listed(&env, &buckets).await, expected, "round {round}");
+        }
+    }
+
+    let mut conn = env.redis.clone();
+    let mut records = Vec::new();
+    let mut loans = Vec::new();
+    for bucket in &buckets {
+        records.push(conn.hlen::<_, u64>(&bucket.transfers).await.unwrap());
+        loans.push(conn.hlen::<_, u64>(&bucket.lent).await.unwrap());
+    }
+    assert_eq!(loans, [0, 0], "loans left unsettled");
+    assert_eq!(
+        records,
+        [0, 0],
+        "transfer records left by 40 settled transfers of an item of 2"
+    );
+    quiet(&env, &server, 4, &amqp_url(), Duration::from_secs(30)).await;
+    let stats = env.stats(&server, 4).await;
+    assert_eq!(stats["consistent"], true, "{stats}");
+    server.stop().await;
+}

@@ -49,7 +49,7 @@ async fn enter_directly(
         by_bucket
             .entry(home)
             .or_default()
-            .push((rank(seed, user), user.get()));
+            .push((rank(seed, user).unwrap(), user.get()));
     }
     for (stock, entries) in by_bucket {
         for chunk in entries.chunks(5_000) {
@@ -63,7 +63,9 @@ async fn enter_directly(
 
 /// The `n` users of lowest rank among `users`.
 fn lowest(seed: &str, users: impl Iterator<Item = u64>, n: usize) -> Vec<u64> {
-    let mut ranked: Vec<(u64, u64)> = users.map(|u| (rank(seed, UserId::new(u)), u)).collect();
+    let mut ranked: Vec<(u64, u64)> = users
+        .map(|u| (rank(seed, UserId::new(u)).unwrap(), u))
+        .collect();
     ranked.sort_unstable_by(|(ra, ua), (rb, ub)| {
         ra.cmp(rb).then(ua.to_string().cmp(&ub.to_string()))
     });
@@ -201,7 +203,7 @@ pub async fn draw_by_rank(env: &TestEnv, server: &TestServer, item: u64) {
     );
     assert_eq!(
         shown["draw_cutoff"].as_u64(),
-        Some(rank(&seed, UserId::new(expected[49])))
+        Some(rank(&seed, UserId::new(expected[49])).unwrap())
     );
     env.assert_invariants(server, item, 50, &[]).await;
 
@@ -213,7 +215,7 @@ pub async fn draw_by_rank(env: &TestEnv, server: &TestServer, item: u64) {
     assert_eq!(mine["status"], "won", "{mine}");
     assert_eq!(
         mine["rank"].as_u64(),
-        Some(rank(&seed, UserId::new(winner)))
+        Some(rank(&seed, UserId::new(winner)).unwrap())
     );
     let sn = mine["order_sn"].as_str().unwrap().to_owned();
     let (_, order) = env

@@ -503,6 +503,115 @@ async fn a_cancel_that_commits_late_on_a_host_whose_clock_is_behind_still_gives_
     server.stop().await;
 }
 
+/// A pay and a cancel that MySQL picks as a deadlock's victim are tried again, not
+/// answered `500`: each request's `UPDATE` of its order and a transaction of the test
+/// lock the same two things in opposite orders (see [`deadlocked`]), and MySQL rolls the
+/// request's statement back with error 1213 — what Galera answers to a commit that lost a
+/// certification conflict, too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pay_or_cancel_that_loses_a_deadlock_is_tried_again() {
+    let env = &TestEnv::new("pay_deadlock").await;
+    let server = env.server(ALL_ROLES).await;
+    env.item(1, 2).on_sale(&server).await;
+    let won = buy_all(env, &server, 1, 1..=2).await;
+    env.wait_for_orders(&server, 1, 2, Duration::from_secs(10))
+        .await;
+    sqlx::query("CREATE TABLE ballast (id INT PRIMARY KEY)")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    for (user, action, status) in [(1, "pay", "paid"), (2, "cancel", "cancelled")] {
+        let sn = &won[&user];
+        let path = format!("/api/orders/{sn}/{action}");
+        let request = env.post_as(&server, &path, user);
+        let (code, json) = deadlocked(env, sn, status, request).await;
+        assert_eq!(
+            (code, json["code"].as_str()),
+            (200, Some(status)),
+            "{action} after losing a deadlock: {json}"
+        );
+        assert_eq!(env.order_status(sn).await.as_deref(), Some(status));
+    }
+    server.stop().await;
+}
+
+/// Runs `request`, an `UPDATE` of the order `sn` (of item 1) to `status`, into a deadlock
+/// with a transaction of the test. The transaction first writes rows (`ballast`), so that
+/// it is the heavier of the two and MySQL rolls back the request's statement; then locks
+/// the gap of item 1's orders in `status` (by their index), where the request's `UPDATE`,
+/// holding the order's row, waits to put the order's new entry; then asks for the order's
+/// row. Once the deadlock is resolved it rolls back, freeing everything.
+async fn deadlocked<T>(
+    env: &TestEnv,
+    sn: &str,
+    status: &str,
+    request: impl std::future::Future<Output = T>,
+) -> T {
+    use sqlx::Connection;
+    let (id,): (u64,) = sqlx::query_as("SELECT id FROM orders WHERE order_sn = ?")
+        .bind(sn)
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    let mut holder = sqlx::MySqlConnection::connect(env.settings.database_url.expose())
+        .await
+        .unwrap();
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("INSERT INTO ballast SELECT seq FROM seq_1_to_100")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query("SELECT id FROM orders WHERE item_id = 1 AND status = ? FOR UPDATE")
+        .bind(status)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // InnoDB's tables of transactions and lock waits are a snapshot, renewed only when
+    // nobody read it for 100 ms: asked every 200 ms until they show.
+    let snapshot = || tokio::time::sleep(Duration::from_millis(200));
+    let mut mine = None;
+    while mine.is_none() {
+        snapshot().await;
+        mine = sqlx::query_scalar::<_, String>(
+            "SELECT CAST(trx_id AS CHAR) FROM information_schema.INNODB_TRX
+              WHERE trx_mysql_thread_id = CONNECTION_ID()",
+        )
+        .fetch_optional(&mut *tx)
+        .await
+        .unwrap();
+    }
+    let db = env.db.clone();
+    let deadlock = async move {
+        let waited_for = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            snapshot().await;
+            let (waiting,): (i64,) = sqlx::query_as(
+                "SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS
+                  WHERE CAST(blocking_trx_id AS CHAR) = ?",
+            )
+            .bind(&mine)
+            .fetch_one(&db)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < waited_for,
+                "the request never waited for the gap"
+            );
+        }
+        sqlx::query("SELECT id FROM orders WHERE id = ? FOR UPDATE")
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .expect("the test's transaction survives the deadlock");
+        tx.rollback().await.unwrap();
+    };
+    let (answer, ()) = tokio::join!(request, deadlock);
+    answer
+}
+
 /// User 1, whose order `sn` of item 1 (one unit) was cancelled, buys it again within
 /// `limit` (once its unit is back); then both orders are in MySQL and the item adds up.
 async fn buys_again_once_the_unit_is_back(

@@ -340,6 +340,32 @@ async fn a_retirement_cut_off_halfway_is_finished_and_an_unfinished_sale_waits()
         redis.cmd(&["SISMEMBER", &index, "1"]).await,
         redis::Value::Int(0)
     );
+    // A new window for the retired sale, by a PUT and by a bulk call, writes nothing of it
+    // back to Redis (it is a live sale again once loaded: a forced warm-up).
+    let now = Utc::now();
+    let reopened = env
+        .item(1, 2)
+        .window(now, now + chrono::Duration::hours(1))
+        .paying_within(1);
+    reopened.put(&server).await;
+    let mut bulk = env
+        .item(1, 2)
+        .window(now, now + chrono::Duration::hours(2))
+        .paying_within(1)
+        .body();
+    bulk["id"] = 1.into();
+    let response = env
+        .admin(reqwest::Method::PUT, &server, "/admin/items")
+        .json(&serde_json::json!({ "items": [bulk] }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    assert_eq!(
+        lasting_item_keys(&redis, 1).await,
+        Vec::<String>::new(),
+        "a PUT of the retired item 1 wrote its state back"
+    );
     // Several passes later, item 2 still waits for its unpaid order.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let retired = stamp(&env, 2, "retired_at").await;
@@ -373,4 +399,124 @@ async fn item_keys(redis: &PrivateRedis, item: u64) -> Vec<String> {
             .collect(),
         other => panic!("KEYS: {other:?}"),
     }
+}
+
+/// The retention pass read its due list, then, before it got to the items, each became a
+/// live sale again: item 1 by a `PUT` moving its end an hour on (which resets its
+/// reconciliation), item 2 — a retirement cut off halfway, MySQL saying retired and
+/// nothing deleted yet — by a new window and a forced warm-up. The pass's step, run by
+/// hand on what it read, retires neither: each keeps its units, buyer records and meta,
+/// sells on (a buyer who paid is still refused, a new one buys the unit left and the
+/// order reaches MySQL), and its stats add up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sale_reopened_after_the_due_list_was_read_is_not_retired() {
+    use seckill::testing::retire::{Retirement, due_for_retirement, retire};
+
+    let env = TestEnv::new("retire_reopened").await;
+    // The server's own pass retires nothing in this test (an hour's retention): the test
+    // runs the pass's step by hand, with none.
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.sale_retention_s = 3_600;
+            s.rate_per_user = 0;
+        })
+        .await;
+    let end_at = Utc::now() + chrono::Duration::seconds(3);
+    sell(&env, &server, 1, end_at).await;
+    sell(&env, &server, 2, end_at).await;
+    for id in [1, 2] {
+        eventually(Duration::from_secs(30), "reconciled", || async {
+            let at = stamp(&env, id, "reconciled_at").await;
+            at.map(drop).ok_or_else(|| "not yet".to_owned())
+        })
+        .await;
+        assert_eq!(
+            env.remaining(id).await,
+            1,
+            "the timed-out order's unit is back"
+        );
+    }
+    // Item 2: a retirement cut off after recording it, before deleting anything.
+    sqlx::query("UPDATE items SET retired_at = UTC_TIMESTAMP(3), unsold = 1 WHERE id = 2")
+        .execute(&env.db)
+        .await
+        .unwrap();
+
+    // The pass reads its due list (a retention of 0: both are due)…
+    let due = due_for_retirement(&env.db, Duration::ZERO, 200)
+        .await
+        .unwrap();
+    let read = [1, 2].map(|id| seckill::domain::ItemId::new(id).unwrap());
+    assert!(read.iter().all(|id| due.contains(id)), "{due:?}");
+
+    // … then item 1 is reopened: its end an hour on.
+    let now = Utc::now();
+    env.item(1, 2)
+        .window(
+            now - chrono::Duration::minutes(1),
+            now + chrono::Duration::hours(1),
+        )
+        .put(&server)
+        .await;
+    assert!(stamp(&env, 1, "reconciled_at").await.is_none());
+    // And item 2 is loaded again, on sale from a few seconds on (a forced warm-up of a
+    // sale on sale is refused).
+    let opens = now + chrono::Duration::seconds(3);
+    env.item(2, 2)
+        .window(opens, now + chrono::Duration::hours(1))
+        .put(&server)
+        .await;
+    let (status, report) = env
+        .admin_post(&server, "/admin/items/2/warmup?force=true")
+        .await;
+    assert_eq!(status, 200, "{report}");
+    assert!(stamp(&env, 2, "retired_at").await.is_none());
+
+    // The pass gets to them, with what it read.
+    let redis = seckill::testing::RedisConns::new(env.settings.redis_url.expose()).unwrap();
+    let keys = env.keys();
+    for id in read {
+        let outcome = retire(&env.db, &redis, &keys, id, Duration::ZERO)
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome,
+            Retirement::NotDue,
+            "item {id}: a live sale again, and retired"
+        );
+    }
+
+    if let Ok(wait) = (opens - Utc::now()).to_std() {
+        tokio::time::sleep(wait).await;
+    }
+    for id in [1, 2] {
+        let meta = env.item_keys(id).meta;
+        let exists: bool = redis::AsyncCommands::exists(&mut env.redis.clone(), &meta)
+            .await
+            .unwrap();
+        assert!(exists, "item {id}: its meta was deleted");
+        assert_eq!(env.remaining(id).await, 1, "item {id}: its unit left");
+        assert!(stamp(&env, id, "retired_at").await.is_none(), "item {id}");
+        // The buyer who paid holds their place; a new buyer gets the unit left.
+        let (status, json) = env.buy(&server, 1, id).await;
+        assert_eq!(
+            (status, json["code"].as_str()),
+            (409, Some("duplicate")),
+            "item {id}: the buyer who paid: {json}"
+        );
+        let (status, won) = env.buy(&server, 4, id).await;
+        assert_eq!(status, 202, "item {id}: a new buyer: {won}");
+        assert_eq!(env.buy(&server, 5, id).await.0, 410, "item {id}");
+        let sn = won["order_sn"].as_str().unwrap_or_default().to_owned();
+        eventually(Duration::from_secs(10), "the order is written", || async {
+            match env.order_status(&sn).await {
+                Some(_) => Ok(()),
+                None => Err("not yet".to_owned()),
+            }
+        })
+        .await;
+        let stats = env.stats(&server, id).await;
+        assert_eq!(stats["consistent"], true, "item {id}: {stats}");
+    }
+    server.stop().await;
 }
