@@ -179,6 +179,17 @@ pub async fn draw_by_rank(env: &TestEnv, server: &TestServer, item: u64) {
         "{late}"
     );
     let shown = drawn(env, server, item, Duration::from_secs(30)).await;
+    // The late press took nothing: no entry of theirs, none more counted.
+    let (status, theirs) = env
+        .get(
+            server,
+            &format!("/api/items/{item}/my-entry"),
+            Some(200_000),
+        )
+        .await;
+    assert_eq!(status, 404, "a press after draw_at entered: {theirs}");
+    let stats = env.stats(server, item).await;
+    assert_eq!(stats["entries"], 100_000, "{stats}");
     let published = shown["draw_seed"].as_str().unwrap();
     assert_eq!(published, seed);
     assert_eq!(

@@ -100,6 +100,26 @@ impl TestEnv {
         held
     }
 
+    /// Runs `refused` (presses the test expects refused: paused, shop closed, a breaker
+    /// open, …) and asserts that they took nothing: the item's units listed and orders
+    /// pending in Redis are the same after as before. The caller makes sure nothing else
+    /// moves them meanwhile (the orders before it landed). Returns what `refused` gave.
+    pub async fn takes_nothing<T>(
+        &self,
+        item: u64,
+        refused: impl std::future::Future<Output = T>,
+    ) -> T {
+        let before = self.in_redis(item).await;
+        let answer = refused.await;
+        let after = self.in_redis(item).await;
+        assert_eq!(
+            (after.remaining, after.pending),
+            (before.remaining, before.pending),
+            "a refused press moved item {item}'s stock (units listed, orders pending)"
+        );
+        answer
+    }
+
     pub fn admin(
         &self,
         method: reqwest::Method,
