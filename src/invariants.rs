@@ -257,21 +257,40 @@ fn cancelled_units_come_back(stock: &InRedis, orders: &Orders, cancelled: &[Stri
             detail: "this run cancelled nothing (--cancel-percent does)".to_owned(),
         };
     }
-    let not_cancelled = cancelled
+    let not_cancelled: Vec<&str> = cancelled
         .iter()
+        .map(String::as_str)
         .filter(|sn| !orders.cancelled_found.contains(*sn))
-        .count();
-    // With invariant 4, a cancelled order's unit is counted in `remaining` (or sold again).
+        .collect();
+    // Units are alike: each cancelled order's unit is back when every unit is either
+    // listed (on sale again) or held by a live order (sold again, or never cancelled).
+    let accounted = stock.remaining + orders.live();
+    let mut detail = format!(
+        "{} orders cancelled, {} of them cancelled in MySQL; {} listed + {} unpaid or paid \
+         = {accounted} of {} units",
+        cancelled.len(),
+        cancelled.len() - not_cancelled.len(),
+        stock.remaining,
+        orders.live(),
+        orders.total
+    );
+    if accounted < orders.total {
+        detail += &format!(
+            "; {} units neither on sale nor sold again",
+            orders.total - accounted
+        );
+    } else if accounted > orders.total {
+        detail += &format!("; {} units back twice", accounted - orders.total);
+    }
+    if !not_cancelled.is_empty() {
+        let shown: Vec<_> = not_cancelled.iter().take(5).collect();
+        detail += &format!("; not cancelled in MySQL: {shown:?}");
+    }
     check(
         5,
         "cancelled units come back",
-        not_cancelled == 0 && stock.remaining + orders.live() == orders.total,
-        format!(
-            "{} orders cancelled, {} of them cancelled in MySQL; their units are back in \
-             the count of invariant 4",
-            cancelled.len(),
-            cancelled.len() - not_cancelled
-        ),
+        not_cancelled.is_empty() && accounted == orders.total,
+        detail,
     )
 }
 
@@ -373,6 +392,36 @@ mod tests {
             WAIT,
         );
         assert_eq!(checks[4].outcome, BROKEN);
+        assert!(checks[4].detail.contains("\"b\""), "{}", checks[4].detail);
+    }
+
+    #[test]
+    fn a_cancelled_unit_that_never_came_back_is_named() {
+        // c is cancelled in MySQL, but its unit is neither listed nor sold again.
+        let sale = run(&["a", "b", "c"], &["c"]);
+        let checks = judge(&stock(0, 0), &orders(), &sale, WAIT);
+        assert_eq!(checks[4].outcome, BROKEN);
+        assert!(
+            checks[4]
+                .detail
+                .contains("1 units neither on sale nor sold again"),
+            "{}",
+            checks[4].detail
+        );
+        // Sold again instead: c's unit went to d.
+        let mut sold_again = orders();
+        sold_again.unpaid = 3;
+        sold_again.rows = 4;
+        let checks = judge(&stock(0, 0), &sold_again, &sale, WAIT);
+        assert_eq!(checks[4].outcome, HELD, "{}", checks[4].detail);
+        // Listed twice: the unit came back once too often.
+        let checks = judge(&stock(2, 0), &orders(), &sale, WAIT);
+        assert_eq!(checks[4].outcome, BROKEN);
+        assert!(
+            checks[4].detail.contains("back twice"),
+            "{}",
+            checks[4].detail
+        );
     }
 
     #[test]

@@ -99,17 +99,22 @@ async fn buyers_of_one_bucket_get_every_unit_of_a_split_item_and_one_each() {
         },
     )
     .await;
-    eventually(
+    let again = eventually(
         Duration::from_secs(3),
         "a buyer of bucket 3 buys it",
         || async {
             match env.buy(&server, other, 1).await {
-                (202, _) => Ok(()),
+                (202, json) => Ok(json["order_sn"].as_str().unwrap().to_owned()),
                 answer => Err(format!("{answer:?}")),
             }
         },
     )
     .await;
+    // The cancelled unit came back and was sold again (invariant 5).
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let won = [ledger.won.clone(), vec![again]].concat();
+    env.assert_invariants_cancelling(&server, 1, 60, &won, &[sn])
+        .await;
     let (status, json) = env.admin_post(&server, "/admin/items/1/reconcile").await;
     assert_eq!(
         (status, json["consistent"].as_bool()),

@@ -49,8 +49,17 @@ async fn an_api_instance_killed_mid_burst_loses_nothing() {
             killed.store(1, Ordering::Relaxed);
         }),
     );
-    let fault = "API instance killed";
-    after_fault(&env, &b, UNITS, &amqp_url(), fault, began, &mut ledger).await;
+    // docs/faults.md: requests in flight break, pressing again sells or names the order;
+    // every order in MySQL about 10 s after the kill (a win its publisher had not entered
+    // waits for the safety sweep, 8 s, and the relay). Allowed here: the broken answers
+    // within 2 s of the kill, the orders within 15 s, for a loaded 2-core machine.
+    let liveness = Liveness {
+        fault: "API instance killed",
+        allowed: &["202 queued", "409 duplicate", "410 sold_out", "transport"],
+        trouble_within: Duration::from_secs(2),
+        drained_within: Duration::from_secs(15),
+    };
+    after_fault(&env, &b, UNITS, &amqp_url(), began, &mut ledger, &liveness).await;
     stop_process(survivor, reader_b);
     workers.stop().await;
 }
@@ -169,8 +178,20 @@ async fn a_consumer_killed_mid_batch_leaves_every_order_exactly_once() {
 
     let (second, _server, _lines, reader) =
         serve(seckill(&env).args(["serve", "--roles", "consumer"]));
-    let fault = "consumer killed, another started";
-    after_fault(&env, &api, UNITS, &amqp_url(), fault, began, &mut ledger).await;
+    // docs/faults.md: buyers notice nothing (the crowd was answered before the kill);
+    // every order in MySQL within seconds of the second consumer's start — 10 s here, for
+    // 4,000 redeliveries on a loaded 2-core machine.
+    let liveness = Liveness::unnoticed("consumer killed, another started", Duration::from_secs(10));
+    after_fault(
+        &env,
+        &api,
+        UNITS,
+        &amqp_url(),
+        began,
+        &mut ledger,
+        &liveness,
+    )
+    .await;
     stop_process(second, reader);
     api.stop().await;
 }
@@ -186,7 +207,7 @@ async fn a_scheduler_killed_mid_pass_returns_every_unit_exactly_once() {
     env.item(1, UNITS).paying_within(1).on_sale(&api).await;
     let answered = AtomicU64::new(0);
     let at = |_: u64, _: u32| api.addr;
-    let ledger = crowd(&env, 1, 1..1_001, &at, &answered).await;
+    let mut ledger = crowd(&env, 1, 1..1_001, &at, &answered).await;
     assert_eq!(ledger.won.len(), UNITS as usize);
     quiet(&env, &api, 1, &amqp_url(), Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -228,6 +249,12 @@ async fn a_scheduler_killed_mid_pass_returns_every_unit_exactly_once() {
             .args(["serve", "--roles", "scheduler"])
             .env("SECKILL_SCHEDULER_POLL_MS", "100"),
     );
+    // docs/faults.md: every unit back after the lease (3 s here): 2.4 s. Allowed: the
+    // lease and 5 s, for a loaded 2-core machine (the wait for it below gives up at 30 s).
+    let liveness = Liveness::unnoticed(
+        "scheduler killed mid-pass (lease 3 s)",
+        Duration::from_secs(8),
+    );
     eventually(
         Duration::from_secs(30),
         "every deadline met, every unit back",
@@ -242,7 +269,6 @@ async fn a_scheduler_killed_mid_pass_returns_every_unit_exactly_once() {
         },
     )
     .await;
-    measured("scheduler killed mid-pass (lease 3 s)", began, &ledger);
     // Each unit came back once: no more on sale than the total, Redis's count at zero.
     let stats = env.stats(&api, 1).await;
     assert_eq!(
@@ -250,8 +276,19 @@ async fn a_scheduler_killed_mid_pass_returns_every_unit_exactly_once() {
         (Some(1_000), Some(0)),
         "{stats}"
     );
-    total_check(&env, &api, 1, UNITS, &ledger).await;
+    // No scheduler from here on: the top-up crowd's orders would time out within a second
+    // of their win, and the stock moving under the checks.
     stop_process(second, reader);
+    after_fault(
+        &env,
+        &api,
+        UNITS,
+        &amqp_url(),
+        began,
+        &mut ledger,
+        &liveness,
+    )
+    .await;
     api.stop().await;
 }
 
@@ -271,7 +308,17 @@ async fn rabbitmq_restarted_mid_burst_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(500)).await;
         rabbit.restart().await;
     };
-    fault_mid_burst(&env, &server, &amqp, "RabbitMQ restarted", fault).await;
+    // docs/faults.md: nothing for buyers, every unit sold during it; every order in MySQL
+    // 7.1 s after the kill (allowed: 15 s, the broker's boot alone taking ~4 s of it on a
+    // loaded 2-core machine).
+    let liveness = Liveness::unnoticed("RabbitMQ restarted", Duration::from_secs(15));
+    let ledger = fault_mid_burst(&env, &server, &amqp, fault, &liveness).await;
+    assert_eq!(
+        (ledger.won.len(), ledger.topped_up),
+        (BURST_UNITS as usize, 0),
+        "every unit sold during the fault's burst, none left for the top-up: {:?}",
+        ledger.answers
+    );
     server.stop().await;
 }
 
@@ -303,8 +350,19 @@ async fn mariadb_killed_mid_drain_loses_nothing() {
         mariadb.restart().await;
         began
     });
-    let fault = "MariaDB killed for 2 s";
-    after_fault(&env, &server, UNITS, &amqp_url(), fault, began, &mut ledger).await;
+    // docs/faults.md: purchases go on; every order in MySQL 5.0 s after the kill (allowed:
+    // 12 s, the restart and the consumer's growing pauses on a loaded 2-core machine).
+    let liveness = Liveness::unnoticed("MariaDB killed for 2 s", Duration::from_secs(12));
+    after_fault(
+        &env,
+        &server,
+        UNITS,
+        &amqp_url(),
+        began,
+        &mut ledger,
+        &liveness,
+    )
+    .await;
     server.stop().await;
 }
 
@@ -323,8 +381,24 @@ async fn redis_restarted_mid_burst(appendfsync: &str) {
         tokio::time::sleep(Duration::from_millis(500)).await;
         redis.restart().await;
     };
+    // docs/faults.md: purchases answer `503 unavailable` for up to a second, pressing again
+    // sells or names the order; every order in MySQL about 2 s after the kill, or about 9 s
+    // when Redis ran a win whose answer the kill cut off (the safety sweep enters it 8 s
+    // after the win). Allowed: the last `503` within 3 s of the kill (Redis is down 0.5 s,
+    // then starts and loads its file), the orders within 15 s — for a loaded 2-core machine.
     let name = format!("Redis killed, appendfsync {appendfsync}");
-    let ledger = fault_mid_burst(&env, &server, &amqp_url(), &name, fault).await;
+    let liveness = Liveness {
+        fault: &name,
+        allowed: &[
+            "202 queued",
+            "409 duplicate",
+            "410 sold_out",
+            "503 unavailable",
+        ],
+        trouble_within: Duration::from_secs(3),
+        drained_within: Duration::from_secs(15),
+    };
+    let ledger = fault_mid_burst(&env, &server, &amqp_url(), fault, &liveness).await;
 
     // The procedure in docs/operations.md after a Redis restart: harmless when nothing was lost.
     let before = env.stats(&server, 1).await;
@@ -394,13 +468,35 @@ async fn redis_flushed_mid_sale_is_recovered_by_the_procedure() {
         env.admin_post(&server, "/admin/items/1/resume").await.0,
         200
     );
+    let resumed = began.elapsed();
 
     // Everyone who pressed before presses again, and newcomers: the rest sells.
     let more = crowd(&env, 1, 1..2_001, &at, &answered).await;
     ledger.merge(more);
-    let fault = "Redis flushed, then the recovery procedure";
-    after_fault(&env, &server, UNITS, &amqp_url(), fault, began, &mut ledger).await;
-    assert_eq!(env.remaining(1).await, 0, "every unit sold in the end");
+    // docs/faults.md: `503 unavailable` until the procedure has run, none after it; every
+    // order in MySQL within seconds of the resume (allowed: 15 s after it, the crowd of
+    // 2,000 pressing included, on a loaded 2-core machine).
+    let liveness = Liveness {
+        fault: "Redis flushed, then the recovery procedure",
+        allowed: &[
+            "202 queued",
+            "409 duplicate",
+            "410 sold_out",
+            "503 unavailable",
+        ],
+        trouble_within: resumed,
+        drained_within: resumed + Duration::from_secs(15),
+    };
+    after_fault(
+        &env,
+        &server,
+        UNITS,
+        &amqp_url(),
+        began,
+        &mut ledger,
+        &liveness,
+    )
+    .await;
     server.stop().await;
 }
 
@@ -446,7 +542,8 @@ fn start(env: &TestEnv, roles: &'static str, vars: &[(&str, String)]) -> Proc {
 
 /// Faults at random moments, in a loop, for `SOAK_MINUTES` (default 10): each round a new
 /// item of 300 units, a crowd of 1,000, one fault on a real process at a random point of
-/// the burst, then the total check. By hand (see docs/faults.md):
+/// the burst; then the answers the fault matrix allows, a top-up crowd selling what is
+/// left, and the total check. By hand (see docs/faults.md):
 /// `SOAK=1 cargo test crashes::soak -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a soak of minutes, run by hand: SOAK=1 cargo test crashes::soak -- --ignored"]
@@ -528,6 +625,19 @@ async fn soak() {
         let survivor = &api[1].server;
         ask_uncertain(&env, survivor, item, &mut ledger).await;
         quiet(&env, survivor, item, &rabbit.url(), Duration::from_secs(60)).await;
+        // What the fault matrix allows for any of the faults, then the rest sells.
+        assert_answers(
+            &format!("soak round {round}, {fault:?}"),
+            &[
+                "202 queued",
+                "409 duplicate",
+                "410 sold_out",
+                "503 unavailable",
+                "transport",
+            ],
+            &ledger,
+        );
+        sells_out(&env, survivor, item, UNITS, &rabbit.url(), &mut ledger).await;
         total_check(&env, survivor, item, UNITS, &ledger).await;
         *tally.entry(format!("{fault:?}")).or_default() += 1;
         eprintln!(

@@ -186,6 +186,17 @@ pub async fn draw_by_rank(env: &TestEnv, server: &TestServer, item: u64) {
         "{late}"
     );
     let shown = drawn(env, server, item, Duration::from_secs(30)).await;
+    // The late press took nothing: no entry of theirs, none more counted.
+    let (status, theirs) = env
+        .get(
+            server,
+            &format!("/api/items/{item}/my-entry"),
+            Some(200_000),
+        )
+        .await;
+    assert_eq!(status, 404, "a press after draw_at entered: {theirs}");
+    let stats = env.stats(server, item).await;
+    assert_eq!(stats["entries"], 100_000, "{stats}");
     let published = shown["draw_seed"].as_str().unwrap();
     assert_eq!(published, seed);
     assert_eq!(
@@ -249,7 +260,8 @@ pub async fn draw_by_rank(env: &TestEnv, server: &TestServer, item: u64) {
     let winners: HashSet<u64> = live_buyers(env, item).await.into_iter().collect();
     assert!(winners.contains(&next) && !winners.contains(&winner));
     assert_eq!(winners.len(), 50);
-    env.assert_invariants(server, item, 50, &[]).await;
+    env.assert_invariants_cancelling(server, item, 50, &[], std::slice::from_ref(&sn))
+        .await;
     let (_, mine) = env
         .get(server, &format!("/api/items/{item}/my-entry"), Some(winner))
         .await;

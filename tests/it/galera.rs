@@ -9,7 +9,7 @@ use std::time::Duration;
 use seckill::Role;
 use seckill::config::Secret;
 
-use crate::history::{after_fault, crowd, mid_burst};
+use crate::history::{Liveness, after_fault, crowd, mid_burst};
 use crate::support::*;
 
 const UNITS: u32 = 1_500;
@@ -125,7 +125,11 @@ async fn sale_with_fault(
         began
     };
     let (mut ledger, began) = tokio::join!(crowd(env, 1, 1..3_001, &at, &answered), faulted);
-    after_fault(env, &api, UNITS, &amqp_url(), name, began, &mut ledger).await;
+    // docs/faults.md: purchases go on (they never wait for MySQL); every order in MySQL
+    // 6–7.4 s after the fault. Allowed: 20 s, for a loaded 2-core machine (the isolated
+    // node's writers move on once it knows it is alone, the proxy slowing every answer).
+    let liveness = Liveness::unnoticed(name, Duration::from_secs(20));
+    after_fault(env, &api, UNITS, &amqp_url(), began, &mut ledger, &liveness).await;
     consumer.stop().await;
     api.stop().await;
 }

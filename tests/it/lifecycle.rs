@@ -232,7 +232,8 @@ async fn pay_and_cancel_answer_as_the_contract_says_even_for_pending_orders() {
         env.order_status(&won[&2]).await.as_deref(),
         Some("cancelled")
     );
-    env.assert_invariants(&api, 1, 5, &all).await;
+    env.assert_invariants_cancelling(&api, 1, 5, &all, &[won[&2].clone()])
+        .await;
     consumer.stop().await;
     api.stop().await;
 }
@@ -303,20 +304,21 @@ async fn pay_and_cancel_raced_on_200_orders_each_end_one_way() {
         .collect()
         .await;
     let stored = statuses(env, 1).await;
-    let mut cancelled = 0;
+    let mut cancelled = Vec::new();
     for (sn, paid, cancel) in &outcomes {
         match (paid, cancel) {
             (200, 409) => assert_eq!(stored[sn], "paid"),
             (409, 200) => {
                 assert_eq!(stored[sn], "cancelled");
-                cancelled += 1;
+                cancelled.push(sn.clone());
             }
             other => panic!("order {sn}: pay and cancel answered {other:?}"),
         }
     }
-    assert_eq!(env.remaining(1).await, cancelled);
+    assert_eq!(env.remaining(1).await, cancelled.len() as u64);
     let all: Vec<String> = won.into_values().collect();
-    env.assert_invariants(&server, 1, 200, &all).await;
+    env.assert_invariants_cancelling(&server, 1, 200, &all, &cancelled)
+        .await;
     server.stop().await;
 }
 

@@ -102,10 +102,20 @@ async fn breaker_levels_hold_purchases_back_globally_and_per_item() {
     assert_eq!(refused["scope"], "item:1");
     // Item 2 is not held back.
     assert_eq!(env.buy(&server, 30, 2).await.0, 202);
+    // What was admitted is in MySQL, so that nothing moves the stock but the refusals.
+    env.wait_for_orders(&server, 1, 1 + admitted, Duration::from_secs(10))
+        .await;
+    env.wait_for_orders(&server, 2, 1, Duration::from_secs(10))
+        .await;
 
-    // Level 2: no purchases of item 1; its orders can still be read and paid.
+    // Level 2: no purchases of item 1 (refused, they take nothing); its orders can still
+    // be read and paid.
     circuit(env, &server, "open", "item=1&level=2").await;
-    let response = env.purchase(&server, 31, 1).send().await.unwrap();
+    let response = env
+        .takes_nothing(1, async {
+            env.purchase(&server, 31, 1).send().await.unwrap()
+        })
+        .await;
     assert_eq!(response.status(), 503);
     assert_eq!(response.headers()["retry-after"], "5");
     let (status, _) = env.get(&server, "/api/items/1", None).await;
@@ -128,7 +138,7 @@ async fn breaker_levels_hold_purchases_back_globally_and_per_item() {
 
     // The global breaker covers every item; closing restores sales.
     circuit(env, &server, "open", "level=2&reason=incident").await;
-    let (status, json) = env.buy(&server, 32, 2).await;
+    let (status, json) = env.takes_nothing(2, env.buy(&server, 32, 2)).await;
     assert_eq!(
         (status, json["scope"].as_str()),
         (503, Some("global")),
@@ -195,10 +205,11 @@ async fn a_level_set_through_one_instance_is_obeyed_by_another_and_survives_a_re
         set_at.elapsed()
     );
 
-    // A restarted instance obeys from its very first request.
+    // A restarted instance obeys from its very first request, and takes nothing.
     b.stop().await;
     let b = env.server_with(&[Role::Api], no_auto).await;
-    let (status, json) = env.buy(&b, 3, 1).await;
+    env.wait_for_orders(&a, 1, 1, Duration::from_secs(10)).await;
+    let (status, json) = env.takes_nothing(1, env.buy(&b, 3, 1)).await;
     assert_eq!(
         (status, json["code"].as_str()),
         (503, Some("circuit_open")),

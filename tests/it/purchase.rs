@@ -243,7 +243,10 @@ async fn a_buyer_at_their_limit_hears_409_first_whatever_redis_says_of_the_sale(
         (409, Some("duplicate"), won["order_sn"].as_str()),
         "{again}"
     );
-    let (status, other) = env.buy(&server, 2, 1).await;
+    // User 1's order landed: only the presses below could move the stock.
+    env.wait_for_orders(&server, 1, 1, Duration::from_secs(10))
+        .await;
+    let (status, other) = env.takes_nothing(1, env.buy(&server, 2, 1)).await;
     assert_eq!(
         (status, other["code"].as_str()),
         (503, Some("paused")),
@@ -333,7 +336,10 @@ async fn a_paused_sale_answers_503_paused_until_resumed() {
         .await
         .unwrap();
     assert_eq!(paused.status(), 200);
-    let response = env.purchase(&server, 1, 1).send().await.unwrap();
+    let response = env
+        .takes_nothing(1, env.purchase(&server, 1, 1).send())
+        .await
+        .unwrap();
     assert_eq!(response.status(), 503);
     assert!(response.headers().contains_key("retry-after"));
     assert_eq!(response.json::<Value>().await.unwrap()["code"], "paused");

@@ -184,7 +184,7 @@ pub async fn per_user_with_retried_keys(env: &TestEnv, server: &TestServer, item
     );
 
     quiet(env, server, item, &amqp_url(), Duration::from_secs(30)).await;
-    let won: Vec<String> = won.into_iter().collect();
+    let mut won: Vec<String> = won.into_iter().collect();
     env.assert_invariants(server, item, 240, &won).await;
 
     // my-orders lists a buyer's orders, as their 202s named them.
@@ -215,8 +215,13 @@ pub async fn per_user_with_retried_keys(env: &TestEnv, server: &TestServer, item
     back_on_sale(env, server, item).await;
     let (status, body) = press(env, server, *buyer, item, "after-cancel").await;
     assert_eq!(answer(status, &body), "202 queued", "{body}");
+    won.push(body["order_sn"].as_str().unwrap().to_owned());
     let (status, body) = press(env, server, *buyer, item, "one-more").await;
     assert_eq!(answer(status, &body), "409 limit_reached", "{body}");
+    // The cancelled unit came back and was sold again (invariant 5).
+    quiet(env, server, item, &amqp_url(), Duration::from_secs(30)).await;
+    env.assert_invariants_cancelling(server, item, 240, &won, &[cancelled])
+        .await;
 }
 
 /// [`per_user_with_retried_keys`] on one Redis.
@@ -401,6 +406,8 @@ pub async fn waves(env: &TestEnv, server: &TestServer, item: u64) {
         .post_as(server, &format!("/api/orders/{cancelled}/cancel"), holder)
         .await;
     assert_eq!(status, 200, "{body}");
+    let mut all_won = vec![cancelled.clone()];
+    let cancels = vec![cancelled];
     back_on_sale(env, server, item).await;
     let (answers, back) = buy_all(env, server, item, users.by_ref().take(2)).await;
     assert_eq!(
@@ -460,8 +467,9 @@ pub async fn waves(env: &TestEnv, server: &TestServer, item: u64) {
     );
 
     quiet(env, server, item, &amqp_url(), Duration::from_secs(30)).await;
-    let won: Vec<String> = won.into_iter().map(|(_, sn)| sn).collect();
-    env.assert_invariants(server, item, 30, &won).await;
+    all_won.extend(won.into_iter().map(|(_, sn)| sn));
+    env.assert_invariants_cancelling(server, item, 30, &all_won, &cancels)
+        .await;
     let stats = env.stats(server, item).await;
     assert_eq!(stats["unreleased"], json!(0), "{stats}");
 }
@@ -540,7 +548,8 @@ async fn a_rebuild_after_redis_lost_a_shaped_sale_keeps_places_and_waves() {
         cancelled_by_mysql, 0,
         "MySQL refused no order as a second one in a place"
     );
-    env.assert_invariants(&server, 1, 12, &won).await;
+    env.assert_invariants_cancelling(&server, 1, 12, &won, &[won[0].clone()])
+        .await;
 }
 
 /// Reconciliation on an item with two per buyer: an order ended in MySQL by hand, its unit

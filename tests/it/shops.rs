@@ -76,7 +76,7 @@ async fn closed_shops_sell_nothing_and_hours_exceptions_and_overrides_decide() {
         .unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(shop_open(env, &server, 1).await, false);
-    let (status, json) = env.buy(&server, 1, 1).await;
+    let (status, json) = env.takes_nothing(1, env.buy(&server, 1, 1)).await;
     assert_eq!(
         (status, json["code"].as_str()),
         (503, Some("shop_closed")),

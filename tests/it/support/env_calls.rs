@@ -100,6 +100,26 @@ impl TestEnv {
         held
     }
 
+    /// Runs `refused` (presses the test expects refused: paused, shop closed, a breaker
+    /// open, …) and asserts that they took nothing: the item's units listed and orders
+    /// pending in Redis are the same after as before. The caller makes sure nothing else
+    /// moves them meanwhile (the orders before it landed). Returns what `refused` gave.
+    pub async fn takes_nothing<T>(
+        &self,
+        item: u64,
+        refused: impl std::future::Future<Output = T>,
+    ) -> T {
+        let before = self.in_redis(item).await;
+        let answer = refused.await;
+        let after = self.in_redis(item).await;
+        assert_eq!(
+            (after.remaining, after.pending),
+            (before.remaining, before.pending),
+            "a refused press moved item {item}'s stock (units listed, orders pending)"
+        );
+        answer
+    }
+
     pub fn admin(
         &self,
         method: reqwest::Method,
@@ -233,10 +253,11 @@ impl TestEnv {
         .await;
     }
 
-    /// docs/contract.md section 7, invariants 1 to 4, for a quiescent item, judged by
+    /// docs/contract.md section 7, invariants 1 to 5, for a quiescent item, judged by
     /// `seckill::testing::invariants` (as `seckill rehearse` judges a rehearsal) from every row in
     /// MySQL and the stock in Redis: `won` are the order numbers of every `202` the test
-    /// saw. Then the server's own stats must agree.
+    /// saw; the cancelled orders of invariant 5 are those MySQL has cancelled by their
+    /// buyer, their deadline or a reconciliation. Then the server's own stats must agree.
     pub async fn assert_invariants(
         &self,
         server: &TestServer,
@@ -244,9 +265,38 @@ impl TestEnv {
         total: u32,
         won: &[String],
     ) {
-        let orders = self.order_facts(item, total, won).await;
+        self.assert_invariants_cancelling(server, item, total, won, &[])
+            .await;
+    }
+
+    /// [`TestEnv::assert_invariants`], where `cancelled` are the order numbers of every
+    /// cancel the test was answered `200`: each must be cancelled in MySQL too.
+    pub async fn assert_invariants_cancelling(
+        &self,
+        server: &TestServer,
+        item: u64,
+        total: u32,
+        won: &[String],
+        cancelled: &[String],
+    ) {
+        let mut cancelled = [cancelled, &self.cancelled_orders(item).await].concat();
+        cancelled.sort_unstable();
+        cancelled.dedup();
+        let orders = self
+            .order_facts_cancelling(item, total, won, &cancelled)
+            .await;
         let stock = self.in_redis(item).await;
-        let broken: Vec<_> = invariants::judge(&stock, &orders, won, &[], Duration::ZERO)
+        let checks = invariants::judge(&stock, &orders, won, &cancelled, Duration::ZERO);
+        if let Some(check) = checks
+            .iter()
+            .find(|c| c.outcome != Outcome::NotExercised && c.number == 5)
+        {
+            eprintln!(
+                "invariants, item {item}: 5. {:?}: {}",
+                check.outcome, check.detail
+            );
+        }
+        let broken: Vec<_> = checks
             .into_iter()
             .filter(|check| check.outcome == Outcome::Broken)
             .map(|check| format!("{}. {}: {}", check.number, check.name, check.detail))
@@ -260,6 +310,18 @@ impl TestEnv {
     /// The item's orders in MySQL as `seckill::testing::invariants` judges them: `total` units,
     /// `answered` the order numbers of every `202` seen.
     pub async fn order_facts(&self, item: u64, total: u32, answered: &[String]) -> Orders {
+        self.order_facts_cancelling(item, total, answered, &[])
+            .await
+    }
+
+    /// [`TestEnv::order_facts`], with `cancelled` the orders invariant 5 judges.
+    pub async fn order_facts_cancelling(
+        &self,
+        item: u64,
+        total: u32,
+        answered: &[String],
+        cancelled: &[String],
+    ) -> Orders {
         let rows = self.orders(item).await;
         let (per_user,): (u8,) = read_patiently("the item's per_user", || {
             sqlx::query_as("SELECT per_user FROM items WHERE id = ?")
@@ -271,6 +333,21 @@ impl TestEnv {
             let status = OrderStatus::try_from(status.clone()).expect("an order status");
             (sn.as_str(), *user, status)
         });
-        Orders::from_rows(total.into(), per_user, rows, answered, &[])
+        Orders::from_rows(total.into(), per_user, rows, answered, cancelled)
+    }
+
+    /// The item's orders MySQL has cancelled by their buyer, their deadline or a
+    /// reconciliation: each gave its unit back. (An order the consumer wrote cancelled at
+    /// once, a second live order MySQL refused, has no reason and never held a unit.)
+    pub async fn cancelled_orders(&self, item: u64) -> Vec<String> {
+        read_patiently("the cancelled orders of an item", || {
+            sqlx::query_scalar(
+                "SELECT order_sn FROM orders WHERE item_id = ? AND status = 'cancelled' \
+                 AND cancel_reason IS NOT NULL",
+            )
+            .bind(item)
+            .fetch_all(&self.db)
+        })
+        .await
     }
 }
