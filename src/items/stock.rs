@@ -90,6 +90,27 @@ pub async fn item_snapshot<C>(
 where
     C: redis::aio::ConnectionLike + Send,
 {
+    Ok(sum(&bucket_snapshots(conn, keys, stocks).await?))
+}
+
+/// Each bucket, in the order given.
+pub async fn bucket_snapshots<C>(
+    conn: &mut C,
+    keys: &Keys,
+    stocks: impl Iterator<Item = BucketId>,
+) -> Result<Vec<StockSnapshot>, RedisError>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    let mut each = Vec::new();
+    for stock in stocks {
+        each.push(snapshot(conn, &keys.bucket(stock)).await?);
+    }
+    Ok(each)
+}
+
+/// Buckets' snapshots as one item's ([`item_snapshot`]).
+pub fn sum(buckets: &[StockSnapshot]) -> StockSnapshot {
     let mut sum = StockSnapshot {
         loaded: true,
         loaded_at_ms: None,
@@ -98,8 +119,7 @@ where
         pending: 0,
         reloading: false,
     };
-    for stock in stocks {
-        let one = snapshot(conn, &keys.bucket(stock)).await?;
+    for one in buckets {
         sum.loaded &= one.loaded;
         sum.loaded_at_ms = match (sum.loaded_at_ms, one.loaded_at_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -113,7 +133,7 @@ where
     if !sum.loaded {
         sum.loaded_at_ms = None;
     }
-    Ok(sum)
+    sum
 }
 
 /// Asks, in `pipe`, whether a bucket holds anything in Redis: a load (`loaded`) or a

@@ -601,3 +601,41 @@ async fn a_wave_opens_with_no_scheduler_running() {
         BTreeMap::from([("202 queued".into(), 2), ("410 sold_out".into(), 1)])
     );
 }
+
+/// `consistent` is the contract's equation, nothing softer: 20 units, 10 in a wave still to
+/// come, the 10 on sale sold — it adds up; then 5 of the units held back vanish from the
+/// list (as a Redis that lost writes would leave it) — it does not, and the stats say so.
+/// (Before, the stats counted the wave's 10 whatever the list held, and said `true`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_do_not_add_up_when_units_held_back_are_missing() {
+    let env = TestEnv::new("shapes_consistent").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    env.item(1, 20)
+        .window(at(-1), at(7200))
+        .release(&[(at(3600), 10)])
+        .on_sale(&server)
+        .await;
+    let (answers, _) = buy_all(&env, &server, 1, 1..=10).await;
+    assert_eq!(answers, BTreeMap::from([("202 queued".into(), 10)]));
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    held_back(&env, &server, 1, 10).await;
+
+    let _: Vec<String> = env
+        .redis
+        .clone()
+        .lpop(env.item_keys(1).tokens, std::num::NonZeroUsize::new(5))
+        .await
+        .unwrap();
+    let stats = env.stats(&server, 1).await;
+    assert_eq!(
+        (
+            stats["remaining"].as_u64(),
+            stats["unreleased"].as_u64(),
+            stats["orders"]["unpaid"].as_u64(),
+            stats["consistent"].as_bool()
+        ),
+        (Some(0), Some(10), Some(10), Some(false)),
+        "15 units listed or held of 20, with 10 held back and 10 sold: {stats}"
+    );
+    server.stop().await;
+}
