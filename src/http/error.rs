@@ -97,10 +97,11 @@ pub enum Conflict {
     OrdersInFlight,
     OverHeld,
     Raced,
+    StockCommitted,
 }
 
 impl Conflict {
-    pub const ALL: [Conflict; 12] = [
+    pub const ALL: [Conflict; 13] = [
         Conflict::OrderPaid,
         Conflict::OrderCancelled,
         Conflict::Reconciling,
@@ -113,6 +114,7 @@ impl Conflict {
         Conflict::OrdersInFlight,
         Conflict::OverHeld,
         Conflict::Raced,
+        Conflict::StockCommitted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -129,6 +131,7 @@ impl Conflict {
             Conflict::OrdersInFlight => "orders_in_flight",
             Conflict::OverHeld => "over_held",
             Conflict::Raced => "raced",
+            Conflict::StockCommitted => "stock_committed",
         }
     }
 }

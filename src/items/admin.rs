@@ -37,13 +37,43 @@ impl From<WriteError> for ApiError {
                 code: Conflict::ReleaseStarted,
                 detail: format!(
                     "{}the tranche of {} is on sale already: it may not be changed, removed or added; only tranches still to come may",
-                    index.map(|n| format!("items[{n}]: ")).unwrap_or_default(),
+                    item_of(index),
                     at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ),
+            },
+            WriteError::StockCommitted {
+                held,
+                listed,
+                bucket,
+                index,
+            } => ApiError::Conflict {
+                code: Conflict::StockCommitted,
+                detail: format!(
+                    "{}`release`: {}; units sold cannot be held back (more go on sale with a larger `total` and a forced warm-up)",
+                    item_of(index),
+                    match bucket {
+                        None => format!("{held} units held back, but only {listed} are unsold"),
+                        Some(bucket) => format!(
+                            "bucket {bucket} would hold back {held} units, but only {listed} of its units are unsold (each bucket of a split item holds back its share of a wave)"
+                        ),
+                    }
+                ),
+            },
+            WriteError::Busy { id, index } => ApiError::Conflict {
+                code: Conflict::WarmupRunning,
+                detail: format!(
+                    "{}a warm-up of item {id}, or another change of its waves, is running; try again when it is done",
+                    item_of(index)
                 ),
             },
             WriteError::Store(e) => e.into(),
         }
     }
+}
+
+/// A bulk call's detail names the item by its place.
+fn item_of(index: Option<usize>) -> String {
+    index.map(|n| format!("items[{n}]: ")).unwrap_or_default()
 }
 
 /// The operators' item calls: write one or many, pause, resume. (Warm-ups: `crate::warmup`;
@@ -86,7 +116,7 @@ struct Switched {
     responses(
         (status = 200, description = "`updated`", body = WrittenItem),
         (status = 201, description = "`created`", body = WrittenItem),
-        (status = 409, description = "`buckets_fixed` / `release_started`: an item with units, buyers or orders keeps its buckets; a loaded item's tranche already on sale may not change", body = Refusal),
+        (status = 409, description = "`buckets_fixed` / `release_started` / `stock_committed` / `warmup_running`: an item with units, buyers or orders keeps its buckets; a loaded item's tranche already on sale may not change; a wave may not hold back more units than are unsold (the detail names the limit); a warm-up of the item or another change of its waves is running", body = Refusal),
     )
 )]
 async fn put_item(
@@ -99,7 +129,7 @@ async fn put_item(
         return Err(ApiError::bad_request("`id` differs from the path's"));
     }
     let draft = body.validate()?;
-    match writer(&state).put(id, draft).await? {
+    match writer(&state).put_honoured(id, draft).await? {
         Put::Created(item) => Ok(envelope(
             StatusCode::CREATED,
             "created",

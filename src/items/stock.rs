@@ -4,12 +4,12 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::BucketId;
 use crate::keys::{ItemKeys, Keys};
-use crate::lua::RULES_SET;
+use crate::lua::{RULES_SET, WAVES_RAISE};
 use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
 use crate::telemetry::ItemLevels;
 
 use super::repo::{Item, ItemDraft};
-use super::waves::Waves;
+use super::waves::{Holds, Waves};
 
 /// The Redis side of an item at one instant (read in one MULTI).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -217,6 +217,44 @@ where
         call.arg(*field).arg(value);
     }
     redis_timed(call.invoke_async::<()>(conn)).await
+}
+
+/// What [`raise_waves`] did in a bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Raised {
+    /// Written (or nothing to write: the bucket sells nothing).
+    Written,
+    /// Nothing written: the new field would hold `held` units back now, and the bucket's
+    /// list has only `listed`.
+    Short { held: u64, listed: u64 },
+}
+
+/// Writes a bucket's `waves` (`holds`, holding at least as much back at every instant as
+/// the field it replaces) only if its listed units cover what it holds back now, in one
+/// step (`lua/waves_raise.lua`).
+pub async fn raise_waves<C>(
+    conn: &mut C,
+    keys: &ItemKeys,
+    holds: &Holds,
+) -> Result<Raised, RedisError>
+where
+    C: redis::aio::ConnectionLike + Send + Sync,
+{
+    let answer: Vec<u64> = redis_timed(
+        WAVES_RAISE
+            .key(&keys.meta)
+            .key(&keys.tokens)
+            .arg(holds.to_string())
+            .invoke_async(conn),
+    )
+    .await?;
+    match answer[..] {
+        [1] => Ok(Raised::Written),
+        [0, held, listed] => Ok(Raised::Short { held, listed }),
+        _ => Err(RedisError::Unexpected(format!(
+            "waves_raise.lua answered {answer:?}"
+        ))),
+    }
 }
 
 /// The same for a draft, into a pipeline (a bulk `PUT` of items that exist; the pause is

@@ -181,6 +181,20 @@ impl Holds {
             .find(|(at, _)| *at >= at_ms)
             .map_or(0, |(_, held)| *held)
     }
+
+    /// At every instant, the more of what `self` and `other` hold back: what a bucket may
+    /// hold while one plan replaces the other, so that it never holds less than either.
+    pub fn most(&self, other: &Holds) -> Holds {
+        let mut times: Vec<i64> = self.0.iter().chain(&other.0).map(|(at, _)| *at).collect();
+        times.sort_unstable();
+        times.dedup();
+        Holds(
+            times
+                .into_iter()
+                .map(|at| (at, self.first_from(at).max(other.first_from(at))))
+                .collect(),
+        )
+    }
 }
 
 /// As the meta's `waves` field writes it: `at_ms:held` pairs, space separated.
@@ -322,6 +336,24 @@ mod tests {
             (4, 3, 3, 0),
             "a wave's units are on sale at its time"
         );
+        assert_eq!(Holds::default().at(ms(0)), 0);
+    }
+
+    #[test]
+    fn while_one_plan_replaces_another_a_bucket_holds_the_more_of_both() {
+        let ms = |s: i64| at(s).timestamp_millis();
+        // 5 held until 10; then 1 at 10 and 3 at 20 instead (4 held until 10, 3 until 20).
+        let old = plan(&[(10, 5)]).holds(1, 0);
+        let new = plan(&[(10, 1), (20, 3)]).holds(1, 0);
+        assert_eq!((old.at(ms(0)), old.at(ms(10))), (5, 0), "open at its time");
+        assert_eq!((new.at(ms(0)), new.at(ms(15)), new.at(ms(20))), (4, 3, 0));
+        let most = old.most(&new);
+        assert_eq!(most.to_string(), format!("{}:5 {}:3", ms(10), ms(20)));
+        for s in [0, 9, 10, 15, 19, 20, 30] {
+            assert_eq!(most.at(ms(s)), old.at(ms(s)).max(new.at(ms(s))), "at {s}");
+        }
+        assert_eq!(old.most(&old), old);
+        assert_eq!(old.most(&Holds::default()), old);
         assert_eq!(Holds::default().at(ms(0)), 0);
     }
 
