@@ -201,6 +201,16 @@ pub static RULES_SET: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// Holds more of a bucket's units back for waves, if its list covers them: see
+/// `lua/waves_raise.lua`.
+pub static WAVES_RAISE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/lib/rules.lua"),
+        include_str!("../lua/lib/waves.lua"),
+        include_str!("../lua/waves_raise.lua")
+    ))
+});
+
 /// Takes due delay-queue entries under a lease: see `lua/claim.lua`.
 pub static CLAIM: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/claim.lua")));
@@ -250,6 +260,7 @@ where
         &*SWAP,
         &*LOAD_FRESH,
         &*RULES_SET,
+        &*WAVES_RAISE,
         &*FORGET,
         &*ENDING_BEGIN,
         &*ENDING_DUE,

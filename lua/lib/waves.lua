@@ -5,6 +5,17 @@
 -- src/items/waves.rs). Redis's own TIME decides, so a wave opens everywhere at once and
 -- never early by some host's clock.
 --
+-- Units held back at `now` (ms), and the time of the wave they wait for: the first pair
+-- still to come. 0 and nil when none is.
+local function held_at(waves, now)
+  for at, held in string.gmatch(waves, '(%d+):(%d+)') do
+    if tonumber(at) > now then
+      return tonumber(held), at
+    end
+  end
+  return 0, nil
+end
+
 -- Returns the next wave's time (ms, as written) when the list `tokens` holds no unit
 -- beyond what is held back, else nil. `now` (ms, Redis's TIME) when the caller has it.
 local function held_back(waves, tokens, now)
@@ -15,14 +26,9 @@ local function held_back(waves, tokens, now)
     local time = redis.call('TIME')
     now = time[1] * 1000 + math.floor(time[2] / 1000)
   end
-  for at, held in string.gmatch(waves, '(%d+):(%d+)') do
-    if tonumber(at) > now then
-      if redis.call('LLEN', tokens) <= tonumber(held) then
-        return at
-      end
-      return nil
-    end
+  local held, at = held_at(waves, now)
+  if at and redis.call('LLEN', tokens) <= held then
+    return at
   end
   return nil
 end
-

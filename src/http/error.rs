@@ -99,10 +99,11 @@ pub enum Conflict {
     Raced,
     ModeFixed,
     DrawFixed,
+    StockCommitted,
 }
 
 impl Conflict {
-    pub const ALL: [Conflict; 14] = [
+    pub const ALL: [Conflict; 15] = [
         Conflict::OrderPaid,
         Conflict::OrderCancelled,
         Conflict::Reconciling,
@@ -117,6 +118,7 @@ impl Conflict {
         Conflict::Raced,
         Conflict::ModeFixed,
         Conflict::DrawFixed,
+        Conflict::StockCommitted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -135,6 +137,7 @@ impl Conflict {
             Conflict::Raced => "raced",
             Conflict::ModeFixed => "mode_fixed",
             Conflict::DrawFixed => "draw_fixed",
+            Conflict::StockCommitted => "stock_committed",
         }
     }
 }

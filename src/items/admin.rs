@@ -55,6 +55,31 @@ impl From<WriteError> for ApiError {
                     in_bulk(index)
                 ),
             },
+            WriteError::StockCommitted {
+                held,
+                listed,
+                bucket,
+                index,
+            } => ApiError::Conflict {
+                code: Conflict::StockCommitted,
+                detail: format!(
+                    "{}`release`: {}; units sold cannot be held back (more go on sale with a larger `total` and a forced warm-up)",
+                    in_bulk(index),
+                    match bucket {
+                        None => format!("{held} units held back, but only {listed} are unsold"),
+                        Some(bucket) => format!(
+                            "bucket {bucket} would hold back {held} units, but only {listed} of its units are unsold (each bucket of a split item holds back its share of a wave)"
+                        ),
+                    }
+                ),
+            },
+            WriteError::Busy { id, index } => ApiError::Conflict {
+                code: Conflict::WarmupRunning,
+                detail: format!(
+                    "{}a warm-up of item {id}, or another change of its waves, is running; try again when it is done",
+                    in_bulk(index)
+                ),
+            },
             WriteError::Store(e) => e.into(),
         }
     }
@@ -105,7 +130,7 @@ struct Switched {
     responses(
         (status = 200, description = "`updated`", body = WrittenItem),
         (status = 201, description = "`created`", body = WrittenItem),
-        (status = 409, description = "`buckets_fixed` / `release_started` / `mode_fixed` / `draw_fixed`: an item with units, buyers or orders keeps its buckets; a loaded item's tranche already on sale may not change; a loaded item keeps its mode; a draw under way or made keeps its mode and `draw_at`", body = Refusal),
+        (status = 409, description = "`buckets_fixed` / `release_started` / `mode_fixed` / `draw_fixed` / `stock_committed` / `warmup_running`: an item with units, buyers or orders keeps its buckets; a loaded item's tranche already on sale may not change; a loaded item keeps its mode; a draw under way or made keeps its mode and `draw_at`; a wave may not hold back more units than are unsold (the detail names the limit); a warm-up of the item or another change of its waves is running", body = Refusal),
     )
 )]
 async fn put_item(
@@ -118,7 +143,7 @@ async fn put_item(
         return Err(ApiError::bad_request("`id` differs from the path's"));
     }
     let draft = body.validate()?;
-    match writer(&state).put(id, draft).await? {
+    match writer(&state).put_honoured(id, draft).await? {
         Put::Created(item) => Ok(envelope(
             StatusCode::CREATED,
             "created",

@@ -108,6 +108,9 @@ struct LiveStock {
     seen_loaded: AtomicBool,
     /// Per bucket.
     remaining: Box<[AtomicU64]>,
+    /// Per bucket: until when (ms since the epoch) it counts as empty whatever `remaining`
+    /// says, because a purchase found nothing on sale there before a wave (0: no mark).
+    empty_until_ms: Box<[AtomicI64]>,
     /// When it was read (ms since the epoch; 0: never).
     read_at_ms: AtomicI64,
 }
@@ -118,6 +121,7 @@ impl LiveStock {
             loaded: AtomicBool::new(false),
             seen_loaded: AtomicBool::new(false),
             remaining: (0..buckets.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            empty_until_ms: (0..buckets.max(1)).map(|_| AtomicI64::new(0)).collect(),
             read_at_ms: AtomicI64::new(0),
         }
     }
@@ -136,35 +140,44 @@ pub enum ItemStatus {
 }
 
 impl CatalogItem {
-    pub fn remaining(&self) -> u64 {
+    /// Units listed, as last seen (less the buckets a purchase found empty since, while
+    /// their mark holds at `now`).
+    pub fn remaining(&self, now: DateTime<Utc>) -> u64 {
         if let Some(unsold) = self.retired_unsold() {
             return unsold;
         }
-        self.live
-            .remaining
-            .iter()
-            .map(|r| r.load(Ordering::Relaxed))
+        (0..self.live.remaining.len())
+            .map(|bucket| self.listed_in(bucket, now))
             .sum()
     }
 
     /// Units on sale at `now`: those listed, less what waves still to come hold back.
     pub fn on_sale(&self, now: DateTime<Utc>) -> u64 {
-        self.remaining()
+        self.remaining(now)
             .saturating_sub(self.record.release.unreleased(now))
     }
 
-    /// A bucket's units, as last seen.
-    pub fn remaining_in(&self, bucket: u8) -> u64 {
-        self.live
-            .remaining
-            .get(usize::from(bucket))
-            .map_or(0, |r| r.load(Ordering::Relaxed))
+    /// A bucket's units at `now`, as last seen.
+    pub fn remaining_in(&self, bucket: u8, now: DateTime<Utc>) -> u64 {
+        self.listed_in(usize::from(bucket), now)
     }
 
-    pub fn sold_out(&self) -> bool {
+    fn listed_in(&self, bucket: usize, now: DateTime<Utc>) -> u64 {
+        let marked = self
+            .live
+            .empty_until_ms
+            .get(bucket)
+            .is_some_and(|until| now.timestamp_millis() < until.load(Ordering::Relaxed));
+        match self.live.remaining.get(bucket) {
+            Some(r) if !marked => r.load(Ordering::Relaxed),
+            _ => 0,
+        }
+    }
+
+    pub fn sold_out(&self, now: DateTime<Utc>) -> bool {
         match self.retired_unsold() {
             Some(unsold) => unsold == 0,
-            None => self.live.loaded.load(Ordering::Relaxed) && self.remaining() == 0,
+            None => self.live.loaded.load(Ordering::Relaxed) && self.remaining(now) == 0,
         }
     }
 
@@ -194,24 +207,44 @@ impl CatalogItem {
         &self.buckets[usize::from(bucket).min(self.buckets.len() - 1)]
     }
 
-    /// Remembers that a bucket was found empty, until the next refresh says otherwise.
-    pub fn mark_empty(&self, bucket: u8) {
-        if let Some(r) = self.live.remaining.get(usize::from(bucket)) {
-            r.store(0, Ordering::Relaxed);
+    /// Remembers that a purchase found a bucket empty, until the next read of the stock
+    /// says otherwise — or, when it had nothing on sale only until a wave (`wave`: its
+    /// time, by Redis's clock, as `grab.lua` named it), until that wave at the latest:
+    /// from then on the units it holds back are on sale, and the units last read are
+    /// counted again (with thousands of buckets the refresh comes round to an item only
+    /// every few seconds, and a memory of "empty" must not refuse buyers meanwhile).
+    pub fn mark_empty(&self, bucket: u8, wave: Option<DateTime<Utc>>) {
+        let bucket = usize::from(bucket);
+        match wave {
+            Some(at) => {
+                if let Some(until) = self.live.empty_until_ms.get(bucket) {
+                    until.store(at.timestamp_millis(), Ordering::Relaxed);
+                }
+            }
+            None => {
+                if let Some(r) = self.live.remaining.get(bucket) {
+                    r.store(0, Ordering::Relaxed);
+                }
+            }
         }
     }
 
     /// Remembers that a bucket has a unit again (one at least), until the next refresh.
     pub fn mark_stocked(&self, bucket: u8) {
-        if let Some(r) = self.live.remaining.get(usize::from(bucket)) {
+        let bucket = usize::from(bucket);
+        if let Some(until) = self.live.empty_until_ms.get(bucket) {
+            until.store(0, Ordering::Relaxed);
+        }
+        if let Some(r) = self.live.remaining.get(bucket) {
             r.fetch_max(1, Ordering::Relaxed);
         }
     }
 
-    /// Remembers what `grab.lua` just found (every bucket empty), until the next refresh
-    /// says otherwise. Returns whether this instance thought otherwise until now.
+    /// Remembers what `grab.lua` just found (every bucket empty, no wave to come), until
+    /// the next refresh says otherwise. Returns whether this instance thought otherwise
+    /// until now.
     pub fn mark_sold_out(&self) -> bool {
-        let news = !self.sold_out();
+        let news = !self.sold_out(crate::clock::now());
         self.live.loaded.store(true, Ordering::Relaxed);
         self.live.seen_loaded.store(true, Ordering::Relaxed);
         for r in &self.live.remaining {
@@ -229,7 +262,7 @@ impl CatalogItem {
             ItemStatus::Scheduled
         } else if self.on_sale(now) == 0 && self.record.release.next_at(now).is_some() {
             ItemStatus::BetweenReleases
-        } else if self.sold_out() {
+        } else if self.sold_out(now) {
             ItemStatus::SoldOut
         } else {
             ItemStatus::Active
@@ -498,12 +531,14 @@ impl Catalog {
         for entry in entries {
             let mut loaded = true;
             let mut levels = ItemLevels::default();
-            for (remaining, state) in entry.live.remaining.iter().zip(states.by_ref()) {
+            let buckets = entry.live.remaining.iter().zip(&entry.live.empty_until_ms);
+            for ((remaining, empty_until), state) in buckets.zip(states.by_ref()) {
                 loaded &= state.loaded;
                 if state.loaded {
                     entry.live.seen_loaded.store(true, Ordering::Relaxed);
                 }
                 remaining.store(state.levels.remaining, Ordering::Relaxed);
+                empty_until.store(0, Ordering::Relaxed);
                 levels.remaining += state.levels.remaining;
                 levels.outbox += state.levels.outbox;
                 levels.pending += state.levels.pending;

@@ -87,11 +87,14 @@ async fn retire_locked(
             let mut conn = redis.bulk().await?;
             stock::item_snapshot(&mut conn, keys, item.bucket_ids()).await?
         };
-        let unsold = if snapshot.loaded {
+        // A sale no order held a unit of (never loaded, or lost before it sold) sold
+        // nothing. Otherwise what Redis lists is what is known to be unsold: a sale whose
+        // units Redis lost records no more than that, so its stock does not add up
+        // after the retirement either — total − paid would make it up.
+        let unsold = if snapshot.loaded || counts.paid > 0 {
             snapshot.remaining
         } else {
-            // Never loaded (or lost): what no order holds was not sold.
-            u64::from(item.total).saturating_sub(counts.paid)
+            u64::from(item.total)
         };
         // A `PUT` does not wait for these locks: one reopening the sale from the read
         // above on leaves the row not due, and then nothing is recorded or deleted.

@@ -4,12 +4,12 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::BucketId;
 use crate::keys::{ItemKeys, Keys};
-use crate::lua::RULES_SET;
+use crate::lua::{RULES_SET, WAVES_RAISE};
 use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
 use crate::telemetry::ItemLevels;
 
 use super::repo::{Item, ItemDraft};
-use super::waves::Waves;
+use super::waves::{Holds, Waves};
 
 /// The Redis side of an item at one instant (read in one MULTI).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -90,6 +90,27 @@ pub async fn item_snapshot<C>(
 where
     C: redis::aio::ConnectionLike + Send,
 {
+    Ok(sum(&bucket_snapshots(conn, keys, stocks).await?))
+}
+
+/// Each bucket, in the order given.
+pub async fn bucket_snapshots<C>(
+    conn: &mut C,
+    keys: &Keys,
+    stocks: impl Iterator<Item = BucketId>,
+) -> Result<Vec<StockSnapshot>, RedisError>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    let mut each = Vec::new();
+    for stock in stocks {
+        each.push(snapshot(conn, &keys.bucket(stock)).await?);
+    }
+    Ok(each)
+}
+
+/// Buckets' snapshots as one item's ([`item_snapshot`]).
+pub fn sum(buckets: &[StockSnapshot]) -> StockSnapshot {
     let mut sum = StockSnapshot {
         loaded: true,
         loaded_at_ms: None,
@@ -98,8 +119,7 @@ where
         pending: 0,
         reloading: false,
     };
-    for stock in stocks {
-        let one = snapshot(conn, &keys.bucket(stock)).await?;
+    for one in buckets {
         sum.loaded &= one.loaded;
         sum.loaded_at_ms = match (sum.loaded_at_ms, one.loaded_at_ms) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -113,7 +133,7 @@ where
     if !sum.loaded {
         sum.loaded_at_ms = None;
     }
-    Ok(sum)
+    sum
 }
 
 /// Asks, in `pipe`, whether a bucket holds anything in Redis: a load (`loaded`) or a
@@ -197,6 +217,44 @@ where
         call.arg(*field).arg(value);
     }
     redis_timed(call.invoke_async::<()>(conn)).await
+}
+
+/// What [`raise_waves`] did in a bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Raised {
+    /// Written (or nothing to write: the bucket sells nothing).
+    Written,
+    /// Nothing written: the new field would hold `held` units back now, and the bucket's
+    /// list has only `listed`.
+    Short { held: u64, listed: u64 },
+}
+
+/// Writes a bucket's `waves` (`holds`, holding at least as much back at every instant as
+/// the field it replaces) only if its listed units cover what it holds back now, in one
+/// step (`lua/waves_raise.lua`).
+pub async fn raise_waves<C>(
+    conn: &mut C,
+    keys: &ItemKeys,
+    holds: &Holds,
+) -> Result<Raised, RedisError>
+where
+    C: redis::aio::ConnectionLike + Send + Sync,
+{
+    let answer: Vec<u64> = redis_timed(
+        WAVES_RAISE
+            .key(&keys.meta)
+            .key(&keys.tokens)
+            .arg(holds.to_string())
+            .invoke_async(conn),
+    )
+    .await?;
+    match answer[..] {
+        [1] => Ok(Raised::Written),
+        [0, held, listed] => Ok(Raised::Short { held, listed }),
+        _ => Err(RedisError::Unexpected(format!(
+            "waves_raise.lua answered {answer:?}"
+        ))),
+    }
 }
 
 /// The same for a draft, into a pipeline (a bulk `PUT` of items that exist; the pause is

@@ -8,6 +8,8 @@
 //! any host's clock, a scheduler has nothing to do (and nothing to crash in the middle of),
 //! unsold units roll over, and a cancelled order's unit is on sale at once.
 
+use std::fmt;
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -134,16 +136,22 @@ impl Waves {
     /// every tranche from that one on, spread as the units are spread; a share never
     /// exceeds the bucket's units, see [`BucketId::spread`]). Empty for an item without waves.
     pub fn meta_field(&self, buckets: u8, bucket: u8) -> String {
-        let mut fields = Vec::with_capacity(self.0.len());
+        self.holds(buckets, bucket).to_string()
+    }
+
+    /// What one bucket of the item holds back, as its meta's `waves` field lists it
+    /// ([`Waves::meta_field`]).
+    pub fn holds(&self, buckets: u8, bucket: u8) -> Holds {
+        let mut pairs = Vec::with_capacity(self.0.len());
         for (i, wave) in self.0.iter().enumerate() {
             let from_here: u64 = self.0[i..].iter().map(|w| u64::from(w.units)).sum();
             let held = BucketId::spread(from_here, usize::from(buckets))
                 .get(usize::from(bucket))
                 .copied()
                 .unwrap_or(0);
-            fields.push(format!("{}:{held}", wave.at.timestamp_millis()));
+            pairs.push((wave.at.timestamp_millis(), held));
         }
-        fields.join(" ")
+        Holds(pairs)
     }
 
     /// As MySQL's `items.release_plan` holds it (`None`: no waves).
@@ -152,6 +160,53 @@ impl Waves {
             return None;
         }
         serde_json::to_string(&self.0).ok()
+    }
+}
+
+/// What one bucket holds back for waves: `(at_ms, held)` pairs in time order, each
+/// `held` of its listed units off sale until `at_ms` (`lua/lib/waves.lua` reads them so).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Holds(Vec<(i64, u64)>);
+
+impl Holds {
+    /// Units held back at `now_ms`: those of the first pair still to come.
+    pub fn at(&self, now_ms: i64) -> u64 {
+        self.first_from(now_ms + 1)
+    }
+
+    /// The `held` of the first pair at or after `at_ms` (0: none).
+    fn first_from(&self, at_ms: i64) -> u64 {
+        self.0
+            .iter()
+            .find(|(at, _)| *at >= at_ms)
+            .map_or(0, |(_, held)| *held)
+    }
+
+    /// At every instant, the more of what `self` and `other` hold back: what a bucket may
+    /// hold while one plan replaces the other, so that it never holds less than either.
+    pub fn most(&self, other: &Holds) -> Holds {
+        let mut times: Vec<i64> = self.0.iter().chain(&other.0).map(|(at, _)| *at).collect();
+        times.sort_unstable();
+        times.dedup();
+        Holds(
+            times
+                .into_iter()
+                .map(|at| (at, self.first_from(at).max(other.first_from(at))))
+                .collect(),
+        )
+    }
+}
+
+/// As the meta's `waves` field writes it: `at_ms:held` pairs, space separated.
+impl fmt::Display for Holds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, (at, held)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            write!(f, "{at}:{held}")?;
+        }
+        Ok(())
     }
 }
 
@@ -264,6 +319,42 @@ mod tests {
             assert!(first <= units[usize::from(bucket)]);
         }
         assert_eq!(Waves::default().meta_field(4, 1), "");
+    }
+
+    #[test]
+    fn a_bucket_holds_back_its_share_until_each_wave() {
+        let ms = |s: i64| at(s).timestamp_millis();
+        let holds = plan(&[(10, 1), (20, 3)]).holds(1, 0);
+        assert_eq!(holds.to_string(), format!("{}:4 {}:3", ms(10), ms(20)));
+        assert_eq!(
+            (
+                holds.at(ms(0)),
+                holds.at(ms(10)),
+                holds.at(ms(15)),
+                holds.at(ms(20))
+            ),
+            (4, 3, 3, 0),
+            "a wave's units are on sale at its time"
+        );
+        assert_eq!(Holds::default().at(ms(0)), 0);
+    }
+
+    #[test]
+    fn while_one_plan_replaces_another_a_bucket_holds_the_more_of_both() {
+        let ms = |s: i64| at(s).timestamp_millis();
+        // 5 held until 10; then 1 at 10 and 3 at 20 instead (4 held until 10, 3 until 20).
+        let old = plan(&[(10, 5)]).holds(1, 0);
+        let new = plan(&[(10, 1), (20, 3)]).holds(1, 0);
+        assert_eq!((old.at(ms(0)), old.at(ms(10))), (5, 0), "open at its time");
+        assert_eq!((new.at(ms(0)), new.at(ms(15)), new.at(ms(20))), (4, 3, 0));
+        let most = old.most(&new);
+        assert_eq!(most.to_string(), format!("{}:5 {}:3", ms(10), ms(20)));
+        for s in [0, 9, 10, 15, 19, 20, 30] {
+            assert_eq!(most.at(ms(s)), old.at(ms(s)).max(new.at(ms(s))), "at {s}");
+        }
+        assert_eq!(old.most(&old), old);
+        assert_eq!(old.most(&Holds::default()), old);
+        assert_eq!(Holds::default().at(ms(0)), 0);
     }
 
     #[test]

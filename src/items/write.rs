@@ -3,11 +3,13 @@
 //! schedule and every instance's catalogue. `admin.rs` and `bulk.rs` are its HTTP surface.
 
 use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 
 use crate::deps::Deps;
 use crate::domain::{BucketId, ItemId};
+use crate::lock::RedisLock;
 use crate::store::{Grouped, StoreError};
 
 use super::catalog::Catalog;
@@ -55,11 +57,30 @@ pub enum WriteError {
     /// The item was loaded, or has buyers, entries or orders: it keeps its mode.
     #[error("the item was loaded: it keeps its mode")]
     ModeFixed { index: Option<usize> },
+    /// A wave would hold back more of a bucket's units than its list still has (units
+    /// sold cannot be held back): `held` units now, of `listed`. `bucket`: which, for a
+    /// split item; `index`: the item's place in a bulk call.
+    #[error("a wave would hold back {held} units, and only {listed} are unsold")]
+    StockCommitted {
+        held: u64,
+        listed: u64,
+        bucket: Option<u8>,
+        index: Option<usize>,
+    },
+    /// A warm-up of the item (or another write of its waves) is running.
+    #[error("a warm-up of item {id} or another change of its waves is running")]
+    Busy { id: ItemId, index: Option<usize> },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
 crate::store::from_either_store!(WriteError);
+
+/// How long a write that holds more units back for waves keeps the items' warm-up locks,
+/// at most: as long as a bulk call may take.
+const WAVES_HELD_FOR: Duration = Duration::from_secs(120);
+/// How long such a write waits for a warm-up or another such write of an item to let go.
+const WAVES_WAIT: Duration = Duration::from_millis(300);
 
 /// The first released tranche `next` would change on the live item, if it is loaded
 /// (before it is, nothing is on sale).
@@ -85,6 +106,141 @@ fn draw_made_changed(live: &Item, next: &ItemDraft, now: DateTime<Utc>) -> Optio
 }
 
 impl ItemWriter<'_> {
+    /// `PUT /admin/items/{id}`: [`ItemWriter::put`], with what the item's units can no
+    /// longer honour refused first ([`ItemWriter::hold_waves`]).
+    pub async fn put_honoured(&self, id: ItemId, draft: ItemDraft) -> Result<Put, WriteError> {
+        let held = self.hold_waves(&[(id, draft.clone())], false).await?;
+        let put = self.put(id, draft).await;
+        held.settle(self.deps).await;
+        put
+    }
+
+    /// `PUT /admin/items`: [`ItemWriter::put_many`], likewise.
+    pub async fn put_many_honoured(
+        &self,
+        drafts: &[(ItemId, ItemDraft)],
+    ) -> Result<Vec<(ItemId, Upserted)>, WriteError> {
+        let held = self.hold_waves(drafts, true).await?;
+        let done = self.put_many(drafts).await;
+        held.settle(self.deps).await;
+        done
+    }
+
+    /// Before items with waves are written: takes their warm-up locks (no warm-up, and no
+    /// other write of their waves, runs until [`WavesHeld::settle`]), and in every bucket
+    /// whose new plan holds more units back at some instant than the plan it replaces,
+    /// writes the more of both (`lua/waves_raise.lua`) — only if the bucket's list covers
+    /// what that holds back now, checked in the same step, so no purchase takes a unit the
+    /// check counted. Purchases sell only above what is held back, so the list keeps
+    /// covering it while the record is written, and after: `settle` writes the record's
+    /// plan (the new one, or the old one if the write did not happen), which holds back
+    /// no more than that. A plan holding no more than before needs no check (what is held
+    /// back is on the list already). Refused (`StockCommitted`): nothing written anywhere.
+    /// Items whose `buckets` or released tranches the write would change are left to
+    /// [`ItemWriter::put`], which refuses them (or, for new buckets, nothing is on sale).
+    /// `bulk`: a refusal names the item by its place in `drafts`.
+    async fn hold_waves(
+        &self,
+        drafts: &[(ItemId, ItemDraft)],
+        bulk: bool,
+    ) -> Result<WavesHeld, WriteError> {
+        let ids: Vec<ItemId> = drafts.iter().map(|(id, _)| *id).collect();
+        let live: HashMap<ItemId, Item> = repo::get_many(&self.deps.db, &ids)
+            .await?
+            .into_iter()
+            .map(|item| (item.id, item))
+            .collect();
+        // Items that exist with waves before or after, keeping their buckets (a write that
+        // changes them takes the same lock: `Regrouping`).
+        let with_waves: Vec<(Option<usize>, ItemId, &ItemDraft)> = drafts
+            .iter()
+            .enumerate()
+            .filter(|(_, (id, draft))| {
+                live.get(id).is_some_and(|item| {
+                    item.buckets == draft.buckets
+                        && !(item.release.is_empty() && draft.release.is_empty())
+                })
+            })
+            .map(|(index, (id, draft))| (bulk.then_some(index), *id, draft))
+            .collect();
+        let mut held = WavesHeld::default();
+        if with_waves.is_empty() {
+            return Ok(held);
+        }
+        match self.raise_waves(&with_waves, &mut held).await {
+            Ok(()) => Ok(held),
+            Err(e) => {
+                held.settle(self.deps).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// [`ItemWriter::hold_waves`]'s locks and raises (each item with its place in a bulk
+    /// call), into `held` as they are taken.
+    async fn raise_waves(
+        &self,
+        items: &[(Option<usize>, ItemId, &ItemDraft)],
+        held: &mut WavesHeld,
+    ) -> Result<(), WriteError> {
+        let redis = &self.deps.redis;
+        let lock_keys = items
+            .iter()
+            .map(|(_, id, _)| self.deps.keys.warmup_lock(*id))
+            .collect();
+        let taken = RedisLock::try_take_many(redis, lock_keys, WAVES_HELD_FOR).await?;
+        let mut busy = Vec::new();
+        for ((index, id, _), lock) in items.iter().zip(taken) {
+            match lock {
+                Some(lock) => held.locks.push(lock),
+                None => busy.push((*index, *id)),
+            }
+        }
+        let waited_until = Instant::now() + WAVES_WAIT;
+        for (index, id) in busy {
+            let wait = waited_until.saturating_duration_since(Instant::now());
+            let key = self.deps.keys.warmup_lock(id);
+            let lock = RedisLock::take_within(redis, key, WAVES_HELD_FOR, wait).await?;
+            held.locks.push(lock.ok_or(WriteError::Busy { id, index })?);
+        }
+        // Read under the locks: no other write of these items' waves comes between.
+        let ids: Vec<ItemId> = items.iter().map(|(_, id, _)| *id).collect();
+        let live: HashMap<ItemId, Item> = repo::get_many(&self.deps.db, &ids)
+            .await?
+            .into_iter()
+            .map(|item| (item.id, item))
+            .collect();
+        let mut conn = redis.bulk().await?;
+        for (index, id, draft) in items {
+            let Some(item) = live.get(id) else { continue };
+            if item.buckets != draft.buckets || released_changed(item, &draft.release).is_some() {
+                continue;
+            }
+            for bucket in item.bucket_ids() {
+                let before = item.release.holds(item.buckets, bucket.index);
+                let most = before.most(&draft.release.holds(item.buckets, bucket.index));
+                if most == before {
+                    continue;
+                }
+                if held.raised.last() != Some(id) {
+                    held.raised.push(*id);
+                }
+                let keys = self.deps.keys.bucket(bucket);
+                if let stock::Raised::Short { held, listed } =
+                    stock::raise_waves(&mut conn, &keys, &most).await?
+                {
+                    return Err(WriteError::StockCommitted {
+                        held,
+                        listed,
+                        bucket: item.split().then_some(bucket.index),
+                        index: *index,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Creates or updates the item `id`; a changed `total` takes effect with a forced
     /// warm-up.
     pub async fn put(&self, id: ItemId, draft: ItemDraft) -> Result<Put, WriteError> {
@@ -274,6 +430,41 @@ impl ItemWriter<'_> {
         }
         if let Err(e) = self.catalog.refresh_item(id).await {
             tracing::warn!(error = %crate::error::cause_chain(&e), "item catalogue refresh failed");
+        }
+    }
+}
+
+/// What [`ItemWriter::hold_waves`] took: the items' warm-up locks, and the items whose
+/// buckets hold the more of their old and new plans in Redis.
+#[derive(Default)]
+struct WavesHeld {
+    locks: Vec<RedisLock>,
+    raised: Vec<ItemId>,
+}
+
+impl WavesHeld {
+    /// Once the write is done (or refused): the record's plan into every bucket of the
+    /// items raised (it holds back no more than what was raised), then the locks let go.
+    /// A Redis that does not answer leaves those buckets holding the more of both plans —
+    /// never fewer units than the record holds back — until the next write of the item.
+    async fn settle(self, deps: &Deps) {
+        if !self.raised.is_empty() {
+            let written = async {
+                let items = repo::get_many(&deps.db, &self.raised).await?;
+                let mut conn = deps.redis.bulk().await?;
+                for item in &items {
+                    for bucket in item.bucket_ids() {
+                        stock::sync_rules(&mut conn, &deps.keys.bucket(bucket), item).await?;
+                    }
+                }
+                Ok::<(), StoreError>(())
+            };
+            if let Err(e) = written.await {
+                tracing::warn!(items = ?self.raised, error = %crate::error::cause_chain(&e), "could not write the items' waves back from their records; their buckets hold back the more of the old and the new plan until the item is written again");
+            }
+        }
+        if let Err(e) = RedisLock::release_many(&deps.redis, self.locks).await {
+            tracing::warn!(error = %e, "could not release warm-up locks; they expire by themselves");
         }
     }
 }

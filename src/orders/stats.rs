@@ -40,7 +40,8 @@ pub struct Stats {
     entries: Option<u64>,
     /// Orders in MySQL by status.
     orders: StatusCounts,
-    /// remaining + unreleased + pending + unpaid + paid = total, right now.
+    /// remaining + unreleased + pending + unpaid + paid = total, right now, exactly, with
+    /// every bucket listing the units its waves hold back.
     consistent: bool,
     /// When the ended sale was retired from Redis: its figures are MySQL's since.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -100,21 +101,29 @@ pub async fn of(deps: &Deps, id: ItemId) -> Result<Option<Stats>, StoreError> {
         return Ok(None);
     };
     let counts = repo::count_by_status(db, id).await?;
-    let stock = match stock::retired(&item, counts.unpaid + counts.paid) {
-        Some(stock) => stock,
+    // Each bucket's units listed, and what waves still to come hold back of them there (by
+    // this host's clock: at a wave's very moment Redis's may differ by a little).
+    let (stock, buckets) = match stock::retired(&item, counts.unpaid + counts.paid) {
+        // Its waves all opened before it ended.
+        Some(stock) => (stock, vec![(stock.remaining, 0)]),
         None => {
             let mut conn = redis.bulk().await?;
-            stock::item_snapshot(&mut conn, keys, item.bucket_ids()).await?
+            let each = stock::bucket_snapshots(&mut conn, keys, item.bucket_ids()).await?;
+            let now_ms = crate::clock::now().timestamp_millis();
+            let buckets = item
+                .bucket_ids()
+                .zip(&each)
+                .map(|(bucket, one)| {
+                    let held = item.release.holds(item.buckets, bucket.index).at(now_ms);
+                    (one.remaining, held)
+                })
+                .collect();
+            (stock::sum(&each), buckets)
         }
     };
-    // Units listed in Redis are on sale or held back for a wave (by this host's clock: at a
-    // wave's very moment Redis's may differ by a little; the sum does not).
-    let unreleased = match item.retired_at {
-        Some(_) => 0,
-        None => item.release.unreleased(crate::clock::now()),
-    };
-    let remaining = stock.remaining.saturating_sub(unreleased);
-    let accounted = remaining + unreleased + stock.pending + counts.unpaid + counts.paid;
+    let unreleased: u64 = buckets.iter().map(|(_, held)| held).sum();
+    let held_by_orders = stock.pending + counts.unpaid + counts.paid;
+    let (remaining, consistent) = adds_up(&buckets, held_by_orders, item.total);
     Ok(Some(Stats {
         item_id: id,
         total: item.total,
@@ -129,10 +138,29 @@ pub async fn of(deps: &Deps, id: ItemId) -> Result<Option<Stats>, StoreError> {
             _ => None,
         },
         orders: counts,
-        consistent: accounted == u64::from(item.total),
+        consistent,
         retired_at: item.retired_at,
         replicas: replica_stats(redis, keys, &item).await,
     }))
+}
+
+/// The contract's equation (§7, invariant 4): remaining + unreleased + pending + unpaid +
+/// paid = total, exactly. `buckets`: each bucket's units listed and those of them waves
+/// still to come hold back; `held_by_orders`: pending + unpaid + paid. Returns the units
+/// on sale and whether it adds up. A bucket listing fewer units than it holds back has
+/// fewer than none on sale: the units its waves promise are not there, and nothing —
+/// neither the plan's count of them nor a surplus elsewhere — stands in for them.
+fn adds_up(buckets: &[(u64, u64)], held_by_orders: u64, total: u32) -> (u64, bool) {
+    let on_sale: Vec<i128> = buckets
+        .iter()
+        .map(|(listed, held)| i128::from(*listed) - i128::from(*held))
+        .collect();
+    let unreleased: i128 = buckets.iter().map(|(_, held)| i128::from(*held)).sum();
+    let consistent = on_sale.iter().all(|n| *n >= 0)
+        && on_sale.iter().sum::<i128>() + unreleased + i128::from(held_by_orders)
+            == i128::from(total);
+    let remaining = on_sale.iter().map(|n| u64::try_from(*n).unwrap_or(0)).sum();
+    (remaining, consistent)
 }
 
 /// A draw's entries, over its buckets.
@@ -148,4 +176,36 @@ async fn entries(
     // Each group's answers come as one array: here, of one count.
     let counts: Vec<(u64,)> = grouped.query(redis).await?;
     Ok(counts.into_iter().map(|(n,)| n).sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::adds_up;
+
+    #[test]
+    fn stock_adds_up_only_by_the_equation() {
+        // 20 units: 10 listed and held back for a wave, 10 unpaid.
+        assert_eq!(adds_up(&[(10, 10)], 10, 20), (0, true));
+        // 5 of those held back gone: the wave's count does not stand in for them.
+        assert_eq!(adds_up(&[(5, 10)], 10, 20), (0, false));
+        // Held back more than listed (a wave enlarged after sales): 130 units of 100.
+        assert_eq!(adds_up(&[(50, 80)], 50, 100), (0, false));
+        // On sale and held back, with pending, unpaid and paid among the rest.
+        assert_eq!(adds_up(&[(7, 3)], 3, 10), (4, true));
+        assert_eq!(adds_up(&[(7, 3)], 4, 10), (4, false));
+        assert_eq!(adds_up(&[(7, 0)], 2, 10), (7, false));
+    }
+
+    #[test]
+    fn each_bucket_must_list_what_it_holds_back() {
+        // Two buckets holding 2 back each; 6 listed in all and 10 sold of 16 adds up only
+        // while each lists its 2.
+        assert_eq!(adds_up(&[(3, 2), (3, 2)], 10, 16), (2, true));
+        // One lists 1 of its 2, the other a unit more: the same sums, but a unit of the
+        // wave is missing and one not held back is on sale in its place.
+        assert_eq!(adds_up(&[(1, 2), (5, 2)], 10, 16), (3, false));
+        // A retired sale: what it left unsold, nothing held back.
+        assert_eq!(adds_up(&[(2, 0)], 1, 3), (2, true));
+        assert_eq!(adds_up(&[], 0, 0), (0, true));
+    }
 }

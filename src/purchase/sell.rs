@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use chrono::Utc;
+use chrono::{TimeZone, Utc};
 
 use crate::broker::Outgoing;
 use crate::config::WaitPolicy;
@@ -72,7 +72,7 @@ pub fn from_memory(item: &CatalogItem, now: chrono::DateTime<Utc>) -> Option<Gra
         Some(GrabOutcome::Ended)
     } else if item.record.paused {
         Some(GrabOutcome::Paused)
-    } else if item.sold_out() {
+    } else if item.sold_out(now) {
         // Near a wave Redis decides, by its own clock: a host whose clock runs behind must
         // not keep a wave shut, and the memory of "nothing left" is older than the wave.
         let waves = &item.record.release;
@@ -428,17 +428,24 @@ impl Refill<'_> {
                 }
                 return Ok(outcome);
             }
-            item.mark_empty(home.bucket.index);
+            // Empty until the wave Redis named, if it named one: every bucket lists every
+            // wave, so none has anything on sale before it.
+            let wave = match outcome {
+                GrabOutcome::BetweenReleases(at_ms) => Utc.timestamp_millis_opt(at_ms).single(),
+                _ => None,
+            };
+            item.mark_empty(home.bucket.index, wave);
             // The fullest first, by the last refresh; every other bucket is asked in the end.
             let mut lenders: Vec<&ItemKeys> = item
                 .buckets
                 .iter()
                 .filter(|b| b.bucket != home.bucket)
                 .collect();
-            lenders.sort_by_key(|b| std::cmp::Reverse(item.remaining_in(b.bucket.index)));
+            let now = crate::clock::now();
+            lenders.sort_by_key(|b| std::cmp::Reverse(item.remaining_in(b.bucket.index, now)));
             let borrowed = transfer::borrow(conn, home, lenders.into_iter(), self.lending).await?;
             for (bucket, _) in &borrowed.empty {
-                item.mark_empty(*bucket);
+                item.mark_empty(*bucket, wave);
             }
             if borrowed.moved {
                 borrowed_one = true;

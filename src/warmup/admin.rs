@@ -89,7 +89,7 @@ pub struct WarmupQuery {
     responses(
         (status = 200, description = "`loaded`: the counts read back", body = WarmupReport),
         (status = 404, description = "`item_not_found`", body = Refusal),
-        (status = 409, description = "`already_loaded` / `sale_live` / `warmup_running` / `orders_in_flight` / `over_held` / `raced`: loaded already (send `force=true`), the sale is live (pause it first), another warm-up runs, orders are on their way, more units held than the total, or the item changed meanwhile", body = Refusal),
+        (status = 409, description = "`already_loaded` / `sale_live` / `warmup_running` / `orders_in_flight` / `over_held` / `raced`: loaded already (send `force=true`), the sale is live (pause it first), another warm-up runs, orders are on their way, more units held by orders and waves still to come than the total (the detail names the least), or the item changed meanwhile", body = Refusal),
     )
 )]
 async fn warmup_item(

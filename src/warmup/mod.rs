@@ -52,6 +52,9 @@ const QUEUE_EMPTY_WITHIN: Duration = Duration::from_secs(5);
 /// (a pause, a resume, a new window) aborts the swap. Sales and releases need no guard:
 /// they wait while the item is fenced, and the fence is up before the read.
 pub(super) const GUARDED: [&str; 4] = ["loaded", "paused", "start_ms", "end_ms"];
+/// How far a host's clock may be from Redis's at a wave's time, for a load's count of the
+/// units waves still hold back.
+const WAVE_CLOCK_MARGIN: chrono::Duration = chrono::Duration::seconds(2);
 /// A Redis that started this close before a load (its uptime is in whole seconds) counts
 /// as having restarted after it.
 const RESTART_SLACK_MS: i64 = 2_000;
@@ -106,8 +109,15 @@ pub enum WarmupError {
     LiveSale,
     #[error("orders may still be on their way to MySQL: {0}")]
     InFlight(String),
-    #[error("{held} units are held by orders but the item's total is {total}: raise the total")]
-    OverHeld { held: u64, total: u32 },
+    #[error(
+        "`total`: at least {} ({held} units held by orders, {unreleased} held back for waves still to come), not {total}: raise it",
+        held + unreleased
+    )]
+    OverHeld {
+        held: u64,
+        unreleased: u64,
+        total: u32,
+    },
     #[error(
         "the item changed during the warm-up (a pause, a resume, a new window, or another warm-up); purchases of it wait until a warm-up completes: run it again"
     )]
@@ -308,6 +318,9 @@ impl Warmup<'_> {
         if (was_loaded || rebuild) && item.on_sale_at(crate::clock::now()) {
             return Err(WarmupError::LiveSale);
         }
+        // Refused before the fence when it can be (a refusal changes nothing); the count
+        // under the fence below is the one that decides.
+        to_load(&item, self.holders(conn, &buckets, id).await?.len() as u64)?;
         // Every bucket held back before the decisive read: from here on nothing sells,
         // lends, gives back or releases in any of them (the scripts check `fenced`), so
         // the holders read below stay the holders until each bucket's swap — even if the
@@ -328,12 +341,7 @@ impl Warmup<'_> {
 
         let holders = self.holders(conn, &buckets, id).await?;
         let held = holders.len() as u64;
-        let to_load = u64::from(item.total)
-            .checked_sub(held)
-            .ok_or(WarmupError::OverHeld {
-                held,
-                total: item.total,
-            })?;
+        let to_load = to_load(&item, held)?;
 
         let shares = BucketId::spread(to_load, buckets.len());
         let mut by_bucket: HashMap<BucketId, Vec<&Holder>> = HashMap::new();
@@ -475,6 +483,25 @@ impl Holder {
     fn bucket(&self, item: ItemId) -> BucketId {
         OrderSn::parse(&self.order_sn).map_or(BucketId::whole(item), |sn| sn.bucket())
     }
+}
+
+/// The units to load beside `held` (the orders holding units): the rest of `total`, which
+/// must cover what the item's waves still to come hold back (the load spreads both over
+/// the buckets alike, so each bucket's list then covers its share). A wave within
+/// [`WAVE_CLOCK_MARGIN`] of its time counts as still to come: Redis's clock, which opens
+/// it, may be that far from this host's.
+fn to_load(item: &Item, held: u64) -> Result<u64, WarmupError> {
+    let unreleased = item
+        .release
+        .unreleased(crate::clock::now() - WAVE_CLOCK_MARGIN);
+    u64::from(item.total)
+        .checked_sub(held)
+        .filter(|rest| *rest >= unreleased)
+        .ok_or(WarmupError::OverHeld {
+            held,
+            unreleased,
+            total: item.total,
+        })
 }
 
 /// When a Redis server started (ms since the epoch, to a second), from its `INFO server`.

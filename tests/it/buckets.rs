@@ -462,3 +462,85 @@ async fn buy_and_cancel_churn_across_buckets_leaves_no_transfer_records() {
     assert_eq!(stats["consistent"], true, "{stats}");
     server.stop().await;
 }
+
+/// A split item between waves, in a catalogue of 40,000 buckets (the refresh reads 1,000
+/// a tick, so it comes round to an item every 20 s): once a wave's time has passed (and
+/// the 2 s near it in which Redis always decides), buyers get its units at once. Buckets
+/// that held only the wave's units were remembered as empty while it was to come; that
+/// memory must not outlast the wave. (Before, memory answered `410 sold_out` until the
+/// refresh came round to the item, while the stats showed the wave's units on sale.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wave_of_a_split_item_sells_at_once_when_memory_had_every_bucket_empty() {
+    let env = TestEnv::new("buckets_wave_memory").await;
+    // 625 items of 64 buckets each, on sale for the hour, before the server reads them.
+    sqlx::query("INSERT INTO shops (id) VALUES (1)")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, buckets)
+         SELECT seq, 1, CONCAT('filler ', seq), 64, 100, UTC_TIMESTAMP(3) - INTERVAL 1 MINUTE,
+                UTC_TIMESTAMP(3) + INTERVAL 1 HOUR, 64
+         FROM seq_10_to_634",
+    )
+    .execute(&env.db)
+    .await
+    .unwrap();
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    let wave = chrono::Utc::now() + chrono::Duration::seconds(5);
+    env.item(1, 16)
+        .buckets(4)
+        .release(&[(wave, 8)])
+        .on_sale(&server)
+        .await;
+
+    // The 8 released units (2 a bucket; each holds 2 back), then presses from every
+    // bucket: between releases, from Redis and then from memory.
+    let mut won = Vec::new();
+    let mut users = 1..;
+    while won.len() < 8 {
+        let user = users.next().unwrap();
+        let (status, body) = env.buy(&server, user, 1).await;
+        assert_eq!(status, 202, "user {user}: {body}");
+        won.push(body["order_sn"].as_str().unwrap().to_owned());
+    }
+    for bucket in 0..4 {
+        let user = (1_001..)
+            .find(|u| BucketId::home(ItemId::new(1).unwrap(), UserId::new(*u), 4).index == bucket)
+            .unwrap();
+        let (status, body) = env.buy(&server, user, 1).await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (409, Some("between_releases")),
+            "{body}"
+        );
+    }
+
+    // Past the wave and the margin near it: the wave's 8 units, to the next 8 buyers.
+    let past = wave + chrono::Duration::milliseconds(2_300);
+    tokio::time::sleep((past - chrono::Utc::now()).to_std().unwrap_or_default()).await;
+    let stats = env.stats(&server, 1).await;
+    assert_eq!(
+        stats["remaining"], 8,
+        "the wave is on sale in Redis: {stats}"
+    );
+    for user in 2_001..=2_008 {
+        let (status, body) = env.buy(&server, user, 1).await;
+        assert_eq!(
+            status,
+            202,
+            "user {user}, {:?} after the wave: {body}",
+            chrono::Utc::now() - wave
+        );
+        won.push(body["order_sn"].as_str().unwrap().to_owned());
+    }
+    let (status, body) = env.buy(&server, 2_009, 1).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (410, Some("sold_out")),
+        "{body}"
+    );
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    env.assert_invariants(&server, 1, 16, &won).await;
+    server.stop().await;
+}

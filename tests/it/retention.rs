@@ -520,3 +520,61 @@ async fn a_sale_reopened_after_the_due_list_was_read_is_not_retired() {
     }
     server.stop().await;
 }
+
+/// A sale whose units Redis lost (every key of it gone) while an order of it was paid: its
+/// stock cannot be counted, and its stats say it does not add up before it is retired and
+/// after — retiring it does not make up the units Redis had. (Before, the retirement
+/// recorded `total − paid` as unsold, and the stats of the retired sale said `consistent`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sale_whose_units_redis_lost_is_not_retired_as_adding_up() {
+    let env = TestEnv::new("retire_lost").await;
+    let redis = PrivateRedis::start().await;
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.redis_url = Secret::new(redis.url());
+            s.sale_retention_s = 0;
+            s.rate_per_user = 0;
+        })
+        .await;
+    env.item(1, 3)
+        .window(
+            Utc::now() - chrono::Duration::seconds(1),
+            Utc::now() + chrono::Duration::seconds(4),
+        )
+        .paying_within(1)
+        .on_sale(&server)
+        .await;
+    let (status, won) = env.buy(&server, 1, 1).await;
+    assert_eq!(status, 202, "{won}");
+    let sn = won["order_sn"].as_str().unwrap_or_default().to_owned();
+    eventually(Duration::from_secs(10), "the order is written", || async {
+        match env.order_status(&sn).await {
+            Some(_) => Ok(()),
+            None => Err("not yet".to_owned()),
+        }
+    })
+    .await;
+    let (status, paid) = env
+        .post_as(&server, &format!("/api/orders/{sn}/pay"), 1)
+        .await;
+    assert_eq!(status, 200, "{paid}");
+    for key in item_keys(&redis, 1).await {
+        redis.cmd(&["DEL", &key]).await;
+    }
+    let stats = env.stats(&server, 1).await;
+    assert_eq!(
+        (&stats["loaded"], &stats["consistent"]),
+        (&Value::Bool(false), &Value::Bool(false)),
+        "{stats}"
+    );
+
+    wait_retired(&env, &server, 1).await;
+    let stats = env.stats(&server, 1).await;
+    assert!(stats["retired_at"].is_string(), "{stats}");
+    assert_eq!(
+        (&stats["orders"]["paid"], &stats["consistent"]),
+        (&Value::from(1), &Value::Bool(false)),
+        "{stats}"
+    );
+    server.stop().await;
+}
