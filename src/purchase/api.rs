@@ -16,12 +16,13 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::breaker::Action;
-use crate::domain::{ItemId, OrderSn};
+use crate::breaker::{Action, Level};
+use crate::domain::{ItemId, OrderSn, UserId};
 use crate::http::error::{ApiError, Refusal};
 use crate::http::extract::{ApiJson, Buyer, ClientTime, Idempotency};
 use crate::http::reply::envelope;
 use crate::http::request_id;
+use crate::items::catalog::CatalogItem;
 use crate::state::AppState;
 
 use super::refusal::{not_sold, refusal};
@@ -140,32 +141,29 @@ async fn answer(state: &AppState, request: Request) -> Result<Response, ApiError
         .get(item_id)
         .await?
         .ok_or(ApiError::ItemNotFound)?;
-    if let Some(refused) = from_memory(&item, now) {
-        // A retry whose key bought a unit hears its 202 again, sold out or not (once the
-        // order is safe: `bought_with`).
-        // Boxed, as the rare case it is: inline, its future doubled every purchase's.
-        if let Some(key) = &key {
-            let bought = Box::pin(bought_with(
-                &state.deps.redis,
-                &state.deps.keys,
-                &item,
-                user,
-                key,
-            ));
-            match bought.await {
-                Ok(Some(order_sn)) => return Ok(queued(order_sn, item_id)),
-                Ok(None) => {}
-                Err(not_yet) => return Err(not_sold(not_yet, &item)),
-            }
+    // Refused before Redis: from memory (the window, the pause, sold out), the shop closed,
+    // or a breaker — after "sold out", so that a throttle's budget goes to purchases that
+    // can still win. Levels 1 and 2 of a breaker stop new purchases, not the answer a
+    // retried key is owed; level 3 stops everything.
+    let refused = if let Some(refused) = from_memory(&item, now) {
+        Some(refusal(refused, &item))
+    } else if !state.shops.open_now(item.record.shop_id).await {
+        // (From this instance's cache, filled from Redis on a miss.)
+        Some(ApiError::ShopClosed)
+    } else {
+        match state.breakers.admit(item_id, Action::Purchase) {
+            Ok(()) => None,
+            Err(open) if open.level >= u8::from(Level::Stop) => return Err(open.into()),
+            Err(open) => Some(open.into()),
         }
-        return Err(refusal(refused, &item));
+    };
+    if let Some(refused) = refused {
+        return match key.as_deref() {
+            None => Err(refused),
+            // Boxed, as the rare case it is: inline, its future doubled every purchase's.
+            Some(key) => Box::pin(unless_repeated(state, &item, user, key, refused)).await,
+        };
     }
-    // From this instance's cache (filled from Redis on a miss).
-    if !state.shops.open_now(item.record.shop_id).await {
-        return Err(ApiError::ShopClosed);
-    }
-    // After "sold out", so that a throttle's budget goes to purchases that can still win.
-    state.breakers.admit(item_id, Action::Purchase)?;
 
     // Named in the request's log lines from here on: every line logged from now carries
     // them. (Only now: while a tracing span held them, recording cost a request refused
@@ -185,6 +183,24 @@ async fn answer(state: &AppState, request: Request) -> Result<Response, ApiError
     match Box::pin(seller.sell(&item, user, now, key)).await {
         Ok(order_sn) => Ok(queued(order_sn, item_id)),
         Err(refused) => Err(not_sold(refused, &item)),
+    }
+}
+
+/// A purchase refused before Redis (`refused`), unless the buyer's `Idempotency-Key` bought
+/// a unit before: then it hears that `202` again, as the contract promises a retried key,
+/// sold out or not (once the order is safe: `bought_with`).
+async fn unless_repeated(
+    state: &AppState,
+    item: &CatalogItem,
+    user: UserId,
+    key: &str,
+    refused: ApiError,
+) -> Result<Response, ApiError> {
+    let bought = bought_with(&state.deps.redis, &state.deps.keys, item, user, key);
+    match bought.await {
+        Ok(Some(order_sn)) => Ok(queued(order_sn, item.record.id)),
+        Ok(None) => Err(refused),
+        Err(not_yet) => Err(not_sold(not_yet, item)),
     }
 }
 
