@@ -114,8 +114,8 @@ pub async fn orders(env: &TestEnv, oracle: &mut Oracle) {
             Some(row) if row.status == "cancelled" => {
                 let explained = match row.cancel_reason.as_deref() {
                     Some("user") => oracle.named.contains(sn),
-                    Some("timeout") => row.pay_deadline <= row.updated_at,
-                    Some("reconcile") => true,
+                    // The timeout and a reconciliation end only orders past their deadline.
+                    Some("timeout" | "reconcile") => row.pay_deadline <= row.updated_at,
                     _ => false,
                 };
                 if !explained {

@@ -24,6 +24,8 @@ mod oracle;
 mod steps;
 mod world;
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -49,6 +51,7 @@ impl StateMachineTest for Histories {
     type Reference = Model;
 
     fn init_test(model: &Model) -> Sut {
+        TALLY.with(|t| t.borrow_mut().histories += 1);
         Sut {
             world: World::start(model),
             steps: 0,
@@ -58,6 +61,7 @@ impl StateMachineTest for Histories {
     fn apply(mut sut: Sut, _model: &Model, op: Op) -> Sut {
         sut.steps += 1;
         sut.world.step(sut.steps, &op);
+        TALLY.with(|t| t.borrow_mut().step(&op));
         sut
     }
 
@@ -74,6 +78,40 @@ impl StateMachineTest for Histories {
             log.join("\n")
         );
     }
+}
+
+/// What the histories of a run did, for its report: steps by kind, faults among them.
+#[derive(Default)]
+struct Tally {
+    histories: u64,
+    steps: BTreeMap<&'static str, u64>,
+}
+
+impl Tally {
+    fn step(&mut self, op: &Op) {
+        *self.steps.entry(op.kind()).or_default() += 1;
+    }
+
+    fn report(&self) -> String {
+        let steps: u64 = self.steps.values().sum();
+        let faults: u64 = self
+            .steps
+            .iter()
+            .filter(|(kind, _)| Op::FAULTS.contains(kind))
+            .map(|(_, n)| n)
+            .sum();
+        let each: Vec<String> = self.steps.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        format!(
+            "{} histories, {steps} steps ({faults} of them faults): {}",
+            self.histories,
+            each.join(", ")
+        )
+    }
+}
+
+thread_local! {
+    /// This thread's run so far (every history run, shrinking's included).
+    static TALLY: RefCell<Tally> = RefCell::default();
 }
 
 /// A history under way.
@@ -125,6 +163,8 @@ fn run(stores: Stores, seeds: u32) {
         }
     }
     CONTEXT.with(|c| c.borrow_mut().take());
+    let tally = TALLY.with(|t| std::mem::take(&mut *t.borrow_mut()).report());
+    eprintln!("{stores:?}: {ran} seeds, {} failed; {tally}", failed.len());
     assert!(
         failed.is_empty(),
         "{} of {ran} histories on {stores:?} failed:\n\n{}",

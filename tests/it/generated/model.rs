@@ -36,6 +36,9 @@ pub struct Shape {
     pub buckets: u8,
     /// A wave: `units` held back until `at_s` seconds after the history begins.
     pub wave: Option<Wave>,
+    /// A draw, drawn this many seconds after the history begins (one unit a buyer, no
+    /// waves).
+    pub draw_in_s: Option<u32>,
     pub pay_timeout_s: u32,
     /// `SECKILL_REDIS_WAIT_REPLICAS`.
     pub wait_replicas: u32,
@@ -136,6 +139,46 @@ pub enum Op {
     Quiesce,
 }
 
+impl Op {
+    /// The steps that are faults, by [`Op::kind`].
+    pub const FAULTS: [&'static str; 8] = [
+        "KillApi",
+        "KillWorker",
+        "ClockOff",
+        "FreezeReplica",
+        "ThawReplica",
+        "Failover",
+        "CutRabbit",
+        "RestoreRabbit",
+    ];
+
+    /// The step's kind (its variant's name), for a run's report.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Op::Press { .. } => "Press",
+            Op::Cancel { .. } => "Cancel",
+            Op::Pay { .. } => "Pay",
+            Op::Read { .. } => "Read",
+            Op::Put(_) => "Put",
+            Op::Pause => "Pause",
+            Op::Resume => "Resume",
+            Op::Warmup { .. } => "Warmup",
+            Op::Reconcile => "Reconcile",
+            Op::Circuit(_) => "Circuit",
+            Op::KillApi(_) => "KillApi",
+            Op::KillWorker => "KillWorker",
+            Op::FreezeReplica => "FreezeReplica",
+            Op::ThawReplica => "ThawReplica",
+            Op::Failover => "Failover",
+            Op::CutRabbit => "CutRabbit",
+            Op::RestoreRabbit => "RestoreRabbit",
+            Op::ClockOff { .. } => "ClockOff",
+            Op::Wait { .. } => "Wait",
+            Op::Quiesce => "Quiesce",
+        }
+    }
+}
+
 impl ReferenceStateMachine for Model {
     type State = Model;
     type Transition = Op;
@@ -157,6 +200,8 @@ impl ReferenceStateMachine for Model {
             1 => (1u32..4, prop_oneof![Just(60u32), Just(6u32)])
                 .prop_map(|(units, at_s)| Some(Wave { units, at_s })),
         ];
+        // A draw is one shape among the others: a sale never turns into one once loaded.
+        let draw = prop_oneof![5 => Just(None), 1 => (4u32..10).prop_map(Some)];
         (
             3u32..10,
             prop_oneof![3 => Just(1u8), 1 => Just(2u8)],
@@ -164,15 +209,17 @@ impl ReferenceStateMachine for Model {
             wave,
             prop_oneof![3 => Just(1800u32), 1 => Just(3u32)],
             wait,
+            draw,
         )
             .prop_map(
-                move |(total, per_user, buckets, wave, pay_timeout_s, wait_replicas)| Model {
+                move |(total, per_user, buckets, wave, pay_timeout_s, wait_replicas, draw)| Model {
                     stores,
                     shape: Shape {
                         total,
-                        per_user,
+                        per_user: if draw.is_some() { 1 } else { per_user },
                         buckets,
-                        wave,
+                        wave: if draw.is_some() { None } else { wave },
+                        draw_in_s: draw,
                         pay_timeout_s,
                         wait_replicas,
                     },
@@ -180,7 +227,7 @@ impl ReferenceStateMachine for Model {
                     rabbit_cut: false,
                     paused: false,
                     circuit: 0,
-                    draw_asked: false,
+                    draw_asked: draw.is_some(),
                 },
             )
             .boxed()

@@ -184,6 +184,8 @@ impl Oracle {
             && !answer.unsure()
             && answer.status != 429
             && !sale.draw
+            // A breaker at level 3 stops everything, a retried key too.
+            && !(answer.code == "circuit_open" && (self.circuit == 3 || spreading))
         {
             let first = first.clone();
             self.violation(

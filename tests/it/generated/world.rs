@@ -231,6 +231,10 @@ impl World {
             "per_user": shape.per_user,
             "release": [],
         });
+        if let Some(draw_in_s) = shape.draw_in_s {
+            record["mode"] = json!("draw");
+            record["draw_at"] = json!(began + chrono::Duration::seconds(draw_in_s.into()));
+        }
         if let Some(wave) = shape.wave {
             record["release"] = json!([{
                 "at": began + chrono::Duration::seconds(wave.at_s.into()),
