@@ -1,6 +1,6 @@
 -- award.lua: give a draw's winner a unit, once ever.
 --
--- KEYS[1] meta          HASH  loaded, fenced, end_ms, per_user
+-- KEYS[1] meta          HASH  loaded, fenced, end_ms, per_user, first_round_done
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] buyer_orders  HASH  (the winner's shard, as grab.lua)
 -- KEYS[4] pending       HASH  order_sn -> order JSON
@@ -12,6 +12,8 @@
 -- ARGV[3] now           ms since the epoch (the order's time: its pay deadline counts
 --                       from the draw)
 -- ARGV[4] order JSON
+-- ARGV[5] '1' when the caller's record of the item shows the draw's first round not done
+--         (MySQL's `drawn_at` is NULL), else '0'
 --
 -- The winner's order is made exactly as grab.lua makes a purchase's (lib/places.lua), so
 -- everything after a win — the outbox, MySQL, deadlines, cancels — is the same. `awarded`
@@ -24,20 +26,29 @@
 -- passed over for good ('-' in `awarded`) and the unit goes to the next entry by rank, as
 -- a cancelled winner's does.
 --
--- No unit is given once Redis's clock reaches the sale's end (`end_ms`), the clock the
--- window is judged by everywhere (grab.lua): the draw pass reads an item's record again
--- only every 10 s, so its own view of the end may be that late.
+-- The first round gives its units whenever it runs, also after the sale's end (`end_ms`): a
+-- draw at `end_at`, the default, is drawn then. After the first round a unit passes on to
+-- the next entry by rank only while the sale lasts: none once Redis's clock reaches
+-- `end_ms`, the clock the window is judged by everywhere (grab.lua) — the draw pass reads
+-- an item's record again only every 10 s, so its own view of the end may be that late.
+-- The first round is done when the caller says so (ARGV[5]: MySQL's `drawn_at`, which a
+-- draw of an earlier release has too) or the meta does (`first_round_done`, written by
+-- src/draw/award.rs before that `drawn_at`): a draw pass whose record of the item is
+-- older than the first round's end (another scheduler made it) still gives nothing after
+-- `end_ms`. (`drawn`, in the meta from before the first unit, only closes the entries.)
 --
 -- Returns {'won', order_sn} | {'repeat', order_sn} | {'passed', ''} (passed over, now or
 -- before) | {'not_entered', ''} | {'sold_out', ''} (no unit in this bucket: borrow, or
--- none is left) | {'ended', ''} | {'not_loaded', ''} | {'reloading', ''};
+-- none is left) | {'ended', ''} (after the end, the first round done) | {'not_loaded', ''}
+-- | {'reloading', ''};
 -- an error, with nothing written, when the meta's end is not a number.
 --
 -- A script never rolls back: every check happens before the first write.
 
 local PASSED = '-'
 
-local meta = redis.call('HMGET', KEYS[1], 'loaded', 'fenced', 'end_ms', 'per_user')
+local meta = redis.call('HMGET', KEYS[1], 'loaded', 'fenced', 'end_ms', 'per_user',
+  'first_round_done')
 if not meta[1] then
   return {'not_loaded', ''}
 end
@@ -54,7 +65,7 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- Arithmetic on a string converts it (an error when it is not a number: nothing written).
-if now >= meta[3] + 0 then
+if now >= meta[3] + 0 and (ARGV[5] ~= '1' or meta[5]) then
   return {'ended', ''}
 end
 if not redis.call('ZSCORE', KEYS[6], ARGV[1]) then

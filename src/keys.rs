@@ -240,8 +240,10 @@ pub struct ItemKeys {
     /// listed units, those sold), `paused` (0/1), `start_ms`, `end_ms`; `loaded_on` (the run id of the Redis server
     /// that took the load: another one serving it means a failover or a restart since);
     /// `fenced` (a warm-up's run id while it replaces the units: nothing sells);
-    /// `per_user`, `waves`, `draw_ms`; and `rules`, what `grab.lua` checks of all these
-    /// packed into one field (`lua/lib/rules.lua`), which every writer of them keeps.
+    /// `per_user`, `waves`, `draw_ms`; a draw's `drawn` (entries closed: `lua/enter.lua`)
+    /// and `first_round_done` (no unit after `end_ms`: `lua/award.lua`); and `rules`, what
+    /// `grab.lua` checks of all these packed into one field (`lua/lib/rules.lua`), which
+    /// every writer of them keeps.
     pub meta: String,
     /// LIST of unsold units; `LPOP` sells one.
     pub tokens: String,

@@ -1,8 +1,9 @@
 //! The draw (run by the scheduler: `crate::scheduler::draws`): once `draw_at` has passed by
 //! Redis's clock (the one entries close by), the
-//! units go to the entries of lowest rank, one each, in rank order; then, every pass until
-//! `end_at`, a unit a winner gave back (a cancel, a missed pay deadline) goes to the next
-//! entry by rank.
+//! units go to the entries of lowest rank, one each, in rank order — this first round
+//! whenever the scheduler gets to it, also after `end_at` (a draw at the end, the default,
+//! is drawn then); then, every pass until `end_at`, a unit a winner gave back (a cancel, a
+//! missed pay deadline) goes to the next entry by rank.
 //!
 //! Each winner's unit is given by `lua/award.lua`, which records the winner in the same
 //! step: giving it again answers "repeat". So a scheduler killed mid-draw resumes where it
@@ -19,7 +20,9 @@
 //!
 //! Before its first unit the round closes the entries for good (`drawn` in each bucket's
 //! meta, which `lua/enter.lua` checks): whatever `draw_at` says later, no entry is taken
-//! once the draw is being made.
+//! once the draw is being made. Once the first round is complete it says so in each
+//! bucket's meta (`first_round_done`) before MySQL's `drawn_at` records it: `award.lua`
+//! gives units after `end_at` only while neither says the first round is done.
 
 use redis::AsyncCommands;
 
@@ -61,30 +64,47 @@ pub async fn draw(
     if secs * 1000 + micros / 1000 < draw_at.timestamp_millis() {
         return Ok(None);
     }
-    if item.drawn_at.is_none() {
+    let first = item.drawn_at.is_none();
+    if first {
         close_entries(redis, &buckets).await?;
     }
+    let round = round(redis, keys, item, &buckets, &mut conn).await?;
+    if round.complete && first {
+        mark_first_round_done(redis, &buckets).await?;
+    }
+    Ok(Some(round))
+}
+
+/// Gives units by rank until they or the entries run out, the sale ended (after the first
+/// round), or a bucket cannot lend now.
+async fn round(
+    redis: &RedisConns,
+    keys: &Keys,
+    item: &Item,
+    buckets: &[ItemKeys],
+    conn: &mut RedisConn,
+) -> Result<Round, RedisError> {
     let mut round = Round {
         cutoff: item.draw_cutoff,
         ..Round::default()
     };
     // Every unit given (the usual state between the draw and `end_at`), or every entry
     // decided: nothing to read.
-    let counts = counts(redis, keys, &buckets).await?;
+    let counts = counts(redis, keys, buckets).await?;
     if counts.listed == 0 || counts.decided >= counts.entries {
         round.complete = true;
-        return Ok(Some(round));
+        return Ok(round);
     }
     let lending = Lending { redis, keys };
     let mut from = None;
     loop {
-        let page = next_entries(&mut conn, keys, &buckets, from).await?;
+        let page = next_entries(conn, keys, buckets, from).await?;
         let last_page = page.len() < PAGE as usize;
         for entry in &page {
             let given = if entry.decided {
                 Given::Repeat
             } else {
-                give(&mut conn, keys, item, &buckets, entry.user, lending).await?
+                give(conn, keys, item, buckets, entry.user, lending).await?
             };
             match given {
                 Given::Won => {
@@ -94,19 +114,33 @@ pub async fn draw(
                 Given::Repeat => round.cutoff = round.cutoff.max(Some(entry.rank)),
                 Given::NoUnit | Given::Ended => {
                     round.complete = true;
-                    return Ok(Some(round));
+                    return Ok(round);
                 }
-                Given::Wait => return Ok(Some(round)),
+                Given::Wait => return Ok(round),
             }
         }
         match page.last() {
             Some(entry) if !last_page => from = Some(entry.rank),
             _ => {
                 round.complete = true;
-                return Ok(Some(round));
+                return Ok(round);
             }
         }
     }
+}
+
+/// Notes in every bucket's meta that the first round is done (`first_round_done`): from
+/// then on `lua/award.lua` gives nothing after the sale's end, whatever a draw pass's
+/// record of the item still says. Written before MySQL's `drawn_at`.
+async fn mark_first_round_done(redis: &RedisConns, buckets: &[ItemKeys]) -> Result<(), RedisError> {
+    let mut grouped = Grouped::new(redis);
+    for bucket in buckets {
+        grouped
+            .group()
+            .hset(&bucket.meta, "first_round_done", 1)
+            .ignore();
+    }
+    grouped.run(redis).await
 }
 
 /// Marks every bucket's entries closed for good (`drawn` in its meta: `lua/enter.lua`).
@@ -229,7 +263,7 @@ enum Given {
     NoUnit,
     /// A bucket that may have one cannot lend now (its master is short of replicas).
     Wait,
-    /// The sale ended by Redis's clock: nothing more is given.
+    /// The sale ended by Redis's clock and the first round is done: nothing more is given.
     Ended,
 }
 
@@ -261,6 +295,7 @@ async fn give(
                 .arg(order.order_sn.as_str())
                 .arg(now)
                 .arg(&json)
+                .arg(if item.drawn_at.is_none() { "1" } else { "0" })
                 .invoke_async(conn),
         )
         .await?;

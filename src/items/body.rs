@@ -56,7 +56,7 @@ pub struct ItemBody {
     /// (docs/sale-shapes.md); `sale` (the default): first come, first served.
     #[serde(default)]
     mode: Mode,
-    /// A draw's time (needed with `"mode": "draw"`): after `start_at`, before `end_at`.
+    /// A draw's time, within the window (default `end_at`).
     #[serde(default)]
     draw_at: Option<DateTime<Utc>>,
 }
@@ -159,18 +159,14 @@ impl ItemBody {
                 None => Ok(None),
             };
         }
-        // Winners are given their units from `draw_at` until `end_at` (`lua/award.lua`
-        // gives none after the end): a draw at the end would give nothing. To the
-        // millisecond, as MySQL keeps both.
-        let at = self
-            .draw_at
-            .map(to_millis)
-            .filter(|at| *at > self.start_at && *at < to_millis(self.end_at));
-        let Some(at) = at else {
+        // To the millisecond, as MySQL keeps both. A draw at the end is drawn then, after
+        // it: its first round gives units whenever the scheduler gets to it (`lua/award.lua`).
+        let at = to_millis(self.draw_at.unwrap_or(self.end_at));
+        if at <= self.start_at || at > to_millis(self.end_at) {
             return Err(ApiError::bad_request(
-                "`draw_at`: a draw needs its time, after `start_at` and before `end_at` (winners are given their units between it and `end_at`)",
+                "`draw_at`: after `start_at`, at or before `end_at` (default `end_at`)",
             ));
-        };
+        }
         if !self.release.is_empty() {
             return Err(ApiError::bad_request(
                 "`release`: a draw gives its units at once; waves are for sales",

@@ -11,6 +11,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use chrono::{DateTime, Utc};
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
@@ -60,9 +61,9 @@ async fn pass(scheduler: &Scheduler, known: &Mutex<Known>) -> Result<(), StoreEr
     let unknown = due.iter().any(|id| !known.items.contains_key(id));
     if unknown || known.read_at.is_some_and(|at| at.elapsed() >= READ_EVERY) {
         let items = repo::get_many(&scheduler.deps.db, &due).await?;
-        let (on, over): (Vec<Item>, Vec<Item>) = items.into_iter().partition(|item| {
-            item.draw_at.is_some() && item.end_at > now && item.retired_at.is_none()
-        });
+        let (on, over): (Vec<Item>, Vec<Item>) = items
+            .into_iter()
+            .partition(|item| rounds_to_come(item, now));
         let mut gone: Vec<ItemId> = over.iter().map(|item| item.id).collect();
         gone.extend(
             due.iter()
@@ -94,6 +95,13 @@ async fn pass(scheduler: &Scheduler, known: &Mutex<Known>) -> Result<(), StoreEr
         }
     }
     Ok(())
+}
+
+/// Whether the item's draw has rounds to come: until its sale ends, and after it while a
+/// loaded draw's first round is not done (a draw at `end_at`, the default, is drawn then).
+fn rounds_to_come(item: &Item, now: DateTime<Utc>) -> bool {
+    let first_to_come = item.drawn_at.is_none() && item.loaded_at.is_some();
+    item.draw_at.is_some() && item.retired_at.is_none() && (item.end_at > now || first_to_come)
 }
 
 /// A round that gave units, or completed the first: into MySQL (the seed goes public with

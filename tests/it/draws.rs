@@ -856,28 +856,124 @@ async fn no_unit_passes_on_after_the_end() {
     env.assert_invariants(&server, 1, 3, &[]).await;
 }
 
-/// A draw's time lies before the sale's end, since no unit is given after it: a draw
-/// without `draw_at`, or with it at `end_at`, is `400` naming `draw_at`, and nothing is
-/// written. (Before, `draw_at` defaulted to `end_at`: a draw that never gave a unit.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_draw_needs_its_time_before_the_end() {
-    let env = TestEnv::new("draws_time").await;
-    let server = env.server(&[Role::Api]).await;
+/// A draw takes `draw_at` = `end_at` when not given one (the contract's default), and is
+/// drawn then, after the sale's end: a `PUT` without `draw_at`, and one with it at
+/// `end_at`, are taken; ten entrants through the API, three units; once the end has passed
+/// the three lowest ranks win, `my-entry` shows each `won` with its order, the orders reach
+/// MySQL, and `drawn_at` is recorded after `end_at`. A winner's cancel after the end does
+/// not pass the unit on, not even in a round run on a record of the item read before the
+/// draw (another scheduler's): the fourth rank stays `not_drawn`, the unit unsold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_draw_at_the_end_is_drawn_then() {
+    let env = TestEnv::new("draws_at_end").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
     let now = Utc::now();
-    let end = now + chrono::Duration::hours(1);
-    let at_end = env
-        .item(1, 10)
-        .window(now - chrono::Duration::seconds(5), end)
-        .draw(end);
-    let mut without = at_end.body();
+    let end_at = now + chrono::Duration::seconds(4);
+    let spec = env
+        .item(1, 3)
+        .window(now - chrono::Duration::seconds(5), end_at)
+        .draw(end_at);
+    let mut without = spec.body();
     without.as_object_mut().unwrap().remove("draw_at");
-    for body in [without, at_end.body()] {
-        let (status, answer) = put_item(&env, &server, 1, &body).await;
-        assert_eq!(status, 400, "{answer}");
-        let detail = answer["detail"].as_str().unwrap_or_default();
-        assert!(detail.contains("`draw_at`"), "{answer}");
+    let (status, answer) = put_item(&env, &server, 1, &without).await;
+    assert_eq!(status, 201, "a draw without draw_at: {answer}");
+    assert_eq!(
+        answer["item"]["draw_at"]
+            .as_str()
+            .map(|at| at.parse::<DateTime<Utc>>().unwrap()),
+        Some(to_millis(end_at)),
+        "draw_at defaults to end_at: {answer}"
+    );
+    let (status, answer) = put_item(&env, &server, 1, &spec.body()).await;
+    assert_eq!(status, 200, "a draw with draw_at at end_at: {answer}");
+    env.warmup(&server, 1).await;
+
+    for user in 1..=10 {
+        let (status, body) = env.buy(&server, user, 1).await;
+        assert_eq!(
+            (status, body["code"].as_str()),
+            (202, Some("entered")),
+            "{body}"
+        );
     }
-    assert_eq!(env.get(&server, "/api/items/1", None).await.0, 404);
-    let before_end = at_end.draw(end - chrono::Duration::seconds(1));
-    assert_eq!(before_end.try_put(&server).await.0, 201);
+    assert!(Utc::now() < end_at, "entering took past end_at");
+    // The item as a draw pass read it before the draw: a scheduler whose record is that old.
+    let id = ItemId::new(1).unwrap();
+    let stale = seckill::testing::items::get(&env.db, id)
+        .await
+        .unwrap()
+        .unwrap();
+    until(end_at).await;
+    let shown = drawn(&env, &server, 1, Duration::from_secs(30)).await;
+    let (drawn_at,): (DateTime<Utc>,) = sqlx::query_as("SELECT drawn_at FROM items WHERE id = 1")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    assert!(
+        drawn_at >= to_millis(end_at),
+        "drawn at {drawn_at}, before the end"
+    );
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+
+    let seed = seed_of(&env, 1).await;
+    let expected = lowest(&seed, 1..11, 4);
+    assert_eq!(
+        shown["draw_cutoff"].as_u64(),
+        Some(rank(&seed, UserId::new(expected[2])).unwrap()),
+        "the cut-off is the third lowest rank: {shown}"
+    );
+    let orders = env.orders(1).await;
+    let mut won = Vec::new();
+    for &winner in &expected[..3] {
+        let (_, mine) = env
+            .get(&server, "/api/items/1/my-entry", Some(winner))
+            .await;
+        assert_eq!(mine["status"], "won", "{mine}");
+        let sn = mine["order_sn"].as_str().unwrap().to_owned();
+        assert!(
+            orders
+                .iter()
+                .any(|(o, user, status)| *o == sn && *user == winner && status == "unpaid"),
+            "the order {sn} of {winner} is not in MySQL: {orders:?}"
+        );
+        won.push(sn);
+    }
+    assert_eq!(orders.len(), 3, "{orders:?}");
+    let (_, theirs) = env
+        .get(&server, "/api/items/1/my-entry", Some(expected[3]))
+        .await;
+    assert_eq!(theirs["status"], "not_drawn", "{theirs}");
+
+    // A winner cancels after the end: the unit stays unsold.
+    let (status, body) = env
+        .post_as(
+            &server,
+            &format!("/api/orders/{}/cancel", won[0]),
+            expected[0],
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // Nor does a round on the record a draw pass read before the draw (another scheduler's).
+    let redis = seckill::testing::RedisConns::new(env.settings.redis_url.expose()).unwrap();
+    let round = seckill::testing::draw::draw(&redis, &env.keys(), &stale)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        round.given, 0,
+        "a round on a record older than the first round gave after end_at"
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (_, next) = env
+        .get(&server, "/api/items/1/my-entry", Some(expected[3]))
+        .await;
+    assert_eq!(
+        next["status"], "not_drawn",
+        "a unit passed on after end_at: {next}"
+    );
+    assert_eq!(env.remaining(1).await, 1);
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    assert_eq!(live_buyers(&env, 1).await.len(), 2);
+    env.assert_invariants_cancelling(&server, 1, 3, &[], &won[..1])
+        .await;
 }
