@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::orders::repo::OrderStatus;
+use crate::orders::repo::{HeldOverTime, OrderStatus};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -62,21 +62,28 @@ pub struct Orders {
     pub answered_found: HashSet<String>,
     /// Of the orders the crowd cancelled, those MySQL has as cancelled.
     pub cancelled_found: HashSet<String>,
-    /// Users holding more live orders than the item's `per_user` (a few, for the report).
+    /// Users who held more live orders than the item's `per_user`, now or at any moment
+    /// before (a few, for the report).
     pub doubled: Vec<u64>,
+    /// The most orders that held a unit at one moment.
+    pub most_at_once: u64,
+    /// Orders MySQL wrote `cancelled` at once (a second live order it refused): a `202`
+    /// among them never became the buyer's order.
+    pub written_cancelled: HashSet<String>,
 }
 
 impl Orders {
-    /// From every row of the item, `(order_sn, user_id, status)`: `total` units, at most
-    /// `per_user` live orders a buyer; `answered` and `cancelled` are what the crowd was
-    /// told (`202`s, cancels answered `200`).
+    /// From every row of the item, `(order_sn, user_id, status)`, and what they held over
+    /// time: `total` units, at most `per_user` live orders a buyer; `answered` and
+    /// `cancelled` are what the crowd was told (`202`s, cancels answered `200`).
     pub fn from_rows<'a>(
         total: u64,
         per_user: u8,
         rows: impl IntoIterator<Item = (&'a str, u64, OrderStatus)>,
-        answered: &[String],
-        cancelled: &[String],
+        over_time: HeldOverTime,
+        told: (&[String], &[String]),
     ) -> Self {
+        let (answered, cancelled) = told;
         let answered: HashSet<&str> = answered.iter().map(String::as_str).collect();
         let cancelled: HashSet<&str> = cancelled.iter().map(String::as_str).collect();
         let mut orders = Orders {
@@ -87,6 +94,8 @@ impl Orders {
             answered_found: HashSet::new(),
             cancelled_found: HashSet::new(),
             doubled: Vec::new(),
+            most_at_once: over_time.most_at_once,
+            written_cancelled: over_time.written_cancelled.into_iter().collect(),
         };
         let mut held: HashMap<u64, u32> = HashMap::new();
         for (sn, user, status) in rows {
@@ -106,7 +115,7 @@ impl Orders {
                 orders.answered_found.insert(sn.to_owned());
             }
         }
-        orders.doubled = doubled(held, per_user);
+        orders.doubled = doubled(held, per_user, &over_time.over_limit);
         orders
     }
 
@@ -121,14 +130,17 @@ impl Orders {
     }
 }
 
-/// Of the live orders each user holds, the users beyond `per_user` (the first few).
-pub(crate) fn doubled(held: HashMap<u64, u32>, per_user: u8) -> Vec<u64> {
+/// Of the live orders each user holds, the users beyond `per_user`, with those who were
+/// beyond it at some moment before (`over_time`; the first few).
+pub(crate) fn doubled(held: HashMap<u64, u32>, per_user: u8, over_time: &[u64]) -> Vec<u64> {
     let mut doubled: Vec<u64> = held
         .into_iter()
         .filter(|(_, n)| *n > u32::from(per_user))
         .map(|(u, _)| u)
+        .chain(over_time.iter().copied())
         .collect();
     doubled.sort_unstable();
+    doubled.dedup();
     doubled.truncate(DOUBLED_SHOWN);
     doubled
 }
@@ -169,10 +181,10 @@ fn no_oversell(stock: &InRedis, orders: &Orders) -> Check {
     check(
         1,
         "no oversell",
-        live + stock.pending <= orders.total,
+        live + stock.pending <= orders.total && orders.most_at_once <= orders.total,
         format!(
-            "{live} unpaid or paid + {} pending ≤ {} units",
-            stock.pending, orders.total
+            "{live} unpaid or paid + {} pending ≤ {} units; at most {} held at one moment",
+            stock.pending, orders.total, orders.most_at_once
         ),
     )
 }
@@ -183,10 +195,10 @@ fn no_double_purchase(orders: &Orders) -> Check {
         "no double purchase",
         orders.doubled.is_empty(),
         if orders.doubled.is_empty() {
-            "no user holds more live orders than `per_user`".to_owned()
+            "no user held more live orders than `per_user` at any moment".to_owned()
         } else {
             format!(
-                "users holding more live orders than `per_user`: {:?}",
+                "users who held more live orders than `per_user`: {:?}",
                 orders.doubled
             )
         },
@@ -220,12 +232,27 @@ fn nothing_lost(
             );
         }
     }
+    // A 202 whose order MySQL wrote cancelled at once never was the buyer's order.
+    let mut written_cancelled: Vec<&str> = distinct
+        .iter()
+        .copied()
+        .filter(|sn| orders.written_cancelled.contains(*sn))
+        .collect();
+    written_cancelled.sort_unstable();
+    if !written_cancelled.is_empty() {
+        let shown: Vec<_> = written_cancelled.iter().take(5).collect();
+        detail += &format!(
+            "; {} answered 202 but written cancelled at once (a second live order MySQL refused): {shown:?}",
+            written_cancelled.len()
+        );
+    }
     if unseen > 0 {
         detail += &format!(
             "; {unseen} rows whose 202 never reached the caller (an answer lost on the way)"
         );
     }
-    check(3, "nothing lost", twice == 0 && missing.is_empty(), detail)
+    let held = twice == 0 && missing.is_empty() && written_cancelled.is_empty();
+    check(3, "nothing lost", held, detail)
 }
 
 /// Remaining units (a wave's still to come among them) + unpaid + paid = total, with
@@ -324,6 +351,8 @@ mod tests {
             answered_found: ["a", "b", "c"].map(str::to_owned).into(),
             cancelled_found: ["c".to_owned()].into(),
             doubled: Vec::new(),
+            most_at_once: 2,
+            written_cancelled: HashSet::new(),
         }
     }
 
@@ -384,6 +413,22 @@ mod tests {
             judge(&stock(1, 1), &orders(), &sale, WAIT)[3].outcome,
             BROKEN
         );
+        // Over the history: more orders held at one moment than units (an oversell
+        // cancelled later), and a 202 whose order MySQL wrote cancelled at once.
+        let mut once_over = orders();
+        once_over.most_at_once = 4;
+        let checks = judge(&stock(1, 0), &once_over, &sale, WAIT);
+        assert_eq!(checks[0].outcome, BROKEN);
+        assert!(checks[0].detail.contains("at most 4 held at one moment"));
+        let mut written = orders();
+        written.written_cancelled = ["b".to_owned()].into();
+        let checks = judge(&stock(1, 0), &written, &sale, WAIT);
+        assert_eq!(checks[2].outcome, BROKEN);
+        assert!(
+            checks[2].detail.contains("written cancelled at once"),
+            "{}",
+            checks[2].detail
+        );
         // An order the crowd cancelled that MySQL still holds.
         let checks = judge(
             &stock(1, 0),
@@ -434,7 +479,12 @@ mod tests {
             ("e", 3, OrderStatus::Cancelled),
         ];
         let told = run(&["a", "b", "c", "x"], &["c"]);
-        let orders = Orders::from_rows(4, 1, rows, &told.0, &told.1);
+        let over_time = |over_limit: Vec<u64>| HeldOverTime {
+            most_at_once: 3,
+            over_limit,
+            written_cancelled: vec!["e".to_owned()],
+        };
+        let orders = Orders::from_rows(4, 1, rows, over_time(vec![]), (&told.0, &told.1));
         assert_eq!(
             (orders.unpaid, orders.paid, orders.rows, orders.live()),
             (2, 1, 5, 3)
@@ -443,8 +493,12 @@ mod tests {
         assert_eq!(orders.cancelled_found, ["c".to_owned()].into());
         assert_eq!(missing(&told.0, &orders), ["x"]);
         assert_eq!(orders.oversold(), 0);
-        let two_each = Orders::from_rows(2, 2, rows, &told.0, &told.1);
+        assert_eq!(orders.written_cancelled, ["e".to_owned()].into());
+        let two_each = Orders::from_rows(2, 2, rows, over_time(vec![]), (&told.0, &told.1));
         assert!(two_each.doubled.is_empty());
         assert_eq!(two_each.oversold(), 1);
+        // User 2 held two at one moment, though one of them is cancelled now.
+        let once_doubled = Orders::from_rows(4, 1, rows, over_time(vec![2]), (&told.0, &told.1));
+        assert_eq!(once_doubled.doubled, [1, 2]);
     }
 }

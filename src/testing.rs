@@ -10,7 +10,7 @@ pub use crate::broker::{Broker, Topology};
 pub use crate::http::error::Conflict;
 pub use crate::keys::{ItemKeys, Keys};
 pub use crate::marks::Work;
-pub use crate::orders::repo::{OrderStatus, insert_batch};
+pub use crate::orders::repo::{HeldOverTime, OrderStatus, held_over_time, insert_batch};
 pub use crate::outbox::relay::Relay;
 pub use crate::purchase::grab::grab;
 pub use crate::store::{DbError, RedisConns, connect_mysql, migrate};

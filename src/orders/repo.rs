@@ -285,6 +285,77 @@ pub async fn count_by_status(db: &Db, item: ItemId) -> Result<StatusCounts, DbEr
     })
 }
 
+/// What an item's orders held over time, as MySQL's rows tell it (the contract's §7 judged
+/// over the history, not only its end): each order held a unit from its win (`created_at`)
+/// until its cancel (a cancelled row's last change, `updated_at`).
+#[derive(Clone, Debug, Default)]
+pub struct HeldOverTime {
+    /// The most orders that held a unit at one moment.
+    pub most_at_once: u64,
+    /// Users who at one moment held more orders than the limit asked about (the first few).
+    pub over_limit: Vec<u64>,
+    /// Orders written `cancelled` at once (no reason: a second live order of a user that
+    /// MySQL refused): a `202` among them is a lost one.
+    pub written_cancelled: Vec<String>,
+}
+
+/// Users over the limit a report names, at most.
+const OVER_LIMIT_SHOWN: u32 = 5;
+
+/// [`HeldOverTime`] of an item, for a buyer limit of `per_user`: each row an edge up at its
+/// win and, for a cancelled one, an edge down at its cancel, summed in time order (a down
+/// before an up at one instant). A cancel's time is MySQL's clock and a win's its API
+/// host's (kept to Redis's): a cancel is taken 100 ms early, so that the clocks'
+/// disagreement never shows as a unit held twice — a real oversell lasts until someone
+/// cancels, seconds at least.
+pub async fn held_over_time(db: &Db, item: ItemId, per_user: u8) -> Result<HeldOverTime, DbError> {
+    const EDGES: &str = "SELECT user_id, created_at AS t, 1 AS d FROM orders WHERE item_id = ?
+         UNION ALL
+         SELECT user_id, GREATEST(created_at, updated_at - INTERVAL 100000 MICROSECOND), -1
+           FROM orders WHERE item_id = ? AND status = 'cancelled'";
+    let most: Option<i64> = mysql_timed(
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT CAST(MAX(held) AS SIGNED) FROM (
+               SELECT SUM(d) OVER (ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS held
+                 FROM ({EDGES}) edges) running"
+        )))
+        .bind(item.get())
+        .bind(item.get())
+        .fetch_one(db),
+    )
+    .await?;
+    let over_limit: Vec<u64> = mysql_timed(
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT user_id FROM (
+               SELECT user_id, SUM(d) OVER (PARTITION BY user_id ORDER BY t, d
+                                            ROWS UNBOUNDED PRECEDING) AS held
+                 FROM ({EDGES}) edges) running
+              GROUP BY user_id HAVING MAX(held) > ? ORDER BY user_id LIMIT ?"
+        )))
+        .bind(item.get())
+        .bind(item.get())
+        .bind(per_user)
+        .bind(OVER_LIMIT_SHOWN)
+        .fetch_all(db),
+    )
+    .await?;
+    let written_cancelled = mysql_timed(
+        sqlx::query_scalar(
+            "SELECT order_sn FROM orders
+              WHERE item_id = ? AND status = 'cancelled' AND cancel_reason IS NULL",
+        )
+        .bind(item.get())
+        .fetch_all(db),
+    )
+    .await?;
+    Ok(HeldOverTime {
+        // A running sum never ends below zero: its last value counts the live orders.
+        most_at_once: most.unwrap_or(0).max(0).unsigned_abs(),
+        over_limit,
+        written_cancelled,
+    })
+}
+
 /// An order holding a unit, as read for a warm-up or a check: its number as stored (not
 /// parsed, so one malformed row cannot hide the others).
 #[derive(Clone, Debug, sqlx::FromRow)]

@@ -136,7 +136,10 @@ async fn orders(db: &Db, item: ItemId, run: &Run) -> anyhow::Result<Orders> {
     {
         *held.entry(order.user_id).or_default() += 1;
     }
-    let doubled = doubled(held, record.per_user);
+    let over_time = repo::held_over_time(db, item, record.per_user)
+        .await
+        .context("reading what the item's orders held over time from MySQL")?;
+    let doubled = doubled(held, record.per_user, &over_time.over_limit);
 
     let mut answered_found = HashSet::with_capacity(run.won.len());
     for sns in run.won.chunks(SNS_PER_QUERY) {
@@ -167,5 +170,7 @@ async fn orders(db: &Db, item: ItemId, run: &Run) -> anyhow::Result<Orders> {
         answered_found,
         cancelled_found,
         doubled,
+        most_at_once: over_time.most_at_once,
+        written_cancelled: over_time.written_cancelled.into_iter().collect(),
     })
 }

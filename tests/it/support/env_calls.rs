@@ -329,11 +329,24 @@ impl TestEnv {
                 .fetch_one(&self.db)
         })
         .await;
+        let id = ItemId::new(item).expect("an item id");
+        let over_time = read_patiently("what the orders held over time", || async {
+            seckill::testing::held_over_time(&self.db, id, per_user)
+                .await
+                .map_err(|e| sqlx::Error::Protocol(e.to_string()))
+        })
+        .await;
         let rows = rows.iter().map(|(sn, user, status)| {
             let status = OrderStatus::try_from(status.clone()).expect("an order status");
             (sn.as_str(), *user, status)
         });
-        Orders::from_rows(total.into(), per_user, rows, answered, cancelled)
+        Orders::from_rows(
+            total.into(),
+            per_user,
+            rows,
+            over_time,
+            (answered, cancelled),
+        )
     }
 
     /// The item's orders MySQL has cancelled by their buyer, their deadline or a
