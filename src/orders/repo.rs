@@ -118,6 +118,9 @@ pub enum CancelReason {
     Timeout,
     /// An end-of-sale reconciliation found it could no longer be paid.
     Reconcile,
+    /// MySQL refused it as a second live order of its user for the item: written
+    /// cancelled at once ([`insert_batch`]).
+    Refused,
 }
 
 impl CancelReason {
@@ -126,6 +129,7 @@ impl CancelReason {
             CancelReason::User => "user",
             CancelReason::Timeout => "timeout",
             CancelReason::Reconcile => "reconcile",
+            CancelReason::Refused => "refused",
         }
     }
 }
@@ -294,8 +298,8 @@ pub struct HeldOverTime {
     pub most_at_once: u64,
     /// Users who at one moment held more orders than the limit asked about (the first few).
     pub over_limit: Vec<u64>,
-    /// Orders written `cancelled` at once (no reason: a second live order of a user that
-    /// MySQL refused): a `202` among them is a lost one.
+    /// Orders written `cancelled` at once (a second live order of a user that MySQL
+    /// refused): a `202` among them is a lost one.
     pub written_cancelled: Vec<String>,
 }
 
@@ -342,7 +346,7 @@ pub async fn held_over_time(db: &Db, item: ItemId, per_user: u8) -> Result<HeldO
     let written_cancelled = mysql_timed(
         sqlx::query_scalar(
             "SELECT order_sn FROM orders
-              WHERE item_id = ? AND status = 'cancelled' AND cancel_reason IS NULL",
+              WHERE item_id = ? AND status = 'cancelled' AND cancel_reason = 'refused'",
         )
         .bind(item.get())
         .fetch_all(db),
@@ -440,8 +444,10 @@ pub async fn insert_batch<'a>(
     if rows.is_empty() {
         return Ok(());
     }
+    // Written cancelled only when refused (see above), and then it says so.
+    let reason = (status == OrderStatus::Cancelled).then_some(CancelReason::Refused.as_str());
     let mut query = QueryBuilder::new(
-        "INSERT INTO orders (order_sn, item_id, user_id, slot, status, created_at, pay_deadline) ",
+        "INSERT INTO orders (order_sn, item_id, user_id, slot, status, cancel_reason, created_at, pay_deadline) ",
     );
     query.push_values(rows, |mut row, (order, (created_at, pay_deadline))| {
         row.push_bind(order.order_sn.as_str())
@@ -449,6 +455,7 @@ pub async fn insert_batch<'a>(
             .push_bind(order.user_id.get())
             .push_bind(order.slot)
             .push_bind(status.as_str())
+            .push_bind(reason)
             .push_bind(created_at)
             .push_bind(pay_deadline);
     });

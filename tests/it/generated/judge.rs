@@ -115,7 +115,7 @@ pub async fn orders(env: &TestEnv, oracle: &mut Oracle) {
                 };
                 if !explained {
                     broken.push(format!(
-                        "user {user}'s 202 {sn} is cancelled in MySQL ({:?}) with nothing to explain it: inserted already cancelled? (invariant 3)",
+                        "user {user}'s 202 {sn} is cancelled in MySQL ({:?}) with nothing to explain it (invariant 3)",
                         row.cancel_reason
                     ));
                 }

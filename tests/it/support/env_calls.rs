@@ -351,12 +351,12 @@ impl TestEnv {
 
     /// The item's orders MySQL has cancelled by their buyer, their deadline or a
     /// reconciliation: each gave its unit back. (An order the consumer wrote cancelled at
-    /// once, a second live order MySQL refused, has no reason and never held a unit.)
+    /// once, a second live order MySQL refused, never held a unit of MySQL's: `refused`.)
     pub async fn cancelled_orders(&self, item: u64) -> Vec<String> {
         read_patiently("the cancelled orders of an item", || {
             sqlx::query_scalar(
                 "SELECT order_sn FROM orders WHERE item_id = ? AND status = 'cancelled' \
-                 AND cancel_reason IS NOT NULL",
+                 AND cancel_reason IN ('user', 'timeout', 'reconcile')",
             )
             .bind(item)
             .fetch_all(&self.db)
