@@ -531,3 +531,57 @@ async fn with_wait_one_a_key_refused_from_memory_is_answered_202_only_for_what_t
     );
     server.stop().await;
 }
+
+/// `WAIT 1`: a key that won (its order confirmed by the replica and written to MySQL) is
+/// pressed again once the watcher sees the replica gone, on an item still selling (so not
+/// refused from memory). Its order is beyond any give-back, so the repeat is answered its
+/// `202` again, as the contract promises a retried key (and as the same repeat is answered
+/// when memory refuses it, sold out) — not `409 duplicate` (`per_user` 1) nor `503`
+/// (`per_user` 2) because the master is short of replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_wait_one_a_key_that_won_is_answered_its_202_while_the_replica_is_gone() {
+    let WaitOne {
+        env,
+        server,
+        replica,
+        _master,
+    } = WaitOne::start("wait_one_short_repeat").await;
+    env.item(1, 10).on_sale(&server).await;
+    env.item(2, 10).per_user(2).on_sale(&server).await;
+    let mut won = Vec::new();
+    for item in [1, 2] {
+        let key = format!("won-{item}");
+        let (status, body) = crate::shapes::press(&env, &server, 10, item, &key).await;
+        assert_eq!(status, 202, "{body}");
+        env.wait_for_orders(&server, item, 1, Duration::from_secs(10))
+            .await;
+        won.push((item, key, body["order_sn"].clone()));
+    }
+
+    replica.freeze();
+    eventually(Duration::from_secs(10), "the replica seen gone", || async {
+        let stats = env.stats(&server, 1).await;
+        if stats["replicas"]["short"] == json!([0]) {
+            Ok(())
+        } else {
+            Err(format!("{stats}"))
+        }
+    })
+    .await;
+    let mut heard = Vec::new();
+    for (item, key, order_sn) in &won {
+        let (status, body) = crate::shapes::press(&env, &server, 10, *item, key).await;
+        heard.push((*item, status, body.clone(), order_sn.clone()));
+    }
+    replica.thaw();
+    let wrong: Vec<String> = heard
+        .iter()
+        .filter(|(_, status, body, order_sn)| (*status, &body["order_sn"]) != (202, order_sn))
+        .map(|(item, status, body, _)| format!("item {item}: {status} {body}"))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "keys whose orders are in MySQL, pressed again while the replica is gone, not answered their 202: {wrong:?}"
+    );
+    server.stop().await;
+}
