@@ -186,7 +186,19 @@ impl Seller<'_> {
             .await
         {
             Ok(replication) => replication,
-            Err(short) => return Err(self.short_of_replicas(item, user, short).await),
+            Err(short) => {
+                // A key that bought is answered its order first, as when memory refuses the
+                // press: `202` once it is in MySQL, `503` while it is pending (claimed, its
+                // master short of the replicas that would confirm the claim).
+                if let Some(idempotency) = &idempotency {
+                    let keys = &self.deps.keys;
+                    let bought = bought_with(&self.deps.redis, keys, item, user, &idempotency.key);
+                    if let Some(order_sn) = bought.await? {
+                        return Ok(order_sn);
+                    }
+                }
+                return Err(self.short_of_replicas(item, user, short).await);
+            }
         };
         // Numbered in the buyer's home bucket, where every purchase of theirs goes ("one per
         // user" is decided there).
