@@ -585,3 +585,38 @@ async fn with_wait_one_a_key_that_won_is_answered_its_202_while_the_replica_is_g
     );
     server.stop().await;
 }
+
+/// A key that won the last unit, pressed again while Redis is hung: memory says "sold
+/// out", and only Redis knows which keys won. The buyer holds that unit, so "sold out" is
+/// not their answer: they hear `503 unavailable` (ask again), never `410`.
+#[tokio::test]
+async fn a_key_that_won_is_not_told_sold_out_while_redis_cannot_say() {
+    let env = TestEnv::new("key_redis_hung").await;
+    let redis = PrivateRedis::start().await;
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.redis_url = Secret::new(redis.url());
+            s.rate_per_user = 0;
+        })
+        .await;
+    env.item(1, 1).on_sale(&server).await;
+    let (status, won) = crate::shapes::press(&env, &server, 7, 1, "last").await;
+    assert_eq!(status, 202, "{won}");
+    assert_eq!(env.buy(&server, 8, 1).await.0, 410);
+
+    redis.freeze();
+    let (status, again) = crate::shapes::press(&env, &server, 7, 1, "last").await;
+    redis.thaw();
+    assert_eq!(
+        (status, again["code"].as_str()),
+        (503, Some("unavailable")),
+        "the key that won the last unit, pressed with Redis hung: {again}"
+    );
+    let (status, again) = crate::shapes::press(&env, &server, 7, 1, "last").await;
+    assert_eq!(
+        (status, &again["order_sn"]),
+        (202, &won["order_sn"]),
+        "{again}"
+    );
+    server.stop().await;
+}
