@@ -620,3 +620,70 @@ async fn a_key_that_won_is_not_told_sold_out_while_redis_cannot_say() {
     );
     server.stop().await;
 }
+
+/// `WAIT 1`, the replica frozen: a buyer presses twice at once (no key, `per_user` 1). The
+/// press that wins waits for the replica; the other is answered `409 duplicate` naming
+/// that order at once. When the replica does not confirm it, the win is given back (its
+/// press hears `503`) — so the `409` told the buyer they hold an order that never exists.
+/// Every order a `409 duplicate` names must be one MySQL row once the sale is quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_wait_one_a_duplicate_never_names_an_order_given_back() {
+    let WaitOne {
+        env,
+        server,
+        replica,
+        _master,
+    } = WaitOne::start("wait_one_duplicates").await;
+    let total = 200;
+    env.item(1, total).on_sale(&server).await;
+    assert_eq!(env.buy(&server, 1, 1).await.0, 202);
+    replica.freeze();
+    let frozen_at = Instant::now();
+    let mut named: Vec<(u64, String)> = Vec::new();
+    let mut next_user = 100;
+    loop {
+        let round: Vec<u64> = (next_user..next_user + 10).collect();
+        next_user += 10;
+        let (env, server) = (&env, &server);
+        let pairs = futures::future::join_all(round.into_iter().map(|user| async move {
+            let second = async {
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                env.buy(server, user, 1).await
+            };
+            let (a, b) = tokio::join!(env.buy(server, user, 1), second);
+            (user, [a, b])
+        }))
+        .await;
+        for (user, answers) in pairs {
+            for (status, body) in answers {
+                if status == 409 && body["code"] == "duplicate" {
+                    named.push((user, body["order_sn"].as_str().unwrap_or("?").to_owned()));
+                }
+            }
+        }
+        if env.stats(server, 1).await["replicas"]["short"] == json!([0]) {
+            break;
+        }
+        assert!(
+            frozen_at.elapsed() < Duration::from_secs(15),
+            "never seen short"
+        );
+    }
+    replica.thaw();
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let rows: HashSet<String> = env
+        .orders(1)
+        .await
+        .into_iter()
+        .map(|(sn, _, _)| sn)
+        .collect();
+    let vanished: Vec<&(u64, String)> = named.iter().filter(|(_, sn)| !rows.contains(sn)).collect();
+    assert!(
+        vanished.is_empty(),
+        "{} of {} orders named by a 409 duplicate never reached MySQL, first: {:?}",
+        vanished.len(),
+        named.len(),
+        &vanished[..vanished.len().min(3)]
+    );
+    server.stop().await;
+}
