@@ -99,9 +99,10 @@ fn repeats_claim(redis: &RedisConns) -> bool {
 
 /// The order a buyer's `Idempotency-Key` bought, for a press memory refused. `None` when it
 /// bought nothing; or cannot have, the item never having been loaded (nothing of it was
-/// ever on sale: a crowd pressing before the warm-up costs Redis nothing); or when Redis
-/// cannot say (the refusal memory gave stands). An order that may still be given back is
-/// claimed and named once its replicas hold the claim, as a grab's repeat is.
+/// ever on sale: a crowd pressing before the warm-up costs Redis nothing). When Redis
+/// cannot say, an error (`503`): the refusal memory gave is not the answer of a key that
+/// may hold a unit. An order that may still be given back is claimed and named once its
+/// replicas hold the claim, as a grab's repeat is.
 pub async fn bought_with(
     redis: &RedisConns,
     keys: &Keys,
@@ -115,32 +116,30 @@ pub async fn bought_with(
     let claims = repeats_claim(redis);
     let idempotency = IdempotencyKey::of(keys, item, user, key.to_owned(), claims);
     if !claims {
-        let Ok(mut conn) = redis.hot().await else {
-            return Ok(None);
-        };
+        let mut conn = redis.hot().await?;
         let sn: Option<String> =
-            redis_timed(redis::AsyncCommands::get(&mut conn, &idempotency.record))
-                .await
-                .unwrap_or_default();
-        return Ok(sn.as_deref().and_then(OrderSn::parse));
+            redis_timed(redis::AsyncCommands::get(&mut conn, &idempotency.record)).await?;
+        return match sn {
+            None => Ok(None),
+            Some(sn) => match OrderSn::parse(&sn) {
+                Some(order_sn) => Ok(Some(order_sn)),
+                None => Err(NotSold::Redis(RedisError::Unexpected(format!(
+                    "an Idempotency-Key's record holds {sn:?}"
+                )))),
+            },
+        };
     }
     let home = item.home(user);
     // Taken before the claim, as before a grab (a master short of replicas still gets the
     // claim, which its replicas confirm once they are back).
     let replication = redis.replicas_for(&home.replicated).await.ok();
-    let Ok(mut conn) = redis.hot().await else {
-        return Ok(None);
-    };
-    match bought(&mut conn, home, &idempotency).await {
-        Ok(Some(GrabOutcome::RepeatClaimed(order_sn))) => {
+    let mut conn = redis.hot().await?;
+    match bought(&mut conn, home, &idempotency).await? {
+        Some(GrabOutcome::RepeatClaimed(order_sn)) => {
             once_held(order_sn, replication).await.map(Some)
         }
-        Ok(Some(GrabOutcome::Repeat(order_sn))) => Ok(Some(order_sn)),
-        Ok(_) => Ok(None),
-        Err(e) => {
-            tracing::debug!(error = %e, "an Idempotency-Key's order could not be looked up; the refusal from memory stands");
-            Ok(None)
-        }
+        Some(GrabOutcome::Repeat(order_sn)) => Ok(Some(order_sn)),
+        _ => Ok(None),
     }
 }
 
@@ -186,7 +185,19 @@ impl Seller<'_> {
             .await
         {
             Ok(replication) => replication,
-            Err(short) => return Err(self.short_of_replicas(item, user, short).await),
+            Err(short) => {
+                // A key that bought is answered its order first, as when memory refuses the
+                // press: `202` once it is in MySQL, `503` while it is pending (claimed, its
+                // master short of the replicas that would confirm the claim).
+                if let Some(idempotency) = &idempotency {
+                    let keys = &self.deps.keys;
+                    let bought = bought_with(&self.deps.redis, keys, item, user, &idempotency.key);
+                    if let Some(order_sn) = bought.await? {
+                        return Ok(order_sn);
+                    }
+                }
+                return Err(self.short_of_replicas(item, user, short).await);
+            }
         };
         // Numbered in the buyer's home bucket, where every purchase of theirs goes ("one per
         // user" is decided there).

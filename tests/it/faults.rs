@@ -531,3 +531,159 @@ async fn with_wait_one_a_key_refused_from_memory_is_answered_202_only_for_what_t
     );
     server.stop().await;
 }
+
+/// `WAIT 1`: a key that won (its order confirmed by the replica and written to MySQL) is
+/// pressed again once the watcher sees the replica gone, on an item still selling (so not
+/// refused from memory). Its order is beyond any give-back, so the repeat is answered its
+/// `202` again, as the contract promises a retried key (and as the same repeat is answered
+/// when memory refuses it, sold out) — not `409 duplicate` (`per_user` 1) nor `503`
+/// (`per_user` 2) because the master is short of replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_wait_one_a_key_that_won_is_answered_its_202_while_the_replica_is_gone() {
+    let WaitOne {
+        env,
+        server,
+        replica,
+        _master,
+    } = WaitOne::start("wait_one_short_repeat").await;
+    env.item(1, 10).on_sale(&server).await;
+    env.item(2, 10).per_user(2).on_sale(&server).await;
+    let mut won = Vec::new();
+    for item in [1, 2] {
+        let key = format!("won-{item}");
+        let (status, body) = crate::shapes::press(&env, &server, 10, item, &key).await;
+        assert_eq!(status, 202, "{body}");
+        env.wait_for_orders(&server, item, 1, Duration::from_secs(10))
+            .await;
+        won.push((item, key, body["order_sn"].clone()));
+    }
+
+    replica.freeze();
+    eventually(Duration::from_secs(10), "the replica seen gone", || async {
+        let stats = env.stats(&server, 1).await;
+        if stats["replicas"]["short"] == json!([0]) {
+            Ok(())
+        } else {
+            Err(format!("{stats}"))
+        }
+    })
+    .await;
+    let mut heard = Vec::new();
+    for (item, key, order_sn) in &won {
+        let (status, body) = crate::shapes::press(&env, &server, 10, *item, key).await;
+        heard.push((*item, status, body.clone(), order_sn.clone()));
+    }
+    replica.thaw();
+    let wrong: Vec<String> = heard
+        .iter()
+        .filter(|(_, status, body, order_sn)| (*status, &body["order_sn"]) != (202, order_sn))
+        .map(|(item, status, body, _)| format!("item {item}: {status} {body}"))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "keys whose orders are in MySQL, pressed again while the replica is gone, not answered their 202: {wrong:?}"
+    );
+    server.stop().await;
+}
+
+/// A key that won the last unit, pressed again while Redis is hung: memory says "sold
+/// out", and only Redis knows which keys won. The buyer holds that unit, so "sold out" is
+/// not their answer: they hear `503 unavailable` (ask again), never `410`.
+#[tokio::test]
+async fn a_key_that_won_is_not_told_sold_out_while_redis_cannot_say() {
+    let env = TestEnv::new("key_redis_hung").await;
+    let redis = PrivateRedis::start().await;
+    let server = env
+        .server_with(ALL_ROLES, |s| {
+            s.redis_url = Secret::new(redis.url());
+            s.rate_per_user = 0;
+        })
+        .await;
+    env.item(1, 1).on_sale(&server).await;
+    let (status, won) = crate::shapes::press(&env, &server, 7, 1, "last").await;
+    assert_eq!(status, 202, "{won}");
+    assert_eq!(env.buy(&server, 8, 1).await.0, 410);
+
+    redis.freeze();
+    let (status, again) = crate::shapes::press(&env, &server, 7, 1, "last").await;
+    redis.thaw();
+    assert_eq!(
+        (status, again["code"].as_str()),
+        (503, Some("unavailable")),
+        "the key that won the last unit, pressed with Redis hung: {again}"
+    );
+    let (status, again) = crate::shapes::press(&env, &server, 7, 1, "last").await;
+    assert_eq!(
+        (status, &again["order_sn"]),
+        (202, &won["order_sn"]),
+        "{again}"
+    );
+    server.stop().await;
+}
+
+/// `WAIT 1`, the replica frozen: a buyer presses twice at once (no key, `per_user` 1). The
+/// press that wins waits for the replica; the other is answered `409 duplicate` naming
+/// that order at once. When the replica does not confirm it, the win is given back (its
+/// press hears `503`) — so the `409` told the buyer they hold an order that never exists.
+/// Every order a `409 duplicate` names must be one MySQL row once the sale is quiet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_wait_one_a_duplicate_never_names_an_order_given_back() {
+    let WaitOne {
+        env,
+        server,
+        replica,
+        _master,
+    } = WaitOne::start("wait_one_duplicates").await;
+    let total = 200;
+    env.item(1, total).on_sale(&server).await;
+    assert_eq!(env.buy(&server, 1, 1).await.0, 202);
+    replica.freeze();
+    let frozen_at = Instant::now();
+    let mut named: Vec<(u64, String)> = Vec::new();
+    let mut next_user = 100;
+    loop {
+        let round: Vec<u64> = (next_user..next_user + 10).collect();
+        next_user += 10;
+        let (env, server) = (&env, &server);
+        let pairs = futures::future::join_all(round.into_iter().map(|user| async move {
+            let second = async {
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                env.buy(server, user, 1).await
+            };
+            let (a, b) = tokio::join!(env.buy(server, user, 1), second);
+            (user, [a, b])
+        }))
+        .await;
+        for (user, answers) in pairs {
+            for (status, body) in answers {
+                if status == 409 && body["code"] == "duplicate" {
+                    named.push((user, body["order_sn"].as_str().unwrap_or("?").to_owned()));
+                }
+            }
+        }
+        if env.stats(server, 1).await["replicas"]["short"] == json!([0]) {
+            break;
+        }
+        assert!(
+            frozen_at.elapsed() < Duration::from_secs(15),
+            "never seen short"
+        );
+    }
+    replica.thaw();
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let rows: HashSet<String> = env
+        .orders(1)
+        .await
+        .into_iter()
+        .map(|(sn, _, _)| sn)
+        .collect();
+    let vanished: Vec<&(u64, String)> = named.iter().filter(|(_, sn)| !rows.contains(sn)).collect();
+    assert!(
+        vanished.is_empty(),
+        "{} of {} orders named by a 409 duplicate never reached MySQL, first: {:?}",
+        vanished.len(),
+        named.len(),
+        &vanished[..vanished.len().min(3)]
+    );
+    server.stop().await;
+}
