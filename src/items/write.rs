@@ -386,12 +386,26 @@ impl ItemWriter<'_> {
         }
     }
 
-    /// Pauses or resumes the item's sale.
+    /// Pauses or resumes the item's sale: the flag alone into Redis. Not the record's other
+    /// rules — it takes no lock, and a `PUT` raising a wave holds the more of its old and
+    /// new plans in Redis while MySQL still has the old one: writing that over the raise let
+    /// buyers take the units the new plan holds back, and the stock then held back more
+    /// than it listed ([`ItemWriter::hold_waves`]).
     pub async fn set_paused(&self, id: ItemId, paused: bool) -> Result<(), WriteError> {
         if !repo::set_paused(&self.deps.db, id, paused).await? {
             return Err(WriteError::NotFound);
         }
-        self.spread_rules(id).await?;
+        let item = repo::get(&self.deps.db, id)
+            .await?
+            .ok_or(WriteError::NotFound)?;
+        // A retired sale's state is gone or going: see `spread_rules`.
+        if item.retired_at.is_none() {
+            let mut conn = self.deps.redis.bulk().await?;
+            for bucket in item.bucket_ids() {
+                stock::sync_paused(&mut conn, &self.deps.keys.bucket(bucket), paused).await?;
+            }
+        }
+        self.refresh_everywhere(id).await;
         Ok(())
     }
 
