@@ -67,8 +67,8 @@ pub enum WriteError {
         bucket: Option<u8>,
         index: Option<usize>,
     },
-    /// A warm-up of the item (or another write of its waves) is running.
-    #[error("a warm-up of item {id} or another change of its waves is running")]
+    /// A warm-up of the item (or another write of its waves or mode) is running.
+    #[error("a warm-up of item {id} or another change of its waves or mode is running")]
     Busy { id: ItemId, index: Option<usize> },
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -126,12 +126,12 @@ impl ItemWriter<'_> {
         done
     }
 
-    /// Before items with waves are written: takes their warm-up locks (no warm-up, and no
-    /// other write of their waves, runs until [`WavesHeld::settle`]), and in every bucket
-    /// whose new plan holds more units back at some instant than the plan it replaces,
-    /// writes the more of both (`lua/waves_raise.lua`) — only if the bucket's list covers
-    /// what that holds back now, checked in the same step, so no purchase takes a unit the
-    /// check counted. Purchases sell only above what is held back, so the list keeps
+    /// Before items with waves, or changing their mode, are written: takes their warm-up
+    /// locks (no warm-up, and no other such write, runs until [`WavesHeld::settle`]), and in
+    /// every bucket whose new plan holds more units back at some instant than the plan it
+    /// replaces, writes the more of both (`lua/waves_raise.lua`) — only if the bucket's
+    /// list covers what that holds back now, checked in the same step, so no purchase takes
+    /// a unit the check counted. Purchases sell only above what is held back, so the list keeps
     /// covering it while the record is written, and after: `settle` writes the record's
     /// plan (the new one, or the old one if the write did not happen), which holds back
     /// no more than that. A plan holding no more than before needs no check (what is held
@@ -150,15 +150,18 @@ impl ItemWriter<'_> {
             .into_iter()
             .map(|item| (item.id, item))
             .collect();
-        // Items that exist with waves before or after, keeping their buckets (a write that
-        // changes them takes the same lock: `Regrouping`).
+        // Items that exist with waves before or after, or whose mode the write would change
+        // (`keep_modes` checks it under the lock then: no first warm-up loads the item
+        // between that check and the write), keeping their buckets (a write that changes
+        // them takes the same lock: `Regrouping`).
         let with_waves: Vec<(Option<usize>, ItemId, &ItemDraft)> = drafts
             .iter()
             .enumerate()
             .filter(|(_, (id, draft))| {
                 live.get(id).is_some_and(|item| {
                     item.buckets == draft.buckets
-                        && !(item.release.is_empty() && draft.release.is_empty())
+                        && (!(item.release.is_empty() && draft.release.is_empty())
+                            || item.draw_at.is_some() != draft.draw_at.is_some())
                 })
             })
             .map(|(index, (id, draft))| (bulk.then_some(index), *id, draft))
