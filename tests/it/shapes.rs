@@ -959,6 +959,51 @@ async fn a_pause_during_a_wave_raise_leaves_its_units_held_back() {
     env.assert_invariants(server, 1, 10, &won).await;
 }
 
+/// Two `PUT`s of one item at once: 10 units, no waves, none sold; one adds a wave of 8
+/// (checked and held in Redis), and before its record is written another, without waves
+/// (read before the wave existed, so it takes no lock), is written — then 5 buyers.
+/// Whatever the order, the stock must add up at the end. (The second wrote its plan, none,
+/// over the held wave, 5 sold, then the first's record held 8 back of 5 listed: 13 units
+/// of 10, `consistent: false`.) The second moves the item to shop 2 only so that the test,
+/// holding shop 1's row, lets it through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_put_without_waves_during_a_wave_raise_leaves_its_units_held_back() {
+    let env = TestEnv::new("shapes_raise_put").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    let (start, end, later) = (at(-1), at(7200), at(3600));
+    let plain = || env.item(1, 10).window(start, end);
+    plain().on_sale(&server).await;
+    let (env, server) = (&env, &server);
+    let shop = env.hold_shop_row().await;
+    let mut elsewhere = plain().body();
+    elsewhere["shop_id"] = json!(2);
+    let during = async move {
+        env.until_an_item_write_waits().await;
+        let other = env
+            .admin(reqwest::Method::PUT, server, "/admin/items/1")
+            .json(&elsewhere)
+            .send()
+            .await
+            .unwrap();
+        let other = other.status().as_u16();
+        let bought = buy_all(env, server, 1, 1..=5).await;
+        shop.rollback().await.unwrap();
+        (other, bought)
+    };
+    let raised = plain().release(&[(later, 8)]);
+    let ((status, body), (other, (answers, won))) = tokio::join!(raised.try_put(server), during);
+    eprintln!("the raise: {status} {body}; the other PUT: {other}; buyers: {answers:?}");
+    let won: Vec<String> = won.into_iter().map(|(_, sn)| sn).collect();
+    quiet(env, server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let stats = env.stats(server, 1).await;
+    assert_eq!(
+        stats["consistent"].as_bool(),
+        Some(true),
+        "raise {status}, other PUT {other}, buyers {answers:?}: {stats}"
+    );
+    env.assert_invariants(server, 1, 10, &won).await;
+}
+
 /// `consistent` is the contract's equation, nothing softer: 20 units, 10 in a wave still to
 /// come, the 10 on sale sold — it adds up; then 5 of the units held back vanish from the
 /// list (as a Redis that lost writes would leave it) — it does not, and the stats say so.
