@@ -461,7 +461,9 @@ struct WavesHeld {
 
 impl WavesHeld {
     /// Once the write is done (or refused): the record's plan into every bucket of the
-    /// items raised (it holds back no more than what was raised), then the locks let go.
+    /// items raised (it holds back no more than what was raised) that are not retired (see
+    /// [`ItemWriter::spread_rules`]: `waves_raise.lua` wrote nothing there), then the locks
+    /// let go.
     /// A Redis that does not answer leaves those buckets holding the more of both plans —
     /// never fewer units than the record holds back — until the next write of the item.
     async fn settle(self, deps: &Deps) {
@@ -469,7 +471,7 @@ impl WavesHeld {
             let written = async {
                 let items = repo::get_many(&deps.db, &self.raised).await?;
                 let mut conn = deps.redis.bulk().await?;
-                for item in &items {
+                for item in items.iter().filter(|item| item.retired_at.is_none()) {
                     for bucket in item.bucket_ids() {
                         stock::sync_rules(&mut conn, &deps.keys.bucket(bucket), item).await?;
                     }
