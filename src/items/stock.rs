@@ -212,8 +212,31 @@ where
 {
     let mut fields = Rules::of(item).meta(keys.bucket.index);
     fields.push(("paused", i64::from(item.paused).to_string()));
+    set_meta(conn, keys, &fields).await
+}
+
+/// Writes a bucket's pause flag alone (a pause or a resume): the other rules in its meta
+/// may be a write's under way that MySQL does not hold yet — a wave raised and held back
+/// in Redis before its record is written (`super::write`) — and the record's would undo it.
+pub async fn sync_paused<C>(conn: &mut C, keys: &ItemKeys, paused: bool) -> Result<(), RedisError>
+where
+    C: redis::aio::ConnectionLike + Send + Sync,
+{
+    set_meta(conn, keys, &[("paused", i64::from(paused).to_string())]).await
+}
+
+/// Writes `fields` of a bucket's meta and packs what `grab.lua` checks of it
+/// (`lua/rules_set.lua`).
+async fn set_meta<C>(
+    conn: &mut C,
+    keys: &ItemKeys,
+    fields: &[(&str, String)],
+) -> Result<(), RedisError>
+where
+    C: redis::aio::ConnectionLike + Send + Sync,
+{
     let mut call = RULES_SET.key(&keys.meta);
-    for (field, value) in &fields {
+    for (field, value) in fields {
         call.arg(*field).arg(value);
     }
     redis_timed(call.invoke_async::<()>(conn)).await

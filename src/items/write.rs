@@ -67,8 +67,8 @@ pub enum WriteError {
         bucket: Option<u8>,
         index: Option<usize>,
     },
-    /// A warm-up of the item (or another write of its waves) is running.
-    #[error("a warm-up of item {id} or another change of its waves is running")]
+    /// A warm-up of the item (or another write of its waves or mode) is running.
+    #[error("a warm-up of item {id} or another change of its waves or mode is running")]
     Busy { id: ItemId, index: Option<usize> },
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -126,12 +126,12 @@ impl ItemWriter<'_> {
         done
     }
 
-    /// Before items with waves are written: takes their warm-up locks (no warm-up, and no
-    /// other write of their waves, runs until [`WavesHeld::settle`]), and in every bucket
-    /// whose new plan holds more units back at some instant than the plan it replaces,
-    /// writes the more of both (`lua/waves_raise.lua`) — only if the bucket's list covers
-    /// what that holds back now, checked in the same step, so no purchase takes a unit the
-    /// check counted. Purchases sell only above what is held back, so the list keeps
+    /// Before items with waves, or changing their mode, are written: takes their warm-up
+    /// locks (no warm-up, and no other such write, runs until [`WavesHeld::settle`]), and in
+    /// every bucket whose new plan holds more units back at some instant than the plan it
+    /// replaces, writes the more of both (`lua/waves_raise.lua`) — only if the bucket's
+    /// list covers what that holds back now, checked in the same step, so no purchase takes
+    /// a unit the check counted. Purchases sell only above what is held back, so the list keeps
     /// covering it while the record is written, and after: `settle` writes the record's
     /// plan (the new one, or the old one if the write did not happen), which holds back
     /// no more than that. A plan holding no more than before needs no check (what is held
@@ -150,15 +150,18 @@ impl ItemWriter<'_> {
             .into_iter()
             .map(|item| (item.id, item))
             .collect();
-        // Items that exist with waves before or after, keeping their buckets (a write that
-        // changes them takes the same lock: `Regrouping`).
+        // Items that exist with waves before or after, or whose mode the write would change
+        // (`keep_modes` checks it under the lock then: no first warm-up loads the item
+        // between that check and the write), keeping their buckets (a write that changes
+        // them takes the same lock: `Regrouping`).
         let with_waves: Vec<(Option<usize>, ItemId, &ItemDraft)> = drafts
             .iter()
             .enumerate()
             .filter(|(_, (id, draft))| {
                 live.get(id).is_some_and(|item| {
                     item.buckets == draft.buckets
-                        && !(item.release.is_empty() && draft.release.is_empty())
+                        && (!(item.release.is_empty() && draft.release.is_empty())
+                            || item.draw_at.is_some() != draft.draw_at.is_some())
                 })
             })
             .map(|(index, (id, draft))| (bulk.then_some(index), *id, draft))
@@ -386,12 +389,26 @@ impl ItemWriter<'_> {
         }
     }
 
-    /// Pauses or resumes the item's sale.
+    /// Pauses or resumes the item's sale: the flag alone into Redis. Not the record's other
+    /// rules — it takes no lock, and a `PUT` raising a wave holds the more of its old and
+    /// new plans in Redis while MySQL still has the old one: writing that over the raise let
+    /// buyers take the units the new plan holds back, and the stock then held back more
+    /// than it listed ([`ItemWriter::hold_waves`]).
     pub async fn set_paused(&self, id: ItemId, paused: bool) -> Result<(), WriteError> {
         if !repo::set_paused(&self.deps.db, id, paused).await? {
             return Err(WriteError::NotFound);
         }
-        self.spread_rules(id).await?;
+        let item = repo::get(&self.deps.db, id)
+            .await?
+            .ok_or(WriteError::NotFound)?;
+        // A retired sale's state is gone or going: see `spread_rules`.
+        if item.retired_at.is_none() {
+            let mut conn = self.deps.redis.bulk().await?;
+            for bucket in item.bucket_ids() {
+                stock::sync_paused(&mut conn, &self.deps.keys.bucket(bucket), paused).await?;
+            }
+        }
+        self.refresh_everywhere(id).await;
         Ok(())
     }
 
@@ -444,7 +461,9 @@ struct WavesHeld {
 
 impl WavesHeld {
     /// Once the write is done (or refused): the record's plan into every bucket of the
-    /// items raised (it holds back no more than what was raised), then the locks let go.
+    /// items raised (it holds back no more than what was raised) that are not retired (see
+    /// [`ItemWriter::spread_rules`]: `waves_raise.lua` wrote nothing there), then the locks
+    /// let go.
     /// A Redis that does not answer leaves those buckets holding the more of both plans —
     /// never fewer units than the record holds back — until the next write of the item.
     async fn settle(self, deps: &Deps) {
@@ -452,7 +471,7 @@ impl WavesHeld {
             let written = async {
                 let items = repo::get_many(&deps.db, &self.raised).await?;
                 let mut conn = deps.redis.bulk().await?;
-                for item in &items {
+                for item in items.iter().filter(|item| item.retired_at.is_none()) {
                     for bucket in item.bucket_ids() {
                         stock::sync_rules(&mut conn, &deps.keys.bucket(bucket), item).await?;
                     }

@@ -570,6 +570,39 @@ async fn a_loaded_item_keeps_its_mode() {
     assert_eq!(put_item(&env, &server, 3, &sale().body()).await.0, 200);
 }
 
+/// A sale never loaded switched to a draw while its first warm-up runs: the `PUT` checked
+/// the mode before the load, and writes after it. An item keeps its mode once loaded, so
+/// one of them must give way — the warm-up (`409 warmup_running`) or the `PUT` (`409
+/// mode_fixed`) — never both `200`, leaving a draw whose units were loaded, and could be
+/// sold, as a first-come sale. (Both answered `200`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_mode_switch_racing_the_first_warm_up_never_lands_after_it() {
+    let env = TestEnv::new("draws_mode_race").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    let now = Utc::now();
+    let (start, end) = (
+        now - chrono::Duration::seconds(5),
+        now + chrono::Duration::hours(1),
+    );
+    let sale = env.item(1, 10).window(start, end);
+    assert_eq!(sale.try_put(&server).await.0, 201);
+    let as_draw = sale.draw(now + chrono::Duration::minutes(1));
+    let (env, server) = (&env, &server);
+    let shop = env.hold_shop_row().await;
+    let warm_up = async move {
+        env.until_an_item_write_waits().await;
+        let answer = env.admin_post(server, "/admin/items/1/warmup").await;
+        shop.rollback().await.unwrap();
+        answer
+    };
+    let ((put, put_body), (warmed, warmed_body)) = tokio::join!(as_draw.try_put(server), warm_up);
+    eprintln!("PUT as a draw: {put} {put_body}\nwarm-up: {warmed} {warmed_body}");
+    assert!(
+        put == 409 || warmed == 409,
+        "the mode changed after the item was loaded: PUT {put} {put_body}, warm-up {warmed} {warmed_body}"
+    );
+}
+
 /// A live sale with five buyers made a draw behind the server's back (its record and meta
 /// changed as a `PUT` racing the item's warm-up could, or a server of an earlier release
 /// did), its buyers among the entries: the draw passes over every entry whose user holds

@@ -578,3 +578,49 @@ async fn a_sale_whose_units_redis_lost_is_not_retired_as_adding_up() {
     );
     server.stop().await;
 }
+
+/// A `PUT` giving a retired sale a new window with a wave to come writes nothing of it to
+/// Redis, as one without waves does (a forced warm-up loads it again): the write that holds
+/// a raised wave back in Redis while the record is written puts the record's rules back
+/// after it only where the sale lives. (It wrote a meta of rules alone for the retired
+/// sale, as `PUT`s did before retirement checked the row.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retired_sale_given_a_wave_gets_nothing_back_in_redis() {
+    let env = TestEnv::new("retire_wave_put").await;
+    let server = env
+        .server_with(ALL_ROLES, |s| s.sale_retention_s = 3_600)
+        .await;
+    let now = Utc::now();
+    env.item(1, 10)
+        .window(
+            now - chrono::Duration::hours(2),
+            now - chrono::Duration::hours(1),
+        )
+        .put(&server)
+        .await;
+    // Retired as the pass leaves a sale never loaded: the record says so, and the meta its
+    // creation wrote is gone.
+    sqlx::query("UPDATE items SET retired_at = UTC_TIMESTAMP(3), unsold = 10 WHERE id = 1")
+        .execute(&env.db)
+        .await
+        .unwrap();
+    let meta = env.item_keys(1).meta;
+    let () = redis::AsyncCommands::del(&mut env.redis.clone(), &meta)
+        .await
+        .unwrap();
+    let reopened = env
+        .item(1, 10)
+        .window(now, now + chrono::Duration::hours(2))
+        .release(&[(now + chrono::Duration::hours(1), 4)]);
+    let (status, body) = reopened.try_put(&server).await;
+    assert_eq!(status, 200, "{body}");
+    let fields: std::collections::HashMap<String, String> =
+        redis::AsyncCommands::hgetall(&mut env.redis.clone(), &meta)
+            .await
+            .unwrap();
+    assert!(
+        fields.is_empty(),
+        "a PUT of the retired item wrote its meta back: {fields:?}"
+    );
+    server.stop().await;
+}

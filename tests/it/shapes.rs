@@ -911,6 +911,99 @@ async fn a_wave_raised_during_a_crowd_is_honoured_or_refused() {
     }
 }
 
+/// A pause and a resume while a `PUT` raising a wave is on its way: 10 units, 5 in a wave,
+/// none sold; the wave raised to 8 (checked and held in Redis), and before its record is
+/// written the item paused and resumed, then 5 buyers. Whatever the order, the wave's 8
+/// units stay held back: 2 sell, the `PUT` is taken, and the stock adds up. (The pause and
+/// the resume wrote the plan MySQL still held — 5 — over the raise, 5 sold, then the
+/// record's 8: 8 held back of 5 listed, 13 units of 10, `consistent: false`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pause_during_a_wave_raise_leaves_its_units_held_back() {
+    let env = TestEnv::new("shapes_raise_pause").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    let (start, end, later) = (at(-1), at(7200), at(3600));
+    let spec = |units: u32| {
+        env.item(1, 10)
+            .window(start, end)
+            .release(&[(later, units)])
+    };
+    spec(5).on_sale(&server).await;
+    let (env, server) = (&env, &server);
+    let shop = env.hold_shop_row().await;
+    let during = async move {
+        env.until_an_item_write_waits().await;
+        assert_eq!(env.admin_post(server, "/admin/items/1/pause").await.0, 200);
+        assert_eq!(env.admin_post(server, "/admin/items/1/resume").await.0, 200);
+        let bought = buy_all(env, server, 1, 1..=5).await;
+        shop.rollback().await.unwrap();
+        bought
+    };
+    let raised = spec(8);
+    let ((status, body), (answers, won)) = tokio::join!(raised.try_put(server), during);
+    assert_eq!(
+        status, 200,
+        "the raise (held up in MySQL 0.8 s at most): {body}"
+    );
+    let won: Vec<String> = won.into_iter().map(|(_, sn)| sn).collect();
+    quiet(env, server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let stats = env.stats(server, 1).await;
+    assert_eq!(
+        (
+            stats["unreleased"].as_u64(),
+            stats["orders"]["unpaid"].as_u64(),
+            stats["consistent"].as_bool()
+        ),
+        (Some(8), Some(2), Some(true)),
+        "a wave of 8 taken: 2 of 10 units could sell ({answers:?}): {stats}"
+    );
+    env.assert_invariants(server, 1, 10, &won).await;
+}
+
+/// Two `PUT`s of one item at once: 10 units, no waves, none sold; one adds a wave of 8
+/// (checked and held in Redis), and before its record is written another, without waves
+/// (read before the wave existed, so it takes no lock), is written — then 5 buyers.
+/// Whatever the order, the stock must add up at the end. (The second wrote its plan, none,
+/// over the held wave, 5 sold, then the first's record held 8 back of 5 listed: 13 units
+/// of 10, `consistent: false`.) The second moves the item to shop 2 only so that the test,
+/// holding shop 1's row, lets it through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_put_without_waves_during_a_wave_raise_leaves_its_units_held_back() {
+    let env = TestEnv::new("shapes_raise_put").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    let (start, end, later) = (at(-1), at(7200), at(3600));
+    let plain = || env.item(1, 10).window(start, end);
+    plain().on_sale(&server).await;
+    let (env, server) = (&env, &server);
+    let shop = env.hold_shop_row().await;
+    let mut elsewhere = plain().body();
+    elsewhere["shop_id"] = json!(2);
+    let during = async move {
+        env.until_an_item_write_waits().await;
+        let other = env
+            .admin(reqwest::Method::PUT, server, "/admin/items/1")
+            .json(&elsewhere)
+            .send()
+            .await
+            .unwrap();
+        let other = other.status().as_u16();
+        let bought = buy_all(env, server, 1, 1..=5).await;
+        shop.rollback().await.unwrap();
+        (other, bought)
+    };
+    let raised = plain().release(&[(later, 8)]);
+    let ((status, body), (other, (answers, won))) = tokio::join!(raised.try_put(server), during);
+    eprintln!("the raise: {status} {body}; the other PUT: {other}; buyers: {answers:?}");
+    let won: Vec<String> = won.into_iter().map(|(_, sn)| sn).collect();
+    quiet(env, server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    let stats = env.stats(server, 1).await;
+    assert_eq!(
+        stats["consistent"].as_bool(),
+        Some(true),
+        "raise {status}, other PUT {other}, buyers {answers:?}: {stats}"
+    );
+    env.assert_invariants(server, 1, 10, &won).await;
+}
+
 /// `consistent` is the contract's equation, nothing softer: 20 units, 10 in a wave still to
 /// come, the 10 on sale sold — it adds up; then 5 of the units held back vanish from the
 /// list (as a Redis that lost writes would leave it) — it does not, and the stats say so.

@@ -120,6 +120,45 @@ impl TestEnv {
         answer
     }
 
+    /// Locks the row of shop 1 (every test item's) in a transaction of the test's own: an
+    /// item write of the server then stops at its MySQL transaction, everything before it
+    /// done (its checks, its locks and steps in Redis), until the returned transaction ends
+    /// — for at most the server's store time limit (0.8 s), after which the write fails.
+    /// [`TestEnv::until_an_item_write_waits`] tells when one does. For races a test cannot
+    /// time otherwise.
+    pub async fn hold_shop_row(&self) -> sqlx::Transaction<'static, sqlx::MySql> {
+        let mut tx = self.db.begin().await.unwrap();
+        sqlx::query("SELECT id FROM shops WHERE id = 1 FOR UPDATE")
+            .fetch_all(&mut *tx)
+            .await
+            .unwrap();
+        tx
+    }
+
+    /// Waits (up to 5 s) until an item write of the server waits for the shop row
+    /// [`TestEnv::hold_shop_row`] holds.
+    pub async fn until_an_item_write_waits(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let (waiting,): (i64,) = sqlx::query_as(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                 WHERE DB = ? AND INFO LIKE 'INSERT INTO shops%'",
+            )
+            .bind(self.database())
+            .fetch_one(&self.db)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no item write came to the shop row"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     pub fn admin(
         &self,
         method: reqwest::Method,
