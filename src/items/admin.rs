@@ -76,7 +76,7 @@ impl From<WriteError> for ApiError {
             WriteError::Busy { id, index } => ApiError::Conflict {
                 code: Conflict::WarmupRunning,
                 detail: format!(
-                    "{}a warm-up of item {id}, or another change of its waves or mode, is running; try again when it is done",
+                    "{}a warm-up or another write of item {id} is running; try again when it is done",
                     in_bulk(index)
                 ),
             },
@@ -130,7 +130,7 @@ struct Switched {
     responses(
         (status = 200, description = "`updated`", body = WrittenItem),
         (status = 201, description = "`created`", body = WrittenItem),
-        (status = 409, description = "`buckets_fixed` / `release_started` / `mode_fixed` / `draw_fixed` / `stock_committed` / `warmup_running`: an item with units, buyers or orders keeps its buckets; a loaded item's tranche already on sale may not change; a loaded item keeps its mode; a draw under way or made keeps its mode and `draw_at`; a wave may not hold back more units than are unsold (the detail names the limit); a warm-up of the item or another change of its waves or mode is running", body = Refusal),
+        (status = 409, description = "`buckets_fixed` / `release_started` / `mode_fixed` / `draw_fixed` / `stock_committed` / `warmup_running`: an item with units, buyers or orders keeps its buckets; a loaded item's tranche already on sale may not change; a loaded item keeps its mode; a draw under way or made keeps its mode and `draw_at`; a wave may not hold back more units than are unsold (the detail names the limit); a warm-up or another write of the item is running", body = Refusal),
     )
 )]
 async fn put_item(

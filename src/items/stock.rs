@@ -203,16 +203,16 @@ pub async fn live_states<'a>(
         .collect())
 }
 
-/// Copies what `grab.lua` checks from the MySQL record into a bucket's meta hash: the sale
-/// window, the pause flag, the per-user limit, the bucket's share of the waves and a
-/// draw's time. Harmless before a warm-up (`grab.lua` first checks `loaded`).
+/// Copies what `grab.lua` checks from the MySQL record into a bucket's meta hash after a
+/// write of the item: the sale window, the per-user limit, the bucket's share of the waves
+/// and a draw's time — not the pause, which only a pause or a resume writes
+/// ([`sync_paused`]): one landing between this write's read of the record and its write
+/// here would be undone. Harmless before a warm-up (`grab.lua` first checks `loaded`).
 pub async fn sync_rules<C>(conn: &mut C, keys: &ItemKeys, item: &Item) -> Result<(), RedisError>
 where
     C: redis::aio::ConnectionLike + Send + Sync,
 {
-    let mut fields = Rules::of(item).meta(keys.bucket.index);
-    fields.push(("paused", i64::from(item.paused).to_string()));
-    set_meta(conn, keys, &fields).await
+    set_meta(conn, keys, &Rules::of(item).meta(keys.bucket.index)).await
 }
 
 /// Writes a bucket's pause flag alone (a pause or a resume): the other rules in its meta

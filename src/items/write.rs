@@ -126,8 +126,9 @@ impl ItemWriter<'_> {
         done
     }
 
-    /// Before items with waves, or changing their mode, are written: takes their warm-up
-    /// locks (no warm-up, and no other such write, runs until [`WavesHeld::settle`]), and in
+    /// Before items that exist are written: takes their warm-up locks (no warm-up, and no
+    /// other write of them, runs until [`WavesHeld::settle`] — two writes of one item, one
+    /// raising a wave and one without, would otherwise each leave half of itself), and in
     /// every bucket whose new plan holds more units back at some instant than the plan it
     /// replaces, writes the more of both (`lua/waves_raise.lua`) — only if the bucket's
     /// list covers what that holds back now, checked in the same step, so no purchase takes
@@ -150,27 +151,23 @@ impl ItemWriter<'_> {
             .into_iter()
             .map(|item| (item.id, item))
             .collect();
-        // Items that exist with waves before or after, or whose mode the write would change
-        // (`keep_modes` checks it under the lock then: no first warm-up loads the item
-        // between that check and the write), keeping their buckets (a write that changes
-        // them takes the same lock: `Regrouping`).
-        let with_waves: Vec<(Option<usize>, ItemId, &ItemDraft)> = drafts
+        // Items that exist and keep their buckets (a write that changes them takes the same
+        // lock: `Regrouping`). Under the lock `keep_modes` checks the mode too: no first
+        // warm-up loads the item between that check and the write.
+        let existing: Vec<(Option<usize>, ItemId, &ItemDraft)> = drafts
             .iter()
             .enumerate()
             .filter(|(_, (id, draft))| {
-                live.get(id).is_some_and(|item| {
-                    item.buckets == draft.buckets
-                        && (!(item.release.is_empty() && draft.release.is_empty())
-                            || item.draw_at.is_some() != draft.draw_at.is_some())
-                })
+                live.get(id)
+                    .is_some_and(|item| item.buckets == draft.buckets)
             })
             .map(|(index, (id, draft))| (bulk.then_some(index), *id, draft))
             .collect();
         let mut held = WavesHeld::default();
-        if with_waves.is_empty() {
+        if existing.is_empty() {
             return Ok(held);
         }
-        match self.raise_waves(&with_waves, &mut held).await {
+        match self.raise_waves(&existing, &mut held).await {
             Ok(()) => Ok(held),
             Err(e) => {
                 held.settle(self.deps).await;
