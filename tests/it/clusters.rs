@@ -1179,3 +1179,64 @@ async fn a_master_short_of_replicas_refuses_or_degrades_as_told() {
     degrading.stop().await;
     refusing.stop().await;
 }
+
+/// An operator's work goes on while the item's replica is frozen (alive, its socket open,
+/// answering nothing): a `PUT` of an item that exists is written under its lock, which it
+/// must let go of without waiting on a node that holds nothing of it — a mode change
+/// refused (`409 mode_fixed`), then two `PUT`s in a row answer `200`, a pause and a
+/// resume too, and a bulk `PUT` of three items twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_operator_writes_items_while_a_replica_is_frozen() {
+    let Turn { cluster, env, .. } = &turn("redis_frozen_admin").await;
+    let server = env
+        .server_with(ALL_ROLES, |s| s.redis_wait_replicas = 1)
+        .await;
+    env.item(1, 10).on_sale(&server).await;
+    let master = cluster.lock().unwrap().master_of(&env.item_keys(1).meta);
+    let replica = cluster.lock().unwrap().replica_of(master);
+    struct Thaw(&'static std::sync::Mutex<PrivateRedisCluster>, u16);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .thaw(self.1);
+        }
+    }
+    cluster.lock().unwrap().freeze(replica);
+    let _thaw = Thaw(cluster, replica);
+    let draw = chrono::Utc::now() + chrono::Duration::seconds(30);
+    let (status, json) = env.item(1, 10).draw(draw).try_put(&server).await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (409, Some("mode_fixed")),
+        "{json}"
+    );
+    for total in [11, 12] {
+        let (status, json) = env.item(1, total).try_put(&server).await;
+        assert_eq!(status, 200, "PUT total {total}: {json}");
+    }
+    for action in ["pause", "resume"] {
+        let (status, json) = env
+            .admin_post(&server, &format!("/admin/items/1/{action}"))
+            .await;
+        assert_eq!(status, 200, "{action}: {json}");
+    }
+    let items: Vec<serde_json::Value> = (2..5)
+        .map(|id| {
+            let mut body = env.item(id, 5).body();
+            body["id"] = serde_json::json!(id);
+            body
+        })
+        .collect();
+    for _ in 0..2 {
+        let response = env
+            .admin(reqwest::Method::PUT, &server, "/admin/items")
+            .json(&serde_json::json!({ "items": items }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{:?}", response.text().await);
+    }
+    server.stop().await;
+}

@@ -70,12 +70,14 @@ impl StateMachineTest for Histories {
         world.finish(steps + 1);
         let violations = std::mem::take(&mut world.oracle.violations);
         let log = std::mem::take(&mut world.log);
+        let warnings = world.warnings();
         world.stop();
         assert!(
             violations.is_empty(),
-            "the history broke the contract:\n  {}\nthe history:\n{}",
+            "the history broke the contract:\n  {}\nthe history:\n{}\nthe servers' last warnings:\n{}",
             violations.join("\n  "),
-            log.join("\n")
+            log.join("\n"),
+            warnings.join("\n")
         );
     }
 }

@@ -303,12 +303,20 @@ impl World {
                     .as_str()
                     .map(str::to_owned)
                     .unwrap_or_else(|| (now + chrono::Duration::seconds(45)).to_rfc3339());
-                let released = at.parse::<DateTime<Utc>>().is_ok_and(|at| at <= now);
+                let released = at.parse::<DateTime<Utc>>().ok().map(|at| at - now);
+                let unchanged = self.record["release"][0]["units"] == json!(units);
                 next["release"] = json!([{ "at": at, "units": units }]);
                 // Units held back for the wave must be units no one holds.
                 let unsold = stats["remaining"].as_u64().unwrap_or(0)
                     + stats["unreleased"].as_u64().unwrap_or(0);
-                if released {
+                if unchanged {
+                    // The same plan again: nothing changes.
+                } else if released
+                    .is_some_and(|to_come| to_come.abs() < chrono::Duration::seconds(1))
+                {
+                    // The server's clock and this one may differ by a little.
+                    either = true;
+                } else if released.is_some_and(|to_come| to_come < chrono::TimeDelta::zero()) {
                     refuse = Some("the wave is on sale already".to_owned());
                 } else if loaded && u64::from(*units) > unsold {
                     refuse = Some(format!(

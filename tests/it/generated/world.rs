@@ -6,6 +6,7 @@
 use std::cell::RefCell;
 use std::process::Child;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -162,6 +163,8 @@ pub struct Proc {
     roles: &'static str,
     child: Child,
     pub server: TestServer,
+    /// Its log lines (JSON), for the report of a failing history.
+    lines: Arc<Mutex<Vec<String>>>,
 }
 
 /// The system under test of one history.
@@ -383,6 +386,23 @@ impl World {
         self.restore_rabbit();
     }
 
+    /// The processes' last warnings and errors, each named, for the report of a failure.
+    pub fn warnings(&self) -> Vec<String> {
+        let named = [
+            ("api 0", &self.apis[0]),
+            ("api 1", &self.apis[1]),
+            ("worker", &self.worker),
+        ];
+        named
+            .into_iter()
+            .flat_map(|(name, proc)| {
+                proc.warnings(12)
+                    .into_iter()
+                    .map(move |line| format!("{name}: {line}"))
+            })
+            .collect()
+    }
+
     /// Every fault healed, the processes killed (the history's check is done), the
     /// environment cleaned up.
     pub fn stop(mut self) {
@@ -422,11 +442,28 @@ fn start(
     command
         .args(["serve", "--roles", roles])
         .envs(vars.iter().cloned());
-    let (child, server, _lines, _reader) = serve(&mut command);
+    let (child, server, lines, _reader) = serve(&mut command);
     Proc {
         roles,
         child,
         server,
+        lines,
+    }
+}
+
+impl Proc {
+    /// Its last warnings and errors, at most `n`.
+    fn warnings(&self, n: usize) -> Vec<String> {
+        let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+        let mut said: Vec<String> = lines
+            .iter()
+            .rev()
+            .filter(|line| line.contains("\"level\":\"WARN") || line.contains("\"level\":\"ERROR"))
+            .take(n)
+            .cloned()
+            .collect();
+        said.reverse();
+        said
     }
 }
 
