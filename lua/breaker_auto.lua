@@ -1,13 +1,14 @@
--- breaker_auto.lua: move an automatic breaker from one state to the next, atomically.
+-- breaker_auto.lua: move one instance's automatic breaker from one state to the next,
+-- atomically.
 --
--- KEYS[1] breakers   HASH  scope -> setting JSON
--- ARGV[1] scope field (`global`)
+-- KEYS[1] automatic breakers   HASH  `instance:ID` -> setting JSON
+-- ARGV[1] the instance's field (`instance:ID`)
 -- ARGV[2] the state the caller saw: `closed`, `open` or `half_open`
 -- ARGV[3] the new setting JSON, or '' to close (remove the entry)
 --
--- Changes nothing, and returns 0, when the breaker was set by hand (an operator's level is
--- never overridden) or is no longer in the state the caller saw (another instance moved
--- it first). Returns 1 when it changed.
+-- Changes nothing, and returns 0, when the breaker is no longer in the state the caller saw
+-- (an operator closed it, with the global breaker, since the caller looked) or its entry is
+-- not an automatic one. Returns 1 when it changed.
 
 local current = redis.call('HGET', KEYS[1], ARGV[1])
 local state = 'closed'

@@ -281,7 +281,7 @@ async fn obey_stored_levels(breakers: &Breakers, redis: &RedisConns, keys: &Keys
 }
 
 /// The `api` role's upkeep: the catalogue and shops kept fresh, breaker changes followed
-/// (and the automatic breaker, when on), the rate limits' housekeeping.
+/// (and this instance's automatic breaker, when on), the rate limits' housekeeping.
 fn spawn_api_upkeep(
     state: &AppState,
     deps: &Deps,
@@ -306,6 +306,7 @@ fn spawn_api_upkeep(
         let signals = state.signals.clone();
         background.spawn(breaker::auto::control(
             signals,
+            state.breakers.clone(),
             deps.clone(),
             workers.clone(),
         ));

@@ -140,7 +140,8 @@ pub struct Settings {
     #[arg(long, env = "SECKILL_BREAKER_THROTTLE_RPS", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub breaker_throttle_rps: u32,
 
-    /// Whether the global breaker trips by itself on the signals below.
+    /// Whether this instance's own breaker trips by itself on the signals below (it holds
+    /// back this instance's purchases only).
     #[arg(long, env = "SECKILL_BREAKER_AUTO", default_value_t = true, action = clap::ArgAction::Set)]
     pub breaker_auto: bool,
 

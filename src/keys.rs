@@ -198,9 +198,17 @@ impl Keys {
         format!("{}:shop:v1:{id}:lock", self.namespace)
     }
 
-    /// HASH of the circuit breakers that are not closed: `global` / `item:ID` → setting JSON.
+    /// HASH of the circuit breakers set by hand that are not closed: `global` / `item:ID` →
+    /// setting JSON.
     pub fn breakers(&self) -> String {
         format!("{}:circuit:v1", self.namespace)
+    }
+
+    /// HASH of every instance's automatic breaker that is not closed: `instance:ID` →
+    /// setting JSON. Each instance obeys its own entry only; the others are there for the
+    /// operators (`GET /admin/circuit`).
+    pub fn automatic_breakers(&self) -> String {
+        format!("{}:circuit-auto:v1", self.namespace)
     }
 
     /// Pub/sub channel on which a breaker change is announced to every instance.

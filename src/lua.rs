@@ -219,7 +219,7 @@ pub static CLAIM: LazyLock<Script> =
 pub static UNLOCK: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/unlock.lua")));
 
-/// Moves an automatic breaker between states: see `lua/breaker_auto.lua`.
+/// Moves an instance's automatic breaker between states: see `lua/breaker_auto.lua`.
 pub static BREAKER_AUTO: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/breaker_auto.lua")));
 

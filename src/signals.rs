@@ -3,15 +3,22 @@
 //! publisher, which reports into it, does not name the breaker.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::config::Settings;
 
 /// What purchases and publishes did on this instance, per second, over the window; and
-/// the probes since the breaker went half-open.
+/// the probes since the breaker went half-open. Only what began after the last
+/// [`Signals::reset`] counts.
 pub struct Signals {
     window: Duration,
     slow: Duration,
+    /// The zero of `since_us`.
+    base: Instant,
+    /// The last reset, in µs from `base`: what began before it was measured in a state
+    /// judged no longer (a purchase cut off from Redis that gave up after the link came
+    /// back, one sent before the breaker moved).
+    since_us: AtomicU64,
     /// A ring of one-second buckets, one per second of the window (plus the current one);
     /// atomics, so the purchase path never waits on a lock to report.
     buckets: Vec<Bucket>,
@@ -42,6 +49,8 @@ impl Signals {
         Self {
             window,
             slow,
+            base: Instant::now(),
+            since_us: AtomicU64::new(0),
             buckets: (0..slots).map(|_| Bucket::default()).collect(),
             probes_good: AtomicU64::new(0),
             probes_bad: AtomicU64::new(0),
@@ -57,6 +66,9 @@ impl Signals {
 
     /// A purchase that reached Redis: how long its Redis step took, and whether it failed.
     pub fn purchase(&self, took: Duration, failed: bool) {
+        if !self.began_since_reset(took) {
+            return;
+        }
         let bad = failed || took > self.slow;
         let bucket = self.bucket();
         bucket.requests.fetch_add(1, Ordering::Relaxed);
@@ -74,12 +86,18 @@ impl Signals {
     /// A batch sent to RabbitMQ on a live connection: how long its confirms took and
     /// whether any was missing. A broker that confirms slowly or not at all is drowning.
     pub fn published(&self, took: Duration, failed: bool) {
-        if failed || took > self.slow {
+        if (failed || took > self.slow) && self.began_since_reset(took) {
             self.bucket()
                 .publish_failures
                 .fetch_add(1, Ordering::Relaxed);
             self.probes_bad.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Whether something that ends now after `took` began after the last reset.
+    fn began_since_reset(&self, took: Duration) -> bool {
+        let began = self.base.elapsed().saturating_sub(took);
+        micros(began) >= self.since_us.load(Ordering::Relaxed)
     }
 
     /// This second's bucket, emptied first if it last held an older second. (Two threads
@@ -122,8 +140,11 @@ impl Signals {
         )
     }
 
-    /// Forgets the window and the probes (on every move of the breaker).
+    /// Forgets the window and the probes, and what is still on its way (on every move of
+    /// the breaker, and when Redis answers again after it could not be reached).
     pub fn reset(&self) {
+        self.since_us
+            .store(micros(self.base.elapsed()), Ordering::Relaxed);
         for bucket in &self.buckets {
             bucket.second.store(0, Ordering::Relaxed);
         }
@@ -132,6 +153,39 @@ impl Signals {
     }
 }
 
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 fn now_s() -> u64 {
     u64::try_from(crate::clock::now_ms().div_euclid(1000)).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_began_before_a_reset_is_not_judged() {
+        let signals = Signals::new(Duration::from_secs(10), Duration::from_millis(100));
+        signals.purchase(Duration::ZERO, true);
+        assert_eq!(signals.totals().requests, 1);
+        signals.reset();
+        // Sent before the reset (a purchase that gave up after its link came back).
+        signals.purchase(Duration::from_secs(1), true);
+        signals.published(Duration::from_secs(1), true);
+        assert_eq!(signals.totals(), Totals::default());
+        assert_eq!(signals.probes(), (0, 0));
+        signals.purchase(Duration::ZERO, true);
+        signals.published(Duration::ZERO, true);
+        assert_eq!(
+            signals.totals(),
+            Totals {
+                requests: 1,
+                bad: 1,
+                publish_failures: 1
+            }
+        );
+        assert_eq!(signals.probes(), (0, 2));
+    }
 }

@@ -487,7 +487,7 @@ fn describe() {
     );
     describe_gauge!(
         "seckill_breaker_level",
-        "Circuit breaker level (0 closed … 3 stop), per scope"
+        "Circuit breaker level (0 closed … 3 stop), per scope (`instance`: this instance's automatic breaker)"
     );
     describe_counter!(
         "seckill_orders_cancelled_total",

@@ -1,6 +1,7 @@
 //! `GET /admin/circuit`, `POST /admin/circuit/open?item=ID&level=N`,
-//! `POST /admin/circuit/close?item=ID` (no `item`: the global breaker). Optional `by` and
-//! `reason` parameters go into the audit log.
+//! `POST /admin/circuit/close?item=ID` (no `item`: the global breaker, which also closes
+//! every instance's automatic one). Optional `by` and `reason` parameters go into the audit
+//! log.
 
 use axum::extract::State;
 use axum::response::Response;
@@ -49,22 +50,28 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(close))
 }
 
-/// The breakers: the global one, and every item's that is not closed.
+/// The breakers: the global one, every item's that is not closed, and every instance's
+/// automatic breaker that is not closed.
 #[derive(ToSchema)]
 #[allow(dead_code)] // a schema only: `list` builds it from the stored settings
 struct Breakers {
     global: BreakerState,
     items: Vec<BreakerState>,
+    /// Tripped by what one instance measured: they hold back that instance's purchases
+    /// only.
+    instances: Vec<BreakerState>,
 }
 
 /// One breaker: its level, and who or what set it (absent for one never set).
 #[derive(ToSchema)]
 #[allow(dead_code)] // a schema only, as above
 struct BreakerState {
-    /// `global`, or `item:{id}`.
+    /// `global`, `item:{id}` or `instance:{id}`.
     scope: String,
     /// An item breaker's item.
     item_id: Option<ItemId>,
+    /// An instance's automatic breaker: the instance (as its log names it).
+    instance: Option<String>,
     level: Level,
     source: Option<Source>,
     /// An automatic breaker: open or half-open.
@@ -89,7 +96,8 @@ struct Changed {
     audited: bool,
 }
 
-/// `GET /admin/circuit`: the global breaker, and every item breaker that is not closed.
+/// `GET /admin/circuit`: the global breaker, and every item breaker and instance's automatic
+/// breaker that is not closed.
 #[utoipa::path(
     get,
     path = "/admin/circuit",
@@ -102,14 +110,17 @@ struct Changed {
 async fn list(_: Admin, State(state): State<AppState>) -> Result<Response, ApiError> {
     let Deps { redis, keys, .. } = &state.deps;
     let settings = store::load_all(redis, keys).await?;
+    let automatic = store::load_automatic(redis, keys).await?;
     let describe = |scope: Scope, setting: Option<&Setting>| {
         let mut entry = match setting {
             Some(s) => serde_json::to_value(s).unwrap_or(Value::Null),
             None => json!({ "level": Level::Closed }),
         };
         entry["scope"] = json!(scope.field());
-        if let Some(item) = scope.item() {
-            entry["item_id"] = json!(item);
+        match scope {
+            Scope::Item(item) => entry["item_id"] = json!(item),
+            Scope::Instance(id) => entry["instance"] = json!(id.to_string()),
+            Scope::Global => {}
         }
         entry
     };
@@ -120,7 +131,16 @@ async fn list(_: Admin, State(state): State<AppState>) -> Result<Response, ApiEr
         .collect();
     items.sort_by_key(|(id, _)| *id);
     let items: Vec<Value> = items.into_iter().map(|(_, v)| v).collect();
-    Ok(ok("ok", json!({ "global": global, "items": items })))
+    let mut instances: Vec<(String, Value)> = automatic
+        .iter()
+        .map(|(scope, s)| (scope.field(), describe(*scope, Some(s))))
+        .collect();
+    instances.sort_by(|(a, _), (b, _)| a.cmp(b));
+    let instances: Vec<Value> = instances.into_iter().map(|(_, v)| v).collect();
+    Ok(ok(
+        "ok",
+        json!({ "global": global, "items": items, "instances": instances }),
+    ))
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
@@ -158,7 +178,7 @@ pub struct CloseQuery {
     path = "/admin/circuit/open",
     tag = "circuit",
     operation_id = "open_breaker",
-    summary = "Open a breaker (persisted; every instance obeys within a second)",
+    summary = "Open a breaker (persisted; every instance obeys within a second; the global one replaces every automatic one)",
     security(("admin" = [])),
     params(OpenQuery),
     responses(
@@ -188,7 +208,7 @@ async fn open(
     path = "/admin/circuit/close",
     tag = "circuit",
     operation_id = "close_breaker",
-    summary = "Close a breaker",
+    summary = "Close a breaker (the global one also closes every automatic one)",
     security(("admin" = [])),
     params(CloseQuery),
     responses(

@@ -1,15 +1,20 @@
-//! The global breaker's automatic side: signals measured on this instance over a sliding
-//! window, and a controller that trips the breaker when they go bad and recovers it through
-//! a half-open probe.
+//! Each instance's own breaker: signals measured on this instance over a sliding window,
+//! and a controller that trips the breaker when they go bad and recovers it through a
+//! half-open probe. It holds back this instance's purchases only: another instance whose
+//! link to Redis is fine goes on selling (a Redis slow for everyone trips every instance's).
 //!
 //! closed ──(slow or failed purchases ≥ the trip ratio, or failed or slow publishes ≥
 //! their limit)──▶
 //! open (level 2) ──(after the cool-down)──▶ half-open (level 1: throttled probes) ──(enough
 //! good probes)──▶ closed; a bad probe re-opens it and doubles the cool-down (up to a
 //! minute), so it never flaps. Each move is one compare-and-set in Redis
-//! (`lua/breaker_auto.lua`): a level set by hand is never touched, and two instances never
-//! make the same move twice.
+//! (`lua/breaker_auto.lua`), so that operators see every instance's breaker (`GET
+//! /admin/circuit`) and can close them all (with the global one); a move waits until Redis
+//! takes it. Judged only on what was measured while this instance could reach Redis: a
+//! link that was down says nothing about Redis, and its purchases already answered `503
+//! unavailable`. While the global breaker is set by hand, the automatic one stands aside.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -19,11 +24,15 @@ use crate::deps::Deps;
 use crate::signals::{Signals, Totals};
 
 use super::store::{self, AutoState, Setting, Source};
-use super::{Level, Scope};
+use super::{Breakers, Level, Scope};
 
 /// How often the controller looks at the signals.
 const TICK: Duration = Duration::from_millis(250);
 const MAX_COOL_DOWN: Duration = Duration::from_secs(60);
+
+/// The `scope` label of this instance's automatic breaker in `seckill_breaker_level` (the
+/// scraped `instance` says which one: an id would make a series per start).
+const GAUGE_SCOPE: &str = "instance";
 
 /// When the signals trip a closed breaker: the reason, or `None`.
 pub fn trip_reason(totals: Totals, settings: &Settings) -> Option<String> {
@@ -43,70 +52,151 @@ pub fn trip_reason(totals: Totals, settings: &Settings) -> Option<String> {
     })
 }
 
-/// Drives the global breaker from this instance's signals until shutdown.
-pub async fn control(signals: std::sync::Arc<Signals>, deps: Deps, shutdown: CancellationToken) {
-    let Deps {
-        settings,
-        redis,
-        db,
-        keys,
-        ..
-    } = deps;
-    let me = format!("instance {}", ulid::Ulid::new());
-    let base = Duration::from_secs(settings.breaker_open_s);
+/// Drives this instance's automatic breaker from its own signals until shutdown.
+pub async fn control(
+    signals: Arc<Signals>,
+    breakers: Breakers,
+    deps: Deps,
+    shutdown: CancellationToken,
+) {
+    let own = breakers.own_scope();
+    let controller = Controller {
+        me: format!("instance {}", breakers.instance()),
+        own,
+        signals,
+        breakers,
+        deps,
+    };
+    tracing::info!(scope = own.field(), "automatic breaker of this instance");
+    let base = Duration::from_secs(controller.deps.settings.breaker_open_s);
     let mut seen = AutoState::Closed;
+    // Whether the last look at Redis got an answer.
+    let mut reached = true;
     loop {
         tokio::select! {
-            () = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => break,
             () = tokio::time::sleep(TICK) => {}
         }
-        let Ok(all) = store::load_all(&redis, &keys).await else {
+        let Ok((global, current)) =
+            store::look(&controller.deps.redis, &controller.deps.keys, own).await
+        else {
+            reached = false;
             continue;
         };
-        let current = all.get(&Scope::Global);
-        if current.is_some_and(|s| s.source == Source::Manual) {
+        controller.obey(current.as_ref());
+        if global.is_some() {
+            // Set by hand: the operator's level holds, and what is measured under it
+            // trips nothing later.
+            if current.is_some() {
+                let why = "the global breaker is set by hand";
+                controller
+                    .moved(current.as_ref(), None, why.to_owned())
+                    .await;
+            }
+            seen = AutoState::Closed;
+            reached = true;
+            controller.signals.reset();
             continue;
         }
-        // Whoever moved it, this instance judges the new state on what happens from now.
-        if state_of(current) != seen {
-            seen = state_of(current);
-            signals.reset();
+        // Closed by an operator meanwhile, it is judged on what happens from now; and what
+        // was measured while Redis could not be reached is not judged at all (it says the
+        // link was down, not that Redis is drowning).
+        if state_of(current.as_ref()) != seen || !reached {
+            seen = state_of(current.as_ref());
+            reached = true;
+            controller.signals.reset();
+            continue;
         }
-        let Some(Move { from, to, reason }) = next_move(current, &signals, &settings, base) else {
+        let Some(Move { to, reason }) = next_move(
+            current.as_ref(),
+            &controller.signals,
+            &controller.deps.settings,
+            base,
+        ) else {
             continue;
         };
-        let setting = to.map(|to| Setting {
+        let to = to.map(|to| Setting {
             level: to.level,
             source: Source::Auto,
             state: Some(to.state),
             cool_down_s: Some(to.cool_down.as_secs()),
-            by: me.clone(),
+            by: controller.me.clone(),
             reason: reason.clone(),
             at: crate::clock::now(),
         });
-        match store::move_auto(&redis, &keys, Scope::Global, from, setting.as_ref()).await {
-            Ok(true) => {
-                signals.reset();
-                seen = setting
-                    .as_ref()
-                    .and_then(|s| s.state)
-                    .unwrap_or(AutoState::Closed);
-                let (old, new) = (
-                    current.map_or(Level::Closed, |s| s.level),
-                    setting.as_ref().map_or(Level::Closed, |s| s.level),
-                );
-                tracing::warn!(
-                    from = from.as_str(),
-                    level = new as u8,
-                    reason,
-                    "circuit breaker moved by itself"
-                );
-                let _ =
-                    store::audit(&db, Scope::Global, old, new, Source::Auto, &me, &reason).await;
-            }
-            Ok(false) => {}
-            Err(e) => tracing::debug!(error = %e, "cannot move the breaker now"),
+        if let Some(now) = controller.moved(current.as_ref(), to, reason).await {
+            seen = now;
         }
+    }
+    // Stopping: its breaker goes with it (a stopped instance holds nothing back).
+    let (_, current) = store::look(&controller.deps.redis, &controller.deps.keys, own)
+        .await
+        .unwrap_or_default();
+    if current.is_some() {
+        let why = "the instance stopped";
+        controller
+            .moved(current.as_ref(), None, why.to_owned())
+            .await;
+    }
+}
+
+/// One instance's automatic breaker, as its controller moves it.
+struct Controller {
+    own: Scope,
+    /// Who moves it, for the audit log: `instance ID`.
+    me: String,
+    signals: Arc<Signals>,
+    breakers: Breakers,
+    deps: Deps,
+}
+
+impl Controller {
+    /// Holds this instance's purchases back as its entry says (an operator may have cleared
+    /// it), and shows it.
+    fn obey(&self, current: Option<&Setting>) {
+        let level = current.map_or(Level::Closed, |s| s.level);
+        self.breakers.set_own(level);
+        self.deps
+            .meters
+            .breaker_level(GAUGE_SCOPE.to_owned(), level as u8);
+    }
+
+    /// Moves the breaker from `current` to `to` (`None`: closed), obeys and audits it;
+    /// returns its new state, or `None` when it did not move (an operator closed it
+    /// meanwhile, or Redis did not answer).
+    async fn moved(
+        &self,
+        current: Option<&Setting>,
+        to: Option<Setting>,
+        reason: String,
+    ) -> Option<AutoState> {
+        let Deps {
+            redis, keys, db, ..
+        } = &self.deps;
+        let from = state_of(current);
+        match store::move_auto(redis, keys, self.own, from, to.as_ref()).await {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot move the breaker now");
+                return None;
+            }
+        }
+        self.signals.reset();
+        self.obey(to.as_ref());
+        let (old, new) = (
+            current.map_or(Level::Closed, |s| s.level),
+            to.as_ref().map_or(Level::Closed, |s| s.level),
+        );
+        tracing::warn!(
+            scope = self.own.field(),
+            from = from.as_str(),
+            level = new as u8,
+            reason,
+            "circuit breaker moved by itself"
+        );
+        let _ = store::audit(db, self.own, old, new, Source::Auto, &self.me, &reason).await;
+        Some(to.and_then(|s| s.state).unwrap_or(AutoState::Closed))
     }
 }
 
@@ -116,8 +206,6 @@ fn state_of(current: Option<&Setting>) -> AutoState {
 
 /// A move of the automatic breaker.
 struct Move {
-    /// The state it is in now.
-    from: AutoState,
     /// Where it goes; `None`: closed.
     to: Option<Target>,
     reason: String,
@@ -182,7 +270,7 @@ fn next_move(
             }
         }
     };
-    Some(Move { from, to, reason })
+    Some(Move { to, reason })
 }
 
 #[cfg(test)]
@@ -215,7 +303,7 @@ mod tests {
             }
         );
         assert!(trip_reason(signals.totals(), &s).is_some());
-        signals.reset();
+        let signals = Signals::new(Duration::from_secs(10), Duration::from_millis(100));
         signals.published(Duration::from_millis(5), false);
         for _ in 0..3 {
             signals.published(Duration::from_millis(5), true);

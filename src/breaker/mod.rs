@@ -3,11 +3,13 @@
 //! scope and instance; the rest `503 circuit_open`), 2 degrade (no purchases; reads, pay
 //! and cancel still served), 3 stop (no purchases and no pay or cancel either).
 //!
-//! Levels live in Redis ([`store`]), so a restart keeps them and every instance sees a
-//! change within a second; the request path reads them from memory ([`Breakers`]). An
-//! operator sets them by hand ([`admin`]); the global one also trips by itself from
-//! measured signals and recovers through a half-open probe ([`auto`]). A hand-set level is
-//! never overridden by the automatic one.
+//! Levels set by hand ([`admin`]) live in Redis ([`store`]), so a restart keeps them and
+//! every instance sees a change within a second; the request path reads them from memory
+//! ([`Breakers`]). Besides them each instance has a breaker of its own that trips by itself
+//! from what that instance measured and recovers through a half-open probe ([`auto`]): it
+//! holds back that instance's purchases only, so one instance's trouble with a dependency
+//! never stops the sale on the others (a Redis slow for everyone trips every instance's).
+//! A hand-set global level is never overridden by the automatic ones.
 
 pub mod admin;
 pub mod auto;
@@ -22,6 +24,7 @@ use std::time::Duration;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use serde::{Deserialize, Serialize};
+use ulid::Ulid;
 
 use crate::domain::ItemId;
 
@@ -73,14 +76,17 @@ impl utoipa::ToSchema for Level {}
 pub enum Scope {
     Global,
     Item(ItemId),
+    /// One instance's automatic breaker: that instance's purchases.
+    Instance(Ulid),
 }
 
 impl Scope {
-    /// The field of the breakers hash in Redis, and the audit log's `scope`.
+    /// The field of its hash in Redis, and the audit log's `scope`.
     pub fn field(self) -> String {
         match self {
             Scope::Global => "global".to_owned(),
             Scope::Item(id) => format!("item:{id}"),
+            Scope::Instance(id) => format!("instance:{id}"),
         }
     }
 
@@ -88,14 +94,17 @@ impl Scope {
         if field == "global" {
             return Some(Scope::Global);
         }
+        if let Some(id) = field.strip_prefix("instance:") {
+            return Ulid::from_string(id).ok().map(Scope::Instance);
+        }
         let id = field.strip_prefix("item:")?.parse().ok()?;
         ItemId::new(id).map(Scope::Item)
     }
 
     pub fn item(self) -> Option<ItemId> {
         match self {
-            Scope::Global => None,
             Scope::Item(id) => Some(id),
+            Scope::Global | Scope::Instance(_) => None,
         }
     }
 }
@@ -117,14 +126,18 @@ pub struct Open {
     pub retry_after: Duration,
 }
 
-/// Every instance's view of the breaker levels, refreshed from Redis in the background.
+/// This instance's view of the breaker levels: those set by hand, refreshed from Redis in
+/// the background, and its own automatic one.
 #[derive(Clone)]
 pub struct Breakers {
     inner: Arc<Inner>,
 }
 
 struct Inner {
+    /// This instance, as its automatic breaker's scope names it.
+    me: Ulid,
     global: AtomicU8,
+    own: AtomicU8,
     items: RwLock<HashMap<ItemId, Level>>,
     throttle: DefaultKeyedRateLimiter<Scope>,
     clock: DefaultClock,
@@ -136,7 +149,9 @@ impl Breakers {
         let rate = NonZeroU32::new(throttle_rps.max(1)).unwrap_or(NonZeroU32::MIN);
         Self {
             inner: Arc::new(Inner {
+                me: Ulid::new(),
                 global: AtomicU8::new(0),
+                own: AtomicU8::new(0),
                 items: RwLock::new(HashMap::new()),
                 throttle: RateLimiter::keyed(Quota::per_second(rate)),
                 clock: DefaultClock::default(),
@@ -144,11 +159,25 @@ impl Breakers {
         }
     }
 
+    /// This instance, as its automatic breaker, its log and the audit log name it.
+    pub fn instance(&self) -> Ulid {
+        self.inner.me
+    }
+
+    /// The scope of this instance's automatic breaker.
+    pub fn own_scope(&self) -> Scope {
+        Scope::Instance(self.inner.me)
+    }
+
     pub fn level(&self, scope: Scope) -> Level {
+        let of = |level: &AtomicU8| {
+            Level::try_from(level.load(Ordering::Relaxed)).unwrap_or(Level::Closed)
+        };
         match scope {
-            Scope::Global => {
-                Level::try_from(self.inner.global.load(Ordering::Relaxed)).unwrap_or(Level::Closed)
-            }
+            Scope::Global => of(&self.inner.global),
+            Scope::Instance(id) if id == self.inner.me => of(&self.inner.own),
+            // Another instance's automatic breaker holds back that instance only.
+            Scope::Instance(_) => Level::Closed,
             Scope::Item(id) => {
                 let items = self.inner.items.read().unwrap_or_else(|e| e.into_inner());
                 items.get(&id).copied().unwrap_or(Level::Closed)
@@ -156,7 +185,12 @@ impl Breakers {
         }
     }
 
-    /// Replaces the whole view (after reading Redis).
+    /// Sets this instance's automatic breaker (as its controller found or moved it).
+    pub fn set_own(&self, level: Level) {
+        self.inner.own.store(level as u8, Ordering::Relaxed);
+    }
+
+    /// Replaces the view of the levels set by hand (after reading Redis).
     pub fn set_all(&self, levels: &HashMap<Scope, Level>) {
         let global = levels.get(&Scope::Global).copied().unwrap_or(Level::Closed);
         self.inner.global.store(global as u8, Ordering::Relaxed);
@@ -168,10 +202,11 @@ impl Breakers {
         *self.inner.items.write().unwrap_or_else(|e| e.into_inner()) = items;
     }
 
-    /// Whether the breakers let this through; the global one first, then the item's.
+    /// Whether the breakers let this through; the global one first, then this instance's
+    /// own, then the item's.
     pub fn admit(&self, item: ItemId, action: Action) -> Result<(), Open> {
-        // The common case, no breaker anywhere, costs one atomic load and one map read.
-        for scope in [Scope::Global, Scope::Item(item)] {
+        // The common case, no breaker anywhere, costs two atomic loads and one map read.
+        for scope in [Scope::Global, self.own_scope(), Scope::Item(item)] {
             let level = self.level(scope);
             let refused = match (level, action) {
                 (Level::Closed, _) => None,
@@ -211,11 +246,32 @@ mod tests {
 
     #[test]
     fn scopes_round_trip_through_their_field() {
-        for scope in [Scope::Global, Scope::Item(item())] {
+        for scope in [
+            Scope::Global,
+            Scope::Item(item()),
+            Scope::Instance(Ulid::new()),
+        ] {
             assert_eq!(Scope::parse(&scope.field()), Some(scope));
         }
         assert_eq!(Scope::parse("item:0"), None);
         assert_eq!(Scope::parse("items"), None);
+        assert_eq!(Scope::parse("instance:somewhere"), None);
+    }
+
+    #[test]
+    fn an_automatic_breaker_holds_back_its_own_instance_only() {
+        let (here, there) = (Breakers::new(2), Breakers::new(2));
+        here.set_own(Level::Degrade);
+        let refused = here.admit(item(), Action::Purchase).unwrap_err();
+        assert_eq!(
+            (refused.level, refused.scope),
+            (2, here.own_scope().field())
+        );
+        assert!(here.admit(item(), Action::OrderChange).is_ok());
+        assert!(there.admit(item(), Action::Purchase).is_ok());
+        assert_eq!(there.level(here.own_scope()), Level::Closed);
+        here.set_own(Level::Closed);
+        assert!(here.admit(item(), Action::Purchase).is_ok());
     }
 
     #[test]

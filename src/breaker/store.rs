@@ -1,5 +1,6 @@
-//! Breaker levels in Redis (the truth every instance follows), their announcement, the
-//! background refresh of each instance's view, and the audit log in MySQL.
+//! Breaker levels in Redis: those set by hand (the truth every instance follows), their
+//! announcement and the background refresh of each instance's view; every instance's
+//! automatic breaker (each obeys its own); and the audit log in MySQL.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -73,24 +74,53 @@ pub struct Setting {
     pub at: DateTime<Utc>,
 }
 
-/// Every breaker that is not closed. An entry that cannot be read is reported and treated
-/// as absent (closed), never as a reason to refuse every purchase.
+/// Every breaker every instance obeys that is not closed (those set by hand). An entry that
+/// cannot be read is reported and treated as absent (closed), never as a reason to refuse
+/// every purchase.
 pub async fn load_all(
     redis: &RedisConns,
     keys: &Keys,
 ) -> Result<HashMap<Scope, Setting>, RedisError> {
+    load_hash(redis, &keys.breakers()).await
+}
+
+/// Every instance's automatic breaker that is not closed.
+pub async fn load_automatic(
+    redis: &RedisConns,
+    keys: &Keys,
+) -> Result<HashMap<Scope, Setting>, RedisError> {
+    load_hash(redis, &keys.automatic_breakers()).await
+}
+
+async fn load_hash(redis: &RedisConns, key: &str) -> Result<HashMap<Scope, Setting>, RedisError> {
     let mut conn = redis.bulk().await?;
-    let raw: HashMap<String, String> = redis_timed(conn.hgetall(keys.breakers())).await?;
+    let raw: HashMap<String, String> = redis_timed(conn.hgetall(key)).await?;
     Ok(raw
         .into_iter()
         .filter_map(|(field, json)| {
             let parsed = Scope::parse(&field).zip(serde_json::from_str(&json).ok());
             if parsed.is_none() {
-                tracing::error!(field, json, "unreadable breaker entry; ignored");
+                tracing::error!(key, field, json, "unreadable breaker entry; ignored");
             }
             parsed
         })
         .collect())
+}
+
+/// What an automatic breaker's controller looks at: the global breaker (set by hand, when
+/// set) and its own entry.
+pub async fn look(
+    redis: &RedisConns,
+    keys: &Keys,
+    own: Scope,
+) -> Result<(Option<Setting>, Option<Setting>), RedisError> {
+    let mut conn = redis.bulk().await?;
+    let global: Option<String> =
+        redis_timed(conn.hget(keys.breakers(), Scope::Global.field())).await?;
+    let mine: Option<String> =
+        redis_timed(conn.hget(keys.automatic_breakers(), own.field())).await?;
+    let read = |json: Option<String>| json.and_then(|json| serde_json::from_str(&json).ok());
+    Ok((read(global), read(mine)))
 }
 
 /// The levels of these settings.
@@ -130,6 +160,10 @@ impl ByHand<'_> {
         .await?;
         let settings = load_all(&self.deps.redis, &self.deps.keys).await?;
         self.breakers.set_all(&levels(&settings));
+        if scope == Scope::Global {
+            // Its automatic breaker was cleared with the others (its controller sees it).
+            self.breakers.set_own(Level::Closed);
+        }
         tracing::warn!(
             scope = scope.field(),
             previous = previous as u8,
@@ -143,7 +177,9 @@ impl ByHand<'_> {
 }
 
 /// Sets (or, with [`Level::Closed`], clears) a breaker by hand, announces it, and keeps it
-/// in the audit log. Returns the level it had.
+/// in the audit log. Returns the level it had. The global breaker set by hand, either way,
+/// also closes every instance's automatic breaker (each row in the audit log): the
+/// operator's level is the one that holds, as when the automatic trips were global.
 pub async fn set_manual(
     redis: &RedisConns,
     db: &Db,
@@ -175,14 +211,44 @@ pub async fn set_manual(
             .map_err(|e| RedisError::Unexpected(format!("breaker setting: {e}")))?;
         redis_timed(conn.hset::<_, _, _, ()>(keys.breakers(), &field, json)).await?;
     }
+    let cleared = match scope {
+        Scope::Global => clear_automatic(redis, keys).await?,
+        Scope::Item(_) | Scope::Instance(_) => HashMap::new(),
+    };
     announce(&mut conn, keys).await;
-    let audited = audit(db, scope, old, level, Source::Manual, by, reason).await;
+    let mut audited = audit(db, scope, old, level, Source::Manual, by, reason).await;
+    for (instance, setting) in cleared {
+        let written = audit(
+            db,
+            instance,
+            setting.level,
+            Level::Closed,
+            Source::Manual,
+            by,
+            reason,
+        );
+        audited = audited.and(written.await);
+    }
     Ok((old, audited))
 }
 
-/// Moves the automatic breaker of `scope` from the state `from` to `to` (`None`: closed),
-/// unless an operator holds it or another instance moved it first. Returns whether it
-/// moved.
+/// Closes every instance's automatic breaker; returns those it closed.
+async fn clear_automatic(
+    redis: &RedisConns,
+    keys: &Keys,
+) -> Result<HashMap<Scope, Setting>, RedisError> {
+    let open = load_automatic(redis, keys).await?;
+    if !open.is_empty() {
+        let fields: Vec<String> = open.keys().map(|scope| scope.field()).collect();
+        let mut conn = redis.bulk().await?;
+        redis_timed(conn.hdel::<_, _, ()>(keys.automatic_breakers(), fields)).await?;
+    }
+    Ok(open)
+}
+
+/// Moves this instance's automatic breaker (`scope`) from the state `from` to `to`
+/// (`None`: closed), unless an operator closed it meanwhile. Returns whether it moved.
+/// Nothing is announced: no other instance obeys it.
 pub async fn move_auto(
     redis: &RedisConns,
     keys: &Keys,
@@ -198,16 +264,13 @@ pub async fn move_auto(
     let mut conn = redis.bulk().await?;
     let moved: i64 = redis_timed(
         BREAKER_AUTO
-            .key(keys.breakers())
+            .key(keys.automatic_breakers())
             .arg(scope.field())
             .arg(from.as_str())
             .arg(json)
             .invoke_async(&mut conn),
     )
     .await?;
-    if moved == 1 {
-        announce(&mut conn, keys).await;
-    }
     Ok(moved == 1)
 }
 

@@ -315,7 +315,8 @@ pub struct Refusal<'a> {
     /// `circuit_open`: the breaker's level (1 throttle, 2 degrade, 3 stop).
     #[serde(skip_serializing_if = "Option::is_none")]
     level: Option<u8>,
-    /// `circuit_open`: `global`, or `item:{id}`.
+    /// `circuit_open`: `global`, `item:{id}`, or `instance:{id}` (the answering instance's
+    /// automatic breaker: another instance may sell).
     #[serde(skip_serializing_if = "Option::is_none")]
     scope: Option<&'a str>,
 }

@@ -3,23 +3,20 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
 use futures::StreamExt;
 use serde_json::Value;
 
 use seckill::Role;
 use seckill::config::Secret;
 
+use crate::history::{Press, press};
 use crate::support::*;
 
 async fn circuit(env: &TestEnv, server: &TestServer, action: &str, query: &str) -> (u16, Value) {
     env.admin_post(server, &format!("/admin/circuit/{action}?{query}"))
         .await
-}
-
-async fn global_breaker(env: &TestEnv, server: &TestServer) -> Value {
-    let (status, json) = env.admin_get(server, "/admin/circuit").await;
-    assert_eq!(status, 200, "{json}");
-    json["global"].clone()
 }
 
 /// `(old_level, new_level, source)` of the audit log, oldest first.
@@ -235,13 +232,74 @@ fn redis_addr() -> SocketAddr {
         .unwrap()
 }
 
+/// Buyers pressing item 1 at `server`, `at_once` at a time, each press a new user from
+/// `users`, `pause` between one's answer and their next press, until `stop` (or, for each,
+/// until sold out): every answer (`202 queued`, `503 circuit_open`, …), with when it came.
+async fn buyers_until(
+    env: &TestEnv,
+    server: &TestServer,
+    users: &AtomicU64,
+    at_once: usize,
+    pause: Duration,
+    stop: &AtomicBool,
+) -> Vec<(Instant, String, Press)> {
+    let http = &reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let one = async || {
+        let mut heard = Vec::new();
+        while !stop.load(Ordering::SeqCst) {
+            let user = users.fetch_add(1, Ordering::SeqCst);
+            let (label, answer) = press(env, http, 1, user, server.addr).await;
+            let sold_out = label == "410 sold_out";
+            heard.push((Instant::now(), label, answer));
+            if sold_out {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+        }
+        heard
+    };
+    futures::future::join_all((0..at_once).map(|_| one()))
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The order numbers of the `202`s among `heard`.
+fn wins(heard: &[(Instant, String, Press)]) -> Vec<String> {
+    heard
+        .iter()
+        .filter_map(|(_, _, answer)| match answer {
+            Press::Won(sn) => Some(sn.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// When `at` came, against `healed`, for a message.
+fn since_heal(at: Instant, healed: Instant) -> String {
+    match at.checked_duration_since(healed) {
+        Some(after) => format!("{after:?} after the heal"),
+        None => format!("{:?} before the heal", healed - at),
+    }
+}
+
+/// Instance A's Redis turns slow (a delay-line proxy in front of it), B's does not: A's own
+/// automatic breaker trips (its refusals name it, `GET /admin/circuit` on B lists it with who
+/// and why), B's buyers hear only `202` throughout; an operator's close undoes the trip;
+/// once Redis is fast again A's breaker closes through half-open; and while the global
+/// breaker is held by hand, A's automatic one never moves.
 #[tokio::test]
-async fn the_global_breaker_trips_on_a_slow_redis_and_closes_through_half_open() {
+async fn an_instance_trips_its_own_breaker_on_a_slow_redis_and_closes_it_through_half_open() {
     let env = &TestEnv::new("autotrip").await;
     let proxy = TcpProxy::start(redis_addr()).await;
     let redis = format!("redis://{}", proxy.addr);
-    let server = env
-        .server_with(ALL_ROLES, |s| {
+    let server_b = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    let server_a = env
+        .server_with(&[Role::Api], |s| {
             s.redis_url = Secret::new(redis);
             s.breaker_slow_ms = 100;
             s.breaker_min_requests = 5;
@@ -252,78 +310,286 @@ async fn the_global_breaker_trips_on_a_slow_redis_and_closes_through_half_open()
             s.rate_per_user = 0;
         })
         .await;
-    env.item(1, 100_000).on_sale(&server).await;
+    let (a, b) = (&server_a, &server_b);
+    env.item(1, 100_000).on_sale(b).await;
+    let stop = AtomicBool::new(false);
+    let b_users = AtomicU64::new(2_000_000);
+    let at_b = buyers_until(env, b, &b_users, 2, Duration::from_millis(50), &stop);
+
     let mut user = 0u64;
     let mut won = Vec::new();
-    // Buys with new users until `done` says so; returns what it saw last.
-    let mut buy_until = async |what: &str, done: &dyn Fn(u16, &Value) -> bool| {
+    let at_a = async {
+        // Buys at A with new users until `done` says so; returns what it saw last.
+        let mut buy_until = async |what: &str, done: &dyn Fn(u16, &Value) -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                user += 1;
+                let (status, json) = env.buy(a, user, 1).await;
+                if status == 202 {
+                    won.push(json["order_sn"].as_str().unwrap().to_owned());
+                }
+                if done(status, &json) {
+                    return json;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "never {what}: last {status} {json}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        let tripped = |status: u16, json: &Value| status == 503 && json["code"] == "circuit_open";
+
+        buy_until("a win", &|status, _| status == 202).await;
+        proxy.set_delay(Duration::from_millis(200));
+        let refused = buy_until("refused by the breaker", &tripped).await;
+        let scope = refused["scope"].as_str().unwrap_or_default().to_owned();
+        assert!(
+            scope.starts_with("instance:") && refused["level"] == 2,
+            "A's own breaker refuses: {refused}"
+        );
+        let (_, listed) = env.admin_get(b, "/admin/circuit").await;
+        assert_eq!(listed["global"]["level"], 0, "{listed}");
+        let own = &listed["instances"][0];
+        assert_eq!(
+            (
+                own["scope"].as_str(),
+                own["source"].as_str(),
+                own["level"].as_u64()
+            ),
+            (Some(scope.as_str()), Some("auto"), Some(2)),
+            "{listed}"
+        );
+        let instance = scope.trim_start_matches("instance:");
+        assert_eq!(own["instance"], instance, "{listed}");
+        assert_eq!(own["by"], format!("instance {instance}"), "{listed}");
+
+        // An operator's close of the global breaker undoes the trip (it comes back only on
+        // what A measures from then on).
+        let (status, json) = circuit(env, b, "close", "by=carol&reason=redis+fine").await;
+        assert_eq!(status, 200, "{json}");
+        buy_until("a sale after the close by hand", &|status, _| status == 202).await;
+        // Still slow: it trips again.
+        buy_until("refused by the breaker again", &tripped).await;
+
+        proxy.set_delay(Duration::ZERO);
+        // Half-open lets probes through; good ones close it.
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            user += 1;
-            let (status, json) = env.buy(&server, user, 1).await;
-            if status == 202 {
-                won.push(json["order_sn"].as_str().unwrap().to_owned());
+            buy_until("a probe", &|_, _| true).await;
+            let (_, listed) = env.admin_get(b, "/admin/circuit").await;
+            if listed["instances"] == serde_json::json!([]) {
+                break;
             }
-            if done(status, &json) {
-                return;
+            assert!(Instant::now() < deadline, "the breaker never closed");
+        }
+        // The audit row follows the move in Redis by a moment.
+        let changes = eventually(Duration::from_secs(3), "the close audited", || async {
+            let changes: Vec<(String, u8, u8, String)> = audit_log(env)
+                .await
+                .into_iter()
+                .map(|(scope, old, new, source, ..)| (scope, old, new, source))
+                .collect();
+            if changes.last().is_some_and(|c| (c.1, c.2) == (1, 0)) {
+                Ok(changes)
+            } else {
+                Err(format!("{changes:?}"))
             }
-            assert!(
-                Instant::now() < deadline,
-                "never {what}: last {status} {json}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    };
-
-    buy_until("a win", &|status, _| status == 202).await;
-    proxy.set_delay(Duration::from_millis(200));
-    buy_until("refused by the breaker", &|status, json| {
-        status == 503 && json["code"] == "circuit_open"
-    })
-    .await;
-    let global = global_breaker(env, &server).await;
-    assert_eq!(
-        (global["source"].as_str(), global["level"].as_u64()),
-        (Some("auto"), Some(2)),
-        "{global}"
-    );
-
-    proxy.set_delay(Duration::ZERO);
-    // Half-open lets probes through; good ones close it.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        buy_until("a probe", &|_, _| true).await;
-        if global_breaker(env, &server).await["level"] == 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the breaker never closed");
-    }
-    // The audit row follows the move in Redis by a moment.
-    let auto = |old, new| (old, new, "auto".to_owned());
-    let changes = eventually(Duration::from_secs(3), "the close audited", || async move {
-        let changes: Vec<(u8, u8, String)> = audit_log(env)
-            .await
-            .into_iter()
-            .map(|(_, old, new, source, ..)| (old, new, source))
-            .collect();
-        if changes.last() == Some(&auto(1, 0)) {
-            Ok(changes)
-        } else {
-            Err(format!("{changes:?}"))
-        }
-    })
-    .await;
-    assert_eq!(changes.first(), Some(&auto(0, 2)), "{changes:?}");
-    assert!(
-        changes.contains(&auto(2, 1)),
-        "through half-open: {changes:?}"
-    );
-    assert_eq!(changes.last(), Some(&auto(1, 0)), "{changes:?}");
-    assert_eq!(env.buy(&server, 1_000_000, 1).await.0, 202);
-
-    env.wait_for_orders(&server, 1, won.len() + 1, Duration::from_secs(20))
+        })
         .await;
-    server.stop().await;
+        let moved = |old, new, source: &str| (scope.clone(), old, new, source.to_owned());
+        assert_eq!(changes[0], moved(0, 2, "auto"), "{changes:?}");
+        // The close by hand: the global breaker's row, then A's (open, or half-open if its
+        // 1 s cool-down ran out first), then A tripping again.
+        let by_hand = changes
+            .iter()
+            .position(|c| c.0 == "global")
+            .expect("the close by hand audited");
+        let undone = &changes[by_hand + 1];
+        assert!(
+            (undone.0.as_str(), undone.2, undone.3.as_str()) == (scope.as_str(), 0, "manual"),
+            "{changes:?}"
+        );
+        assert_eq!(changes[by_hand + 2], moved(0, 2, "auto"), "{changes:?}");
+        assert!(
+            changes[by_hand..].contains(&moved(2, 1, "auto")),
+            "through half-open: {changes:?}"
+        );
+        assert_eq!(changes.last(), Some(&moved(1, 0, "auto")), "{changes:?}");
+        let audited = changes.len();
+        let (status, json) = env.buy(a, 1_000_000, 1).await;
+        assert_eq!(status, 202, "{json}");
+        won.push(json["order_sn"].as_str().unwrap().to_owned());
+
+        // A level held by hand is never overridden: with the global breaker at 1 and Redis
+        // slow again, A's purchases go through the throttle and its own breaker stays out.
+        circuit(env, b, "open", "level=1&by=bob&reason=holding").await;
+        proxy.set_delay(Duration::from_millis(200));
+        let until = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < until {
+            user += 1;
+            let (status, json) = env.buy(a, user, 1).await;
+            match status {
+                202 => won.push(json["order_sn"].as_str().unwrap().to_owned()),
+                503 => assert_eq!(json["scope"], "global", "{json}"),
+                _ => panic!("{status} {json}"),
+            }
+        }
+        let (_, listed) = env.admin_get(b, "/admin/circuit").await;
+        assert_eq!(
+            (
+                listed["global"]["source"].as_str(),
+                listed["global"]["level"].as_u64()
+            ),
+            (Some("manual"), Some(1)),
+            "{listed}"
+        );
+        assert_eq!(listed["instances"], serde_json::json!([]), "{listed}");
+        assert_eq!(
+            audit_log(env).await.len(),
+            audited + 1,
+            "only the hand-set level"
+        );
+        proxy.set_delay(Duration::ZERO);
+        circuit(env, b, "close", "").await;
+        stop.store(true, Ordering::SeqCst);
+    };
+    let (heard_b, ()) = tokio::join!(at_b, at_a);
+    // B's Redis was never slow: nothing A measured held B's buyers back.
+    assert!(heard_b.len() > 20, "{} presses at B", heard_b.len());
+    for (_, label, _) in &heard_b {
+        assert_eq!(label, "202 queued", "a buyer at B");
+    }
+    won.extend(wins(&heard_b));
+
+    env.wait_for_orders(b, 1, won.len(), Duration::from_secs(20))
+        .await;
+    server_a.stop().await;
+    server_b.stop().await;
+}
+
+/// Instance A is cut off from Redis for 2 s while buyers press at A and at B: A's answer
+/// `503 unavailable` meanwhile. Once healed, what A measured while it could not reach Redis
+/// trips no breaker — neither one every instance obeys (B's buyers never hear `503
+/// circuit_open`) nor A's own (A's last `503` within 2 s of the heal) — and both sell every
+/// unit. (The fleet's "API host cut off from Redis", on one machine.)
+#[tokio::test]
+async fn an_instance_cut_off_from_redis_trips_no_breaker_once_healed() {
+    let env = &TestEnv::new("breakercut").await;
+    let proxy = TcpProxy::start(redis_addr()).await;
+    let redis = format!("redis://{}", proxy.addr);
+    let server_b = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    let server_a = env
+        .server_with(&[Role::Api], |s| {
+            s.redis_url = Secret::new(redis);
+            s.rate_per_user = 0;
+        })
+        .await;
+    let (a, b) = (&server_a, &server_b);
+    const UNITS: u32 = 2_000;
+    env.item(1, UNITS).on_sale(b).await;
+    let first = eventually(Duration::from_secs(5), "A selling", || async {
+        match env.buy(a, 1, 1).await {
+            (202, json) => Ok(json["order_sn"].as_str().unwrap().to_owned()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let mut won = vec![first];
+
+    let users = AtomicU64::new(10);
+    let stop = AtomicBool::new(false);
+    let healed = AtomicBool::new(false);
+    let pause = Duration::from_millis(100);
+    // Buyers press at A and B throughout; while A is cut off a crowd piles up there too,
+    // each press waiting out the one-second budget (as at a host whose link is down).
+    let crowd_at_a = async {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        proxy.cut();
+        let crowd = buyers_until(env, a, &users, 32, Duration::ZERO, &healed);
+        let heal = async {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            proxy.restore();
+            healed.store(true, Ordering::SeqCst);
+            Instant::now()
+        };
+        let (crowd, at) = tokio::join!(crowd, heal);
+        // A breaker tripped on what A measured while cut off would hold for its 5 s
+        // cool-down, then go half-open.
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        stop.store(true, Ordering::SeqCst);
+        (crowd, at)
+    };
+    let (mut at_a, at_b, (crowd, healed)) = tokio::join!(
+        buyers_until(env, a, &users, 1, pause, &stop),
+        buyers_until(env, b, &users, 4, pause, &stop),
+        crowd_at_a,
+    );
+    at_a.extend(crowd);
+    let cut_off = at_a
+        .iter()
+        .filter(|(_, label, _)| label == "503 unavailable")
+        .count();
+    assert!(
+        cut_off >= 20,
+        "A's buyers heard {cut_off} × 503 unavailable"
+    );
+    for (at, label, _) in &at_b {
+        assert_eq!(
+            label,
+            "202 queued",
+            "a buyer at B, {}",
+            since_heal(*at, healed)
+        );
+    }
+    for (at, label, _) in &at_a {
+        let late = at.checked_duration_since(healed) > Some(Duration::from_secs(2));
+        assert!(
+            label == "202 queued" || (label == "503 unavailable" && !late),
+            "a buyer at A heard {label} {}",
+            since_heal(*at, healed)
+        );
+    }
+    let log = audit_log(env).await;
+    assert!(log.is_empty(), "no breaker moved: {log:?}");
+    let (_, listed) = env.admin_get(b, "/admin/circuit").await;
+    assert_eq!(
+        (&listed["global"]["level"], &listed["instances"]),
+        (&serde_json::json!(0), &serde_json::json!([])),
+        "{listed}"
+    );
+    // Both sell what is left, every unit.
+    let until_sold_out = AtomicBool::new(false);
+    let (more_a, more_b) = tokio::join!(
+        buyers_until(env, a, &users, 8, Duration::ZERO, &until_sold_out),
+        buyers_until(env, b, &users, 8, Duration::ZERO, &until_sold_out),
+    );
+    for (_, label, _) in more_a.iter().chain(&more_b) {
+        assert!(
+            label == "202 queued" || label == "410 sold_out",
+            "the rest sold: {label}"
+        );
+    }
+    let (after_a, after_b) = (wins(&more_a), wins(&more_b));
+    assert!(
+        !after_a.is_empty() && !after_b.is_empty(),
+        "both sold: A {} B {}",
+        after_a.len(),
+        after_b.len()
+    );
+    for heard in [&at_a, &at_b] {
+        won.extend(wins(heard));
+    }
+    won.extend(after_a);
+    won.extend(after_b);
+    // A purchase cut off after Redis ran it may have won unanswered: MySQL holds a row for
+    // every unit either way.
+    env.wait_for_orders(b, 1, UNITS as usize, Duration::from_secs(30))
+        .await;
+    assert_eq!(env.stats(b, 1).await["remaining"], 0);
+    env.assert_invariants(b, 1, UNITS, &won).await;
+    server_a.stop().await;
+    server_b.stop().await;
 }
 
 #[tokio::test]
