@@ -158,7 +158,8 @@ impl Oracle {
             (429, "rate_limited") => true,
             (403, "ended") => sale.ended || sale.draw || spreading,
             (503, "paused") => self.paused || spreading,
-            (503, "circuit_open") => self.circuit > 0 || spreading,
+            // An instance's automatic breaker may trip on a fault's failures.
+            (503, "circuit_open") => self.circuit > 0 || spreading || trouble,
             (503, "unavailable") | (0, _) => trouble || spreading,
             _ => false,
         };
