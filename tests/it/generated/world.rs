@@ -396,7 +396,7 @@ impl World {
         named
             .into_iter()
             .flat_map(|(name, proc)| {
-                proc.warnings(12)
+                proc.warnings(20)
                     .into_iter()
                     .map(move |line| format!("{name}: {line}"))
             })
@@ -459,6 +459,8 @@ impl Proc {
             .iter()
             .rev()
             .filter(|line| line.contains("\"level\":\"WARN") || line.contains("\"level\":\"ERROR"))
+            // The AMQP client's own complaints about a cut line repeat what the server says.
+            .filter(|line| !line.contains("\"target\":\"lapin"))
             .take(n)
             .cloned()
             .collect();
