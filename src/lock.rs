@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::lua::UNLOCK;
+use crate::lua::{UNLOCK, UNLOCK_CODE};
 use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
 
 /// How often a waiting taker tries again.
@@ -99,8 +99,7 @@ impl RedisLock {
         if locks.is_empty() {
             return Ok(());
         }
-        let mut conn = redis.bulk().await?;
-        redis_timed(UNLOCK.prepare_invoke().load_async(&mut conn)).await?;
+        redis.load_script(UNLOCK_CODE).await?;
         let mut grouped = Grouped::new(redis);
         for lock in &locks {
             grouped

@@ -184,22 +184,22 @@ pub static SWAP: LazyLock<Script> = LazyLock::new(|| {
 });
 
 /// Loads a fresh bucket's units and meta (the bulk warm-up's fast path): see
-/// `lua/load_fresh.lua`.
-pub static LOAD_FRESH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../lua/lib/rules.lua"),
-        include_str!("../lua/load_fresh.lua")
-    ))
-});
+/// `lua/load_fresh.lua`. Run in pipelines of `EVALSHA`, loaded first with
+/// [`RedisConns::load_script`](crate::store::RedisConns::load_script).
+pub static LOAD_FRESH: LazyLock<Script> = LazyLock::new(|| Script::new(LOAD_FRESH_CODE));
+pub const LOAD_FRESH_CODE: &str = concat!(
+    include_str!("../lua/lib/rules.lua"),
+    include_str!("../lua/load_fresh.lua")
+);
 
 /// Writes fields of a bucket's meta and packs what `grab.lua` checks of it: see
-/// `lua/rules_set.lua` (the packing: `lua/lib/rules.lua`).
-pub static RULES_SET: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("../lua/lib/rules.lua"),
-        include_str!("../lua/rules_set.lua")
-    ))
-});
+/// `lua/rules_set.lua` (the packing: `lua/lib/rules.lua`). Run in pipelines too, like
+/// [`LOAD_FRESH`].
+pub static RULES_SET: LazyLock<Script> = LazyLock::new(|| Script::new(RULES_SET_CODE));
+pub const RULES_SET_CODE: &str = concat!(
+    include_str!("../lua/lib/rules.lua"),
+    include_str!("../lua/rules_set.lua")
+);
 
 /// Holds more of a bucket's units back for waves, if its list covers them: see
 /// `lua/waves_raise.lua`.
@@ -215,9 +215,10 @@ pub static WAVES_RAISE: LazyLock<Script> = LazyLock::new(|| {
 pub static CLAIM: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/claim.lua")));
 
-/// Releases a lock only for its owner: see `lua/unlock.lua`.
-pub static UNLOCK: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/unlock.lua")));
+/// Releases a lock only for its owner: see `lua/unlock.lua`. Run in pipelines too, like
+/// [`LOAD_FRESH`].
+pub static UNLOCK: LazyLock<Script> = LazyLock::new(|| Script::new(UNLOCK_CODE));
+pub const UNLOCK_CODE: &str = include_str!("../lua/unlock.lua");
 
 /// Moves an instance's automatic breaker between states: see `lua/breaker_auto.lua`.
 pub static BREAKER_AUTO: LazyLock<Script> =

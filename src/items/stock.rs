@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 
 use crate::domain::BucketId;
 use crate::keys::{ItemKeys, Keys};
-use crate::lua::{RULES_SET, WAVES_RAISE};
+use crate::lua::{RULES_SET, RULES_SET_CODE, WAVES_RAISE};
 use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
 use crate::telemetry::ItemLevels;
 
@@ -305,10 +305,7 @@ pub fn set_meta_in(pipe: &mut redis::Pipeline, keys: &ItemKeys, fields: &[(&str,
 /// Loads `lua/rules_set.lua` into Redis's script cache (on every master of a cluster), for
 /// pipelines of [`set_meta_in`]: a Redis that restarted has forgotten it.
 pub async fn load_rules_set(redis: &RedisConns) -> Result<(), RedisError> {
-    let mut conn = redis.bulk().await?;
-    redis_timed(RULES_SET.prepare_invoke().load_async(&mut conn))
-        .await
-        .map(|_| ())
+    redis.load_script(RULES_SET_CODE).await
 }
 
 /// What the scripts check of an item, but the pause (see `lua/grab.lua`).

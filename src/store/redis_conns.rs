@@ -17,7 +17,7 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, Value};
 use tokio_util::sync::CancellationToken;
@@ -303,6 +303,28 @@ impl RedisConns {
                 Ok((field("used_memory"), field("maxmemory")))
             })
             .collect()
+    }
+
+    /// Loads a script (its `code`) into the script cache of every server that may run it —
+    /// one server, or every master of a cluster — for pipelines of its `EVALSHA`. Not
+    /// redis-rs's `SCRIPT LOAD`, which a cluster connection sends to every node it knows,
+    /// replicas included: one replica frozen (alive, answering nothing) would fail the load
+    /// and whatever waits on it — the release of an item's write lock among them, which
+    /// then expires only minutes later.
+    pub async fn load_script(&self, code: &str) -> Result<(), RedisError> {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(code);
+        match self.bulk().await? {
+            RedisConn::Cluster(mut conn) => {
+                let masters = MultipleNodeRoutingInfo::AllMasters;
+                let routing = RoutingInfo::MultiNode((masters, Some(ResponsePolicy::AllSucceeded)));
+                timed(conn.conn.route_command(load, routing)).await?;
+            }
+            mut conn => {
+                timed(load.query_async::<Value>(&mut conn)).await?;
+            }
+        }
+        Ok(())
     }
 
     pub async fn ping(&self) -> Result<(), RedisError> {

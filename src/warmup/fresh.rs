@@ -14,9 +14,9 @@ use crate::items::repo::{self, Item};
 use crate::items::stock;
 use crate::keys::{ItemKeys, Keys};
 use crate::lock::RedisLock;
-use crate::lua::LOAD_FRESH;
+use crate::lua::{LOAD_FRESH, LOAD_FRESH_CODE};
 use crate::orders::repo as orders;
-use crate::store::{Grouped, RedisConns, redis_timed};
+use crate::store::{Grouped, RedisConns};
 
 use super::{BucketMeta, GUARDED, LOCK_FOR, Warmup, WarmupError, meta_after};
 
@@ -181,8 +181,7 @@ async fn load_buckets(
         crate::items::draw_schedule::note_in(schedule, keys, bucket.item.id, bucket.item.draw_at);
     }
     listed.run(redis).await?;
-    let mut conn = redis.bulk().await?;
-    redis_timed(LOAD_FRESH.prepare_invoke().load_async(&mut conn)).await?;
+    redis.load_script(LOAD_FRESH_CODE).await?;
 
     let mut grouped = Grouped::new(redis);
     for bucket in buckets {
