@@ -369,8 +369,9 @@ impl Seller<'_> {
             // it (then it is kept and sent), or a failover loses the give-back (then it is kept,
             // and the safety sweep sends it once its replicas hold it): either way pressing
             // again tells the buyer (409, or their key's 202). A kept order's bucket is marked
-            // for the relay at once: a claim (a repeat of the key's, say) is sent once its
-            // replicas hold it, not when the safety sweep comes round to the bucket.
+            // for the relay at once: a claim (a repeat of the key's, or the buyer's other
+            // press answered about the orders they hold) is sent once its replicas hold it,
+            // not when the safety sweep comes round to the bucket.
             let home = item.home(order.user_id);
             let given_back = async {
                 let mut conn = self.deps.redis.hot().await?;
