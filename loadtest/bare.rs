@@ -112,6 +112,7 @@ async fn grab_handler(
         &order_sn,
         &payload,
         None,
+        false,
     )
     .await;
     match answer {

@@ -66,7 +66,8 @@ async fn main() -> anyhow::Result<()> {
                 async move {
                     let user = UserId::new(first + i);
                     let (sn, order) = fixture::order(item, user);
-                    let (outcome, _) = grab(&mut conn, keys, (user, 1), &sn, &order, None).await?;
+                    let (outcome, _) =
+                        grab(&mut conn, keys, (user, 1), &sn, &order, None, false).await?;
                     Ok(outcome.as_str().to_owned())
                 }
             },

@@ -15,14 +15,15 @@
 -- Only the purchase that won the order calls this, and only when it did not answer 202
 -- and did not hand the order to its publisher. Anyone else who sends a pending order
 -- first enters it in the outbox (the safety sweep, for an order no publisher took; a
--- buyer's pay or cancel of it, or a repeat of its Idempotency-Key, which claim it:
--- src/outbox/mod.rs, lib/repeats.lua), so an order in the outbox, whatever its score, is
--- never taken back: it is kept and sent, and the buyer learns of it by pressing again
--- (409, or the key's 202). (Servers up to commit 668f7da entered every win in
--- the outbox and looked for a claim's negative score; their own wins are still in it, and
--- only they give those back.) While a warm-up replaces the item's units (`fenced`) the
--- order is kept too: the warm-up counts it, and the sweep sends it. Every check comes before
--- the first write (free_place, lib/places.lua, changes nothing when it finds no place).
+-- buyer's pay or cancel of it, a repeat of its Idempotency-Key, or another press of its
+-- buyer that would name it in a 409, which claim it: src/outbox/mod.rs, lib/repeats.lua),
+-- so an order in the outbox, whatever its score, is never taken back: it is kept and
+-- sent, and the buyer learns of it by pressing again (409, or the key's 202). (Servers up
+-- to commit 668f7da entered every win in the outbox and looked for a claim's negative
+-- score; their own wins are still in it, and only they give those back.) While a warm-up
+-- replaces the item's units (`fenced`) the order is kept too: the warm-up counts it, and
+-- the sweep sends it. Every check comes before the first write (free_place,
+-- lib/places.lua, changes nothing when it finds no place).
 --
 -- Returns 'given_back' (the unit is on sale again, the order gone) or 'kept'.
 

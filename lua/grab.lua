@@ -5,16 +5,23 @@
 -- KEYS[2] tokens        LIST  unsold units
 -- KEYS[3] buyer_orders  HASH  user_id -> the user's live orders (this user's shard; below)
 -- KEYS[4] pending       HASH  order_sn -> order JSON (won, not yet in MySQL)
+-- Without ARGV[5]:
 -- KEYS[5] idempotency   STRING the order this user's Idempotency-Key bought; passed only
 --                       when the buyer sent a key (its absence: no key)
--- KEYS[6] outbox        ZSET  order_sn -> won-at ms: where a repeat of the key claims its
---                       order (lib/repeats.lua); passed only with a key, when replicas are
---                       asked for (its absence: a repeat is answered at once)
+-- With ARGV[5] (replicas asked for, as give_back.lua's keys):
+-- KEYS[5] outbox        ZSET  order_sn -> won-at ms: where an answer naming orders the buyer
+--                       holds claims those still pending (lib/repeats.lua)
+-- KEYS[6] idempotency   STRING as KEYS[5] above, passed only with a key
 -- ARGV[1] user_id
 -- ARGV[2] order_sn      the number this order gets if the user wins
 -- ARGV[3] order JSON    stored in `pending` for the publisher, the relay and order reads
 --                       (the outbox gets the order when it is sent: src/outbox/mod.rs)
--- ARGV[4] the item's `per_user` as the caller's catalogue has it ('' or absent: unknown)
+-- ARGV[4] the item's `per_user` as the caller's catalogue has it ('' or absent: unknown);
+--         '' with ARGV[5], which gives it then
+-- ARGV[5] the same `per_user`, passed only when replicas are asked for
+--         (`SECKILL_REDIS_WAIT_REPLICAS` under the `refuse` policy, where a win they do not
+--         confirm is given back): every answer naming orders the buyer holds claims those
+--         still pending (its absence: each is named at once)
 --
 -- A buyer who already holds that many orders is answered first, before the meta and the
 -- clock are read: it is the crowd's most frequent press that reaches Redis (a retry) and
@@ -22,7 +29,12 @@
 -- pause and a reload were judged from memory just before. Should the caller's `per_user`
 -- be older than a raise of it (a catalogue refreshes within a second), such a buyer hears
 -- "duplicate" until then, and nothing is taken; a limit lowered meanwhile is caught below,
--- by the meta's own `per_user`.
+-- by the meta's own `per_user`. With ARGV[5] its orders still pending are claimed first
+-- (lib/repeats.lua): the caller answers `409` once the replicas hold the claims, never
+-- naming an order the press that won it may still give back. That costs such a retry one
+-- `HGET` of `pending` per order named and, while one is pending, a `ZADD`; without
+-- ARGV[5] the answer costs what it did (ARGV[4] is '' with it, so the checks that answer
+-- without claiming never match it, and claiming costs them no test).
 --
 -- The sale's window is judged by Redis's own TIME, not by the caller's clock: a host whose
 -- clock runs ahead or behind sells exactly when the others do.
@@ -38,8 +50,10 @@
 -- Returns one string, the outcome and its detail after a space (src/purchase/grab.rs):
 --   "won" (place 0) | "won <slot>" | "repeat <order_sn>" (this key bought that order
 --   before) | "claimed <order_sn>" (… and it is still pending: claimed now, it is the
---   buyer's once its replicas hold the claim; with KEYS[6] only) | "duplicate <order_sn>"
---   (per_user 1) | "limit_reached <sn sn …>" |
+--   buyer's once its replicas hold the claim; with ARGV[5] only) | "duplicate <order_sn>"
+--   (per_user 1) | "limit_reached <sn sn …>" | "claimed_duplicate <order_sn>" |
+--   "claimed_limit_reached <sn sn …>" (with ARGV[5] only: some of those orders are still
+--   pending, claimed now; the answer stands once their replicas hold the claims) |
 --   "sold_out" | "sold_out <lends>" (a bucket that lent units: lend.lua) |
 --   "between_releases <next wave's ms>" | "paused" | "not_loaded" |
 --   "reloading" (a warm-up is replacing the item's units: `fenced`) | "not_started" |
@@ -68,13 +82,18 @@ local function at_limit(live, limit)
 end
 
 -- A buyer's key that bought before: its order, whatever else holds (claimed first when
--- replicas are asked for: lib/repeats.lua).
+-- replicas are asked for: lib/repeats.lua). Without a key and without ARGV[5] this is one
+-- test, as it always was.
 local key = KEYS[5]
 if key then
-  local bought = redis.call('GET', key)
+  local outbox = nil
+  if ARGV[5] then
+    outbox, key = key, KEYS[6]
+  end
+  local bought = key and redis.call('GET', key)
   if bought then
-    if KEYS[6] then
-      return claim_repeat(KEYS[4], KEYS[6], bought)
+    if outbox then
+      return claim_repeat(KEYS[4], outbox, bought)
     end
     return 'repeat ' .. bought
   end
@@ -94,6 +113,13 @@ if held then
     local refused = at_limit(live, known_limit)
     if refused then
       return refused
+    end
+  elseif ARGV[5] then
+    -- Replicas asked for: the same answer, once what it names is claimed.
+    local _, live = parse_places(held)
+    local refused = at_limit(live, tonumber(ARGV[5]) or 1)
+    if refused then
+      return claim_held(KEYS[4], KEYS[5], live, refused)
     end
   end
 end
@@ -133,6 +159,9 @@ if held then
   places, live = parse_places(held)
   local refused = at_limit(live, tonumber(per_user) or 1)
   if refused then
+    if ARGV[5] then
+      return claim_held(KEYS[4], KEYS[5], live, refused)
+    end
     return refused
   end
 end

@@ -119,6 +119,39 @@ pub async fn held_by(
         .collect())
 }
 
+/// Whether none of `orders` (what [`held_by`] read of `user`'s record) is pending, and the
+/// record still names each: both read at one instant, so that an order given back meanwhile
+/// (`lua/give_back.lua` drops it from both) is not taken for one written to MySQL.
+pub async fn none_pending(
+    redis: &RedisConns,
+    keys: &ItemKeys,
+    user: UserId,
+    orders: &[OrderSn],
+) -> Result<bool, RedisError> {
+    if orders.is_empty() {
+        return Ok(true);
+    }
+    let sns: Vec<&str> = orders.iter().map(OrderSn::as_str).collect();
+    let mut conn = redis.hot().await?;
+    let (record, pending): (Option<String>, Vec<Option<String>>) = redis_timed(
+        redis::pipe()
+            .atomic()
+            .hget(keys.buyer_orders(user), user.get())
+            .cmd("HMGET")
+            .arg(&keys.pending)
+            .arg(&sns)
+            .query_async(&mut conn),
+    )
+    .await?;
+    let named: HashSet<&str> = record
+        .as_deref()
+        .map(orders_in)
+        .into_iter()
+        .flatten()
+        .collect();
+    Ok(pending.iter().all(Option::is_none) && sns.iter().all(|sn| named.contains(sn)))
+}
+
 /// The order numbers a buyer record holds, by place (`lua/lib/places.lua`: `-` marks a
 /// free place).
 pub fn orders_in(record: &str) -> impl Iterator<Item = &str> {

@@ -11,7 +11,7 @@
 //! |---|---|---|
 //! | – | – | won and with its publisher (in its buffer or on its way to RabbitMQ), or lost to it: its process died, or its give-back kept it |
 //! | when it was won (ms) | – | for the relay: the broker did not confirm it, or there was none, or the buffer was full, or the safety sweep found it lost |
-//! | negative | – | claimed: a sender waits for Redis's replicas before it sends ([`cleared_to_send`]), or a repeat of the `Idempotency-Key` that bought it waits for them before it is answered (`lua/lib/repeats.lua`) |
+//! | negative | – | claimed: a sender waits for Redis's replicas before it sends ([`cleared_to_send`]), or an answer naming it (a repeat of the `Idempotency-Key` that bought it, a `409` to its buyer) waits for them before it is given (`lua/lib/repeats.lua`) |
 //! | – | ✓ | confirmed by RabbitMQ, waiting for the consumer |
 //!
 //! The [`publisher`] sends new orders at once, in batches, and enters what the broker did

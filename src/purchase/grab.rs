@@ -23,6 +23,10 @@ pub enum GrabOutcome {
     Duplicate(OrderSn),
     /// The buyer holds `per_user` live orders (more than one).
     LimitReached(Vec<OrderSn>),
+    /// A `Duplicate` or `LimitReached` naming orders some of which are still pending:
+    /// claimed now, so that no give-back takes them, it stands once their replicas hold the
+    /// claims (`lua/lib/repeats.lua`).
+    HeldClaimed(Box<GrabOutcome>),
     SoldOut,
     /// Everything released is sold; the next wave opens at this time (ms).
     BetweenReleases(i64),
@@ -45,6 +49,7 @@ impl GrabOutcome {
             GrabOutcome::RepeatClaimed(_) => "repeat_claimed",
             GrabOutcome::Duplicate(_) => "duplicate",
             GrabOutcome::LimitReached(_) => "limit_reached",
+            GrabOutcome::HeldClaimed(_) => "held_claimed",
             GrabOutcome::SoldOut => "sold_out",
             GrabOutcome::BetweenReleases(_) => "between_releases",
             GrabOutcome::Paused => "paused",
@@ -62,23 +67,22 @@ impl GrabOutcome {
 pub struct IdempotencyKey {
     pub key: String,
     pub record: String,
-    /// Whether a repeat claims the order the key bought while it is pending: replicas are
-    /// asked for, and a win they do not confirm is given back (`lua/lib/repeats.lua`).
-    pub claims: bool,
 }
 
 impl IdempotencyKey {
-    pub fn of(keys: &Keys, item: &CatalogItem, user: UserId, key: String, claims: bool) -> Self {
+    pub fn of(keys: &Keys, item: &CatalogItem, user: UserId, key: String) -> Self {
         Self {
             record: keys.idempotency(item.home(user).bucket, user, &key),
             key,
-            claims,
         }
     }
 }
 
 /// `per_user` is the item's limit as the caller's catalogue has it: a buyer who holds
-/// that many orders is answered from their record alone (see `lua/grab.lua`).
+/// that many orders is answered from their record alone (see `lua/grab.lua`). `claims`:
+/// an answer naming orders the buyer holds (a repeat of their key, `duplicate`,
+/// `limit_reached`) claims those still pending, as when replicas are asked for and a win
+/// they do not confirm is given back (`lua/lib/repeats.lua`).
 ///
 /// With the outcome, the loans the bucket had made when it had no unit to sell (a split
 /// item's, `lua/lend.lua`; 0 otherwise): see `Refill::grab` in `sell.rs`.
@@ -89,25 +93,32 @@ pub async fn grab(
     order_sn: &OrderSn,
     order_json: &str,
     idempotency: Option<&IdempotencyKey>,
+    claims: bool,
 ) -> Result<(GrabOutcome, u64), RedisError> {
-    let mut named = purchase_keys(keys, user, None, idempotency);
-    // After the key's record: where a repeat claims its order.
-    if idempotency.is_some_and(|i| i.claims) {
-        named.push(&keys.outbox);
-    }
+    // Claiming, the outbox before the key's record, as `give_back.lua` takes them.
+    let outbox = claims.then_some(keys.outbox.as_str());
+    let named = purchase_keys(keys, user, outbox, idempotency);
     let mut call = GRAB.call(named.len());
     call.arg(&named)
         .arg(user.get())
         .arg(order_sn.as_str())
-        .arg(order_json)
-        .arg(per_user.max(1));
+        .arg(order_json);
+    if claims {
+        // The limit in ARGV[5], so that none of the answers that claim nothing matches.
+        call.arg("").arg(per_user.max(1));
+    } else {
+        call.arg(per_user.max(1));
+    }
     let answer: String = GRAB.invoke(&call, conn).await?;
     let (outcome, detail) = answer.split_once(' ').unwrap_or((&answer, ""));
     let order = |detail: &str| {
         OrderSn::parse(detail)
             .ok_or_else(|| RedisError::Unexpected(format!("buyer record holds {detail:?}")))
     };
+    let orders = |detail: &str| detail.split(' ').map(order).collect::<Result<_, _>>();
     let odd = || RedisError::Unexpected(format!("grab.lua answered {outcome} {detail:?}"));
+    // Claimed: orders named that are still pending (`lua/lib/repeats.lua`).
+    let claimed = |refused| GrabOutcome::HeldClaimed(Box::new(refused));
     if outcome == "sold_out" {
         let lends = match detail {
             "" => 0,
@@ -122,9 +133,9 @@ pub async fn grab(
         },
         "repeat" | "claimed" => repeat(outcome, order(detail)?),
         "duplicate" => GrabOutcome::Duplicate(order(detail)?),
-        "limit_reached" => {
-            GrabOutcome::LimitReached(detail.split(' ').map(order).collect::<Result<_, _>>()?)
-        }
+        "claimed_duplicate" => claimed(GrabOutcome::Duplicate(order(detail)?)),
+        "limit_reached" => GrabOutcome::LimitReached(orders(detail)?),
+        "claimed_limit_reached" => claimed(GrabOutcome::LimitReached(orders(detail)?)),
         "between_releases" => GrabOutcome::BetweenReleases(detail.parse().map_err(|_| odd())?),
         "paused" => GrabOutcome::Paused,
         "not_loaded" => GrabOutcome::NotLoaded,
@@ -200,8 +211,8 @@ pub async fn give_back(
 }
 
 /// `grab.lua`'s and `give_back.lua`'s keys, in their order: the bucket's meta and units,
-/// the buyer's records, the pending orders, the outbox (`give_back.lua` only: a grab
-/// leaves it to whoever sends the order) and (with a key) its record.
+/// the buyer's records, the pending orders, the outbox (`give_back.lua`'s, and a grab's
+/// that claims: a won order is entered by whoever sends it) and (with a key) its record.
 fn purchase_keys<'a>(
     keys: &'a ItemKeys,
     user: UserId,

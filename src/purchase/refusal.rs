@@ -20,6 +20,9 @@ pub fn not_sold(not_sold: NotSold, item: &CatalogItem) -> ApiError {
         NotSold::RepeatUnconfirmed => ApiError::Unavailable(
             "the order your Idempotency-Key bought is not confirmed yet; press again with it shortly".into(),
         ),
+        NotSold::HeldUnconfirmed => ApiError::Unavailable(
+            "an order you hold of this item is not confirmed yet; press again shortly".into(),
+        ),
         NotSold::Redis(e) => ApiError::Redis(e),
     }
 }
@@ -51,5 +54,9 @@ pub fn refusal(outcome: GrabOutcome, item: &CatalogItem) -> ApiError {
         GrabOutcome::Won { .. } | GrabOutcome::Repeat(_) | GrabOutcome::RepeatClaimed(_) => {
             ApiError::Internal(anyhow::anyhow!("a win answered as a refusal"))
         }
+        // Answered once the replicas hold the claims (`Seller::sell`), as what it wraps.
+        GrabOutcome::HeldClaimed(_) => ApiError::Internal(anyhow::anyhow!(
+            "a claim answered before its replicas hold it"
+        )),
     }
 }

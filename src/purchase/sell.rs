@@ -42,10 +42,12 @@ pub struct Seller<'a> {
 /// Why a unit was not sold (a sale that was: the order's number).
 pub enum NotSold {
     /// Redis (or, before it, memory) said no: sold out, a duplicate, the window, …; a
-    /// buyer at their limit while their master is short of replicas hears it too.
+    /// buyer at their limit while their master is short of replicas hears it too, once
+    /// none of their orders is pending.
     Refused(GrabOutcome),
     /// The buyer's master is short of the replicas a win waits for, and the buyer holds
-    /// fewer units than their limit: nothing was taken.
+    /// fewer units than their limit, or one of their orders is still pending (it may yet
+    /// be given back): nothing was taken.
     WaitingForReplica,
     /// Won, but its replicas did not confirm it in time: the unit was given back where it
     /// still could be (pressing again tells the buyer which).
@@ -54,6 +56,10 @@ pub enum NotSold {
     /// did not confirm the claim in time. The order is kept and sent once they do; pressing
     /// again with the key then answers it.
     RepeatUnconfirmed,
+    /// A buyer at their limit, some of whose orders are still pending: claimed, but their
+    /// replicas did not confirm the claims in time. The orders are kept and sent once they
+    /// do; pressing again then names them (`409`).
+    HeldUnconfirmed,
     Redis(RedisError),
 }
 
@@ -88,10 +94,11 @@ pub fn from_memory(item: &CatalogItem, now: chrono::DateTime<Utc>) -> Option<Gra
     }
 }
 
-/// Whether a repeated `Idempotency-Key` claims its order while it is pending: a win is
-/// given back when its replicas do not confirm it in time (`SECKILL_REDIS_WAIT_REPLICAS`
-/// under the `refuse` policy; under `degrade` and without replicas nothing is).
-fn repeats_claim(redis: &RedisConns) -> bool {
+/// Whether an answer naming orders a buyer holds (a repeat of their `Idempotency-Key`, a
+/// `409 duplicate` or `limit_reached`) claims those still pending: a win is given back when
+/// its replicas do not confirm it in time (`SECKILL_REDIS_WAIT_REPLICAS` under the `refuse`
+/// policy; under `degrade` and without replicas nothing is).
+fn answers_claim(redis: &RedisConns) -> bool {
     redis
         .wait_rule()
         .is_some_and(|rule| rule.policy == WaitPolicy::Refuse)
@@ -113,9 +120,8 @@ pub async fn bought_with(
     if item.never_loaded() {
         return Ok(None);
     }
-    let claims = repeats_claim(redis);
-    let idempotency = IdempotencyKey::of(keys, item, user, key.to_owned(), claims);
-    if !claims {
+    let idempotency = IdempotencyKey::of(keys, item, user, key.to_owned());
+    if !answers_claim(redis) {
         let mut conn = redis.hot().await?;
         let sn: Option<String> =
             redis_timed(redis::AsyncCommands::get(&mut conn, &idempotency.record)).await?;
@@ -143,17 +149,21 @@ pub async fn bought_with(
     }
 }
 
+/// Whether the replicas taken before a claim hold it (`None`: its master was short of them).
+async fn claim_held(replication: Option<Replication>) -> bool {
+    match replication {
+        Some(replication) => replication.held().await,
+        None => false,
+    }
+}
+
 /// A repeated key's order, claimed while pending: the buyer's once the replicas taken before
-/// the claim hold it (`None`: its master was short of them).
+/// the claim hold it.
 async fn once_held(
     order_sn: OrderSn,
     replication: Option<Replication>,
 ) -> Result<OrderSn, NotSold> {
-    let held = match replication {
-        Some(replication) => replication.held().await,
-        None => false,
-    };
-    if held {
+    if claim_held(replication).await {
         return Ok(order_sn);
     }
     tracing::info!(%order_sn, "a repeated Idempotency-Key whose order its Redis replicas did not confirm in time: claimed, kept");
@@ -172,9 +182,7 @@ impl Seller<'_> {
         key: Option<String>,
     ) -> Result<OrderSn, NotSold> {
         let item_id = item.record.id;
-        let claims = repeats_claim(&self.deps.redis);
-        let idempotency =
-            key.map(|key| IdempotencyKey::of(&self.deps.keys, item, user, key, claims));
+        let idempotency = key.map(|key| IdempotencyKey::of(&self.deps.keys, item, user, key));
         // Before the grab (`SECKILL_REDIS_WAIT_REPLICAS`): the replicas a win will wait for,
         // on the master serving the buyer's bucket now. While that master is short of them no
         // unit is taken there — it could never be confirmed.
@@ -223,6 +231,14 @@ impl Seller<'_> {
             // Not answered before the replicas hold it: the original's give-back keeps a
             // claimed order, a failover before they hold it loses the claim with the order.
             GrabOutcome::RepeatClaimed(order_sn) => once_held(order_sn, Some(replication)).await,
+            // The same for a `409` naming orders still pending.
+            GrabOutcome::HeldClaimed(refused) => {
+                if claim_held(Some(replication)).await {
+                    return Err(NotSold::Refused(*refused));
+                }
+                tracing::info!(refused = ?refused, "orders a 409 names whose claims their Redis replicas did not confirm in time: claimed, kept");
+                Err(NotSold::HeldUnconfirmed)
+            }
             GrabOutcome::SoldOut => {
                 if item.mark_sold_out() {
                     // Other instances learn it from the announcement rather than waiting for
@@ -258,6 +274,7 @@ impl Seller<'_> {
             per_user: item.record.per_user,
             order_json,
             idempotency,
+            claims: answers_claim(&self.deps.redis),
         };
         let grabbed = attempt.grab(&mut conn, home).await;
         let outcome = if item.record.split() {
@@ -292,8 +309,16 @@ impl Seller<'_> {
         Ok(outcome?)
     }
 
-    /// A press while the buyer's master is short of replicas: the truth where it costs one
-    /// read (they hold a unit already: `409`), else `503` until the replicas are back.
+    /// A press while the buyer's master is short of replicas: the truth where it costs a
+    /// read or two (they hold their limit, each order in MySQL: `409`), else `503` until
+    /// the replicas are back.
+    ///
+    /// An order still pending is not named: the press that won it may yet give it back (its
+    /// replicas cannot confirm it while they are short). Not claimed either, as a grab
+    /// claims it: no claim can be confirmed on this master now, so the answer would be `503`
+    /// all the same, and the claim would only keep the unit from going back on sale for a
+    /// press that was itself told `503`. Once in MySQL (moments after its `202`) or given
+    /// back, pressing again tells.
     async fn short_of_replicas(
         &self,
         item: &CatalogItem,
@@ -301,11 +326,14 @@ impl Seller<'_> {
         short: ShortOfReplicas,
     ) -> NotSold {
         tracing::debug!(reason = %short, "purchase refused before the grab");
-        let mut held = placed::held_by(&self.deps.redis, item.home(user), user)
-            .await
-            .unwrap_or_default();
+        let (redis, home) = (&self.deps.redis, item.home(user));
+        let mut held = placed::held_by(redis, home, user).await.unwrap_or_default();
         let limit = usize::from(item.record.per_user.max(1));
         if held.len() < limit {
+            return NotSold::WaitingForReplica;
+        }
+        let in_mysql = placed::none_pending(redis, home, user, &held).await;
+        if !in_mysql.unwrap_or(false) {
             return NotSold::WaitingForReplica;
         }
         NotSold::Refused(match held.pop() {
@@ -341,8 +369,9 @@ impl Seller<'_> {
             // it (then it is kept and sent), or a failover loses the give-back (then it is kept,
             // and the safety sweep sends it once its replicas hold it): either way pressing
             // again tells the buyer (409, or their key's 202). A kept order's bucket is marked
-            // for the relay at once: a claim (a repeat of the key's, say) is sent once its
-            // replicas hold it, not when the safety sweep comes round to the bucket.
+            // for the relay at once: a claim (a repeat of the key's, or the buyer's other
+            // press answered about the orders they hold) is sent once its replicas hold it,
+            // not when the safety sweep comes round to the bucket.
             let home = item.home(order.user_id);
             let given_back = async {
                 let mut conn = self.deps.redis.hot().await?;
@@ -383,6 +412,8 @@ struct Attempt<'a> {
     per_user: u8,
     order_json: &'a str,
     idempotency: Option<&'a IdempotencyKey>,
+    /// Whether an answer naming orders the buyer holds claims those still pending.
+    claims: bool,
 }
 
 impl Attempt<'_> {
@@ -400,6 +431,7 @@ impl Attempt<'_> {
             &order.order_sn,
             self.order_json,
             self.idempotency,
+            self.claims,
         )
         .await
     }

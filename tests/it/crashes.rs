@@ -96,6 +96,7 @@ async fn wins_no_publisher_took_are_found_and_sent_within_seconds() {
             &order.order_sn,
             &serde_json::to_string(&order).unwrap(),
             None,
+            false,
         )
         .await
         .unwrap()

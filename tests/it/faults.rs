@@ -687,3 +687,150 @@ async fn with_wait_one_a_duplicate_never_names_an_order_given_back() {
     );
     server.stop().await;
 }
+
+/// The orders a `409` (`duplicate` or `limit_reached`) names.
+fn named_by_409(body: &Value) -> Vec<String> {
+    let one = body["order_sn"].as_str().map(str::to_owned);
+    let many = body["order_sns"].as_array().into_iter().flatten();
+    one.into_iter()
+        .chain(many.filter_map(|sn| sn.as_str().map(str::to_owned)))
+        .collect()
+}
+
+/// `WAIT 1`, the replica frozen: buyers press again while their first presses wait for it
+/// — twice for an item with `per_user` 1, three times for one with `per_user` 2 — and once
+/// more after the watcher sees the replica gone (refused before the grab). No `409` heard
+/// while the replica is frozen names an order won since (it holds none of them): a press
+/// naming orders still pending claims them and answers `503` until the replica holds the
+/// claims, and one refused before the grab answers `503` while any is pending. Thawed, each
+/// buyer presses until `409` or `202`: claimed orders were kept, not given back (some `409`
+/// names an order won while the replica was frozen), every order a `409` or `202` named is
+/// one MySQL row, and the invariants hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_wait_one_a_409_names_only_orders_the_replica_holds() {
+    let WaitOne {
+        env,
+        server: running,
+        replica,
+        _master,
+    } = WaitOne::start("wait_one_held_409").await;
+    let (env, server) = (&env, &running);
+    let total = 200;
+    env.item(1, total).on_sale(server).await;
+    env.item(2, total).per_user(2).on_sale(server).await;
+    let mut before = HashSet::new();
+    for item in [1, 2] {
+        assert_eq!(env.buy(server, 1, item).await.0, 202);
+        env.wait_for_orders(server, item, 1, Duration::from_secs(10))
+            .await;
+        before.extend(env.orders(item).await.into_iter().map(|(sn, _, _)| sn));
+    }
+    let buyers: Vec<(u64, u64)> = (100..120)
+        .map(|user| (1, user))
+        .chain((200..220).map(|user| (2, user)))
+        .collect();
+    // Every answer heard: (item, user, status, body).
+    let mut heard: Vec<(u64, u64, u16, Value)> = Vec::new();
+
+    replica.freeze();
+    let rounds = futures::future::join_all(buyers.iter().map(|&(item, user)| {
+        futures::future::join_all((0..=item).map(move |nth| async move {
+            tokio::time::sleep(Duration::from_millis(2 * nth)).await;
+            let (status, body) = env.buy(server, user, item).await;
+            (item, user, status, body)
+        }))
+    }))
+    .await;
+    heard.extend(rounds.into_iter().flatten());
+    eventually(Duration::from_secs(10), "the replica seen gone", || async {
+        let stats = env.stats(server, 1).await;
+        if stats["replicas"]["short"] == json!([0]) {
+            Ok(())
+        } else {
+            Err(format!("{stats}"))
+        }
+    })
+    .await;
+    for &(item, user) in &buyers {
+        let (status, body) = env.buy(server, user, item).await;
+        heard.push((item, user, status, body));
+    }
+    let mut counted: BTreeMap<String, u64> = BTreeMap::new();
+    for (_, _, status, body) in &heard {
+        *counted
+            .entry(format!("{status} {}", body["code"].as_str().unwrap_or("?")))
+            .or_default() += 1;
+    }
+    eprintln!("while the replica was frozen: {counted:?}");
+    let early: Vec<String> = heard
+        .iter()
+        .filter(|(_, _, status, _)| *status == 409)
+        .filter(|(_, _, _, body)| named_by_409(body).iter().any(|sn| !before.contains(sn)))
+        .map(|(item, user, _, body)| format!("item {item} user {user}: {body}"))
+        .collect();
+    assert!(
+        early.is_empty(),
+        "{} 409s heard while the replica was frozen named orders won since, which it did not hold: {:?}",
+        early.len(),
+        &early[..early.len().min(3)]
+    );
+    let frozen_answers = heard.len();
+
+    replica.thaw();
+    for &(item, user) in &buyers {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (status, body) = env.buy(server, user, item).await;
+            let done = status == 409 || status == 202;
+            heard.push((item, user, status, body));
+            if done {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "item {item} user {user} never answered 409 or 202: {:?}",
+                heard.last()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let kept = heard[frozen_answers..]
+        .iter()
+        .filter(|(_, _, status, _)| *status == 409)
+        .flat_map(|(_, _, _, body)| named_by_409(body))
+        .filter(|sn| !before.contains(sn))
+        .count();
+    assert!(
+        kept > 0,
+        "no 409 after the thaw named an order won while the replica was frozen: no claim kept one"
+    );
+    for item in [1, 2] {
+        quiet(env, server, item, &amqp_url(), Duration::from_secs(30)).await;
+        let mut rows: HashMap<String, usize> = HashMap::new();
+        for (sn, _, _) in env.orders(item).await {
+            *rows.entry(sn).or_default() += 1;
+        }
+        let mut won = Vec::new();
+        let mut named = Vec::new();
+        for (_, _, status, body) in heard.iter().filter(|(i, ..)| *i == item) {
+            match status {
+                202 => won.extend(body["order_sn"].as_str().map(str::to_owned)),
+                409 => named.extend(named_by_409(body)),
+                _ => {}
+            }
+        }
+        let missing: Vec<&String> = won
+            .iter()
+            .chain(&named)
+            .filter(|sn| rows.get(*sn) != Some(&1))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "item {item}: {} orders named by a 202 or a 409 are not one MySQL row: {missing:?}",
+            missing.len()
+        );
+        won.extend(before.iter().filter(|sn| rows.contains_key(*sn)).cloned());
+        env.assert_invariants(server, item, total, &won).await;
+    }
+    running.stop().await;
+}
