@@ -9,6 +9,7 @@ use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
 use crate::telemetry::ItemLevels;
 
 use super::repo::{Item, ItemDraft};
+use super::transfer::parse_loan;
 use super::waves::{Holds, Waves};
 
 /// The Redis side of an item at one instant (read in one MULTI).
@@ -17,8 +18,11 @@ pub struct StockSnapshot {
     pub loaded: bool,
     /// When the units were loaded (ms since the epoch), by the warm-up's own clock.
     pub loaded_at_ms: Option<i64>,
-    /// Units still in the token list.
+    /// Units on sale: listed, or on their way to another bucket ([`Self::moving`]).
     pub remaining: u64,
+    /// Units lent to another bucket that have not arrived there, counted in `remaining`:
+    /// on no list until the transfer is settled (`src/items/transfer.rs`).
+    pub moving: u64,
     /// Units sold and not given back.
     pub sold: u64,
     /// Won units whose order is not in MySQL yet.
@@ -36,25 +40,34 @@ pub fn retired(item: &Item, held: u64) -> Option<StockSnapshot> {
         loaded: false,
         loaded_at_ms: None,
         remaining: u64::from(item.unsold.unwrap_or(0)),
+        moving: 0,
         sold: held,
         pending: 0,
         reloading: false,
     })
 }
 
-/// One bucket. Units lent to another bucket and not yet arrived count as remaining: they
-/// are on sale, on their way.
+/// One bucket, and its loans (transfer id → `home|unit|ms`), which [`bucket_snapshots`]
+/// counts: its `remaining` here is the units listed.
 ///
 /// What is sold is the bucket's `total` (its units, sold or on sale; a loan moves one
 /// from the lender's to the receiver's) less the units listed: every sale takes a unit
 /// off the list and every release puts one back, so no script counts sales apart — a
 /// counter would cost each won grab a write (issue 26).
-pub async fn snapshot<C>(conn: &mut C, keys: &ItemKeys) -> Result<StockSnapshot, RedisError>
+async fn snapshot<C>(
+    conn: &mut C,
+    keys: &ItemKeys,
+) -> Result<(StockSnapshot, Vec<(String, String)>), RedisError>
 where
     C: redis::aio::ConnectionLike + Send,
 {
-    type Read = ((Option<i64>, Option<u64>, Option<String>), u64, u64, u64);
-    let ((loaded, total, fenced), listed, lent, pending): Read = redis_timed(
+    type Read = (
+        (Option<i64>, Option<u64>, Option<String>),
+        u64,
+        Vec<(String, String)>,
+        u64,
+    );
+    let ((loaded, total, fenced), listed, loans, pending): Read = redis_timed(
         redis::pipe()
             .atomic()
             .cmd("HMGET")
@@ -63,25 +76,65 @@ where
             .arg("total")
             .arg("fenced")
             .llen(&keys.tokens)
-            .hlen(&keys.lent)
+            .hgetall(&keys.lent)
             .hlen(&keys.pending)
             .query_async(conn),
     )
     .await?;
-    Ok(StockSnapshot {
+    let snapshot = StockSnapshot {
         loaded: loaded.is_some(),
         loaded_at_ms: loaded,
-        remaining: listed + lent,
+        remaining: listed,
+        moving: 0,
         sold: total.map_or(0, |total| total.saturating_sub(listed)),
         pending,
         reloading: fenced.is_some(),
-    })
+    };
+    Ok((snapshot, loans))
+}
+
+/// Of a bucket's loans, those whose unit has not arrived: the home bucket has not decided
+/// the transfer `in`. A loan cut off after `receive.lua` (its unit on the home list, the
+/// lender not settled yet) is on a list already: counting it too made the stats read a
+/// unit more than the item has, and `consistent` false, until the repair settled it.
+/// One read per loan (a bucket holds few, and only while a transfer is under way or cut
+/// off); a record `lend.lua` did not write counts as on its way.
+async fn on_their_way<C>(
+    conn: &mut C,
+    keys: &Keys,
+    lender: BucketId,
+    loans: &[(String, String)],
+) -> Result<u64, RedisError>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    let mut moving = 0;
+    for (transfer, record) in loans {
+        let Some((home, _, _)) = parse_loan(record) else {
+            moving += 1;
+            continue;
+        };
+        let home = keys.bucket(BucketId::new(lender.item, home));
+        let decided: Option<String> = redis_timed(
+            redis::cmd("HGET")
+                .arg(&home.transfers)
+                .arg(transfer)
+                .query_async(conn),
+        )
+        .await?;
+        if decided.as_deref() != Some("in") {
+            moving += 1;
+        }
+    }
+    Ok(moving)
 }
 
 /// A whole item over its buckets, summed: `loaded` only when every bucket is (a bucket
 /// whose master lost its data makes the item one to rebuild), `loaded_at_ms` the earliest.
-/// Each bucket is read at its own instant; while a unit moves between two buckets it is
-/// counted in the lender's `lent` until the receiver has it for sure, so never twice.
+/// Each bucket is read at its own instant. A unit lent between two buckets counts in its
+/// lender's loans until the home bucket decides the transfer `in`, on the home list from
+/// then: once, in whatever state a transfer was cut off (a read while a purchase moves
+/// the unit may still find it on both sides, or neither).
 pub async fn item_snapshot<C>(
     conn: &mut C,
     keys: &Keys,
@@ -104,7 +157,10 @@ where
 {
     let mut each = Vec::new();
     for stock in stocks {
-        each.push(snapshot(conn, &keys.bucket(stock)).await?);
+        let (mut one, loans) = snapshot(conn, &keys.bucket(stock)).await?;
+        one.moving = on_their_way(conn, keys, stock, &loans).await?;
+        one.remaining += one.moving;
+        each.push(one);
     }
     Ok(each)
 }
@@ -115,6 +171,7 @@ pub fn sum(buckets: &[StockSnapshot]) -> StockSnapshot {
         loaded: true,
         loaded_at_ms: None,
         remaining: 0,
+        moving: 0,
         sold: 0,
         pending: 0,
         reloading: false,
@@ -126,6 +183,7 @@ pub fn sum(buckets: &[StockSnapshot]) -> StockSnapshot {
             (a, b) => a.or(b),
         };
         sum.remaining += one.remaining;
+        sum.moving += one.moving;
         sum.sold += one.sold;
         sum.pending += one.pending;
         sum.reloading |= one.reloading;

@@ -298,7 +298,7 @@ pub async fn settle_loans(
 }
 
 /// `home|unit|ms` → (home bucket, unit, ms).
-fn parse_loan(record: &str) -> Option<(u8, &str, i64)> {
+pub(crate) fn parse_loan(record: &str) -> Option<(u8, &str, i64)> {
     let (home, rest) = record.split_once('|')?;
     let (unit, at) = rest.rsplit_once('|')?;
     Some((home.parse().ok()?, unit, at.parse().ok()?))

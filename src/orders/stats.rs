@@ -30,6 +30,13 @@ pub struct Stats {
     /// Units on sale, from Redis (for a retired sale: those it left unsold); for an item
     /// with waves, not counting those still to come.
     remaining: u64,
+    /// Items over several buckets: units of `remaining` lent from one bucket to another
+    /// and not arrived, on no list. A transfer cut off (a failed `WAIT`, a crash) gives its
+    /// unit back to its lender's list once the repair settles it: 5 s after the loan at
+    /// the earliest, within about 6.5 s of both buckets' masters having their replicas in
+    /// step again (docs/architecture.md, "A hot item over many buckets").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    moving: Option<u64>,
     /// Items with waves: units of waves still to come (loaded in Redis, not on sale yet).
     #[serde(skip_serializing_if = "Option::is_none")]
     unreleased: Option<u64>,
@@ -131,6 +138,7 @@ pub async fn of(deps: &Deps, id: ItemId) -> Result<Option<Stats>, StoreError> {
         reloading: stock.reloading,
         sold: stock.sold,
         remaining,
+        moving: (item.buckets > 1 && item.retired_at.is_none()).then_some(stock.moving),
         unreleased: (!item.release.is_empty()).then_some(unreleased),
         pending: stock.pending,
         entries: match item.draw_at {

@@ -205,10 +205,31 @@ async fn a_transfer_cut_off_between_its_steps_is_settled_and_never_doubles_a_uni
     };
     let buckets = [home.clone(), lender.clone()];
 
+    // Each unit counted once, whatever state a transfer was cut off in: by the stats, by
+    // a reconciliation, and by the test's own count of Redis.
+    let counted_once = |moving: u64| {
+        let (env, server) = (&env, &server);
+        async move {
+            let stats = env.stats(server, 2).await;
+            assert_eq!(
+                (&stats["remaining"], &stats["moving"], &stats["consistent"]),
+                (&json!(10), &json!(moving), &json!(true)),
+                "{stats}"
+            );
+            let (status, report) = env.admin_post(server, "/admin/items/2/reconcile").await;
+            assert_eq!(
+                (status, &report["remaining"], &report["consistent"]),
+                (200, &json!(10), &json!(true)),
+                "{report}"
+            );
+            assert_eq!(env.in_redis(2).await.remaining, 10);
+        }
+    };
+
     // 1. Lent, then the server died: the unit is on no list, but counted (remaining 10).
     let unit = lend("cut-after-lend").await;
     assert_eq!(listed(&env, &buckets).await, [5, 4]);
-    assert_eq!(env.stats(&server, 2).await["remaining"], 10);
+    counted_once(1).await;
     eventually(
         Duration::from_secs(15),
         "the sweep gives it back",
@@ -230,6 +251,8 @@ async fn a_transfer_cut_off_between_its_steps_is_settled_and_never_doubles_a_uni
     let unit = lend("cut-after-receive").await;
     assert_eq!(receive("cut-after-receive", unit.clone()).await, "in");
     assert_eq!(listed(&env, &buckets).await, [6, 4]);
+    // On the home list and still in the lender's loans: arrived, counted there only.
+    counted_once(0).await;
     eventually(Duration::from_secs(15), "the sweep settles it", || async {
         let loans: u64 = env.redis.clone().hlen(&lender.lent).await.unwrap();
         if loans == 0 {

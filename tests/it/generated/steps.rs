@@ -543,6 +543,12 @@ impl World {
         self.log.push(format!("{i:>3}. end: {end}"));
         let sale = self.sale();
         if !sale.ended && !sale.draw {
+            if let Err(stats) = self.block_on(self.arrived()) {
+                self.oracle.violation(
+                    i,
+                    format!("liveness: a unit still on its way between buckets {AFTER_THE_HEAL:?} after the heal: {stats}"),
+                );
+            }
             let outcome = self.sell_out(i);
             self.log.push(format!("{i:>3}. liveness: {outcome}"));
             let sold_out = self.checkpoint(i, Duration::from_secs(60));
@@ -566,6 +572,24 @@ impl World {
                     .flatten();
             if drawn.is_some_and(|(at,)| at.is_some()) {
                 return;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    /// Waits (up to [`AFTER_THE_HEAL`]) until no unit is on its way between the item's
+    /// buckets (`moving` in the stats): one cut off by the fault is on no list, and sells
+    /// only once the repair has given it back — within about 6.5 s of the heal
+    /// (docs/architecture.md, "A hot item over many buckets").
+    async fn arrived(&self) -> Result<(), Value> {
+        let deadline = std::time::Instant::now() + AFTER_THE_HEAL;
+        loop {
+            let stats = self.stats().await;
+            if stats["moving"].as_u64().unwrap_or(0) == 0 {
+                return Ok(());
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(stats);
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
