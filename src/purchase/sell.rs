@@ -25,6 +25,14 @@ use super::grab::{GrabOutcome, IdempotencyKey, bought, give_back, grab};
 /// Units a buyer of a split item may borrow into their bucket and lose to others of it
 /// before being told to press again (each round moves a unit: the sale goes on).
 const MOST_REFILLS: usize = 8;
+/// Looks a purchase takes, [`MOVING_WAIT`] apart, while a unit is on its way between
+/// buckets, before it answers "press again" (`503`): a loan settles within milliseconds
+/// while Redis answers, and a crowd whose units ran out would otherwise hear `503`
+/// instead of `410` (`buckets::a_pair_with_one_key_borrowing_hears_its_order_not_503`:
+/// 51–56 of its 80 presses heard `503` without these, none with). A loan cut off (a
+/// replica short) takes seconds: then `503` at once.
+const MOVING_LOOKS: usize = 4;
+const MOVING_WAIT: std::time::Duration = std::time::Duration::from_millis(25);
 
 /// How near a wave's time a purchase that memory would refuse asks Redis instead: more
 /// than the catalogue's stock refresh (half a second) and a host's clock error.
@@ -458,6 +466,8 @@ impl Refill<'_> {
         // The last round's buckets, all empty, each with the loans it had made then.
         let mut last_round: Option<Vec<(u8, u64)>> = None;
         let mut borrowed_one = false;
+        // Looks that found a unit on its way.
+        let mut moving = 0;
         for _ in 0..MOST_REFILLS {
             let (outcome, home_lends) = grabbed?;
             // Nothing for sale in the buyer's bucket (or nothing until a wave): maybe in
@@ -466,10 +476,7 @@ impl Refill<'_> {
                 outcome,
                 GrabOutcome::SoldOut | GrabOutcome::BetweenReleases(_)
             ) {
-                if borrowed_one && !matches!(outcome, GrabOutcome::Won { .. }) {
-                    self.left_at_home(home);
-                }
-                return Ok(outcome);
+                return Ok(self.decided(home, borrowed_one, outcome));
             }
             // Empty until the wave Redis named, if it named one: every bucket lists every
             // wave, so none has anything on sale before it.
@@ -495,9 +502,29 @@ impl Refill<'_> {
                 last_round = None;
             } else {
                 // A unit lent a moment ago and still on its way may be on sale in a bucket
-                // asked before its lender, so "sold out" is not said then: press again.
+                // asked before its lender, so "sold out" is not said then: press again —
+                // unless a last look at home decides for this buyer: the unit on its way
+                // arrived, or it went to their own other press (a double click, a retried
+                // key), whose order they are owed rather than a 503.
+                // A loan settles within milliseconds while Redis answers: the purchase
+                // waits for one still moving a few times before answering "press again".
                 if borrowed.stalled || borrowed.moving {
-                    return Ok(GrabOutcome::StillMoving);
+                    let (outcome, lends) = self.attempt.grab(conn, home).await?;
+                    if !matches!(
+                        outcome,
+                        GrabOutcome::SoldOut | GrabOutcome::BetweenReleases(_)
+                    ) {
+                        return Ok(self.decided(home, borrowed_one, outcome));
+                    }
+                    // A loan cut off (or a bucket paused, not loaded) does not settle in
+                    // milliseconds, and borrowing again would only cut off another.
+                    moving += 1;
+                    if borrowed.stalled || moving == MOVING_LOOKS {
+                        return Ok(GrabOutcome::StillMoving);
+                    }
+                    tokio::time::sleep(MOVING_WAIT).await;
+                    grabbed = Ok((outcome, lends));
+                    continue;
                 }
                 // A loan can also begin and end between two of the asks, from a bucket not
                 // yet asked to one asked already (or to this one: its buyer had borrowed a
@@ -520,6 +547,16 @@ impl Refill<'_> {
             GrabOutcome::SoldOut => Ok(GrabOutcome::StillMoving),
             other => Ok(other),
         }
+    }
+
+    /// An outcome that decides the purchase, after this purchase borrowed a unit
+    /// (`borrowed_one`) or not: a unit borrowed and not won stays on sale at home
+    /// ([`Refill::left_at_home`]).
+    fn decided(&self, home: &ItemKeys, borrowed_one: bool, outcome: GrabOutcome) -> GrabOutcome {
+        if borrowed_one && !matches!(outcome, GrabOutcome::Won { .. }) {
+            self.left_at_home(home);
+        }
+        outcome
     }
 
     /// A unit this purchase borrowed and did not take (the buyer's other press took one
