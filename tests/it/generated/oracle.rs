@@ -97,7 +97,8 @@ impl Oracle {
         self.spreading_until = Some(Instant::now() + SPREADING);
     }
 
-    fn settling(&self) -> bool {
+    /// Within [`SETTLING`] of a fault beginning or healing.
+    pub fn settling(&self) -> bool {
         self.settling_until.is_some_and(|t| Instant::now() < t)
     }
 
