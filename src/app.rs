@@ -17,7 +17,7 @@ use utoipa_axum::router::OpenApiRouter;
 use crate::auth::Jwt;
 use crate::breaker::{self, Breakers};
 use crate::broker::{Broker, Topology};
-use crate::config::{DEV_JWT_SECRET, Role, Settings};
+use crate::config::{DEV_JWT_SECRET, Payments, Role, Settings};
 use crate::deps::Deps;
 use crate::http::rate_limit::RateLimits;
 use crate::items::catalog::Catalog;
@@ -51,6 +51,7 @@ pub struct Server {
 
 impl Server {
     pub async fn build(settings: Settings, roles: &[Role]) -> anyhow::Result<Self> {
+        refuse_unsafe(&settings)?;
         warn_of_defaults(&settings);
         // Before anything records a metric.
         let meters = Arc::new(Meters::new(&settings.namespace));
@@ -258,8 +259,29 @@ fn caches(db: &Db, redis: &RedisConns, keys: &Keys, meters: &Arc<Meters>) -> (Sh
     (shops, catalog)
 }
 
+/// Refuses to start what must never run in production: buyers paying their own orders
+/// (`SECKILL_PAYMENTS=trust_buyer`) beside a real JWT secret — tokens real buyers hold.
+fn refuse_unsafe(settings: &Settings) -> anyhow::Result<()> {
+    if settings.payments == Payments::TrustBuyer && settings.jwt_secret.expose() != DEV_JWT_SECRET {
+        anyhow::bail!(
+            "SECKILL_PAYMENTS=trust_buyer lets every buyer mark their own orders paid: it runs only with the development JWT secret (unset SECKILL_JWT_SECRET), never with real tokens"
+        );
+    }
+    Ok(())
+}
+
 /// Says what runs on a development default.
 fn warn_of_defaults(settings: &Settings) {
+    if settings.payments == Payments::TrustBuyer {
+        tracing::warn!(
+            "SECKILL_PAYMENTS=trust_buyer: BUYERS MARK THEIR OWN ORDERS PAID WITHOUT PAYING; development only"
+        );
+    }
+    if settings.payments == Payments::Events && settings.payment_secret.is_empty() {
+        tracing::warn!(
+            "SECKILL_PAYMENT_SECRET is not set: every payment event is refused (401), so no order can be paid"
+        );
+    }
     if settings.jwt_secret.expose() == DEV_JWT_SECRET {
         tracing::warn!(
             "SECKILL_JWT_SECRET is not set: using the built-in development secret; anyone can mint tokens"
@@ -327,6 +349,7 @@ fn routers(state: &AppState, roles: &HashSet<Role>, admin_apart: bool) -> (Route
         .merge(items::api::router())
         .merge(crate::draw::api::router())
         .merge(shops::api::router())
+        .merge(crate::payments::api::router())
         .split_for_parts();
     let (admin, admin_doc) = OpenApiRouter::new()
         .merge(items::admin::router())
@@ -334,6 +357,7 @@ fn routers(state: &AppState, roles: &HashSet<Role>, admin_apart: bool) -> (Route
         .merge(orders::admin::router())
         .merge(shops::admin::router())
         .merge(breaker::admin::router())
+        .merge(crate::payments::admin::router())
         .merge(health::metrics_router())
         .split_for_parts();
     let mut main = health;

@@ -71,6 +71,14 @@ enum Command {
         #[command(flatten)]
         settings: Settings,
     },
+    /// Sign and send a payment event for an order to a running server, as the payment
+    /// provider would (`payment.succeeded` unless --type says otherwise).
+    Pay {
+        #[command(flatten)]
+        pay: crate::payments::send::PayArgs,
+        #[command(flatten)]
+        settings: Settings,
+    },
     /// Rehearse a sale against a running server: fire a crowd, report answers and latency,
     /// then check the invariants against Redis and MySQL (exit 1 when one is broken).
     /// `bench`, its name before 2026-12-03, still works.
@@ -135,6 +143,14 @@ async fn run(command: Command) -> anyhow::Result<ExitCode> {
                 println!("{}", jwt.mint(UserId::new(id), ttl)?);
             }
             Ok(())
+        }
+        Command::Pay { pay, settings } => {
+            let answered = crate::payments::send::pay(pay, &settings).await?;
+            return Ok(if answered {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
         }
         Command::Rehearse {
             rehearsal,

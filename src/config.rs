@@ -180,6 +180,27 @@ pub struct Settings {
     /// with MySQL and repairs what differs, in seconds.
     #[arg(long, env = "SECKILL_SHOP_REPAIR_EVERY_S", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..))]
     pub shop_repair_every_s: u64,
+
+    /// Who may say an order is paid: `events` (only a payment event signed with
+    /// `SECKILL_PAYMENT_SECRET`) or `trust_buyer` (the buyer's own `pay`, for development:
+    /// refused at start with a real `SECKILL_JWT_SECRET`).
+    #[arg(long, env = "SECKILL_PAYMENTS", value_enum, default_value_t = Payments::Events)]
+    pub payments: Payments,
+
+    /// Secrets payment events are signed with (HMAC-SHA256), comma-separated: every one is
+    /// accepted, so a new one can be added before the old one goes. Unset = every event is
+    /// refused (`401`).
+    #[arg(long, env = "SECKILL_PAYMENT_SECRET", value_delimiter = ',')]
+    pub payment_secret: Vec<Secret>,
+
+    /// What a payment for an order already cancelled by its deadline does: `honour` (paid,
+    /// if a unit can be taken for it now, else `refund_due`) or `refund` (`refund_due`).
+    #[arg(long, env = "SECKILL_LATE_PAYMENT", value_enum, default_value_t = LatePayment::Honour)]
+    pub late_payment: LatePayment,
+
+    /// The currency prices are in (ISO 4217): payment events in another are refused.
+    #[arg(long, env = "SECKILL_CURRENCY", default_value = "CNY", value_parser = parse_currency)]
+    pub currency: String,
 }
 
 impl Settings {
@@ -220,6 +241,25 @@ pub enum WaitPolicy {
     Degrade,
 }
 
+/// Who may say an order is paid (docs/contract.md, "Payments").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Payments {
+    /// A payment event signed by the party that took the money.
+    Events,
+    /// The buyer's own `POST /api/orders/{sn}/pay` (development only).
+    TrustBuyer,
+}
+
+/// What a payment for an order already cancelled by its deadline does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LatePayment {
+    /// Revived as paid if a unit can be taken for it now (as a purchase would), else
+    /// `refund_due`.
+    Honour,
+    /// Always `refund_due`.
+    Refund,
+}
+
 /// Which parts of the server this process runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, ValueEnum)]
 pub enum Role {
@@ -234,6 +274,14 @@ pub enum Role {
 
 impl Role {
     pub const ALL: [Role; 3] = [Role::Api, Role::Consumer, Role::Scheduler];
+}
+
+fn parse_currency(s: &str) -> Result<String, String> {
+    if s.len() == 3 && s.bytes().all(|b| b.is_ascii_uppercase()) {
+        Ok(s.to_owned())
+    } else {
+        Err("a currency is three capital letters (ISO 4217), such as CNY or EUR".into())
+    }
 }
 
 fn parse_namespace(s: &str) -> Result<String, String> {

@@ -106,9 +106,9 @@ impl Orders {
                 OrderStatus::Cancelled if cancelled.contains(sn) => {
                     orders.cancelled_found.insert(sn.to_owned());
                 }
-                OrderStatus::Cancelled => {}
+                OrderStatus::Cancelled | OrderStatus::RefundDue | OrderStatus::Refunded => {}
             }
-            if status != OrderStatus::Cancelled {
+            if status.holds_unit() {
                 *held.entry(user).or_default() += 1;
             }
             if answered.contains(sn) {

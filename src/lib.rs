@@ -28,6 +28,7 @@ pub(crate) mod lua;
 pub(crate) mod marks;
 pub(crate) mod orders;
 pub(crate) mod outbox;
+pub(crate) mod payments;
 pub(crate) mod purchase;
 pub(crate) mod rehearsal;
 pub(crate) mod scheduler;

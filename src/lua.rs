@@ -155,6 +155,16 @@ pub static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// Takes a unit again for a cancelled order paid late: see `lua/revive.lua`.
+pub static REVIVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/lib/rules.lua"),
+        include_str!("../lua/lib/waves.lua"),
+        include_str!("../lua/lib/places.lua"),
+        include_str!("../lua/revive.lua")
+    ))
+});
+
 /// Records cancels as begun, timed by Redis's clock: see `lua/ending_begin.lua`.
 pub static ENDING_BEGIN: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/ending_begin.lua")));

@@ -444,6 +444,14 @@ fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_counter!("seckill_purchases_total", "Purchase answers, by code");
     describe_counter!(
+        "seckill_payment_signature_failures_total",
+        "Payment events refused (401) before they were read, by reason"
+    );
+    describe_counter!(
+        "seckill_payment_events_total",
+        "Verified payment events, by what they did (the answer's code)"
+    );
+    describe_counter!(
         "seckill_funnel_total",
         "Orders through each stage: started (purchase requests), won, published (confirmed by RabbitMQ), written (in MySQL)"
     );
@@ -717,6 +725,19 @@ impl Meters {
     pub fn sales_retired(&self, sales: u64) {
         metrics::counter!("seckill_sales_retired_total", "namespace" => self.namespace.clone())
             .increment(sales);
+    }
+
+    /// A payment event refused before it was read: `reason` is `missing`, `malformed`,
+    /// `stale` (its time too far from ours) or `mismatch` (no secret signs it so).
+    pub fn payment_refused(&self, reason: &'static str) {
+        metrics::counter!("seckill_payment_signature_failures_total", "namespace" => self.namespace.clone(), "reason" => reason)
+            .increment(1);
+    }
+
+    /// A verified payment event applied (or answered again), by what it did.
+    pub fn payment_event(&self, outcome: &'static str) {
+        metrics::counter!("seckill_payment_events_total", "namespace" => self.namespace.clone(), "outcome" => outcome)
+            .increment(1);
     }
 
     pub fn reconcile_mismatch(&self, item: crate::domain::ItemId) {

@@ -12,6 +12,7 @@ pub use crate::keys::{ItemKeys, Keys};
 pub use crate::marks::Work;
 pub use crate::orders::repo::{HeldOverTime, OrderStatus, held_over_time, insert_batch};
 pub use crate::outbox::relay::Relay;
+pub use crate::payments::signature::{HEADER as PAYMENT_SIGNATURE, sign as sign_payment};
 pub use crate::purchase::grab::grab;
 pub use crate::store::{DbError, RedisConns, connect_mysql, migrate};
 pub use crate::telemetry::Meters;

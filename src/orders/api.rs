@@ -10,6 +10,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::breaker::Action;
+use crate::config::Payments;
 use crate::domain::{ItemId, OrderSn, UserId};
 use crate::http::error::{ApiError, Conflict, Refusal};
 use crate::http::extract::{ApiPath, AuthUser, OrderSeeker};
@@ -17,7 +18,7 @@ use crate::http::reply::ok;
 use crate::http::request_id;
 use crate::state::AppState;
 
-use super::owner::{OrderError, OrderView, Owner};
+use super::owner::{Checkout, OrderError, OrderView, Owner};
 
 impl From<OrderError> for ApiError {
     fn from(e: OrderError) -> Self {
@@ -30,7 +31,7 @@ impl From<OrderError> for ApiError {
             },
             OrderError::Paid => ApiError::Conflict {
                 code: Conflict::OrderPaid,
-                detail: "the order is paid; it cannot be cancelled".into(),
+                detail: "the order is paid".into(),
             },
             OrderError::NotYetSafe => ApiError::Unavailable(
                 "the order is not yet safe on Redis's replicas; try again shortly".into(),
@@ -147,25 +148,31 @@ async fn my_orders(
     post,
     path = "/api/orders/{order_sn}/pay",
     tag = "orders",
-    summary = "Pay an order (harmless to repeat)",
+    summary = "Checkout: what the storefront hands its payment provider (marks nothing paid)",
     security(("user" = [])),
     params(("order_sn" = OrderSn, Path)),
     responses(
-        (status = 200, description = "`paid`", body = OrderView),
+        (status = 200, description = "`checkout`: the amount, currency, deadline and payment reference; the order is paid when the provider's signed event says so (`POST /api/payments/events`). Under `SECKILL_PAYMENTS=trust_buyer` (development only): `paid`, with the order", body = Checkout),
         (status = 404, description = "`order_not_found`", body = Refusal),
-        (status = 409, description = "`order_cancelled`: cancelled, or its pay deadline passed", body = Refusal),
+        (status = 409, description = "`order_paid`, or `order_cancelled`: cancelled, or its pay deadline passed", body = Refusal),
         (status = 503, description = "`circuit_open` / `unavailable`", body = Refusal),
     )
 )]
-/// `POST /api/orders/{order_sn}/pay`: `200 paid` (again on a repeat); `409 order_cancelled`
-/// for a cancelled order or one whose pay deadline has passed (which is then cancelled).
+/// `POST /api/orders/{order_sn}/pay`: `200 checkout` — what the storefront hands its
+/// payment provider; `409 order_paid` / `order_cancelled` when it cannot be paid. Under
+/// `SECKILL_PAYMENTS=trust_buyer`: `200 paid` (again on a repeat), as before payments came
+/// by signed events.
 async fn pay_order(
     State(state): State<AppState>,
     AuthUser(user): AuthUser,
     ApiPath(order_sn): ApiPath<String>,
 ) -> Result<Response, ApiError> {
     let sn = order_change(&state, user, &order_sn)?;
-    Ok(ok("paid", owner(&state).pay(&sn, user).await?))
+    let owner = owner(&state);
+    match state.deps.settings.payments {
+        Payments::Events => Ok(ok("checkout", owner.checkout(&sn, user).await?)),
+        Payments::TrustBuyer => Ok(ok("paid", owner.pay(&sn, user).await?)),
+    }
 }
 
 #[utoipa::path(

@@ -105,6 +105,14 @@ pub struct Cancelled {
 #[derive(Debug, Default)]
 pub struct Begun(BTreeMap<BucketId, i64>);
 
+impl Begun {
+    /// A change of one bucket's orders recorded in its `ending` at `ms` by another script
+    /// (`lua/revive.lua`).
+    pub fn at(bucket: BucketId, ms: i64) -> Self {
+        Self(BTreeMap::from([(bucket, ms)]))
+    }
+}
+
 /// Records that these orders are about to be cancelled, before MySQL is asked: if the
 /// caller is cut off after MySQL said yes, [`finish_cut_off`] returns their units.
 pub async fn begin(redis: &RedisConns, keys: &Keys, sns: &[&OrderSn]) -> Result<Begun, RedisError> {
@@ -181,12 +189,15 @@ pub async fn cancel_overdue(
     let mut moot: Vec<&str> = outcome.missing.iter().map(String::as_str).collect();
     for row in &rows {
         match row.status {
-            OrderStatus::Cancelled => ended.push(Held::from(row)),
             OrderStatus::Unpaid => {
                 outcome.still_unpaid.push(row.order_sn.to_string());
                 moot.push(row.order_sn.as_str());
             }
             OrderStatus::Paid => moot.push(row.order_sn.as_str()),
+            // Cancelled, or its payment owed back or returned: its unit goes back.
+            OrderStatus::Cancelled | OrderStatus::RefundDue | OrderStatus::Refunded => {
+                ended.push(Held::from(row))
+            }
         }
     }
     outcome.released = release(redis, keys, &ended).await?.len() as u64;
@@ -251,9 +262,10 @@ async fn finish_records(
         .iter()
         .map(|r| (r.order_sn.as_str(), r.status))
         .collect();
+    // Cancelled, or its payment owed back or refunded: no unit held.
     let cancelled: Vec<Held> = rows
         .iter()
-        .filter(|r| r.status == OrderStatus::Cancelled)
+        .filter(|r| !r.status.holds_unit())
         .map(Held::from)
         .collect();
     let back = release(redis, keys, &cancelled).await?.len() as u64;
@@ -265,7 +277,7 @@ async fn finish_records(
     let (unpaid, moot): (Vec<&str>, Vec<&str>) = refs
         .iter()
         .copied()
-        .filter(|sn| status.get(sn) != Some(&OrderStatus::Cancelled))
+        .filter(|sn| status.get(sn).is_none_or(|s| s.holds_unit()))
         .partition(|sn| status.get(sn) == Some(&OrderStatus::Unpaid));
     forget(redis, keys, bucket, cutoff, &moot).await?;
     if !unpaid.is_empty() {

@@ -36,7 +36,7 @@ pub enum OrderError {
     /// Cancelled, by its owner or because its pay deadline passed: it cannot be paid.
     #[error("the order is cancelled")]
     Cancelled,
-    /// Paid: it cannot be cancelled.
+    /// Paid: it cannot be cancelled, nor paid again.
     #[error("the order is paid")]
     Paid,
     /// Still pending, and not yet held by Redis's replicas: not written to MySQL yet.
@@ -50,15 +50,19 @@ pub enum OrderError {
 
 crate::store::from_either_store!(OrderError);
 
-/// The order statuses a buyer sees: MySQL's three, and `pending`.
+/// The order statuses a buyer sees: MySQL's, and `pending`.
 #[derive(Clone, Copy, PartialEq, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum OrderStatusShown {
     /// Won, not yet in MySQL.
     Pending,
     Unpaid,
     Paid,
     Cancelled,
+    /// Paid after it was cancelled, with no unit left for it: the money is owed back.
+    RefundDue,
+    /// Its payment was returned.
+    Refunded,
 }
 
 impl From<OrderStatus> for OrderStatusShown {
@@ -67,6 +71,8 @@ impl From<OrderStatus> for OrderStatusShown {
             OrderStatus::Unpaid => OrderStatusShown::Unpaid,
             OrderStatus::Paid => OrderStatusShown::Paid,
             OrderStatus::Cancelled => OrderStatusShown::Cancelled,
+            OrderStatus::RefundDue => OrderStatusShown::RefundDue,
+            OrderStatus::Refunded => OrderStatusShown::Refunded,
         }
     }
 }
@@ -81,6 +87,21 @@ pub struct OrderView {
     created_at: DateTime<Utc>,
     /// When an unpaid order is cancelled and its unit goes back on sale.
     pay_deadline: DateTime<Utc>,
+}
+
+/// What a storefront hands its payment provider to take the money for an order.
+#[derive(Serialize, ToSchema)]
+pub struct Checkout {
+    order_sn: OrderSn,
+    /// The item's price, in the currency's smallest unit: what a payment event must carry.
+    amount_cents: u64,
+    /// `SECKILL_CURRENCY`.
+    currency: String,
+    /// A payment event after it is late (`SECKILL_LATE_PAYMENT` decides).
+    pay_deadline: DateTime<Utc>,
+    /// A reference stable for the order (`pay-<order_sn>`): the provider's idempotency key,
+    /// so two checkouts of one order never charge twice.
+    payment_ref: String,
 }
 
 impl Owner<'_> {
@@ -157,7 +178,9 @@ impl Owner<'_> {
         }
         match row.status {
             OrderStatus::Paid => {}
-            OrderStatus::Cancelled => return Err(OrderError::Cancelled),
+            OrderStatus::Cancelled | OrderStatus::RefundDue | OrderStatus::Refunded => {
+                return Err(OrderError::Cancelled);
+            }
             OrderStatus::Unpaid => {
                 // Too late to pay: end it now rather than leave it to the scheduler.
                 ending::cancel_overdue(
@@ -173,6 +196,44 @@ impl Owner<'_> {
         }
         tracing::info!(order_sn = %sn, "order_paid");
         Ok(row.into())
+    }
+
+    /// What the storefront hands its payment provider for the owner's order (the buyer's
+    /// `POST …/pay` under `SECKILL_PAYMENTS=events`): it marks nothing paid. A paid order
+    /// is `Paid`; one that can no longer be paid in time (cancelled, or its deadline
+    /// passed: then cancelled now, as by the scheduler) is `Cancelled`.
+    pub async fn checkout(&self, sn: &OrderSn, user: UserId) -> Result<Checkout, OrderError> {
+        let view = self.order(sn, user).await?;
+        match view.status {
+            OrderStatusShown::Pending | OrderStatusShown::Unpaid
+                if view.pay_deadline > crate::clock::now() => {}
+            OrderStatusShown::Unpaid => {
+                // Too late to pay: end it now rather than leave it to the scheduler.
+                ending::cancel_overdue(
+                    &self.deps.db,
+                    &self.deps.redis,
+                    &self.deps.keys,
+                    &[sn.as_str()],
+                    CancelReason::Timeout,
+                )
+                .await?;
+                return Err(OrderError::Cancelled);
+            }
+            OrderStatusShown::Paid => return Err(OrderError::Paid),
+            _ => return Err(OrderError::Cancelled),
+        }
+        let item = self
+            .catalog
+            .get(view.item_id)
+            .await?
+            .ok_or(OrderError::NotFound)?;
+        Ok(Checkout {
+            payment_ref: format!("pay-{sn}"),
+            order_sn: view.order_sn,
+            amount_cents: item.record.price_cents,
+            currency: self.deps.settings.currency.clone(),
+            pay_deadline: view.pay_deadline,
+        })
     }
 
     /// Cancels the owner's order (again on a repeat), its unit back on sale at once.
@@ -191,7 +252,8 @@ impl Owner<'_> {
         }
         match row.status {
             OrderStatus::Cancelled => {}
-            OrderStatus::Paid => {
+            // Money was taken for it: only the payment side can return it.
+            OrderStatus::Paid | OrderStatus::RefundDue | OrderStatus::Refunded => {
                 if let Some(begun) = &begun {
                     // Paid in the meantime: nothing to return.
                     ending::abandon(&self.deps.redis, &self.deps.keys, &[sn.as_str()], begun)
@@ -214,48 +276,58 @@ impl Owner<'_> {
     /// The user's order as MySQL has it, writing it there first if it is still pending in
     /// Redis. Another user's or an unknown order: `NotFound`.
     async fn stored_order(&self, sn: &OrderSn, user: UserId) -> Result<OrderRow, OrderError> {
-        let owned = |row: OrderRow| {
-            if row.user() == user {
-                Ok(row)
-            } else {
-                Err(OrderError::NotFound)
-            }
-        };
-        if let Some(row) = repo::find(&self.deps.db, sn).await? {
-            return owned(row);
+        match land(self.deps, sn).await? {
+            Landed::Row(row) if row.user() == user => Ok(row),
+            Landed::Row(_) | Landed::Unknown => Err(OrderError::NotFound),
+            Landed::NotYetSafe => Err(OrderError::NotYetSafe),
         }
-        let order = match placed::pending(&self.deps.redis, &self.deps.keys, sn).await? {
-            Some(order) => order,
-            // Written by the consumer between the two reads, or unknown.
-            None => {
-                let row = repo::find(&self.deps.db, sn)
-                    .await?
-                    .ok_or(OrderError::NotFound)?;
-                return owned(row);
-            }
-        };
-        if order.user_id != user {
-            return Err(OrderError::NotFound);
-        }
-        // Into MySQL only what a Redis failover cannot take back (as the relay does).
-        let claim = [(sn, order.created_at_ms)];
-        if !cleared_to_send(&self.deps.redis, &self.deps.keys, sn.bucket(), &claim).await? {
-            return Err(OrderError::NotYetSafe);
-        }
-        let orders = [order];
-        placed::write(&self.deps.db, &orders).await?;
-        let plan = Plan::from_settings(&self.deps.settings);
-        placed::settle_in_redis(&self.deps.redis, &self.deps.keys, &plan, &orders).await?;
-        repo::find(&self.deps.db, sn)
-            .await?
-            .ok_or(OrderError::NotFound)
     }
+}
+
+/// Where an order is, once [`land`] looked.
+pub enum Landed {
+    /// In MySQL (written just now if it was pending).
+    Row(OrderRow),
+    /// Pending in Redis, and not yet held by its replicas: not written yet.
+    NotYetSafe,
+    /// Neither in MySQL nor pending.
+    Unknown,
+}
+
+/// The order as MySQL has it, writing it there first if it is still pending in Redis
+/// (the same idempotent write the consumer makes), so that every change of its state is a
+/// conditional `UPDATE` of its row.
+pub async fn land(deps: &Deps, sn: &OrderSn) -> Result<Landed, StoreError> {
+    if let Some(row) = repo::find(&deps.db, sn).await? {
+        return Ok(Landed::Row(row));
+    }
+    let Some(order) = placed::pending(&deps.redis, &deps.keys, sn).await? else {
+        // Written by the consumer between the two reads, or unknown.
+        return Ok(repo::find(&deps.db, sn)
+            .await?
+            .map_or(Landed::Unknown, Landed::Row));
+    };
+    // Into MySQL only what a Redis failover cannot take back (as the relay does).
+    let claim = [(sn, order.created_at_ms)];
+    if !cleared_to_send(&deps.redis, &deps.keys, sn.bucket(), &claim).await? {
+        return Ok(Landed::NotYetSafe);
+    }
+    let orders = [order];
+    placed::write(&deps.db, &orders).await?;
+    let plan = Plan::from_settings(&deps.settings);
+    placed::settle_in_redis(&deps.redis, &deps.keys, &plan, &orders).await?;
+    Ok(repo::find(&deps.db, sn)
+        .await?
+        .map_or(Landed::Unknown, Landed::Row))
 }
 
 impl OrderView {
     /// Holding a unit: pending, unpaid or paid.
     fn is_live(&self) -> bool {
-        self.status != OrderStatusShown::Cancelled
+        matches!(
+            self.status,
+            OrderStatusShown::Pending | OrderStatusShown::Unpaid | OrderStatusShown::Paid
+        )
     }
 
     /// An order Redis holds as pending; one whose times are none is an error naming it.

@@ -275,7 +275,7 @@ async fn unbacked(
     for record in not_pending {
         match rows.get(&record.order_sn) {
             None => lost.push(record),
-            Some(OrderStatus::Cancelled) => stale.push(Held {
+            Some(status) if !status.holds_unit() => stale.push(Held {
                 bucket,
                 user: record.user,
                 order_sn: record.order_sn,

@@ -13,6 +13,10 @@ pub enum OrderStatus {
     Unpaid,
     Paid,
     Cancelled,
+    /// Money taken for an order that cannot have its unit (a late payment): owed back.
+    RefundDue,
+    /// Its payment returned by the provider.
+    Refunded,
 }
 
 /// Read and written as text: how MariaDB describes an ENUM column varies with its
@@ -23,7 +27,15 @@ impl OrderStatus {
             OrderStatus::Unpaid => "unpaid",
             OrderStatus::Paid => "paid",
             OrderStatus::Cancelled => "cancelled",
+            OrderStatus::RefundDue => "refund_due",
+            OrderStatus::Refunded => "refunded",
         }
+    }
+
+    /// Whether an order of this status holds a unit (invariant 4 counts it): unpaid or
+    /// paid. A cancelled, `refund_due` or refunded order's unit went back.
+    pub fn holds_unit(self) -> bool {
+        matches!(self, OrderStatus::Unpaid | OrderStatus::Paid)
     }
 }
 
@@ -35,6 +47,8 @@ impl TryFrom<String> for OrderStatus {
             "unpaid" => Ok(OrderStatus::Unpaid),
             "paid" => Ok(OrderStatus::Paid),
             "cancelled" => Ok(OrderStatus::Cancelled),
+            "refund_due" => Ok(OrderStatus::RefundDue),
+            "refunded" => Ok(OrderStatus::Refunded),
             _ => Err(format!("unknown order status {s:?}")),
         }
     }
@@ -76,7 +90,7 @@ pub async fn orders_of_user(
         sqlx::query_as(
             "SELECT order_sn, item_id, user_id, status, created_at, pay_deadline
              FROM orders WHERE user_id = ? AND item_id = ?
-             ORDER BY status = 'cancelled', created_at DESC LIMIT ?",
+             ORDER BY status NOT IN ('unpaid', 'paid'), created_at DESC LIMIT ?",
         )
         .bind(user.get())
         .bind(item.get())
@@ -267,14 +281,26 @@ pub struct StatusCounts {
     pub unpaid: u64,
     pub paid: u64,
     pub cancelled: u64,
+    /// Holding no unit: money owed back (a late payment), and money returned.
+    pub refund_due: u64,
+    pub refunded: u64,
+}
+
+impl StatusCounts {
+    /// Every order of the item, whatever its status.
+    pub fn rows(&self) -> u64 {
+        self.unpaid + self.paid + self.cancelled + self.refund_due + self.refunded
+    }
 }
 
 pub async fn count_by_status(db: &Db, item: ItemId) -> Result<StatusCounts, DbError> {
-    let (unpaid, paid, cancelled): (i64, i64, i64) = mysql_timed(
+    let (unpaid, paid, cancelled, refund_due, refunded): (i64, i64, i64, i64, i64) = mysql_timed(
         sqlx::query_as(
             "SELECT COUNT(CASE WHEN status = 'unpaid' THEN 1 END),
                     COUNT(CASE WHEN status = 'paid' THEN 1 END),
-                    COUNT(CASE WHEN status = 'cancelled' THEN 1 END)
+                    COUNT(CASE WHEN status = 'cancelled' THEN 1 END),
+                    COUNT(CASE WHEN status = 'refund_due' THEN 1 END),
+                    COUNT(CASE WHEN status = 'refunded' THEN 1 END)
              FROM orders WHERE item_id = ?",
         )
         .bind(item.get())
@@ -286,6 +312,8 @@ pub async fn count_by_status(db: &Db, item: ItemId) -> Result<StatusCounts, DbEr
         unpaid: count(unpaid),
         paid: count(paid),
         cancelled: count(cancelled),
+        refund_due: count(refund_due),
+        refunded: count(refunded),
     })
 }
 
@@ -313,16 +341,26 @@ const OVER_LIMIT_SHOWN: u32 = 5;
 /// disagreement never shows as a unit held twice — a real oversell lasts until someone
 /// cancels, seconds at least.
 pub async fn held_over_time(db: &Db, item: ItemId, per_user: u8) -> Result<HeldOverTime, DbError> {
+    // An order revived by a late payment held no unit between its cancel (`lapsed_at`)
+    // and its revival; one that holds none now stopped at its last change (a late payment
+    // owed back keeps its cancel's time: src/payments/apply.rs).
     const EDGES: &str = "SELECT user_id, created_at AS t, 1 AS d FROM orders WHERE item_id = ?
          UNION ALL
          SELECT user_id, GREATEST(created_at, updated_at - INTERVAL 100000 MICROSECOND), -1
-           FROM orders WHERE item_id = ? AND status = 'cancelled'";
+           FROM orders WHERE item_id = ? AND status IN ('cancelled', 'refund_due', 'refunded')
+         UNION ALL
+         SELECT user_id, GREATEST(created_at, lapsed_at - INTERVAL 100000 MICROSECOND), -1
+           FROM orders WHERE item_id = ? AND lapsed_at IS NOT NULL
+         UNION ALL
+         SELECT user_id, revived_at, 1 FROM orders WHERE item_id = ? AND revived_at IS NOT NULL";
     let most: Option<i64> = mysql_timed(
         sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT CAST(MAX(held) AS SIGNED) FROM (
                SELECT SUM(d) OVER (ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS held
                  FROM ({EDGES}) edges) running"
         )))
+        .bind(item.get())
+        .bind(item.get())
         .bind(item.get())
         .bind(item.get())
         .fetch_one(db),
@@ -336,6 +374,8 @@ pub async fn held_over_time(db: &Db, item: ItemId, per_user: u8) -> Result<HeldO
                  FROM ({EDGES}) edges) running
               GROUP BY user_id HAVING MAX(held) > ? ORDER BY user_id LIMIT ?"
         )))
+        .bind(item.get())
+        .bind(item.get())
         .bind(item.get())
         .bind(item.get())
         .bind(per_user)

@@ -166,7 +166,7 @@ async fn orders(db: &Db, item: ItemId, run: &Run) -> anyhow::Result<Orders> {
         total: total.into(),
         unpaid: counts.unpaid,
         paid: counts.paid,
-        rows: counts.unpaid + counts.paid + counts.cancelled,
+        rows: counts.rows(),
         answered_found,
         cancelled_found,
         doubled,

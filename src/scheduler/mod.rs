@@ -93,6 +93,7 @@ impl Scheduler {
         tasks.spawn(draws::run(self.clone(), shutdown.clone()));
         tasks.spawn(self.clone().end_of_sale(shutdown.clone()));
         tasks.spawn(self.clone().finish_cut_off(shutdown.clone()));
+        tasks.spawn(self.clone().payments(shutdown.clone()));
         deadlines::run(self, wake, shutdown).await;
         while tasks.join_next().await.is_some() {}
     }
@@ -148,6 +149,16 @@ impl Scheduler {
         })
         .await?;
         Ok(released.into_inner())
+    }
+
+    /// Payment events held for orders not yet in MySQL, and the event outbox
+    /// (`payments/upkeep.rs`).
+    async fn payments(self, shutdown: CancellationToken) {
+        let schedule = Schedule::every(crate::payments::upkeep::EVERY);
+        repeat("payments upkeep", schedule, &shutdown, || {
+            crate::payments::upkeep::step(&self.deps)
+        })
+        .await;
     }
 
     /// Reconciles each sale once its end and pay timeout have passed.

@@ -1,7 +1,7 @@
 //! After the win: paying, cancelling, unpaid orders timing out, units coming back,
 //! reminders, the compensation scan and end-of-sale reconciliation.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::Utc;
@@ -81,11 +81,9 @@ async fn unpaid_orders_time_out_and_their_units_sell_again_everywhere() {
     env.item(1, 3).paying_within(2).on_sale(&a).await;
     let won = &buy_all(env, &a, 1, 1..=3).await;
     assert_eq!(env.buy(b, 4, 1).await.0, 410);
-    let (status, paid) = env
-        .post_as(&a, &format!("/api/orders/{}/pay", won[&1]), 1)
-        .await;
+    let (status, paid) = env.pay(&a, &won[&1]).await;
     assert_eq!(
-        (status, paid["status"].as_str()),
+        (status, paid["code"].as_str()),
         (200, Some("paid")),
         "{paid}"
     );
@@ -239,7 +237,7 @@ async fn pay_and_cancel_answer_as_the_contract_says_even_for_pending_orders() {
 }
 
 #[tokio::test]
-async fn paying_after_the_deadline_is_refused_and_cancels_the_order() {
+async fn a_checkout_after_the_deadline_is_refused_and_cancels_the_order() {
     let env = &TestEnv::new("paylate").await;
     let api = env.server(&[Role::Api, Role::Consumer]).await;
     env.item(1, 2).paying_within(1).on_sale(&api).await;
@@ -277,8 +275,13 @@ async fn post_until_answered(env: &TestEnv, server: &TestServer, path: &str, use
     503
 }
 
+/// The payment provider's `payment.succeeded` racing the buyer's own cancel, on 200
+/// orders at once: each ends one way. The payment first: `paid`, the cancel `409
+/// order_paid`. The cancel first: its unit back on sale, then the late payment
+/// (`SECKILL_LATE_PAYMENT=honour`) takes a unit again (`revived`, paid) — nobody else is
+/// buying, so one is always there. Never both, never neither, and the stock adds up.
 #[tokio::test]
-async fn pay_and_cancel_raced_on_200_orders_each_end_one_way() {
+async fn a_payment_and_a_cancel_raced_on_200_orders_each_end_one_way() {
     let env = &TestEnv::new("race").await;
     let server = env.server(&[Role::Api, Role::Consumer]).await;
     env.item(1, 200).paying_within(600).on_sale(&server).await;
@@ -286,15 +289,15 @@ async fn pay_and_cancel_raced_on_200_orders_each_end_one_way() {
     env.wait_for_orders(&server, 1, 200, Duration::from_secs(20))
         .await;
 
-    let outcomes: Vec<(String, u16, u16)> = futures::stream::iter(won.clone())
+    let outcomes: Vec<(String, (u16, String), u16)> = futures::stream::iter(won.clone())
         .map(|(user, sn)| {
             let server = &server;
             async move {
-                let (pay, cancel) = (
-                    format!("/api/orders/{sn}/pay"),
-                    format!("/api/orders/{sn}/cancel"),
-                );
-                let pay = post_until_answered(env, server, &pay, user);
+                let cancel = format!("/api/orders/{sn}/cancel");
+                let pay = async {
+                    let (status, body) = env.pay(server, &sn).await;
+                    (status, body["code"].as_str().unwrap_or_default().to_owned())
+                };
                 let cancel = post_until_answered(env, server, &cancel, user);
                 let (paid, cancelled) = tokio::join!(pay, cancel);
                 (sn, paid, cancelled)
@@ -304,21 +307,19 @@ async fn pay_and_cancel_raced_on_200_orders_each_end_one_way() {
         .collect()
         .await;
     let stored = statuses(env, 1).await;
-    let mut cancelled = Vec::new();
-    for (sn, paid, cancel) in &outcomes {
-        match (paid, cancel) {
-            (200, 409) => assert_eq!(stored[sn], "paid"),
-            (409, 200) => {
-                assert_eq!(stored[sn], "cancelled");
-                cancelled.push(sn.clone());
-            }
-            other => panic!("order {sn}: pay and cancel answered {other:?}"),
-        }
+    let mut ways: BTreeMap<String, u64> = BTreeMap::new();
+    for (sn, (status, code), cancel) in &outcomes {
+        let way = match (*status, code.as_str(), cancel) {
+            (200, "paid", 409) | (200, "revived", 200) => "paid",
+            other => panic!("order {sn}: the payment and the cancel answered {other:?}"),
+        };
+        assert_eq!(stored[sn], way, "order {sn}");
+        *ways.entry(format!("{code} / cancel {cancel}")).or_default() += 1;
     }
-    assert_eq!(env.remaining(1).await, cancelled.len() as u64);
+    eprintln!("200 payments raced by cancels: {ways:?}");
+    assert_eq!(env.remaining(1).await, 0);
     let all: Vec<String> = won.into_values().collect();
-    env.assert_invariants_cancelling(&server, 1, 200, &all, &cancelled)
-        .await;
+    env.assert_invariants(&server, 1, 200, &all).await;
     server.stop().await;
 }
 
@@ -780,10 +781,12 @@ async fn reminders_arrive_once_per_unpaid_order_and_stage() {
     let won = buy_all(env, &server, 1, 1..=10).await;
     // Two pay at once (while pending): they get no reminder.
     for user in [1, 2] {
-        let (status, _) = env
-            .post_as(&server, &format!("/api/orders/{}/pay", won[&user]), user)
-            .await;
-        assert_eq!(status, 200);
+        let (status, paid) = env.pay(&server, &won[&user]).await;
+        assert_eq!(
+            (status, paid["code"].as_str()),
+            (200, Some("paid")),
+            "{paid}"
+        );
     }
     // After the deadline everything unpaid is cancelled; every reminder went out by then.
     wait_cancelled(env, 1, 8, Duration::from_secs(12)).await;

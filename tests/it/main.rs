@@ -21,6 +21,7 @@ mod history;
 mod layout;
 mod lifecycle;
 mod operations;
+mod payments;
 mod plans;
 mod protection;
 mod purchase;

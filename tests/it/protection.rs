@@ -739,8 +739,7 @@ async fn a_flood_of_unknown_ids_cannot_take_the_database_from_buyers() {
         .collect::<Vec<_>>();
     let pay = async {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        env.post_as(&server, &format!("/api/orders/{sn}/pay"), 1)
-            .await
+        env.pay(&server, &sn).await
     };
     let (answers, (status, json)) = tokio::join!(flood, pay);
     assert_eq!(

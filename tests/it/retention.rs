@@ -161,10 +161,12 @@ async fn sell(env: &TestEnv, server: &TestServer, id: u64, end_at: chrono::DateT
         }
     })
     .await;
-    let (status, paid) = env
-        .post_as(server, &format!("/api/orders/{sn}/pay"), 1)
-        .await;
-    assert_eq!(status, 200, "{paid}");
+    let (status, paid) = env.pay(server, &sn).await;
+    assert_eq!(
+        (status, paid["code"].as_str()),
+        (200, Some("paid")),
+        "{paid}"
+    );
 }
 
 /// Waits until the sale is retired and its Redis state cleared.
@@ -554,10 +556,12 @@ async fn a_sale_whose_units_redis_lost_is_not_retired_as_adding_up() {
         }
     })
     .await;
-    let (status, paid) = env
-        .post_as(&server, &format!("/api/orders/{sn}/pay"), 1)
-        .await;
-    assert_eq!(status, 200, "{paid}");
+    let (status, paid) = env.pay(&server, &sn).await;
+    assert_eq!(
+        (status, paid["code"].as_str()),
+        (200, Some("paid")),
+        "{paid}"
+    );
     for key in item_keys(&redis, 1).await {
         redis.cmd(&["DEL", &key]).await;
     }

@@ -81,6 +81,7 @@ impl TestEnv {
         settings.http_addr = "127.0.0.1:0".parse().unwrap();
         settings.admin_token = Some(Secret::new(ADMIN_TOKEN));
         settings.jwt_secret = Secret::new(format!("secret-{namespace}"));
+        settings.payment_secret = vec![Secret::new(format!("pay-{namespace}"))];
 
         let db = seckill::testing::connect_mysql(settings.database_url.expose())
             .await
@@ -142,6 +143,14 @@ impl TestEnv {
             ("SECKILL_AMQP_URL", s.amqp_url.expose().to_owned()),
             ("SECKILL_JWT_SECRET", s.jwt_secret.expose().to_owned()),
             ("SECKILL_ADMIN_TOKEN", ADMIN_TOKEN.to_owned()),
+            (
+                "SECKILL_PAYMENT_SECRET",
+                s.payment_secret
+                    .iter()
+                    .map(|secret| secret.expose())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
             ("SECKILL_HTTP_ADDR", "127.0.0.1:0".to_owned()),
         ]
     }

@@ -50,6 +50,47 @@ impl TestEnv {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// Sends a payment event as its provider would: `event` signed now with this test's
+    /// payment secret. The answer.
+    pub async fn payment_event(&self, server: &TestServer, event: &Value) -> (u16, Value) {
+        let body = event.to_string();
+        let secret = self.settings.payment_secret[0].expose();
+        let header =
+            seckill::testing::sign_payment(secret, chrono::Utc::now().timestamp(), body.as_bytes());
+        let response = self
+            .http
+            .post(server.url("/api/payments/events"))
+            .header(seckill::testing::PAYMENT_SIGNATURE, header)
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// A `payment.succeeded` event for `order_sn`, for its item's price (test items cost
+    /// 1999), from a charge of its own.
+    pub fn payment(&self, kind: &str, order_sn: &str) -> Value {
+        let id = ulid::Ulid::new();
+        serde_json::json!({
+            "event_id": format!("evt_{id}"),
+            "type": kind,
+            "order_sn": order_sn,
+            "amount_cents": 1999,
+            "currency": "CNY",
+            "occurred_at": chrono::Utc::now(),
+            "provider_ref": format!("ch_{order_sn}"),
+        })
+    }
+
+    /// Pays `order_sn` as the payment provider would (`payment.succeeded`): the answer.
+    pub async fn pay(&self, server: &TestServer, order_sn: &str) -> (u16, Value) {
+        let event = self.payment("payment.succeeded", order_sn);
+        self.payment_event(server, &event).await
+    }
+
     /// Status of an order in MySQL (`None`: not there).
     pub async fn order_status(&self, order_sn: &str) -> Option<String> {
         sqlx::query_scalar("SELECT status FROM orders WHERE order_sn = ?")

@@ -1,0 +1,540 @@
+//! Payments by signed events (docs/contract.md, "Payments"): only the party that took the
+//! money marks an order paid; its events are signed, recorded once, and follow the rules
+//! for repeats, mismatches, late payments and refunds — against the real services.
+
+use std::time::Duration;
+
+use lapin::options::{
+    BasicGetOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ExchangeKind};
+use seckill::Role;
+use seckill::config::{LatePayment, Payments, Secret};
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+/// Buys one unit for `user` and waits until its order is in MySQL: its number.
+async fn bought(env: &TestEnv, server: &TestServer, user: u64, item: u64) -> String {
+    let (status, body) = env.buy(server, user, item).await;
+    assert_eq!(status, 202, "user {user}: {body}");
+    let sn = body["order_sn"].as_str().unwrap().to_owned();
+    eventually(Duration::from_secs(10), "the order in MySQL", || async {
+        env.order_status(&sn)
+            .await
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    sn
+}
+
+/// Sends `body` (raw) with the signature header `header`.
+async fn send_raw(
+    env: &TestEnv,
+    server: &TestServer,
+    header: Option<String>,
+    body: String,
+) -> (u16, Value) {
+    let mut request = env
+        .http
+        .post(server.url("/api/payments/events"))
+        .header("Content-Type", "application/json")
+        .body(body);
+    if let Some(header) = header {
+        request = request.header(seckill::testing::PAYMENT_SIGNATURE, header);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn events_recorded(env: &TestEnv) -> i64 {
+    sqlx::query_scalar("SELECT COUNT(*) FROM payment_events")
+        .fetch_one(&env.db)
+        .await
+        .unwrap()
+}
+
+fn code(answer: &(u16, Value)) -> (u16, Option<&str>) {
+    (answer.0, answer.1["code"].as_str())
+}
+
+/// The buyer's `pay` is a checkout and pays nothing; only a signed event pays. Everything
+/// else — no signature, a wrong secret, an old or future time, a body altered by one byte
+/// after signing — is `401`, recorded nowhere, counted; secrets rotate.
+#[tokio::test]
+async fn only_a_signed_event_pays_and_anything_else_changes_nothing() {
+    let env = TestEnv::new("pay_signed").await;
+    let rotated = |s: &mut seckill::Settings| {
+        s.payment_secret = vec![Secret::new("old-secret"), Secret::new("new-secret")];
+    };
+    let server = env.server_with(&[Role::Api, Role::Consumer], rotated).await;
+    env.item(1, 5).on_sale(&server).await;
+    let sn = bought(&env, &server, 1, 1).await;
+
+    let (status, checkout) = env
+        .post_as(&server, &format!("/api/orders/{sn}/pay"), 1)
+        .await;
+    assert_eq!(
+        (status, checkout["code"].as_str()),
+        (200, Some("checkout")),
+        "{checkout}"
+    );
+    assert_eq!(checkout["amount_cents"], 1999, "{checkout}");
+    assert_eq!(checkout["currency"], "CNY", "{checkout}");
+    assert_eq!(checkout["payment_ref"], format!("pay-{sn}"), "{checkout}");
+    assert!(checkout["pay_deadline"].is_string(), "{checkout}");
+    assert_eq!(
+        env.order_status(&sn).await.as_deref(),
+        Some("unpaid"),
+        "checkout paid nothing"
+    );
+    let (status, other) = env
+        .post_as(&server, &format!("/api/orders/{sn}/pay"), 2)
+        .await;
+    assert_eq!(
+        (status, other["code"].as_str()),
+        (404, Some("order_not_found")),
+        "{other}"
+    );
+
+    let event = env.payment("payment.succeeded", &sn);
+    let body = event.to_string();
+    let now = chrono::Utc::now().timestamp();
+    let sign = |secret: &str, t: i64, body: &str| {
+        Some(seckill::testing::sign_payment(secret, t, body.as_bytes()))
+    };
+    let mut altered = body.clone().into_bytes();
+    let at = body.find("1999").unwrap();
+    altered[at] = b'2';
+    let altered = String::from_utf8(altered).unwrap();
+    for (what, header, body) in [
+        ("no signature", None, body.clone()),
+        ("a wrong secret", sign("guessed", now, &body), body.clone()),
+        (
+            "301 s old",
+            sign("new-secret", now - 301, &body),
+            body.clone(),
+        ),
+        (
+            "301 s ahead",
+            sign("new-secret", now + 301, &body),
+            body.clone(),
+        ),
+        ("one byte altered", sign("new-secret", now, &body), altered),
+        ("a malformed header", Some("v1=00".to_owned()), body.clone()),
+    ] {
+        let answer = send_raw(&env, &server, header, body).await;
+        assert_eq!(
+            code(&answer),
+            (401, Some("unauthorized")),
+            "{what}: {}",
+            answer.1
+        );
+        assert_eq!(
+            env.order_status(&sn).await.as_deref(),
+            Some("unpaid"),
+            "{what}"
+        );
+    }
+    assert_eq!(
+        events_recorded(&env).await,
+        0,
+        "a refused event is recorded nowhere"
+    );
+    let response = env.http.get(server.url("/metrics")).send().await.unwrap();
+    let metrics = response.text().await.unwrap();
+    let namespace = format!("namespace=\"{}\"", env.settings.namespace);
+    for reason in ["missing", "mismatch", "stale", "malformed"] {
+        assert!(
+            metrics.lines().any(
+                |l| l.starts_with("seckill_payment_signature_failures_total")
+                    && l.contains(&namespace)
+                    && l.contains(&format!("reason=\"{reason}\""))
+            ),
+            "no failure counted for {reason}"
+        );
+    }
+
+    // Either secret of the rotation signs; the same event again changes nothing.
+    let old = send_raw(&env, &server, sign("old-secret", now, &body), body.clone()).await;
+    assert_eq!(code(&old), (200, Some("paid")), "{}", old.1);
+    assert_eq!(old.1["repeat"], false, "{}", old.1);
+    let again = send_raw(&env, &server, sign("new-secret", now, &body), body.clone()).await;
+    assert_eq!(code(&again), (200, Some("paid")), "{}", again.1);
+    assert_eq!(again.1["repeat"], true, "{}", again.1);
+    assert_eq!(events_recorded(&env).await, 1);
+    assert_eq!(env.order_status(&sn).await.as_deref(), Some("paid"));
+    let (status, paid) = env
+        .post_as(&server, &format!("/api/orders/{sn}/pay"), 1)
+        .await;
+    assert_eq!(
+        (status, paid["code"].as_str()),
+        (409, Some("order_paid")),
+        "{paid}"
+    );
+    // A body that is no event, well signed: 400 naming the field, nothing recorded.
+    let bad = json!({"event_id": "e", "type": "payment.maybe"}).to_string();
+    let answer = send_raw(&env, &server, sign("new-secret", now, &bad), bad).await;
+    assert_eq!(code(&answer), (400, Some("bad_request")), "{}", answer.1);
+    assert_eq!(events_recorded(&env).await, 1);
+    env.assert_invariants(&server, 1, 5, std::slice::from_ref(&sn))
+        .await;
+    server.stop().await;
+}
+
+/// Repeats, events out of order, a wrong amount, a failure, a second charge and refunds:
+/// each recorded once with what it did, the stock adding up throughout.
+#[tokio::test]
+async fn repeats_mismatches_refunds_and_second_charges_follow_their_rules() {
+    let env = TestEnv::new("pay_rules").await;
+    let server = env.server(&[Role::Api, Role::Consumer]).await;
+    env.item(1, 5).on_sale(&server).await;
+    let sn = bought(&env, &server, 1, 1).await;
+    let remaining = env.remaining(1).await;
+
+    // The refund first (out of order): nothing to refund under that charge yet.
+    let refund = env.payment("payment.refunded", &sn);
+    let answer = env.payment_event(&server, &refund).await;
+    assert_eq!(code(&answer), (200, Some("ignored")), "{}", answer.1);
+    // A wrong amount, a wrong currency: 422, recorded, the order unchanged.
+    let mut cheap = env.payment("payment.succeeded", &sn);
+    cheap["amount_cents"] = json!(1);
+    let answer = env.payment_event(&server, &cheap).await;
+    assert_eq!(
+        code(&answer),
+        (422, Some("amount_mismatch")),
+        "{}",
+        answer.1
+    );
+    let mut euros = env.payment("payment.succeeded", &sn);
+    euros["currency"] = json!("EUR");
+    let answer = env.payment_event(&server, &euros).await;
+    assert_eq!(
+        code(&answer),
+        (422, Some("amount_mismatch")),
+        "{}",
+        answer.1
+    );
+    let answer = env.payment_event(&server, &cheap).await;
+    assert_eq!(
+        code(&answer),
+        (422, Some("amount_mismatch")),
+        "the repeat: {}",
+        answer.1
+    );
+    assert_eq!(answer.1["repeat"], true);
+    let failed = env.payment("payment.failed", &sn);
+    let answer = env.payment_event(&server, &failed).await;
+    assert_eq!(code(&answer), (200, Some("noted")), "{}", answer.1);
+    assert_eq!(env.order_status(&sn).await.as_deref(), Some("unpaid"));
+
+    let paid = env.payment("payment.succeeded", &sn);
+    assert_eq!(
+        code(&env.payment_event(&server, &paid).await),
+        (200, Some("paid"))
+    );
+    // The same charge under another event id: nothing more.
+    let mut same_charge = env.payment("payment.succeeded", &sn);
+    same_charge["provider_ref"] = paid["provider_ref"].clone();
+    let answer = env.payment_event(&server, &same_charge).await;
+    assert_eq!(code(&answer), (200, Some("already_paid")), "{}", answer.1);
+    // A second charge: owed back, listed until the provider reports it refunded.
+    let mut second = env.payment("payment.succeeded", &sn);
+    second["provider_ref"] = json!(format!("ch_second_{sn}"));
+    let answer = env.payment_event(&server, &second).await;
+    assert_eq!(code(&answer), (200, Some("charged_twice")), "{}", answer.1);
+    let (_, due) = env.admin_get(&server, "/admin/payments/refunds-due").await;
+    assert_eq!(due["charges"].as_array().map(Vec::len), Some(1), "{due}");
+    assert_eq!(due["charges"][0]["reason"], "charged_twice", "{due}");
+    assert_eq!(
+        due["charges"][0]["provider_ref"], second["provider_ref"],
+        "{due}"
+    );
+    let mut second_back = env.payment("payment.refunded", &sn);
+    second_back["provider_ref"] = second["provider_ref"].clone();
+    let answer = env.payment_event(&server, &second_back).await;
+    assert_eq!(code(&answer), (200, Some("settled")), "{}", answer.1);
+    let (_, due) = env.admin_get(&server, "/admin/payments/refunds-due").await;
+    assert_eq!(due["charges"], json!([]), "{due}");
+    assert_eq!(env.order_status(&sn).await.as_deref(), Some("paid"));
+
+    // A partial refund is recorded, not acted on; the whole one returns the unit.
+    let mut part = env.payment("payment.refunded", &sn);
+    part["amount_cents"] = json!(500);
+    let answer = env.payment_event(&server, &part).await;
+    assert_eq!(code(&answer), (200, Some("partial_refund")), "{}", answer.1);
+    assert_eq!(env.remaining(1).await, remaining);
+    let answer = env.payment_event(&server, &refund).await;
+    assert_eq!(
+        code(&answer),
+        (200, Some("ignored")),
+        "the early refund again: {}",
+        answer.1
+    );
+    let whole = env.payment("payment.refunded", &sn);
+    let answer = env.payment_event(&server, &whole).await;
+    assert_eq!(code(&answer), (200, Some("refunded")), "{}", answer.1);
+    assert_eq!(env.order_status(&sn).await.as_deref(), Some("refunded"));
+    assert_eq!(
+        env.remaining(1).await,
+        remaining + 1,
+        "the unit back on sale"
+    );
+    let (status, shown) = env
+        .get(&server, &format!("/api/orders/{sn}"), Some(1))
+        .await;
+    assert_eq!(
+        (status, shown["status"].as_str()),
+        (200, Some("refunded")),
+        "{shown}"
+    );
+    // The buyer may buy again: the refunded order holds no unit.
+    let again = bought(&env, &server, 1, 1).await;
+    assert_eq!(events_recorded(&env).await, 10);
+    let stats = env.stats(&server, 1).await;
+    assert_eq!(stats["orders"]["refunded"], 1, "{stats}");
+    env.assert_invariants(&server, 1, 5, &[sn, again]).await;
+    server.stop().await;
+}
+
+/// A queue on the events exchange taking `order.*`, declared before the server sends.
+async fn listen_for_events(env: &TestEnv, name: &str) -> (Connection, Channel, String) {
+    let conn = Connection::connect(&amqp_url(), Default::default())
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let topology = env.topology();
+    channel
+        .exchange_declare(
+            topology.events_exchange.as_str().into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let queue = format!("{}.{name}", env.settings.namespace);
+    let exclusive = QueueDeclareOptions {
+        exclusive: true,
+        ..Default::default()
+    };
+    channel
+        .queue_declare(queue.as_str().into(), exclusive, FieldTable::default())
+        .await
+        .unwrap();
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            topology.events_exchange.as_str().into(),
+            "order.refund_due".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    (conn, channel, queue)
+}
+
+/// Under `honour` (the default), a payment for an order its deadline cancelled takes a
+/// unit again while one is on sale (`revived`: paid), and is owed back once none is
+/// (`refund_due`: listed, announced on RabbitMQ through the outbox, shown to the buyer).
+#[tokio::test]
+async fn a_late_payment_is_honoured_while_a_unit_is_left_and_owed_back_after() {
+    let env = TestEnv::new("pay_late").await;
+    let (_conn, channel, queue) = listen_for_events(&env, "refund-due").await;
+    let server = env.server(ALL_ROLES).await;
+    env.item(1, 2).paying_within(1).on_sale(&server).await;
+    let late_one = bought(&env, &server, 1, 1).await;
+    let late_two = bought(&env, &server, 2, 1).await;
+    eventually(
+        Duration::from_secs(15),
+        "both cancelled, units back",
+        || async {
+            let one = env.order_status(&late_one).await;
+            let two = env.order_status(&late_two).await;
+            match (one.as_deref(), two.as_deref(), env.remaining(1).await) {
+                (Some("cancelled"), Some("cancelled"), 2) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let third = bought(&env, &server, 3, 1).await;
+
+    let answer = env.pay(&server, &late_one).await;
+    assert_eq!(code(&answer), (200, Some("revived")), "{}", answer.1);
+    assert_eq!(env.order_status(&late_one).await.as_deref(), Some("paid"));
+    assert_eq!(env.remaining(1).await, 0);
+    let answer = env.pay(&server, &late_two).await;
+    assert_eq!(code(&answer), (200, Some("refund_due")), "{}", answer.1);
+    assert_eq!(
+        env.order_status(&late_two).await.as_deref(),
+        Some("refund_due")
+    );
+    let (status, shown) = env
+        .get(&server, &format!("/api/orders/{late_two}"), Some(2))
+        .await;
+    assert_eq!(
+        (status, shown["status"].as_str()),
+        (200, Some("refund_due")),
+        "{shown}"
+    );
+    let (_, due) = env.admin_get(&server, "/admin/payments/refunds-due").await;
+    assert_eq!(due["charges"][0]["order_sn"], late_two, "{due}");
+    assert_eq!(due["charges"][0]["reason"], "refund_due", "{due}");
+    let announced = eventually(Duration::from_secs(10), "order.refund_due sent", || async {
+        let got = channel
+            .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .unwrap();
+        got.map(|m| serde_json::from_slice::<Value>(&m.data).unwrap())
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await;
+    assert_eq!(announced["order_sn"], late_two, "{announced}");
+    assert_eq!(announced["amount_cents"], 1999, "{announced}");
+    let outbox: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM event_outbox")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    assert_eq!(outbox, 0, "sent and confirmed: gone from the outbox");
+    // The operator refunds it with the provider: off the list, the order refunded.
+    let answer = env
+        .payment_event(&server, &env.payment("payment.refunded", &late_two))
+        .await;
+    assert_eq!(code(&answer), (200, Some("settled")), "{}", answer.1);
+    assert_eq!(
+        env.order_status(&late_two).await.as_deref(),
+        Some("refunded")
+    );
+    let stats = env.stats(&server, 1).await;
+    assert_eq!(stats["remaining"], 0, "{stats}");
+    assert_eq!(stats["orders"]["paid"], 1, "{stats}");
+    assert_eq!(stats["orders"]["unpaid"], 1, "{stats}");
+    env.assert_invariants(&server, 1, 2, &[late_one, late_two, third])
+        .await;
+    server.stop().await;
+}
+
+/// Under `refund`, every late payment is owed back: one for an order already cancelled
+/// (no unit taken), and one for an order past its deadline that no scheduler cancelled
+/// yet (its unit goes back now).
+#[tokio::test]
+async fn under_the_refund_rule_a_late_payment_is_owed_back_and_takes_no_unit() {
+    let env = TestEnv::new("pay_refund_rule").await;
+    let refund = |s: &mut seckill::Settings| s.late_payment = LatePayment::Refund;
+    let api = env.server_with(&[Role::Api, Role::Consumer], refund).await;
+    env.item(1, 3).paying_within(1).on_sale(&api).await;
+    let overdue = bought(&env, &api, 1, 1).await;
+    let cancelled = bought(&env, &api, 2, 1).await;
+    let (status, body) = env
+        .post_as(&api, &format!("/api/orders/{cancelled}/cancel"), 2)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(env.remaining(1).await, 2);
+
+    let answer = env.pay(&api, &overdue).await;
+    assert_eq!(code(&answer), (200, Some("refund_due")), "{}", answer.1);
+    assert_eq!(
+        env.order_status(&overdue).await.as_deref(),
+        Some("refund_due")
+    );
+    assert_eq!(env.remaining(1).await, 3, "its unit back on sale");
+    let answer = env.pay(&api, &cancelled).await;
+    assert_eq!(code(&answer), (200, Some("refund_due")), "{}", answer.1);
+    assert_eq!(env.remaining(1).await, 3, "no unit taken");
+    let (_, due) = env.admin_get(&api, "/admin/payments/refunds-due").await;
+    assert_eq!(due["charges"].as_array().map(Vec::len), Some(2), "{due}");
+    env.assert_invariants(&api, 1, 3, &[overdue, cancelled])
+        .await;
+    api.stop().await;
+}
+
+/// A payment for an order still on its way to MySQL (the consumer down) lands the order
+/// first and pays it; a charge for no known order is recorded and owed back.
+#[tokio::test]
+async fn a_payment_for_an_order_on_its_way_pays_it_and_one_for_no_order_is_owed_back() {
+    let env = TestEnv::new("pay_pending").await;
+    let api = env.server(&[Role::Api]).await;
+    env.item(1, 3).on_sale(&api).await;
+    let (status, body) = env.buy(&api, 1, 1).await;
+    assert_eq!(status, 202, "{body}");
+    let sn = body["order_sn"].as_str().unwrap().to_owned();
+    let answer = env.pay(&api, &sn).await;
+    assert_eq!(code(&answer), (200, Some("paid")), "{}", answer.1);
+    assert_eq!(env.order_status(&sn).await.as_deref(), Some("paid"));
+
+    let nobody = format!("1-{}", ulid::Ulid::new());
+    let answer = env.pay(&api, &nobody).await;
+    assert_eq!(
+        code(&answer),
+        (404, Some("order_not_found")),
+        "{}",
+        answer.1
+    );
+    let (_, due) = env.admin_get(&api, "/admin/payments/refunds-due").await;
+    assert_eq!(due["charges"][0]["reason"], "order_not_found", "{due}");
+    let consumer = env.server(&[Role::Consumer]).await;
+    env.wait_for_orders(&api, 1, 1, Duration::from_secs(10))
+        .await;
+    env.assert_invariants(&api, 1, 3, &[sn]).await;
+    consumer.stop().await;
+    api.stop().await;
+}
+
+/// `SECKILL_PAYMENTS=trust_buyer` brings the buyer's own `pay` back for development, and
+/// refuses to start beside a real JWT secret.
+#[tokio::test]
+async fn trusting_the_buyer_runs_only_on_the_development_secret() {
+    let env = TestEnv::new("pay_trust").await;
+    let mut settings = env.settings.clone();
+    settings.payments = Payments::TrustBuyer;
+    let refused = seckill::Server::build(settings, &[Role::Api]).await;
+    let why = refused.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(
+        why.contains("trust_buyer"),
+        "started with a real JWT secret: {why}"
+    );
+}
+
+/// `seckill pay` signs and sends a `payment.succeeded` for the item's price, as a
+/// provider would.
+#[tokio::test]
+async fn seckill_pay_pays_an_order_as_a_provider_would() {
+    let env = TestEnv::new("pay_cli").await;
+    let server = env.server(&[Role::Api, Role::Consumer]).await;
+    env.item(1, 2).on_sale(&server).await;
+    let sn = bought(&env, &server, 1, 1).await;
+    // Awaited, not blocking: the server answering it runs on this test's runtime.
+    let pay = |order: &str| {
+        let mut command = tokio::process::Command::from(seckill(&env));
+        command.args(["pay", "--order", order, "--url", &server.url("")]);
+        command
+    };
+    let output = pay(&sn).output().await.unwrap();
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{said} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        said.starts_with("200 ") && said.contains("\"paid\""),
+        "{said}"
+    );
+    assert_eq!(env.order_status(&sn).await.as_deref(), Some("paid"));
+    let output = pay("nonsense").output().await.unwrap();
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("not an order number"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    server.stop().await;
+}
