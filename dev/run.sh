@@ -10,6 +10,8 @@ cargo build --release --locked --bin seckill
 bin=target/release/seckill
 
 export SECKILL_ADMIN_TOKEN=${SECKILL_ADMIN_TOKEN:-dev-admin-token}
+# What a payment provider signs its events with (`seckill pay` signs with it too).
+export SECKILL_PAYMENT_SECRET=${SECKILL_PAYMENT_SECRET:-dev-payment-secret}
 export SECKILL_HTTP_ADDR=${SECKILL_HTTP_ADDR:-127.0.0.1:8080}
 base="http://$SECKILL_HTTP_ADDR"
 item=${DEMO_ITEM:-1001}
@@ -46,6 +48,9 @@ seckill is running on $base with demo item $item on sale. Buy one:
     -H 'Authorization: Bearer $token' \\
     -H "X-Client-Time: \$(date +%s%3N)" -H 'Content-Type: application/json' \\
     -d '{"item_id": $item}'
+
+Pay the order it answers, as the payment provider would:
+  SECKILL_PAYMENT_SECRET=$SECKILL_PAYMENT_SECRET $bin pay --order <order_sn>
 
 Stock and orders:   curl -s $base/admin/items/$item/stats -H 'Authorization: Bearer $SECKILL_ADMIN_TOKEN'
 Stop with Ctrl-C.

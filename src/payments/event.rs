@@ -77,6 +77,9 @@ impl PaymentEvent {
         if event.amount_cents > i64::MAX as u64 {
             return Err("amount_cents is too large".into());
         }
+        if !crate::store::storable(event.occurred_at) {
+            return Err(format!("occurred_at must be {}", crate::store::STORABLE));
+        }
         Ok(event)
     }
 }
@@ -123,6 +126,11 @@ mod tests {
             ),
             ("order_sn", serde_json::json!("x".repeat(41)), "order_sn"),
             ("extra", serde_json::json!(1), "unknown field"),
+            (
+                "occurred_at",
+                serde_json::json!("0001-01-01T00:00:00Z"),
+                "occurred_at",
+            ),
         ] {
             let why = PaymentEvent::parse(&body(&[(field, value)])).unwrap_err();
             assert!(why.contains(named), "{field}: {why}");

@@ -227,6 +227,10 @@ async fn schemathesis_finds_nothing_and_the_sale_still_adds_up() {
             .env("PYTHONPATH", ".")
             .env("SECKILL_BASE_URL", server.url(""))
             .env("SECKILL_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env(
+                "SECKILL_PAYMENT_SECRET",
+                env.settings.payment_secret[0].expose(),
+            )
             .env("SECKILL_USER_TOKEN", env.token(7))
             .env("SECKILL_ITEM", FUZZED_SALE.to_string())
             .args(["run", &server.url("/api/openapi.json")])

@@ -13,6 +13,7 @@ use seckill::Role;
 use seckill::config::{LatePayment, Payments, Secret};
 use serde_json::{Value, json};
 
+use crate::history::quiet;
 use crate::support::*;
 
 /// Buys one unit for `user` and waits until its order is in MySQL: its number.
@@ -536,5 +537,134 @@ async fn seckill_pay_pays_an_order_as_a_provider_would() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    server.stop().await;
+}
+
+/// Sends a payment event until it is answered other than `503` (as a provider retries).
+async fn pay_until_answered(env: &TestEnv, server: &TestServer, event: &Value) -> (u16, Value) {
+    for _ in 0..40 {
+        let answer = env.payment_event(server, event).await;
+        if answer.0 != 503 {
+            return answer;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    env.payment_event(server, event).await
+}
+
+/// 1,000 orders paid at their deadline: each payment races the deadline's cancel, half of
+/// them their buyer's cancel too, and 300 newcomers buy the units coming back meanwhile.
+/// Every order ends exactly one way — paid (in time, or revived late) or owed back — its
+/// answers saying the same, every event recorded once, and the stock adds up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_payments_racing_deadlines_and_cancels_each_end_one_way() {
+    use futures::StreamExt;
+    let env = TestEnv::new("pay_burst").await;
+    let server = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    env.item(1, 1000).paying_within(3).on_sale(&server).await;
+    let won: Vec<(u64, String)> = futures::stream::iter(1..=1000u64)
+        .map(|user| {
+            let (env, server) = (&env, &server);
+            async move {
+                let (status, body) = env.buy(server, user, 1).await;
+                assert_eq!(status, 202, "user {user}: {body}");
+                (user, body["order_sn"].as_str().unwrap().to_owned())
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    env.wait_for_orders(&server, 1, 1000, Duration::from_secs(30))
+        .await;
+    let deadline: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT MIN(pay_deadline) FROM orders WHERE item_id = 1")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    let start = (deadline - chrono::Utc::now() - chrono::Duration::milliseconds(300))
+        .to_std()
+        .unwrap_or_default();
+    tokio::time::sleep(start).await;
+
+    let payments = futures::stream::iter(won.clone())
+        .map(|(user, sn)| {
+            let (env, server) = (&env, &server);
+            async move {
+                let event = env.payment("payment.succeeded", &sn);
+                let cancel = async {
+                    if user % 2 == 0 {
+                        let path = format!("/api/orders/{sn}/cancel");
+                        Some(env.post_as(server, &path, user).await.0)
+                    } else {
+                        None
+                    }
+                };
+                let (paid, cancelled) =
+                    tokio::join!(pay_until_answered(env, server, &event), cancel);
+                (sn, paid, cancelled)
+            }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>();
+    let newcomers = futures::stream::iter(2001..=2300u64)
+        .map(|user| {
+            let (env, server) = (&env, &server);
+            async move {
+                tokio::time::sleep(Duration::from_millis(user % 50 * 40)).await;
+                let (status, body) = env.buy(server, user, 1).await;
+                (status, body["order_sn"].as_str().map(str::to_owned))
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>();
+    let (outcomes, bought) = tokio::join!(payments, newcomers);
+
+    let mut ways: std::collections::BTreeMap<String, u64> = Default::default();
+    for (sn, (status, body), cancel) in &outcomes {
+        let code = body["code"].as_str().unwrap_or_default();
+        let stored = env.order_status(sn).await.unwrap_or_default();
+        let expected = match (*status, code, cancel) {
+            (200, "paid", None | Some(409 | 503)) | (200, "revived", _) => "paid",
+            (200, "refund_due", _) => "refund_due",
+            other => panic!("order {sn}: the payment and the cancel answered {other:?}"),
+        };
+        assert_eq!(stored, expected, "order {sn}: {code}, cancel {cancel:?}");
+        *ways
+            .entry(format!("{code}, cancel {cancel:?}"))
+            .or_default() += 1;
+    }
+    let (refused, sold): (Vec<_>, Vec<_>) = bought.iter().partition(|(status, _)| *status == 410);
+    eprintln!(
+        "1,000 payments at the deadline: {ways:?}; newcomers: {} bought, {} sold out",
+        sold.len(),
+        refused.len()
+    );
+    let events: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM payment_events")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    assert_eq!(events, 1000, "every event recorded once");
+    let owed: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM orders WHERE item_id = 1 AND status = 'refund_due'",
+    )
+    .fetch_one(&env.db)
+    .await
+    .unwrap();
+    let (_, due) = env.admin_get(&server, "/admin/payments/refunds-due").await;
+    assert_eq!(
+        due["charges"].as_array().map(Vec::len),
+        Some(owed as usize),
+        "{due}"
+    );
+    let mut all: Vec<String> = won.into_iter().map(|(_, sn)| sn).collect();
+    for (status, sn) in &bought {
+        match (status, sn) {
+            (202, Some(sn)) => all.push(sn.clone()),
+            (410, None) => {}
+            other => panic!("a newcomer heard {other:?}"),
+        }
+    }
+    quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
+    env.assert_invariants(&server, 1, 1000, &all).await;
     server.stop().await;
 }

@@ -9,9 +9,10 @@ use crate::support::said;
 const FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docker-compose.yml");
 
 /// What `dev/compose-env.sh` makes up.
-const SECRETS: [&str; 6] = [
+const SECRETS: [&str; 7] = [
     "SECKILL_ADMIN_TOKEN",
     "SECKILL_JWT_SECRET",
+    "SECKILL_PAYMENT_SECRET",
     "SECKILL_MYSQL_PASSWORD",
     "SECKILL_RABBITMQ_PASSWORD",
     "SECKILL_ERLANG_COOKIE",
