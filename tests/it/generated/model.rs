@@ -97,8 +97,13 @@ pub enum Op {
     Cancel {
         user: u8,
     },
-    /// The user pays their newest live order.
+    /// The user's newest live order paid: the payment provider's signed event.
     Pay {
+        user: u8,
+    },
+    /// The user's newest paid order refunded whole: the provider's signed event (its unit
+    /// goes back on sale).
+    Refund {
         user: u8,
     },
     /// The user reads `my-order` and `my-orders`.
@@ -158,6 +163,7 @@ impl Op {
             Op::Press { .. } => "Press",
             Op::Cancel { .. } => "Cancel",
             Op::Pay { .. } => "Pay",
+            Op::Refund { .. } => "Refund",
             Op::Read { .. } => "Read",
             Op::Put(_) => "Put",
             Op::Pause => "Pause",
@@ -266,6 +272,7 @@ impl ReferenceStateMachine for Model {
             (press_weight, press.boxed()),
             (1, user.clone().prop_map(|user| Op::Cancel { user }).boxed()),
             (1, user.clone().prop_map(|user| Op::Pay { user }).boxed()),
+            (1, user.clone().prop_map(|user| Op::Refund { user }).boxed()),
             (1, user.prop_map(|user| Op::Read { user }).boxed()),
             (2, change.prop_map(Op::Put).boxed()),
             (

@@ -27,6 +27,7 @@ impl World {
             } => self.press(i, u64::from(*user), *key, *pair, *api),
             Op::Cancel { user } => self.end_order(i, u64::from(*user), "cancel"),
             Op::Pay { user } => self.end_order(i, u64::from(*user), "pay"),
+            Op::Refund { user } => self.refund(i, u64::from(*user)),
             Op::Read { user } => self.read(i, u64::from(*user)),
             Op::Put(change) => self.put(i, change),
             Op::Pause => self.pause(i, true),
@@ -151,6 +152,11 @@ impl World {
 
     /// The user's newest live order (pending or unpaid), by `my-orders` (`None`: none).
     async fn newest_live(&self, user: u64) -> Option<String> {
+        self.newest(user, &["pending", "unpaid"]).await
+    }
+
+    /// The user's newest order in one of `statuses`, by `my-orders` (`None`: none).
+    async fn newest(&self, user: u64, statuses: &[&str]) -> Option<String> {
         let sent = self
             .http
             .get(self.api(0).url(&format!("/api/items/{ITEM}/my-orders")))
@@ -162,9 +168,45 @@ impl World {
             .as_array()
             .into_iter()
             .flatten()
-            .find(|order| order["status"] == "pending" || order["status"] == "unpaid")
+            .find(|order| {
+                order["status"]
+                    .as_str()
+                    .is_some_and(|status| statuses.contains(&status))
+            })
             .and_then(|order| order["order_sn"].as_str())
             .map(str::to_owned)
+    }
+
+    /// A signed payment event (`payment.succeeded`, `payment.refunded`) for `sn`.
+    fn payment_event(&self, kind: &str, sn: &str) -> reqwest::RequestBuilder {
+        let body = self.env.payment(kind, sn).to_string();
+        let secret = self.env.settings.payment_secret[0].expose();
+        let now = chrono::Utc::now().timestamp();
+        let header = seckill::testing::sign_payment(secret, now, body.as_bytes());
+        self.http
+            .post(self.api(1).url("/api/payments/events"))
+            .header(seckill::testing::PAYMENT_SIGNATURE, header)
+            .header("Content-Type", "application/json")
+            .body(body)
+    }
+
+    /// The provider refunds the user's newest paid order, whole (the charge that paid it).
+    fn refund(&mut self, i: usize, user: u64) -> String {
+        let Some(sn) = self.block_on(self.newest(user, &["paid"])) else {
+            return "no paid order".to_owned();
+        };
+        let request = self.payment_event("payment.refunded", &sn);
+        let (status, code, _) = self.block_on(async { answer(request.send().await).await });
+        let faulty = self.replica_frozen() || self.rabbit_cut || self.oracle.settling();
+        match (status, code.as_str()) {
+            (200, "refunded") => {}
+            (503, _) | (0, _) if faulty => {}
+            _ => self.oracle.violation(
+                i,
+                format!("refund of {sn} (user {user}) answered {status} {code}"),
+            ),
+        }
+        format!("{sn}: {status} {code}")
     }
 
     /// A pay or a cancel (`what`) of the user's newest live order.
@@ -174,15 +216,7 @@ impl World {
         };
         // A pay is the payment provider's signed event; a cancel the buyer's own.
         let request = if what == "pay" {
-            let body = self.env.payment("payment.succeeded", &sn).to_string();
-            let secret = self.env.settings.payment_secret[0].expose();
-            let now = chrono::Utc::now().timestamp();
-            let header = seckill::testing::sign_payment(secret, now, body.as_bytes());
-            self.http
-                .post(self.api(1).url("/api/payments/events"))
-                .header(seckill::testing::PAYMENT_SIGNATURE, header)
-                .header("Content-Type", "application/json")
-                .body(body)
+            self.payment_event("payment.succeeded", &sn)
         } else {
             self.http
                 .post(self.api(1).url(&format!("/api/orders/{sn}/{what}")))
