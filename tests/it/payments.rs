@@ -668,3 +668,239 @@ async fn a_thousand_payments_racing_deadlines_and_cancels_each_end_one_way() {
     env.assert_invariants(&server, 1, 1000, &all).await;
     server.stop().await;
 }
+
+/// Sends `events` at `first` (32 at once), and whatever it did not answer — its process
+/// killed after `kill_after` answers — to `then`, as a provider retries: every answer in
+/// the end (a transport failure or a `503` is sent again).
+async fn stream_through_a_kill(
+    env: &TestEnv,
+    events: &[Value],
+    first: &TestServer,
+    then: &TestServer,
+    kill_after: u64,
+    doomed: &mut std::process::Child,
+) -> Vec<(u16, Value)> {
+    use futures::StreamExt;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let answered = AtomicU64::new(0);
+    let killed = std::sync::atomic::AtomicBool::new(false);
+    let send = |event: &Value| {
+        let (answered, killed) = (&answered, &killed);
+        let event = event.clone();
+        async move {
+            for attempt in 0..100 {
+                let at = if attempt == 0 && !killed.load(Ordering::Relaxed) {
+                    first
+                } else {
+                    then
+                };
+                let body = event.to_string();
+                let secret = env.settings.payment_secret[0].expose();
+                let header = seckill::testing::sign_payment(
+                    secret,
+                    chrono::Utc::now().timestamp(),
+                    body.as_bytes(),
+                );
+                let sent = env
+                    .http
+                    .post(at.url("/api/payments/events"))
+                    .header(seckill::testing::PAYMENT_SIGNATURE, header)
+                    .header("Content-Type", "application/json")
+                    .body(body)
+                    .timeout(Duration::from_secs(5))
+                    .send()
+                    .await;
+                if let Ok(response) = sent {
+                    let status = response.status().as_u16();
+                    let body: Value = response.json().await.unwrap_or(Value::Null);
+                    if status != 503 {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                        return (status, body);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("never answered: {event}")
+        }
+    };
+    let stream = futures::stream::iter(events)
+        .map(send)
+        .buffer_unordered(32)
+        .collect::<Vec<_>>();
+    let kill = async {
+        while answered.load(Ordering::Relaxed) < kill_after {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        kill_hard(doomed);
+        killed.store(true, Ordering::Relaxed);
+    };
+    let (answers, ()) = tokio::join!(stream, kill);
+    answers
+}
+
+/// An API process killed (SIGKILL) in the middle of a stream of payment events, twice:
+/// 400 payments, then 200 refunds (each giving a unit back through Redis). The provider
+/// sends what was not answered to the other instance, and then every event once more:
+/// each is recorded once, each order ends one way, the units of the refunded come back
+/// (a refund cut off between MySQL and Redis by the kill: by the cut-off sweep), and the
+/// stock adds up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_api_killed_mid_stream_of_events_records_each_once_and_loses_no_unit() {
+    use futures::StreamExt;
+    let env = TestEnv::new("pay_crash_api").await;
+    let survivor = env.server_with(ALL_ROLES, |s| s.rate_per_user = 0).await;
+    env.item(1, 400).on_sale(&survivor).await;
+    let won: Vec<String> = futures::stream::iter(1..=400u64)
+        .map(|user| {
+            let (env, survivor) = (&env, &survivor);
+            async move {
+                let (status, body) = env.buy(survivor, user, 1).await;
+                assert_eq!(status, 202, "{body}");
+                body["order_sn"].as_str().unwrap().to_owned()
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    env.wait_for_orders(&survivor, 1, 400, Duration::from_secs(30))
+        .await;
+
+    let payments: Vec<Value> = won
+        .iter()
+        .map(|sn| env.payment("payment.succeeded", sn))
+        .collect();
+    let (mut doomed, a, _lines, _reader) = serve(seckill(&env).args(["serve", "--roles", "api"]));
+    let answers = stream_through_a_kill(&env, &payments, &a, &survivor, 100, &mut doomed).await;
+    for (status, body) in &answers {
+        assert_eq!(
+            (*status, body["code"].as_str()),
+            (200, Some("paid")),
+            "{body}"
+        );
+    }
+    let refunds: Vec<Value> = won[..200]
+        .iter()
+        .map(|sn| env.payment("payment.refunded", sn))
+        .collect();
+    let (mut doomed, a, _lines, _reader) = serve(seckill(&env).args(["serve", "--roles", "api"]));
+    let answers = stream_through_a_kill(&env, &refunds, &a, &survivor, 50, &mut doomed).await;
+    for (status, body) in &answers {
+        assert_eq!(
+            (*status, body["code"].as_str()),
+            (200, Some("refunded")),
+            "{body}"
+        );
+    }
+    // The provider delivers everything once more: the same answers, nothing changed.
+    for event in payments.iter().chain(&refunds) {
+        let (status, body) = env.payment_event(&survivor, event).await;
+        assert_eq!(
+            (status, body["repeat"].as_bool()),
+            (200, Some(true)),
+            "{body}"
+        );
+    }
+    let events: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM payment_events")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    assert_eq!(events, 600, "every event recorded once");
+    // A refund cut off between MySQL and Redis is finished by the cut-off sweep (5 s).
+    eventually(
+        Duration::from_secs(20),
+        "the refunded units back",
+        || async {
+            match env.remaining(1).await {
+                200 => Ok(()),
+                other => Err(format!("{other} on sale")),
+            }
+        },
+    )
+    .await;
+    let stats = env.stats(&survivor, 1).await;
+    assert_eq!(
+        (
+            stats["orders"]["paid"].as_u64(),
+            stats["orders"]["refunded"].as_u64()
+        ),
+        (Some(200), Some(200)),
+        "{stats}"
+    );
+    env.assert_invariants(&survivor, 1, 400, &won).await;
+    survivor.stop().await;
+}
+
+/// `order.refund_due` leaves through the outbox: late payments owed back while no
+/// scheduler can reach RabbitMQ, that scheduler killed, another one started — every event
+/// arrives (at least once, under its message id), and the outbox empties.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refund_due_events_survive_a_scheduler_killed_before_it_could_send_them() {
+    let env = TestEnv::new("pay_crash_scheduler").await;
+    let (_conn, channel, queue) = listen_for_events(&env, "refund-due-crash").await;
+    let refund = |s: &mut seckill::Settings| s.late_payment = LatePayment::Refund;
+    let api = env.server_with(&[Role::Api, Role::Consumer], refund).await;
+    env.item(1, 50).paying_within(1).on_sale(&api).await;
+    let mut sns = Vec::new();
+    for user in 1..=50 {
+        sns.push(bought(&env, &api, user, 1).await);
+    }
+    // A scheduler that cannot reach RabbitMQ: it holds what it would send.
+    let (mut blind, _, _lines, _reader) = serve(
+        seckill(&env)
+            .args(["serve", "--roles", "scheduler"])
+            .env("SECKILL_AMQP_URL", "amqp://guest:guest@127.0.0.1:9/%2f"),
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    for sn in &sns {
+        let answer = pay_until_answered(&env, &api, &env.payment("payment.succeeded", sn)).await;
+        assert_eq!(code(&answer), (200, Some("refund_due")), "{}", answer.1);
+    }
+    let queued: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM event_outbox")
+        .fetch_one(&env.db)
+        .await
+        .unwrap();
+    assert_eq!(queued, 50, "held in the outbox");
+    kill_hard(&mut blind);
+    let scheduler = env.server(&[Role::Scheduler]).await;
+    let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    eventually(
+        Duration::from_secs(20),
+        "every order.refund_due arrived",
+        || {
+            let (seen, channel, queue) = (&seen, &channel, &queue);
+            async move {
+                while let Some(message) = channel
+                    .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+                    .await
+                    .unwrap()
+                {
+                    let body: Value = serde_json::from_slice(&message.data).unwrap();
+                    let sn = body["order_sn"].as_str().unwrap_or_default().to_owned();
+                    seen.lock().unwrap().insert(sn);
+                }
+                match seen.lock().unwrap().len() {
+                    50 => Ok(()),
+                    n => Err(format!("{n} arrived")),
+                }
+            }
+        },
+    )
+    .await;
+    eventually(Duration::from_secs(10), "the outbox empty", || async {
+        let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM event_outbox")
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+        if left == 0 {
+            Ok(())
+        } else {
+            Err(format!("{left} left"))
+        }
+    })
+    .await;
+    let seen = seen.into_inner().unwrap();
+    assert!(sns.iter().all(|sn| seen.contains(sn)), "{seen:?}");
+    env.assert_invariants(&api, 1, 50, &sns).await;
+    scheduler.stop().await;
+    api.stop().await;
+}
