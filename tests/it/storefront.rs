@@ -53,6 +53,7 @@ async fn the_page_buys_with_one_click_debounces_a_double_click_and_shows_sold_ou
     let nginx = Nginx::start(server.addr, server.addr).await;
 
     let tokens = [1, 2, 3, 4, 5, 6].map(|user| env.token(user)).join(",");
+    let payment_secret = env.settings.payment_secret[0].expose().to_owned();
     let output = tokio::task::spawn_blocking(move || {
         Command::new("node")
             .args(["--test", "--test-concurrency=1", "test/"])
@@ -60,6 +61,7 @@ async fn the_page_buys_with_one_click_debounces_a_double_click_and_shows_sold_ou
             .env("STOREFRONT_URL", nginx.url(""))
             .env("STOREFRONT_ITEMS", "901,902,903,904,905,906")
             .env("STOREFRONT_TOKENS", tokens)
+            .env("STOREFRONT_PAYMENT_SECRET", &payment_secret)
             .env("CHROMIUM", chromium)
             .env(
                 "STOREFRONT_SHOTS",

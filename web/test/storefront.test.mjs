@@ -3,10 +3,12 @@
 //   STOREFRONT_URL      nginx's address (http://127.0.0.1:PORT)
 //   STOREFRONT_ITEMS    on-sale,sold-out,later,between-waves,three-per-buyer,draw item ids
 //   STOREFRONT_TOKENS   six user tokens, comma-separated
+//   STOREFRONT_PAYMENT_SECRET  what the payment provider this test plays signs with
 //   CHROMIUM            the browser (default /usr/bin/chromium, Debian's package)
 //   STOREFRONT_SHOTS    optional folder for screenshots
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
+import { createHmac } from "node:crypto";
 import { mkdirSync } from "node:fs";
 import { chromium } from "playwright-core";
 
@@ -20,6 +22,25 @@ const [onSale, soldOut, later, betweenWaves, threePerBuyer, draw] =
   need("STOREFRONT_ITEMS").split(",");
 const tokens = need("STOREFRONT_TOKENS").split(",");
 const shots = process.env.STOREFRONT_SHOTS;
+const paymentSecret = need("STOREFRONT_PAYMENT_SECRET");
+
+/** The payment provider: takes the money (the test items cost 19.99 CNY) and tells the
+ *  server, signed as the contract asks. */
+async function providerPays(orderSn) {
+  const body = JSON.stringify({
+    event_id: `evt_storefront_${orderSn}`, type: "payment.succeeded", order_sn: orderSn,
+    amount_cents: 1999, currency: "CNY", occurred_at: new Date().toISOString(),
+    provider_ref: `ch_storefront_${orderSn}`,
+  });
+  const t = Math.floor(Date.now() / 1000);
+  const v1 = createHmac("sha256", paymentSecret).update(`${t}.${body}`).digest("hex");
+  const answer = await fetch(`${base}/api/payments/events`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", "Seckill-Signature": `t=${t},v1=${v1}` },
+    body,
+  });
+  assert.equal(answer.status, 200, await answer.text());
+}
 
 let browser;
 before(async () => {
@@ -56,7 +77,7 @@ async function shot(page, name) {
   if (shots) await page.screenshot({ path: `${shots}/${name}.png` });
 }
 
-test("a click buys, and the order can be paid", async () => {
+test("a click buys, and the order is paid once the provider says so", async () => {
   const { page, purchases } = await open(onSale, tokens[0]);
   await text(page, "#countdown", /On sale now/);
   await page.click("#buy");
@@ -64,6 +85,9 @@ test("a click buys, and the order can be paid", async () => {
   await text(page, "#order-status", /awaiting payment/);
   await shot(page, "won");
   await page.click("#pay");
+  await text(page, "#outcome", /Pay 19\.99 CNY with your payment provider/);
+  await text(page, "#order-status", /waiting for the payment/);
+  await providerPays(await page.textContent("#order-sn"));
   await text(page, "#outcome", /Paid/);
   await text(page, "#order-status", /^paid$/);
   await shot(page, "paid");
