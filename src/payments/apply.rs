@@ -284,7 +284,11 @@ async fn attempt(deps: &Deps, event: &PaymentEvent, arrival: Arrival) -> Result<
             return Err(e);
         }
     };
-    repo::set_outcome(&mut tx, &event.event_id, outcome, status).await?;
+    if let Err(e) = repo::set_outcome(&mut tx, &event.event_id, outcome, status).await {
+        drop(tx);
+        ctx.undo(after).await;
+        return Err(e.into());
+    }
     let committed = mysql_timed(tx.commit()).await;
     if let Err(e) = committed {
         // Whether it committed is unknown: the `ending` record leaves the unit to the
@@ -349,8 +353,12 @@ impl Ctx<'_> {
                     };
                     match revived {
                         Some((slot, begun)) => {
-                            repo::revive(tx, sn, slot, &event.provider_ref).await?;
-                            ("revived", 200, After::Keep(begun))
+                            let after = After::Keep(begun);
+                            if let Err(e) = repo::revive(tx, sn, slot, &event.provider_ref).await {
+                                self.undo(after).await;
+                                return Err(e.into());
+                            }
+                            ("revived", 200, after)
                         }
                         None => {
                             repo::owe(tx, sn, order.status).await?;
@@ -506,6 +514,19 @@ impl Ctx<'_> {
                 .invoke_async(conn),
         )
         .await
+    }
+
+    /// Undoes Redis's part of a change MySQL never committed (its statement failed before
+    /// the commit): a unit taken for a revival goes back — the order is still cancelled.
+    /// A unit recorded as going back stays: its order is still paid, and the cut-off sweep
+    /// drops the record. A failure here is the sweep's too.
+    async fn undo(&self, after: After) {
+        if let After::Keep(_) = after {
+            let Deps { redis, keys, .. } = self.deps;
+            if let Err(e) = ending::release(redis, keys, &[self.held()]).await {
+                tracing::warn!(order_sn = %self.sn, error = %e, "a unit taken for a late payment not given back yet; the cut-off sweep does it");
+            }
+        }
     }
 
     /// Redis's part once MySQL committed. A failure is left to the cut-off sweep, which
