@@ -10,9 +10,9 @@
 --
 -- The order is in MySQL, cancelled, and its row is locked by the caller's transaction
 -- while this runs. The unit is taken only where a purchase could take it now: the bucket
--- loaded and not being reloaded, the sale's window open (a draw's units go by rank, never
--- to a late payment), the buyer under their `per_user`, no wave holding the units back.
--- A pause does not stop it: the money was taken before the operator paused.
+-- loaded, neither paused nor being reloaded, the sale's window open (a draw's units go by
+-- rank, never to a late payment), the buyer under their `per_user`, no wave holding the
+-- units back.
 --
 -- The order's number goes into `ending` with the unit (timed by Redis): should the
 -- caller die before MySQL says `paid`, the scheduler's cut-off sweep finds the order
@@ -23,8 +23,8 @@
 --   "taken <slot> <ms>"  a unit taken, the order in place `slot`, recorded in `ending` at ms
 --   "kept <slot> <ms>"   its place still named it (the cancel never gave its unit back):
 --                        nothing taken, recorded in `ending` alike
---   "busy"               a cancel of it is still giving its unit back, or a warm-up is
---                        replacing the units: ask again in a moment
+--   "busy"               a cancel of it is still giving its unit back, or the sale is
+--                        paused or being reloaded: ask again in a moment
 --   "closed"             not loaded (or retired), a draw, or the window is over
 --   "limit"              the buyer holds `per_user` live orders
 --   "none"               no unit on sale here now
@@ -37,7 +37,9 @@ end
 if not state then
   state, _, end_ms, per_user, waves = read_rules(KEYS[1])
 end
-if state == 'reloading' then
+-- Paused: an operator holds the sale, perhaps to reload it (a warm-up reads who holds
+-- units while this payment is not yet committed): the event waits, as a purchase does.
+if state == 'reloading' or state == 'paused' then
   return 'busy'
 end
 if state == 'not_loaded' or state == 'ended' then

@@ -103,7 +103,10 @@ impl Orders {
             match status {
                 OrderStatus::Unpaid => orders.unpaid += 1,
                 OrderStatus::Paid => orders.paid += 1,
-                OrderStatus::Cancelled if cancelled.contains(sn) => {
+                // Its unit came back, whatever ended it after: its cancel, or a refund.
+                OrderStatus::Cancelled | OrderStatus::RefundDue | OrderStatus::Refunded
+                    if cancelled.contains(sn) =>
+                {
                     orders.cancelled_found.insert(sn.to_owned());
                 }
                 OrderStatus::Cancelled | OrderStatus::RefundDue | OrderStatus::Refunded => {}

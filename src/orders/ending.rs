@@ -86,6 +86,40 @@ pub async fn release(
     Ok(released)
 }
 
+/// Gives back the units of those of these orders that MySQL has holding none — read with
+/// their rows locked, and given back before the locks go: a late payment reviving an order
+/// takes its unit while holding the row's lock and before MySQL says `paid`, so a plain
+/// read would see `cancelled` and give that unit back a second time. For releases that
+/// follow no cancel of their own (a repeated cancel, a stale buyer record, a cut-off
+/// record): a cancel's first release is covered by its `ending` record, which makes a
+/// revival wait. Returns the order numbers whose unit came back.
+pub async fn release_if_ended(
+    db: &Db,
+    redis: &RedisConns,
+    keys: &Keys,
+    orders: &[Held],
+) -> Result<Vec<String>, StoreError> {
+    if orders.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sns: Vec<&str> = orders.iter().map(|o| o.order_sn.as_str()).collect();
+    let mut tx = crate::store::mysql_begin(db).await?;
+    let ended: HashSet<String> = repo::lock_many(&mut tx, &sns)
+        .await?
+        .into_iter()
+        .filter(|row| !row.status.holds_unit())
+        .map(|row| row.order_sn.to_string())
+        .collect();
+    let ended: Vec<Held> = orders
+        .iter()
+        .filter(|o| ended.contains(&o.order_sn))
+        .cloned()
+        .collect();
+    let back = release(redis, keys, &ended).await?;
+    crate::store::mysql_timed(tx.commit()).await?;
+    Ok(back)
+}
+
 /// What [`cancel_overdue`] did.
 #[derive(Debug, Default)]
 pub struct Cancelled {
@@ -247,7 +281,10 @@ pub async fn finish_cut_off(
 }
 
 /// One bucket's cut-off records: units back for those MySQL cancelled, those still unpaid
-/// kept for another look, the rest dropped.
+/// kept for another look, the rest dropped — as MySQL says under the rows' locks, held
+/// until Redis has done its part: a payment event holds an order's lock from before its
+/// Redis step (a unit taken for a late payment, one going back for a refund) until its
+/// commit, so a locked read never sees a change of state that is still on its way.
 async fn finish_records(
     db: &Db,
     redis: &RedisConns,
@@ -257,18 +294,19 @@ async fn finish_records(
     sns: &[String],
 ) -> Result<u64, StoreError> {
     let refs: Vec<&str> = sns.iter().map(String::as_str).collect();
-    let rows = repo::find_many(db, &refs).await?;
+    let mut tx = crate::store::mysql_begin(db).await?;
+    let rows = repo::lock_many(&mut tx, &refs).await?;
     let status: HashMap<&str, OrderStatus> = rows
         .iter()
         .map(|r| (r.order_sn.as_str(), r.status))
         .collect();
     // Cancelled, or its payment owed back or refunded: no unit held.
-    let cancelled: Vec<Held> = rows
+    let ended: Vec<Held> = rows
         .iter()
         .filter(|r| !r.status.holds_unit())
         .map(Held::from)
         .collect();
-    let back = release(redis, keys, &cancelled).await?.len() as u64;
+    let back = release(redis, keys, &ended).await?.len() as u64;
     if back > 0 {
         tracing::warn!(%bucket, units = back, "finished cancels that were cut off between MySQL and Redis");
     }
@@ -291,6 +329,7 @@ async fn finish_records(
         )
         .await?;
     }
+    crate::store::mysql_timed(tx.commit()).await?;
     Ok(back)
 }
 

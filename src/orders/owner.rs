@@ -267,8 +267,17 @@ impl Owner<'_> {
                 )));
             }
         }
-        // Also for a repeat: finishes a release that an earlier call did not get to.
-        ending::release(&self.deps.redis, &self.deps.keys, &[Held::from(&row)]).await?;
+        // Also for a repeat: finishes a release that an earlier call did not get to — then
+        // under the row's lock, as a late payment may be reviving the order right now.
+        let held = [Held::from(&row)];
+        let Deps {
+            db, redis, keys, ..
+        } = self.deps;
+        if cancelled_now {
+            ending::release(redis, keys, &held).await?;
+        } else {
+            ending::release_if_ended(db, redis, keys, &held).await?;
+        }
         tracing::info!(order_sn = %sn, "order_cancelled");
         Ok(row.into())
     }

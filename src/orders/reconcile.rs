@@ -132,7 +132,9 @@ async fn run(
     }
 
     // 3. Stale buyer records: their units back.
-    let stale_buyers = ending::release(redis, keys, &stale).await?.len() as u64;
+    let stale_buyers = ending::release_if_ended(db, redis, keys, &stale)
+        .await?
+        .len() as u64;
 
     // 4. Redis against MySQL, twice before crying wolf.
     let mut report = check(db, redis, keys, item, None, &buckets, total).await?;

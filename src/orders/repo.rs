@@ -123,6 +123,25 @@ pub async fn find_many(db: &Db, sns: &[&str]) -> Result<Vec<OrderRow>, DbError> 
     mysql_timed(query.build_query_as().fetch_all(db)).await
 }
 
+/// These orders' rows, locked (`FOR UPDATE`) until `tx` ends: a late payment reviving one
+/// holds its lock from before it takes a unit until MySQL says `paid`
+/// (`src/payments/apply.rs`), so what a locked read says stays true while it is acted on.
+pub async fn lock_many(
+    tx: &mut sqlx::Transaction<'static, sqlx::MySql>,
+    sns: &[&str],
+) -> Result<Vec<OrderRow>, DbError> {
+    if sns.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut query = in_list(
+        "SELECT order_sn, item_id, user_id, status, created_at, pay_deadline
+         FROM orders WHERE order_sn IN (",
+        sns,
+    );
+    query.push(" FOR UPDATE");
+    mysql_timed(query.build_query_as().fetch_all(&mut **tx)).await
+}
+
 /// Why an order was cancelled (the `cancel_reason` column).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CancelReason {

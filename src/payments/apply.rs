@@ -50,10 +50,12 @@ const BUSY_PAUSE: Duration = Duration::from_millis(50);
 pub const REFUND_DUE: &str = "order.refund_due";
 
 /// Every outcome an event can have: the answer's `code`.
-pub const OUTCOMES: [&str; 13] = [
+pub const OUTCOMES: [&str; 15] = [
     "paid",
     "revived",
     "already_paid",
+    "already_recorded",
+    "already_refunded",
     "charged_twice",
     "refund_due",
     "refunded",
@@ -329,6 +331,11 @@ impl Ctx<'_> {
             EventType::Refunded if !currency_ok || event.amount_cents > self.price => {
                 ("amount_mismatch", 422, After::Nothing)
             }
+            // The provider returned this charge before it told of taking it (events out of
+            // order): nothing is held, nothing owed.
+            EventType::Succeeded if repo::charge_seen(tx, event, "payment.refunded").await? => {
+                ("already_refunded", 200, After::Nothing)
+            }
             EventType::Succeeded => match order.status {
                 OrderStatus::Unpaid if !order.overdue || late == LatePayment::Honour => {
                     repo::pay(tx, sn, &event.provider_ref).await?;
@@ -343,13 +350,22 @@ impl Ctx<'_> {
                 OrderStatus::Paid if order.paid_ref.as_deref() == Some(&event.provider_ref) => {
                     ("already_paid", 200, After::Nothing)
                 }
+                // This charge told of before (another event id): counted once.
+                OrderStatus::Paid | OrderStatus::RefundDue | OrderStatus::Refunded
+                    if repo::charge_seen(tx, event, "payment.succeeded").await? =>
+                {
+                    ("already_recorded", 200, After::Nothing)
+                }
                 OrderStatus::Paid | OrderStatus::RefundDue | OrderStatus::Refunded => {
                     ("charged_twice", 200, After::Nothing)
                 }
                 OrderStatus::Cancelled => {
+                    // An order MySQL refused as a second live order never was its buyer's to
+                    // pay: owed back, whatever the rule.
+                    let refused = order.cancel_reason.as_deref() == Some("refused");
                     let revived = match late {
-                        LatePayment::Honour => self.revive().await?,
-                        LatePayment::Refund => None,
+                        LatePayment::Honour if !refused => self.revive().await?,
+                        LatePayment::Honour | LatePayment::Refund => None,
                     };
                     match revived {
                         Some((slot, begun)) => {
@@ -369,17 +385,19 @@ impl Ctx<'_> {
                 }
             },
             EventType::Refunded => {
-                if let Some((owed, why, owed_sn)) =
-                    repo::owed_charge(tx, &event.provider_ref).await?
-                {
-                    repo::settle(tx, &owed).await?;
-                    if why == "refund_due"
-                        && owed_sn == sn
-                        && order.status == OrderStatus::RefundDue
-                    {
-                        repo::refund(tx, sn, order.status).await?;
+                if let Some(owed) = repo::owed_charge(tx, &event.provider_ref).await? {
+                    if event.amount_cents < owed.amount_cents {
+                        ("partial_refund", 200, After::Nothing)
+                    } else {
+                        repo::settle(tx, &owed.event_id).await?;
+                        if owed.outcome == "refund_due"
+                            && owed.order_sn == sn
+                            && order.status == OrderStatus::RefundDue
+                        {
+                            repo::refund(tx, sn, order.status).await?;
+                        }
+                        ("settled", 200, After::Nothing)
                     }
-                    ("settled", 200, After::Nothing)
                 } else if order.status == OrderStatus::Paid
                     && order
                         .paid_ref
@@ -462,6 +480,10 @@ impl Ctx<'_> {
             let borrowed = transfer::borrow(&mut conn, &home, lenders.iter(), lending).await?;
             if borrowed.moved {
                 revived = self.revive_in(&mut conn, &home).await?;
+            } else if borrowed.stalled || borrowed.moving {
+                // A bucket that may have units could not lend now (paused, reloading,
+                // short of replicas, a unit on its way): not "none left" yet.
+                return Err(Retry::Busy);
             }
         }
         let mut words = revived.split(' ');
@@ -544,19 +566,46 @@ impl Ctx<'_> {
     }
 }
 
-/// The scheduler's step: events held for orders not yet in MySQL, applied once they are.
+/// Held events looked at per step, at most.
+const HELD_PER_STEP: u32 = 500;
+
+/// The scheduler's step: events held for orders not yet in MySQL, applied once they are;
+/// one whose order turned out to exist nowhere (a pending order a Redis failover lost) is
+/// recorded `order_not_found`, its charge owed back. Each event on its own: one that
+/// fails now is tried again at the next step and holds back no other. Returns how many
+/// were settled.
 pub async fn apply_held(deps: &Deps) -> Result<u64, PaymentError> {
-    let mut applied = 0;
-    for event in repo::held(&deps.db, 100).await? {
+    let mut settled = 0;
+    for (_, event) in repo::held(&deps.db, 0, HELD_PER_STEP).await? {
         let Some(sn) = OrderSn::parse(&event.order_sn) else {
             continue;
         };
-        if let Landed::Row(_) = land(deps, &sn).await? {
-            apply(deps, &event, Arrival::Held).await?;
-            applied += 1;
+        let done = match land(deps, &sn).await {
+            Ok(Landed::Row(_)) => apply(deps, &event, Arrival::Held).await.map(|_| true),
+            Ok(Landed::Unknown) => not_found(deps, &event).await.map(|()| true),
+            Ok(Landed::NotYetSafe) => Ok(false),
+            Err(e) => Err(e.into()),
+        };
+        match done {
+            Ok(true) => settled += 1,
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(event_id = %event.event_id, error = %crate::error::cause_chain(&e), "a held payment event not applied yet; next step");
+            }
         }
     }
-    Ok(applied)
+    Ok(settled)
+}
+
+/// A held event whose order exists nowhere: `order_not_found`, once.
+async fn not_found(deps: &Deps, event: &PaymentEvent) -> Result<(), PaymentError> {
+    let mut tx = mysql_begin(&deps.db).await?;
+    if repo::lock_held(&mut tx, &event.event_id).await? {
+        repo::set_outcome(&mut tx, &event.event_id, "order_not_found", 404).await?;
+        mysql_timed(tx.commit()).await?;
+        tracing::warn!(event_id = %event.event_id, order_sn = %event.order_sn, "a held payment's order exists nowhere: owed back");
+    }
+    Ok(())
 }
 
 impl From<DbError> for Retry {

@@ -93,22 +93,29 @@ pub async fn set_outcome(
     Ok(())
 }
 
-/// Events held for an order that was not yet in MySQL, oldest first.
-pub async fn held(db: &Db, most: u32) -> Result<Vec<PaymentEvent>, DbError> {
+/// Events held for an order that was not yet in MySQL, oldest first, from after the row
+/// `after`.
+pub async fn held(db: &Db, after: u64, most: u32) -> Result<Vec<(u64, PaymentEvent)>, DbError> {
     let rows: Vec<HeldRow> = mysql_timed(
         sqlx::query_as(
-            "SELECT event_id, type, order_sn, amount_cents, currency, occurred_at, provider_ref
-             FROM payment_events WHERE outcome = 'held' ORDER BY id LIMIT ?",
+            "SELECT id, event_id, type, order_sn, amount_cents, currency, occurred_at,
+                    provider_ref
+             FROM payment_events WHERE outcome = 'held' AND id > ? ORDER BY id LIMIT ?",
         )
+        .bind(after)
         .bind(most)
         .fetch_all(db),
     )
     .await?;
-    Ok(rows.into_iter().filter_map(HeldRow::event).collect())
+    Ok(rows
+        .into_iter()
+        .filter_map(|row| Some((row.id, row.event()?)))
+        .collect())
 }
 
 #[derive(sqlx::FromRow)]
 struct HeldRow {
+    id: u64,
     event_id: String,
     #[sqlx(rename = "type")]
     kind: String,
@@ -120,31 +127,37 @@ struct HeldRow {
 }
 
 impl HeldRow {
-    fn event(self) -> Option<PaymentEvent> {
-        let kind = serde_json::from_value(serde_json::Value::String(self.kind)).ok()?;
+    fn event(&self) -> Option<PaymentEvent> {
+        let kind = serde_json::from_value(serde_json::Value::String(self.kind.clone())).ok()?;
         Some(PaymentEvent {
-            event_id: self.event_id,
+            event_id: self.event_id.clone(),
             kind,
-            order_sn: self.order_sn,
+            order_sn: self.order_sn.clone(),
             amount_cents: self.amount_cents,
-            currency: self.currency,
+            currency: self.currency.clone(),
             occurred_at: self.occurred_at,
-            provider_ref: self.provider_ref,
+            provider_ref: self.provider_ref.clone(),
         })
     }
 }
 
-/// The unsettled charge owed back under this provider reference, locked: its event id,
-/// outcome and order.
-pub async fn owed_charge(
-    tx: &mut Tx,
-    provider_ref: &str,
-) -> Result<Option<(String, String, String)>, DbError> {
+/// A charge owed back, as a refund finds it.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct OwedRow {
+    pub event_id: String,
+    pub outcome: String,
+    pub order_sn: String,
+    pub amount_cents: u64,
+}
+
+/// The unsettled charge owed back under this provider reference, locked.
+pub async fn owed_charge(tx: &mut Tx, provider_ref: &str) -> Result<Option<OwedRow>, DbError> {
     mysql_timed(
         sqlx::query_as(
-            "SELECT event_id, outcome, order_sn FROM payment_events
+            "SELECT event_id, outcome, order_sn, amount_cents FROM payment_events
              WHERE provider_ref = ? AND type = 'payment.succeeded'
-               AND outcome IN ('refund_due', 'charged_twice', 'order_not_found')
+               AND outcome IN ('refund_due', 'charged_twice', 'order_not_found',
+                               'amount_mismatch')
                AND settled_at IS NULL
              ORDER BY id LIMIT 1 FOR UPDATE",
         )
@@ -171,7 +184,7 @@ pub struct OwedCharge {
     pub order_sn: String,
     /// `refund_due` (paid after its order was cancelled, no unit left for it),
     /// `charged_twice` (the order was paid by another charge), `order_not_found` (no such
-    /// order).
+    /// order), `amount_mismatch` (not the order's amount or currency).
     pub reason: String,
     pub amount_cents: u64,
     pub currency: String,
@@ -186,7 +199,8 @@ pub async fn owed(db: &Db, most: u32) -> Result<Vec<OwedCharge>, DbError> {
             "SELECT event_id, order_sn, outcome AS reason, amount_cents, currency, provider_ref,
                     received_at
              FROM payment_events
-             WHERE outcome IN ('refund_due', 'charged_twice', 'order_not_found')
+             WHERE outcome IN ('refund_due', 'charged_twice', 'order_not_found',
+                               'amount_mismatch')
                AND type = 'payment.succeeded' AND settled_at IS NULL
              ORDER BY id LIMIT ?",
         )
@@ -194,6 +208,26 @@ pub async fn owed(db: &Db, most: u32) -> Result<Vec<OwedCharge>, DbError> {
         .fetch_all(db),
     )
     .await
+}
+
+/// Whether another event told of this charge of the order before: `payment.succeeded`
+/// (taken, whatever it did), or a whole `payment.refunded` (returned already).
+pub async fn charge_seen(tx: &mut Tx, event: &PaymentEvent, kind: &str) -> Result<bool, DbError> {
+    let seen: Option<u64> = mysql_timed(
+        sqlx::query_scalar(
+            "SELECT id FROM payment_events
+             WHERE order_sn = ? AND provider_ref = ? AND type = ? AND event_id <> ?
+               AND outcome NOT IN ('amount_mismatch', 'partial_refund')
+             LIMIT 1",
+        )
+        .bind(&event.order_sn)
+        .bind(&event.provider_ref)
+        .bind(kind)
+        .bind(&event.event_id)
+        .fetch_optional(&mut **tx),
+    )
+    .await?;
+    Ok(seen.is_some())
 }
 
 /// The order as a payment event sees it, its row locked.
@@ -204,6 +238,7 @@ pub struct LockedOrder {
     pub user_id: u64,
     pub item_id: u64,
     pub paid_ref: Option<String>,
+    pub cancel_reason: Option<String>,
     /// Its deadline passed, by MySQL's clock (as the deadline's cancel judges it).
     pub overdue: bool,
 }
@@ -211,7 +246,8 @@ pub struct LockedOrder {
 pub async fn lock_order(tx: &mut Tx, sn: &str) -> Result<Option<LockedOrder>, DbError> {
     mysql_timed(
         sqlx::query_as(
-            "SELECT status, user_id, item_id, paid_ref, pay_deadline <= UTC_TIMESTAMP(3) AS overdue
+            "SELECT status, user_id, item_id, paid_ref, cancel_reason,
+                    pay_deadline <= UTC_TIMESTAMP(3) AS overdue
              FROM orders WHERE order_sn = ? FOR UPDATE",
         )
         .bind(sn)

@@ -74,7 +74,7 @@ pub fn verify(
     }
     let header = header.ok_or(Refused::Missing)?;
     let (t, signatures) = parse(header)?;
-    if (now - t).abs() > TOLERANCE_S {
+    if now.abs_diff(t) > TOLERANCE_S.unsigned_abs() {
         return Err(Refused::Stale);
     }
     let signed = secrets.iter().any(|secret| {

@@ -19,12 +19,15 @@ const CONFIRM_WITHIN: Duration = Duration::from_secs(5);
 
 /// One step: held events applied, the outbox sent.
 pub async fn step(deps: &Deps) -> Result<(), PaymentError> {
-    let applied = apply::apply_held(deps).await?;
-    if applied > 0 {
-        tracing::info!(applied, "held payment events applied");
+    // The outbox is sent whatever became of the held events.
+    let held = apply::apply_held(deps).await;
+    if let Ok(settled) = &held
+        && *settled > 0
+    {
+        tracing::info!(settled, "held payment events settled");
     }
     send_outbox(deps).await?;
-    Ok(())
+    held.map(|_| ())
 }
 
 /// Sends what the outbox holds; a message the broker did not confirm stays for the next

@@ -15,7 +15,7 @@ use crate::invariants::{Check, InRedis, Orders, check, doubled, judge};
 use crate::items::repo as items;
 use crate::items::stock::item_snapshot;
 use crate::keys::Keys;
-use crate::orders::repo::{self, OrderStatus};
+use crate::orders::repo;
 use crate::store::{Db, RedisConns, connect_mysql};
 
 use super::fire::Run;
@@ -158,7 +158,7 @@ async fn orders(db: &Db, item: ItemId, run: &Run) -> anyhow::Result<Orders> {
             .context("looking the cancelled orders up in MySQL")?;
         cancelled_found.extend(
             rows.into_iter()
-                .filter(|row| row.status == OrderStatus::Cancelled)
+                .filter(|row| !row.status.holds_unit())
                 .map(|row| row.order_sn.as_str().to_owned()),
         );
     }

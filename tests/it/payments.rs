@@ -195,10 +195,22 @@ async fn repeats_mismatches_refunds_and_second_charges_follow_their_rules() {
     let sn = bought(&env, &server, 1, 1).await;
     let remaining = env.remaining(1).await;
 
-    // The refund first (out of order): nothing to refund under that charge yet.
-    let refund = env.payment("payment.refunded", &sn);
+    // A charge's refund first (out of order): nothing to refund under it yet — and when
+    // the charge itself is told of after, it was returned already: the order unpaid.
+    let mut refund = env.payment("payment.refunded", &sn);
+    refund["provider_ref"] = json!(format!("ch_early_{sn}"));
     let answer = env.payment_event(&server, &refund).await;
     assert_eq!(code(&answer), (200, Some("ignored")), "{}", answer.1);
+    let mut early = env.payment("payment.succeeded", &sn);
+    early["provider_ref"] = refund["provider_ref"].clone();
+    let answer = env.payment_event(&server, &early).await;
+    assert_eq!(
+        code(&answer),
+        (200, Some("already_refunded")),
+        "{}",
+        answer.1
+    );
+    assert_eq!(env.order_status(&sn).await.as_deref(), Some("unpaid"));
     // A wrong amount, a wrong currency: 422, recorded, the order unchanged.
     let mut cheap = env.payment("payment.succeeded", &sn);
     cheap["amount_cents"] = json!(1);
@@ -293,7 +305,7 @@ async fn repeats_mismatches_refunds_and_second_charges_follow_their_rules() {
     );
     // The buyer may buy again: the refunded order holds no unit.
     let again = bought(&env, &server, 1, 1).await;
-    assert_eq!(events_recorded(&env).await, 10);
+    assert_eq!(events_recorded(&env).await, 11);
     let stats = env.stats(&server, 1).await;
     assert_eq!(stats["orders"]["refunded"], 1, "{stats}");
     env.assert_invariants(&server, 1, 5, &[sn, again]).await;
@@ -388,6 +400,22 @@ async fn a_late_payment_is_honoured_while_a_unit_is_left_and_owed_back_after() {
     let (_, due) = env.admin_get(&server, "/admin/payments/refunds-due").await;
     assert_eq!(due["charges"][0]["order_sn"], late_two, "{due}");
     assert_eq!(due["charges"][0]["reason"], "refund_due", "{due}");
+    // The same charge told of again (another event id): owed once.
+    let again = env.payment("payment.succeeded", &late_two);
+    let answer = env.payment_event(&server, &again).await;
+    assert_eq!(
+        code(&answer),
+        (200, Some("already_recorded")),
+        "{}",
+        answer.1
+    );
+    // Part of it returned: recorded, still owed.
+    let mut part = env.payment("payment.refunded", &late_two);
+    part["amount_cents"] = json!(1);
+    let answer = env.payment_event(&server, &part).await;
+    assert_eq!(code(&answer), (200, Some("partial_refund")), "{}", answer.1);
+    let (_, due) = env.admin_get(&server, "/admin/payments/refunds-due").await;
+    assert_eq!(due["charges"].as_array().map(Vec::len), Some(1), "{due}");
     let announced = eventually(Duration::from_secs(10), "order.refund_due sent", || async {
         let got = channel
             .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
