@@ -277,6 +277,11 @@ impl Owner<'_> {
             ending::release(redis, keys, &held).await?;
         } else {
             ending::release_if_ended(db, redis, keys, &held).await?;
+            // A late payment may have revived it meanwhile: paid now.
+            row = self.stored_order(sn, user).await?;
+            if row.status.holds_unit() {
+                return Err(OrderError::Paid);
+            }
         }
         tracing::info!(order_sn = %sn, "order_cancelled");
         Ok(row.into())

@@ -385,7 +385,12 @@ impl Ctx<'_> {
                 }
             },
             EventType::Refunded => {
-                if let Some(owed) = repo::owed_charge(tx, &event.provider_ref).await? {
+                let paid_by = |charge: Option<&str>| {
+                    order.status == OrderStatus::Paid && order.paid_ref.as_deref() == charge
+                };
+                if paid_by(Some(&event.provider_ref)) {
+                    self.refund_order(tx).await?
+                } else if let Some(owed) = repo::owed_charge(tx, &event.provider_ref).await? {
                     if event.amount_cents < owed.amount_cents {
                         ("partial_refund", 200, After::Nothing)
                     } else {
@@ -398,24 +403,25 @@ impl Ctx<'_> {
                         }
                         ("settled", 200, After::Nothing)
                     }
-                } else if order.status == OrderStatus::Paid
-                    && order
-                        .paid_ref
-                        .as_deref()
-                        .is_none_or(|paid| paid == event.provider_ref)
-                {
-                    if event.amount_cents < self.price {
-                        ("partial_refund", 200, After::Nothing)
-                    } else {
-                        let back = self.unit_back().await?;
-                        repo::refund(tx, sn, order.status).await?;
-                        ("refunded", 200, back)
-                    }
+                } else if paid_by(None) {
+                    // Paid by its buyer (SECKILL_PAYMENTS=trust_buyer): no charge to name.
+                    self.refund_order(tx).await?
                 } else {
                     ("ignored", 200, After::Nothing)
                 }
             }
         })
+    }
+
+    /// The paid order's charge refunded: whole, the order `refunded` and its unit back;
+    /// less than the price, recorded only.
+    async fn refund_order(&self, tx: &mut Tx) -> Result<(&'static str, u16, After), Retry> {
+        if self.event.amount_cents < self.price {
+            return Ok(("partial_refund", 200, After::Nothing));
+        }
+        let back = self.unit_back().await?;
+        repo::refund(tx, self.sn.as_str(), self.order.status).await?;
+        Ok(("refunded", 200, back))
     }
 
     fn user(&self) -> UserId {

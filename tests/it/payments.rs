@@ -214,6 +214,7 @@ async fn repeats_mismatches_refunds_and_second_charges_follow_their_rules() {
     // A wrong amount, a wrong currency: 422, recorded, the order unchanged.
     let mut cheap = env.payment("payment.succeeded", &sn);
     cheap["amount_cents"] = json!(1);
+    cheap["provider_ref"] = json!(format!("ch_cheap_{sn}"));
     let answer = env.payment_event(&server, &cheap).await;
     assert_eq!(
         code(&answer),
@@ -223,6 +224,7 @@ async fn repeats_mismatches_refunds_and_second_charges_follow_their_rules() {
     );
     let mut euros = env.payment("payment.succeeded", &sn);
     euros["currency"] = json!("EUR");
+    euros["provider_ref"] = json!(format!("ch_eur_{sn}"));
     let answer = env.payment_event(&server, &euros).await;
     assert_eq!(
         code(&answer),
@@ -258,11 +260,23 @@ async fn repeats_mismatches_refunds_and_second_charges_follow_their_rules() {
     second["provider_ref"] = json!(format!("ch_second_{sn}"));
     let answer = env.payment_event(&server, &second).await;
     assert_eq!(code(&answer), (200, Some("charged_twice")), "{}", answer.1);
+    // Owed back: the two charges of the wrong amount, and the second charge.
+    let owed = |due: &Value| -> Vec<(String, String)> {
+        due["charges"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                let text = |field: &str| c[field].as_str().unwrap_or_default().to_owned();
+                (text("reason"), text("provider_ref"))
+            })
+            .collect()
+    };
     let (_, due) = env.admin_get(&server, "/admin/payments/refunds-due").await;
-    assert_eq!(due["charges"].as_array().map(Vec::len), Some(1), "{due}");
-    assert_eq!(due["charges"][0]["reason"], "charged_twice", "{due}");
-    assert_eq!(
-        due["charges"][0]["provider_ref"], second["provider_ref"],
+    let second_ref = second["provider_ref"].as_str().unwrap().to_owned();
+    assert_eq!(owed(&due).len(), 3, "{due}");
+    assert!(
+        owed(&due).contains(&("charged_twice".to_owned(), second_ref)),
         "{due}"
     );
     let mut second_back = env.payment("payment.refunded", &sn);
@@ -270,7 +284,11 @@ async fn repeats_mismatches_refunds_and_second_charges_follow_their_rules() {
     let answer = env.payment_event(&server, &second_back).await;
     assert_eq!(code(&answer), (200, Some("settled")), "{}", answer.1);
     let (_, due) = env.admin_get(&server, "/admin/payments/refunds-due").await;
-    assert_eq!(due["charges"], json!([]), "{due}");
+    assert_eq!(owed(&due).len(), 2, "{due}");
+    assert!(
+        owed(&due).iter().all(|(why, _)| why == "amount_mismatch"),
+        "{due}"
+    );
     assert_eq!(env.order_status(&sn).await.as_deref(), Some("paid"));
 
     // A partial refund is recorded, not acted on; the whole one returns the unit.
@@ -931,4 +949,68 @@ async fn refund_due_events_survive_a_scheduler_killed_before_it_could_send_them(
     env.assert_invariants(&api, 1, 50, &sns).await;
     scheduler.stop().await;
     api.stop().await;
+}
+
+/// A buyer's repeated cancel of an order a late payment is reviving right now: the payment
+/// holds the order's row from before it takes a unit until MySQL says `paid` (played here
+/// by the test: the row locked, a unit taken into the buyer's record, then `paid`). The
+/// cancel waits for the row and answers `409 order_paid`; the unit stays taken. (Before:
+/// the cancel read `cancelled` without the lock, gave the unit back and answered `200` —
+/// the paid order's unit on sale again, found by a review.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_repeated_cancel_waits_for_a_revival_in_flight_and_gives_nothing_back() {
+    use redis::AsyncCommands;
+    let env = TestEnv::new("pay_revive_race").await;
+    let server = env.server(&[Role::Api, Role::Consumer]).await;
+    env.item(1, 2).on_sale(&server).await;
+    let sn = bought(&env, &server, 1, 1).await;
+    let cancel = format!("/api/orders/{sn}/cancel");
+    assert_eq!(env.post_as(&server, &cancel, 1).await.0, 200);
+    assert_eq!(env.remaining(1).await, 2);
+
+    // The payment's transaction: the row locked, then the unit taken in Redis.
+    let mut tx = env.db.begin().await.unwrap();
+    let _: String = sqlx::query_scalar("SELECT status FROM orders WHERE order_sn = ? FOR UPDATE")
+        .bind(&sn)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let keys = env.item_keys(1);
+    let mut redis = env.redis.clone();
+    let _: Option<String> = redis.lpop(&keys.tokens, None).await.unwrap();
+    let buyer = keys
+        .buyer_orders(seckill::domain::UserId::new(1))
+        .to_owned();
+    let _: () = redis.hset(&buyer, "1", &sn).await.unwrap();
+
+    let repeated = async { env.post_as(&server, &cancel, 1).await };
+    let paid = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sqlx::query(
+            "UPDATE orders SET status = 'paid', lapsed_at = updated_at,
+                    revived_at = UTC_TIMESTAMP(3), cancel_reason = NULL
+             WHERE order_sn = ?",
+        )
+        .bind(&sn)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    };
+    let ((status, body), ()) = tokio::join!(repeated, paid);
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("order_paid")),
+        "{body}"
+    );
+    assert_eq!(
+        env.remaining(1).await,
+        1,
+        "the revived order's unit stays taken"
+    );
+    let held: Option<String> = redis.hget(&buyer, "1").await.unwrap();
+    assert_eq!(held.as_deref(), Some(sn.as_str()));
+    env.assert_invariants(&server, 1, 2, std::slice::from_ref(&sn))
+        .await;
+    server.stop().await;
 }
