@@ -70,14 +70,6 @@ end
 if not redis.call('LPOP', KEYS[2]) then
   return 'none'
 end
-local slot = #places
-for i = 1, #places do
-  if places[i] == '-' then
-    slot = i - 1
-    break
-  end
-end
-places[slot + 1] = ARGV[2]
-redis.call('HSET', KEYS[3], ARGV[1], table.concat(places, ' '))
+local slot = take_place(KEYS[3], ARGV[1], ARGV[2], places)
 redis.call('ZADD', KEYS[4], now, ARGV[2])
 return 'taken ' .. slot .. ' ' .. now

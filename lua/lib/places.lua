@@ -32,12 +32,9 @@ end
 -- Nor does it enter the order in the outbox: whoever sends it does, before sending (the
 -- publisher, or the safety sweep for an order no publisher took: src/outbox/mod.rs), which
 -- saved a purchase a tenth of its Redis time. Servers up to commit 668f7da entered it here.
-local function record_win(buyer_orders, pending, user, sn, order, places)
-  if not places then
-    redis.call('HSET', buyer_orders, user, sn)
-    redis.call('HSET', pending, sn, order)
-    return 0
-  end
+-- Puts `sn` into the first free place of `places` (the user's record as parse_places read
+-- it) and writes the record. Returns the place.
+local function take_place(buyer_orders, user, sn, places)
   local slot = #places
   for i = 1, #places do
     if places[i] == '-' then
@@ -46,10 +43,20 @@ local function record_win(buyer_orders, pending, user, sn, order, places)
     end
   end
   places[slot + 1] = sn
+  redis.call('HSET', buyer_orders, user, table.concat(places, ' '))
+  return slot
+end
+
+local function record_win(buyer_orders, pending, user, sn, order, places)
+  if not places then
+    redis.call('HSET', buyer_orders, user, sn)
+    redis.call('HSET', pending, sn, order)
+    return 0
+  end
+  local slot = take_place(buyer_orders, user, sn, places)
   if slot > 0 then
     order = string.sub(order, 1, -2) .. ',"slot":' .. slot .. '}'
   end
-  redis.call('HSET', buyer_orders, user, table.concat(places, ' '))
   redis.call('HSET', pending, sn, order)
   return slot
 end

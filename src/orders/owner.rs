@@ -182,16 +182,7 @@ impl Owner<'_> {
                 return Err(OrderError::Cancelled);
             }
             OrderStatus::Unpaid => {
-                // Too late to pay: end it now rather than leave it to the scheduler.
-                ending::cancel_overdue(
-                    &self.deps.db,
-                    &self.deps.redis,
-                    &self.deps.keys,
-                    &[sn.as_str()],
-                    CancelReason::Timeout,
-                )
-                .await?;
-                return Err(OrderError::Cancelled);
+                return Err(self.too_late(sn).await);
             }
         }
         tracing::info!(order_sn = %sn, "order_paid");
@@ -208,16 +199,7 @@ impl Owner<'_> {
             OrderStatusShown::Pending | OrderStatusShown::Unpaid
                 if view.pay_deadline > crate::clock::now() => {}
             OrderStatusShown::Unpaid => {
-                // Too late to pay: end it now rather than leave it to the scheduler.
-                ending::cancel_overdue(
-                    &self.deps.db,
-                    &self.deps.redis,
-                    &self.deps.keys,
-                    &[sn.as_str()],
-                    CancelReason::Timeout,
-                )
-                .await?;
-                return Err(OrderError::Cancelled);
+                return Err(self.too_late(sn).await);
             }
             OrderStatusShown::Paid => return Err(OrderError::Paid),
             _ => return Err(OrderError::Cancelled),
@@ -234,6 +216,20 @@ impl Owner<'_> {
             currency: self.deps.settings.currency.clone(),
             pay_deadline: view.pay_deadline,
         })
+    }
+
+    /// An unpaid order asked to be paid after its deadline: ended now rather than left to
+    /// the scheduler (its unit back). `Cancelled`, or what stopped the cancel.
+    async fn too_late(&self, sn: &OrderSn) -> OrderError {
+        let Deps {
+            db, redis, keys, ..
+        } = self.deps;
+        let ended =
+            ending::cancel_overdue(db, redis, keys, &[sn.as_str()], CancelReason::Timeout).await;
+        match ended {
+            Ok(_) => OrderError::Cancelled,
+            Err(e) => e.into(),
+        }
     }
 
     /// Cancels the owner's order (again on a repeat), its unit back on sale at once.

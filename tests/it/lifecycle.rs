@@ -6,11 +6,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use futures::StreamExt;
-use lapin::options::{
-    BasicGetOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
-};
-use lapin::types::FieldTable;
-use lapin::{Connection, ExchangeKind};
+use lapin::options::BasicGetOptions;
 use redis::AsyncCommands;
 use seckill::Role;
 use seckill::config::RemindStages;
@@ -735,45 +731,7 @@ async fn reminders_arrive_once_per_unpaid_order_and_stage() {
         quick(s);
     };
     // Listen on the events exchange before anything happens.
-    let conn = Connection::connect(&amqp_url(), Default::default())
-        .await
-        .unwrap();
-    let channel = conn.create_channel().await.unwrap();
-    let topology = env.topology();
-    channel
-        .exchange_declare(
-            topology.events_exchange.as_str().into(),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let queue = format!("{}.test-reminders", env.settings.namespace);
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions {
-                exclusive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    channel
-        .queue_bind(
-            queue.as_str().into(),
-            topology.events_exchange.as_str().into(),
-            "order.*".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let (conn, channel, queue) = listen_for_events(env, "test-reminders", "order.*").await;
 
     let server = env.server_with(ALL_ROLES, stages).await;
     let second = env.server_with(&[Role::Scheduler], stages).await;

@@ -4,11 +4,7 @@
 
 use std::time::Duration;
 
-use lapin::options::{
-    BasicGetOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
-};
-use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ExchangeKind};
+use lapin::options::BasicGetOptions;
 use seckill::Role;
 use seckill::config::{LatePayment, Payments, Secret};
 use serde_json::{Value, json};
@@ -330,54 +326,13 @@ async fn repeats_mismatches_refunds_and_second_charges_follow_their_rules() {
     server.stop().await;
 }
 
-/// A queue on the events exchange taking `order.*`, declared before the server sends.
-async fn listen_for_events(env: &TestEnv, name: &str) -> (Connection, Channel, String) {
-    let conn = Connection::connect(&amqp_url(), Default::default())
-        .await
-        .unwrap();
-    let channel = conn.create_channel().await.unwrap();
-    let topology = env.topology();
-    channel
-        .exchange_declare(
-            topology.events_exchange.as_str().into(),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    let queue = format!("{}.{name}", env.settings.namespace);
-    let exclusive = QueueDeclareOptions {
-        exclusive: true,
-        ..Default::default()
-    };
-    channel
-        .queue_declare(queue.as_str().into(), exclusive, FieldTable::default())
-        .await
-        .unwrap();
-    channel
-        .queue_bind(
-            queue.as_str().into(),
-            topology.events_exchange.as_str().into(),
-            "order.refund_due".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    (conn, channel, queue)
-}
-
 /// Under `honour` (the default), a payment for an order its deadline cancelled takes a
 /// unit again while one is on sale (`revived`: paid), and is owed back once none is
 /// (`refund_due`: listed, announced on RabbitMQ through the outbox, shown to the buyer).
 #[tokio::test]
 async fn a_late_payment_is_honoured_while_a_unit_is_left_and_owed_back_after() {
     let env = TestEnv::new("pay_late").await;
-    let (_conn, channel, queue) = listen_for_events(&env, "refund-due").await;
+    let (_conn, channel, queue) = listen_for_events(&env, "refund-due", "order.refund_due").await;
     let server = env.server(ALL_ROLES).await;
     env.item(1, 2).paying_within(1).on_sale(&server).await;
     let late_one = bought(&env, &server, 1, 1).await;
@@ -882,7 +837,8 @@ async fn an_api_killed_mid_stream_of_events_records_each_once_and_loses_no_unit(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn refund_due_events_survive_a_scheduler_killed_before_it_could_send_them() {
     let env = TestEnv::new("pay_crash_scheduler").await;
-    let (_conn, channel, queue) = listen_for_events(&env, "refund-due-crash").await;
+    let (_conn, channel, queue) =
+        listen_for_events(&env, "refund-due-crash", "order.refund_due").await;
     let refund = |s: &mut seckill::Settings| s.late_payment = LatePayment::Refund;
     let api = env.server_with(&[Role::Api, Role::Consumer], refund).await;
     env.item(1, 50).paying_within(1).on_sale(&api).await;
