@@ -41,12 +41,12 @@ pub fn router() -> OpenApiRouter<AppState> {
          description = "`t=<unix seconds>,v1=<hex HMAC-SHA256(secret, \"<t>.<raw body>\")>`"),
     ),
     responses(
-        (status = 200, description = "`paid`, `revived`, `already_paid`, `charged_twice`, `refund_due`, `refunded`, `partial_refund`, `settled`, `ignored` or `noted`: what the event did (the same again for a repeat of its `event_id`)", body = Applied),
+        (status = 200, description = "`paid`, `revived`, `already_paid`, `already_recorded`, `already_refunded`, `charged_twice`, `refund_due`, `refunded`, `partial_refund`, `settled`, `ignored` or `noted`: what the event did (the same again for a repeat of its `event_id`)", body = Applied),
         (status = 202, description = "`held`: the order is still on its way to MySQL; the event is applied once it is there", body = Applied),
         (status = 400, description = "`bad_request`: the body is not an event (nothing recorded)", body = Refusal),
         (status = 401, description = "`unauthorized`: no valid signature (nothing recorded)", body = Refusal),
         (status = 404, description = "`order_not_found`: recorded (a charge for no order is owed back)", body = Applied),
-        (status = 422, description = "`amount_mismatch`: the amount or currency is not the order's; recorded, the order unchanged", body = Applied),
+        (status = 422, description = "`amount_mismatch`: the amount or currency is not the order's; recorded (a charge so is owed back), the order unchanged", body = Applied),
         (status = 503, description = "`unavailable`: nothing recorded; send it again", body = Refusal),
     )
 )]

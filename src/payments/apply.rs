@@ -71,9 +71,7 @@ pub const OUTCOMES: [&str; 15] = [
 /// What an event did: its answer.
 #[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
 pub struct Applied {
-    /// The answer's `code`: `paid`, `revived`, `already_paid`, `charged_twice`,
-    /// `refund_due`, `refunded`, `partial_refund`, `settled`, `ignored`, `noted`, `held`,
-    /// `amount_mismatch` or `order_not_found`.
+    /// The answer's `code`: one of [`OUTCOMES`] (docs/contract.md, "Payments").
     #[serde(skip)]
     pub outcome: String,
     #[serde(skip)]
