@@ -239,22 +239,28 @@ pub async fn apply(
 
 async fn attempt(deps: &Deps, event: &PaymentEvent, arrival: Arrival) -> Result<Applied, Retry> {
     let mut tx = mysql_begin(&deps.db).await?;
-    match arrival {
+    // When the event came (`None`: now).
+    let arrived = match arrival {
         Arrival::Fresh => {
             if !repo::insert(&mut tx, event, "applying", 0).await? {
                 drop(tx);
                 return Ok(answer_recorded(deps, event).await?);
             }
+            None
         }
         Arrival::Held => {
-            if !repo::lock_held(&mut tx, &event.event_id).await? {
+            let Some(arrived) = repo::lock_held(&mut tx, &event.event_id).await? else {
                 drop(tx);
                 return Ok(answer_recorded(deps, event).await?);
-            }
+            };
+            Some(arrived)
         }
-    }
+    };
     let sn = &event.order_sn;
-    let found = match (OrderSn::parse(sn), repo::lock_order(&mut tx, sn).await?) {
+    let found = match (
+        OrderSn::parse(sn),
+        repo::lock_order(&mut tx, sn, arrived).await?,
+    ) {
         (Some(parsed), Some(order)) => Some((parsed, order)),
         _ => None,
     };
@@ -361,9 +367,13 @@ impl Ctx<'_> {
                     // An order MySQL refused as a second live order never was its buyer's to
                     // pay: owed back, whatever the rule.
                     let refused = order.cancel_reason.as_deref() == Some("refused");
-                    let revived = match late {
-                        LatePayment::Honour if !refused => self.revive().await?,
-                        LatePayment::Honour | LatePayment::Refund => None,
+                    // A payment that came in time (held while its order was on its way,
+                    // cancelled meanwhile) is honoured whatever the rule.
+                    let honour = late == LatePayment::Honour || !order.overdue;
+                    let revived = if honour && !refused {
+                        self.revive().await?
+                    } else {
+                        None
                     };
                     match revived {
                         Some((slot, begun)) => {
@@ -604,7 +614,7 @@ pub async fn apply_held(deps: &Deps) -> Result<u64, PaymentError> {
 /// A held event whose order exists nowhere: `order_not_found`, once.
 async fn not_found(deps: &Deps, event: &PaymentEvent) -> Result<(), PaymentError> {
     let mut tx = mysql_begin(&deps.db).await?;
-    if repo::lock_held(&mut tx, &event.event_id).await? {
+    if repo::lock_held(&mut tx, &event.event_id).await?.is_some() {
         repo::set_outcome(&mut tx, &event.event_id, "order_not_found", 404).await?;
         mysql_timed(tx.commit()).await?;
         tracing::warn!(event_id = %event.event_id, order_sn = %event.order_sn, "a held payment's order exists nowhere: owed back");

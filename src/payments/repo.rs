@@ -63,17 +63,18 @@ pub async fn insert(
     }
 }
 
-/// A held event's row, locked for applying it; `None` once applied (by another scheduler).
-pub async fn lock_held(tx: &mut Tx, event_id: &str) -> Result<bool, DbError> {
-    let found: Option<u64> = mysql_timed(
+/// A held event's row, locked for applying it: when it arrived; `None` once applied (by
+/// another scheduler).
+pub async fn lock_held(tx: &mut Tx, event_id: &str) -> Result<Option<DateTime<Utc>>, DbError> {
+    mysql_timed(
         sqlx::query_scalar(
-            "SELECT id FROM payment_events WHERE event_id = ? AND outcome = 'held' FOR UPDATE",
+            "SELECT received_at FROM payment_events
+             WHERE event_id = ? AND outcome = 'held' FOR UPDATE",
         )
         .bind(event_id)
         .fetch_optional(&mut **tx),
     )
-    .await?;
-    Ok(found.is_some())
+    .await
 }
 
 pub async fn set_outcome(
@@ -239,17 +240,25 @@ pub struct LockedOrder {
     pub item_id: u64,
     pub paid_ref: Option<String>,
     pub cancel_reason: Option<String>,
-    /// Its deadline passed, by MySQL's clock (as the deadline's cancel judges it).
+    /// Its deadline had passed when the event came, by MySQL's clock (as the deadline's
+    /// cancel judges it).
     pub overdue: bool,
 }
 
-pub async fn lock_order(tx: &mut Tx, sn: &str) -> Result<Option<LockedOrder>, DbError> {
+/// The order, locked; `overdue` judged at `arrived` (when its event came: a held one came
+/// before it is applied), or now.
+pub async fn lock_order(
+    tx: &mut Tx,
+    sn: &str,
+    arrived: Option<DateTime<Utc>>,
+) -> Result<Option<LockedOrder>, DbError> {
     mysql_timed(
         sqlx::query_as(
             "SELECT status, user_id, item_id, paid_ref, cancel_reason,
-                    pay_deadline <= UTC_TIMESTAMP(3) AS overdue
+                    pay_deadline <= COALESCE(?, UTC_TIMESTAMP(3)) AS overdue
              FROM orders WHERE order_sn = ? FOR UPDATE",
         )
+        .bind(arrived)
         .bind(sn)
         .fetch_optional(&mut **tx),
     )
