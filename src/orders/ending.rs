@@ -89,10 +89,10 @@ pub async fn release(
 /// Gives back the units of those of these orders that MySQL has holding none — read with
 /// their rows locked, and given back before the locks go: a late payment reviving an order
 /// takes its unit while holding the row's lock and before MySQL says `paid`, so a plain
-/// read would see `cancelled` and give that unit back a second time. For releases that
-/// follow no cancel of their own (a repeated cancel, a stale buyer record, a cut-off
-/// record): a cancel's first release is covered by its `ending` record, which makes a
-/// revival wait. Returns the order numbers whose unit came back.
+/// read would see `cancelled` and give that unit back a second time; and a cancel's own
+/// `ending` record does not protect its release, since a repeated cancel may release the
+/// unit first (removing the record) and a late payment revive the order before it. Every
+/// release of a cancel goes through here. Returns the order numbers whose unit came back.
 pub async fn release_if_ended(
     db: &Db,
     redis: &RedisConns,
@@ -104,7 +104,7 @@ pub async fn release_if_ended(
     }
     let sns: Vec<&str> = orders.iter().map(|o| o.order_sn.as_str()).collect();
     let mut tx = crate::store::mysql_begin(db).await?;
-    let ended: HashSet<String> = repo::lock_many(&mut tx, &sns)
+    let ended: HashSet<String> = repo::lock_many(&mut tx, &sns, repo::Wait::Yes)
         .await?
         .into_iter()
         .filter(|row| !row.status.holds_unit())
@@ -234,7 +234,9 @@ pub async fn cancel_overdue(
             }
         }
     }
-    outcome.released = release(redis, keys, &ended).await?.len() as u64;
+    // Under the rows' locks: a repeated cancel may have given a unit back already, and a
+    // late payment taken one again since (`release_if_ended`).
+    outcome.released = release_if_ended(db, redis, keys, &ended).await?.len() as u64;
     abandon(redis, keys, &moot, &begun).await?;
     Ok(outcome)
 }
@@ -274,7 +276,13 @@ pub async fn finish_cut_off(
         };
         let sns = due.split_off(1);
         if !sns.is_empty() {
-            released += finish_records(db, redis, keys, *bucket, cutoff, &sns).await?;
+            match finish_records(db, redis, keys, *bucket, cutoff, &sns).await {
+                Ok(back) => released += back,
+                // One bucket's rows busy (or MySQL slow): the others go on.
+                Err(e) => {
+                    tracing::debug!(%bucket, error = %crate::error::cause_chain(&e), "cut-off records not finished; next pass");
+                }
+            }
         }
     }
     Ok(released)
@@ -295,7 +303,9 @@ async fn finish_records(
 ) -> Result<u64, StoreError> {
     let refs: Vec<&str> = sns.iter().map(String::as_str).collect();
     let mut tx = crate::store::mysql_begin(db).await?;
-    let rows = repo::lock_many(&mut tx, &refs).await?;
+    // Not waiting for a row a payment or cancel holds: the batch is looked at again next
+    // pass, a second later.
+    let rows = repo::lock_many(&mut tx, &refs, repo::Wait::No).await?;
     let status: HashMap<&str, OrderStatus> = rows
         .iter()
         .map(|r| (r.order_sn.as_str(), r.status))

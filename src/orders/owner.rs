@@ -269,10 +269,8 @@ impl Owner<'_> {
         let Deps {
             db, redis, keys, ..
         } = self.deps;
-        if cancelled_now {
-            ending::release(redis, keys, &held).await?;
-        } else {
-            ending::release_if_ended(db, redis, keys, &held).await?;
+        ending::release_if_ended(db, redis, keys, &held).await?;
+        if !cancelled_now {
             // A late payment may have revived it meanwhile: paid now.
             row = self.stored_order(sn, user).await?;
             if row.status.holds_unit() {

@@ -129,6 +129,7 @@ pub async fn find_many(db: &Db, sns: &[&str]) -> Result<Vec<OrderRow>, DbError> 
 pub async fn lock_many(
     tx: &mut sqlx::Transaction<'static, sqlx::MySql>,
     sns: &[&str],
+    wait: Wait,
 ) -> Result<Vec<OrderRow>, DbError> {
     if sns.is_empty() {
         return Ok(Vec::new());
@@ -138,8 +139,20 @@ pub async fn lock_many(
          FROM orders WHERE order_sn IN (",
         sns,
     );
-    query.push(" FOR UPDATE");
+    query.push(match wait {
+        Wait::Yes => " FOR UPDATE",
+        Wait::No => " FOR UPDATE NOWAIT",
+    });
     mysql_timed(query.build_query_as().fetch_all(&mut **tx)).await
+}
+
+/// Whether a locked read waits for rows another transaction holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Within the store time limit.
+    Yes,
+    /// An error at once (`NOWAIT`).
+    No,
 }
 
 /// Why an order was cancelled (the `cancel_reason` column).

@@ -28,7 +28,7 @@ use serde_json::json;
 
 use crate::config::LatePayment;
 use crate::deps::Deps;
-use crate::domain::{BucketId, ItemId, OrderSn, UserId};
+use crate::domain::{BucketId, OrderSn, UserId};
 use crate::items::repo as items;
 use crate::items::transfer::{self, Lending};
 use crate::keys::ItemKeys;
@@ -238,6 +238,12 @@ pub async fn apply(
 }
 
 async fn attempt(deps: &Deps, event: &PaymentEvent, arrival: Arrival) -> Result<Applied, Retry> {
+    // The item (its price) before the transaction: inside it, a second connection of the
+    // pool would be asked for while this one holds the order's lock.
+    let item = match OrderSn::parse(&event.order_sn) {
+        Some(sn) => items::get(&deps.db, sn.item()).await?,
+        None => None,
+    };
     let mut tx = mysql_begin(&deps.db).await?;
     // When the event came (`None`: now).
     let arrived = match arrival {
@@ -268,11 +274,6 @@ async fn attempt(deps: &Deps, event: &PaymentEvent, arrival: Arrival) -> Result<
         repo::set_outcome(&mut tx, &event.event_id, "order_not_found", 404).await?;
         mysql_timed(tx.commit()).await?;
         return Ok(answer(event, "order_not_found", 404, false));
-    };
-    let item = ItemId::new(order.item_id).map(|id| items::get(&deps.db, id));
-    let item = match item {
-        Some(get) => get.await?,
-        None => None,
     };
     let price = item.as_ref().map_or(0, |i| i.price_cents);
     let ctx = Ctx {
@@ -332,7 +333,11 @@ impl Ctx<'_> {
             EventType::Succeeded if !currency_ok || event.amount_cents != self.price => {
                 ("amount_mismatch", 422, After::Nothing)
             }
-            EventType::Refunded if !currency_ok || event.amount_cents > self.price => {
+            // A refund of a charge owed back is judged against that charge.
+            EventType::Refunded
+                if (!currency_ok || event.amount_cents > self.price)
+                    && !repo::owes_charge(tx, &event.provider_ref).await? =>
+            {
                 ("amount_mismatch", 422, After::Nothing)
             }
             // The provider returned this charge before it told of taking it (events out of
@@ -399,7 +404,9 @@ impl Ctx<'_> {
                 if paid_by(Some(&event.provider_ref)) {
                     self.refund_order(tx).await?
                 } else if let Some(owed) = repo::owed_charge(tx, &event.provider_ref).await? {
-                    if event.amount_cents < owed.amount_cents {
+                    if event.currency != owed.currency {
+                        ("amount_mismatch", 422, After::Nothing)
+                    } else if event.amount_cents < owed.amount_cents {
                         ("partial_refund", 200, After::Nothing)
                     } else {
                         repo::settle(tx, &owed.event_id).await?;

@@ -149,13 +149,32 @@ pub struct OwedRow {
     pub outcome: String,
     pub order_sn: String,
     pub amount_cents: u64,
+    pub currency: String,
+}
+
+/// Whether a charge owed back goes by this provider reference.
+pub async fn owes_charge(tx: &mut Tx, provider_ref: &str) -> Result<bool, DbError> {
+    let owed: Option<u64> = mysql_timed(
+        sqlx::query_scalar(
+            "SELECT id FROM payment_events
+             WHERE provider_ref = ? AND type = 'payment.succeeded'
+               AND outcome IN ('refund_due', 'charged_twice', 'order_not_found',
+                               'amount_mismatch')
+               AND settled_at IS NULL
+             LIMIT 1",
+        )
+        .bind(provider_ref)
+        .fetch_optional(&mut **tx),
+    )
+    .await?;
+    Ok(owed.is_some())
 }
 
 /// The unsettled charge owed back under this provider reference, locked.
 pub async fn owed_charge(tx: &mut Tx, provider_ref: &str) -> Result<Option<OwedRow>, DbError> {
     mysql_timed(
         sqlx::query_as(
-            "SELECT event_id, outcome, order_sn, amount_cents FROM payment_events
+            "SELECT event_id, outcome, order_sn, amount_cents, currency FROM payment_events
              WHERE provider_ref = ? AND type = 'payment.succeeded'
                AND outcome IN ('refund_due', 'charged_twice', 'order_not_found',
                                'amount_mismatch')
@@ -212,19 +231,22 @@ pub async fn owed(db: &Db, most: u32) -> Result<Vec<OwedCharge>, DbError> {
 }
 
 /// Whether another event told of this charge of the order before: `payment.succeeded`
-/// (taken, whatever it did), or a whole `payment.refunded` (returned already).
+/// (taken, whatever it did), or `payment.refunded` of at least this event's amount
+/// (returned already, whole).
 pub async fn charge_seen(tx: &mut Tx, event: &PaymentEvent, kind: &str) -> Result<bool, DbError> {
     let seen: Option<u64> = mysql_timed(
         sqlx::query_scalar(
             "SELECT id FROM payment_events
              WHERE order_sn = ? AND provider_ref = ? AND type = ? AND event_id <> ?
                AND outcome NOT IN ('amount_mismatch', 'partial_refund')
+               AND (type = 'payment.succeeded' OR amount_cents >= ?)
              LIMIT 1",
         )
         .bind(&event.order_sn)
         .bind(&event.provider_ref)
         .bind(kind)
         .bind(&event.event_id)
+        .bind(event.amount_cents)
         .fetch_optional(&mut **tx),
     )
     .await?;
