@@ -1,7 +1,7 @@
 //! The time budget of a request: the contract's one second, unless its route takes the
 //! bulk budget with [`bulk`] where it is registered (an operator's bulk work: loading
-//! millions of units, reconciling a whole sale, writing or loading thousands of items).
-//! A route registered without it gets the second.
+//! millions of units, reconciling a whole sale, writing or loading thousands of items), or
+//! the payment events' with [`payment`]. A route registered without either gets the second.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -22,6 +22,11 @@ use super::request_id;
 pub const REQUEST: Duration = Duration::from_secs(1);
 /// For operators' bulk work.
 pub const BULK: Duration = Duration::from_secs(120);
+/// For a payment event: one MySQL transaction of several statements (and a late payment's
+/// Redis step), which a slow database stretches past a second. The payment side waits for
+/// its answer longer than a buyer (webhooks allow 10 s and more) and sends it again if
+/// it gets none.
+pub const PAYMENT: Duration = Duration::from_secs(8);
 
 /// `route` with the bulk budget.
 pub fn bulk<S: Clone + Send + Sync + 'static>(
@@ -30,9 +35,21 @@ pub fn bulk<S: Clone + Send + Sync + 'static>(
     route.layer(axum::middleware::from_fn(grant_bulk))
 }
 
+/// `route` with the payment events' budget.
+pub fn payment<S: Clone + Send + Sync + 'static>(
+    route: UtoipaMethodRouter<S>,
+) -> UtoipaMethodRouter<S> {
+    route.layer(axum::middleware::from_fn(grant_payment))
+}
+
 /// Runs as the route is reached, well inside the first second.
 async fn grant_bulk(request: Request, next: Next) -> Response {
     request_id::grant_budget(BULK);
+    next.run(request).await
+}
+
+async fn grant_payment(request: Request, next: Next) -> Response {
+    request_id::grant_budget(PAYMENT);
     next.run(request).await
 }
 

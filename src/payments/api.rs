@@ -9,6 +9,7 @@ use axum::response::Response;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::http::budget;
 use crate::http::error::{ApiError, Refusal};
 use crate::http::reply::envelope;
 use crate::state::AppState;
@@ -27,7 +28,7 @@ impl From<PaymentError> for ApiError {
 }
 
 pub fn router() -> OpenApiRouter<AppState> {
-    OpenApiRouter::new().routes(routes!(payment_event))
+    OpenApiRouter::new().routes(budget::payment(routes!(payment_event)))
 }
 
 #[utoipa::path(

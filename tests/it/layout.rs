@@ -39,6 +39,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "operations",
         &[
             "orders",
+            "payments",
             "draw",
             "warmup",
             "purchase",

@@ -146,16 +146,24 @@ async fn pay_and_cancel_answer_as_the_contract_says_even_for_pending_orders() {
         .await;
     assert_eq!(view["status"], "pending");
 
-    // Paying a pending order writes it to MySQL and pays it; repeating is harmless.
-    for _ in 0..2 {
-        let (status, json) = env.post_as(&api, &path(1, "pay"), 1).await;
+    // A checkout of a pending order says what to pay and pays nothing.
+    let (status, json) = env.post_as(&api, &path(1, "pay"), 1).await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (200, Some("checkout")),
+        "{json}"
+    );
+    assert_eq!(json["order_sn"], won[&1].as_str());
+    // The provider's payment of a pending order writes it to MySQL and pays it; the same
+    // event again is harmless.
+    let payment = env.payment("payment.succeeded", &won[&1]);
+    for repeat in [false, true] {
+        let (status, json) = env.payment_event(&api, &payment).await;
         assert_eq!(
-            (status, json["code"].as_str()),
-            (200, Some("paid")),
+            (status, json["code"].as_str(), json["repeat"].as_bool()),
+            (200, Some("paid"), Some(repeat)),
             "{json}"
         );
-        assert_eq!(json["status"], "paid", "{json}");
-        assert_eq!(json["order_sn"], won[&1].as_str());
     }
     let (_, view) = env
         .get(&api, &format!("/api/orders/{}", won[&1]), Some(1))
@@ -521,8 +529,15 @@ async fn a_pay_or_cancel_that_loses_a_deadlock_is_tried_again() {
         .unwrap();
     for (user, action, status) in [(1, "pay", "paid"), (2, "cancel", "cancelled")] {
         let sn = &won[&user];
-        let path = format!("/api/orders/{sn}/{action}");
-        let request = env.post_as(&server, &path, user);
+        // A payment is the provider's signed event; a cancel the buyer's own.
+        let request = async {
+            if action == "pay" {
+                env.pay(&server, sn).await
+            } else {
+                env.post_as(&server, &format!("/api/orders/{sn}/{action}"), user)
+                    .await
+            }
+        };
         let (code, json) = deadlocked(env, sn, status, request).await;
         assert_eq!(
             (code, json["code"].as_str()),
@@ -813,7 +828,7 @@ async fn reconciliation_returns_what_can_no_longer_be_paid_and_reports_disagreem
         }
     };
     for user in [1, 2, 3] {
-        assert_eq!(act(user, "pay").await, 200);
+        assert_eq!(env.pay(&api, &won[&user]).await.0, 200);
     }
     for user in [4, 5] {
         assert_eq!(act(user, "cancel").await, 200);

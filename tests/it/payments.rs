@@ -350,7 +350,20 @@ async fn a_late_payment_is_honoured_while_a_unit_is_left_and_owed_back_after() {
         },
     )
     .await;
-    let third = bought(&env, &server, 3, 1).await;
+    // The units back clear "sold out" on every instance within a second: pressed again.
+    let third = eventually(
+        Duration::from_secs(5),
+        "user 3 buys a unit back",
+        || async {
+            match env.buy(&server, 3, 1).await {
+                (202, body) => Ok(body["order_sn"].as_str().unwrap_or_default().to_owned()),
+                (status, body) => Err(format!("{status} {body}")),
+            }
+        },
+    )
+    .await;
+    env.wait_for_orders(&server, 1, 3, Duration::from_secs(10))
+        .await;
 
     let answer = env.pay(&server, &late_one).await;
     assert_eq!(code(&answer), (200, Some("revived")), "{}", answer.1);
