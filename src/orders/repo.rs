@@ -115,12 +115,16 @@ pub async fn find_many(db: &Db, sns: &[&str]) -> Result<Vec<OrderRow>, DbError> 
     if sns.is_empty() {
         return Ok(Vec::new());
     }
-    let mut query = in_list(
+    mysql_timed(rows_of(sns).build_query_as().fetch_all(db)).await
+}
+
+/// The rows of these orders, as [`OrderRow`] reads them.
+fn rows_of(sns: &[&str]) -> QueryBuilder<sqlx::MySql> {
+    in_list(
         "SELECT order_sn, item_id, user_id, status, created_at, pay_deadline
          FROM orders WHERE order_sn IN (",
         sns,
-    );
-    mysql_timed(query.build_query_as().fetch_all(db)).await
+    )
 }
 
 /// These orders' rows, locked (`FOR UPDATE`) until `tx` ends: a late payment reviving one
@@ -134,11 +138,7 @@ pub async fn lock_many(
     if sns.is_empty() {
         return Ok(Vec::new());
     }
-    let mut query = in_list(
-        "SELECT order_sn, item_id, user_id, status, created_at, pay_deadline
-         FROM orders WHERE order_sn IN (",
-        sns,
-    );
+    let mut query = rows_of(sns);
     query.push(match wait {
         Wait::Yes => " FOR UPDATE",
         Wait::No => " FOR UPDATE NOWAIT",

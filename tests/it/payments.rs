@@ -708,19 +708,8 @@ async fn stream_through_a_kill(
                 } else {
                     then
                 };
-                let body = event.to_string();
-                let secret = env.settings.payment_secret[0].expose();
-                let header = seckill::testing::sign_payment(
-                    secret,
-                    chrono::Utc::now().timestamp(),
-                    body.as_bytes(),
-                );
                 let sent = env
-                    .http
-                    .post(at.url("/api/payments/events"))
-                    .header(seckill::testing::PAYMENT_SIGNATURE, header)
-                    .header("Content-Type", "application/json")
-                    .body(body)
+                    .signed_payment(at, &event)
                     .timeout(Duration::from_secs(5))
                     .send()
                     .await;

@@ -179,15 +179,10 @@ impl World {
 
     /// A signed payment event (`payment.succeeded`, `payment.refunded`) for `sn`.
     fn payment_event(&self, kind: &str, sn: &str) -> reqwest::RequestBuilder {
-        let body = self.env.payment(kind, sn).to_string();
-        let secret = self.env.settings.payment_secret[0].expose();
-        let now = chrono::Utc::now().timestamp();
-        let header = seckill::testing::sign_payment(secret, now, body.as_bytes());
-        self.http
-            .post(self.api(1).url("/api/payments/events"))
-            .header(seckill::testing::PAYMENT_SIGNATURE, header)
-            .header("Content-Type", "application/json")
-            .body(body)
+        // Within the time the world's own client gives every request.
+        self.env
+            .signed_payment(self.api(1), &self.env.payment(kind, sn))
+            .timeout(Duration::from_secs(5))
     }
 
     /// The provider refunds the user's newest paid order, whole (the charge that paid it).

@@ -53,21 +53,23 @@ impl TestEnv {
     /// Sends a payment event as its provider would: `event` signed now with this test's
     /// payment secret. The answer.
     pub async fn payment_event(&self, server: &TestServer, event: &Value) -> (u16, Value) {
+        let response = self.signed_payment(server, event).send().await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// The request that sends `event` to `server` as its provider would: signed now with
+    /// this test's payment secret.
+    pub fn signed_payment(&self, server: &TestServer, event: &Value) -> reqwest::RequestBuilder {
         let body = event.to_string();
         let secret = self.settings.payment_secret[0].expose();
         let header =
             seckill::testing::sign_payment(secret, chrono::Utc::now().timestamp(), body.as_bytes());
-        let response = self
-            .http
+        self.http
             .post(server.url("/api/payments/events"))
             .header(seckill::testing::PAYMENT_SIGNATURE, header)
             .header("Content-Type", "application/json")
             .body(body)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
     }
 
     /// A `payment.succeeded` event for `order_sn`, for its item's price (test items cost
