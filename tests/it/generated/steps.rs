@@ -604,7 +604,10 @@ impl World {
             if let Err(stats) = self.block_on(self.arrived()) {
                 self.oracle.violation(
                     i,
-                    format!("liveness: a unit still on its way between buckets {AFTER_THE_HEAL:?} after the heal: {stats}"),
+                    format!(
+                        "liveness: a unit still on its way between buckets {AFTER_THE_HEAL:?} after the heal: {stats}\n{}",
+                        self.stores_report()
+                    ),
                 );
             }
             let outcome = self.sell_out(i);
@@ -666,6 +669,8 @@ impl World {
         // probes: a `503` is pressed again, within this long of the heal.
         let healed_by = std::time::Instant::now() + AFTER_THE_HEAL;
         let mut buyer = 1_000;
+        // What each press heard, for the report of a failure.
+        let mut heard = Vec::new();
         while buyer < 1_000 + on_sale + 5 {
             presses += 1;
             let token = self.env.token(buyer);
@@ -676,6 +681,7 @@ impl World {
                 .header("x-client-time", Utc::now().timestamp_millis().to_string())
                 .json(&json!({ "item_id": ITEM }));
             let answer = press_answer(self.block_on(async { answer(request.send().await).await }));
+            heard.push(format!("{buyer}: {}", answer.label()));
             let settling = std::time::Instant::now() < healed_by;
             if answer.status == 503 && settling {
                 std::thread::sleep(Duration::from_millis(300));
@@ -701,7 +707,11 @@ impl World {
         if wins < on_sale {
             self.oracle.violation(
                 i,
-                format!("liveness: {on_sale} units on sale, {wins} sold to fresh buyers"),
+                format!(
+                    "liveness: {on_sale} units on sale, {wins} sold to fresh buyers; they heard {}\n{}",
+                    heard.join(", "),
+                    self.stores_report()
+                ),
             );
         }
         format!("{on_sale} on sale, {wins} sold in {presses} presses")

@@ -110,6 +110,30 @@ impl Context {
         }
     }
 
+    /// The cluster's nodes (role, master, slots, flags) and each one's replication, for the
+    /// report of a failing history; nothing on one Redis.
+    fn cluster_report(&self) -> String {
+        let RedisSide::Cluster { cluster, ports, .. } = &self.redis else {
+            return String::new();
+        };
+        let cluster = cluster.lock().unwrap();
+        let mut report = vec![cluster.ask(ports[0], &["CLUSTER", "NODES"])];
+        for port in ports {
+            let replication = cluster.ask(*port, &["INFO", "replication"]);
+            let brief: Vec<&str> = replication
+                .lines()
+                .filter(|l| {
+                    ["role:", "connected_slaves:", "slave", "master_link_status:"]
+                        .iter()
+                        .any(|p| l.starts_with(p))
+                })
+                .map(str::trim)
+                .collect();
+            report.push(format!("node {port}: {}", brief.join(" ")));
+        }
+        report.join("\n")
+    }
+
     /// Freezes the replica of the master serving `key`; returns its port.
     fn freeze_replica_of(&self, key: &str) -> u16 {
         match &self.redis {
@@ -384,6 +408,13 @@ impl World {
     pub fn heal(&mut self) {
         self.thaw_replica();
         self.restore_rabbit();
+    }
+
+    /// The item's buckets in Redis and, on the cluster, its nodes: for the report of a
+    /// history that failed to sell what it had.
+    pub fn stores_report(&self) -> String {
+        let buckets = self.block_on(self.env.buckets_report(ITEM));
+        format!("{buckets}\n{}", self.ctx.cluster_report())
     }
 
     /// The processes' last warnings and errors, each named, for the report of a failure.

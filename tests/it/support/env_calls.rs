@@ -164,6 +164,39 @@ impl TestEnv {
         held
     }
 
+    /// Each of the item's buckets as Redis holds it, one line each, for the report of a
+    /// failing test: its meta's sale fields, the units listed, its loans and the transfers
+    /// it decided.
+    pub async fn buckets_report(&self, item: u64) -> String {
+        let (buckets,): (u8,) = sqlx::query_as("SELECT buckets FROM items WHERE id = ?")
+            .bind(item)
+            .fetch_one(&self.db)
+            .await
+            .unwrap();
+        let all = self.keys();
+        let id = ItemId::new(item).expect("an item id");
+        let mut report = Vec::new();
+        for stock in BucketId::all(id, buckets) {
+            let keys = all.bucket(stock);
+            let mut redis = self.redis.clone();
+            let meta: Vec<Option<String>> = redis::cmd("HMGET")
+                .arg(&keys.meta)
+                .arg(&["loaded", "paused", "fenced", "total", "waves", "lends"])
+                .query_async(&mut redis)
+                .await
+                .unwrap_or_default();
+            let listed: u64 = redis.llen(&keys.tokens).await.unwrap_or(0);
+            let lent: HashMap<String, String> = redis.hgetall(&keys.lent).await.unwrap_or_default();
+            let transfers: HashMap<String, String> =
+                redis.hgetall(&keys.transfers).await.unwrap_or_default();
+            report.push(format!(
+                "bucket {}: listed {listed}; loaded, paused, fenced, total, waves, lends {meta:?}; lent {lent:?}; transfers {transfers:?}",
+                stock.index
+            ));
+        }
+        report.join("\n")
+    }
+
     /// Runs `refused` (presses the test expects refused: paused, shop closed, a breaker
     /// open, …) and asserts that they took nothing: the item's units on sale and orders
     /// pending in Redis are the same after as before. The caller makes sure nothing else
