@@ -9,9 +9,10 @@
 //! | succeeded | cancelled | `honour`: a unit taken as a purchase would (`lua/revive.lua`) → `paid` (`revived`), else `refund_due`; `refund`: `refund_due` |
 //! | succeeded | paid by this charge | `already_paid` |
 //! | succeeded | paid by another charge, `refund_due`, `refunded` | `charged_twice`: owed back |
-//! | refunded | paid by this charge, whole | `refunded`, its unit back |
-//! | refunded | less than the price | `partial_refund`: recorded, nothing changes |
-//! | refunded | a charge owed back | `settled`: off the list (its `refund_due` order `refunded`) |
+//! | refunded | paid by this charge, whole (with its parts before) | `refunded`, its unit back |
+//! | refunded | adding up to less than the price | `partial_refund`: recorded, nothing changes |
+//! | refunded | a charge owed back, whole (with its parts before) | `settled`: off the list (its `refund_due` order `refunded`) |
+//! | refunded | no such order, no charge owed | `order_not_found` |
 //! | failed | any | `noted`: the order waits for its deadline |
 //!
 //! A unit that goes back, or is taken, is recorded in the bucket's `ending` before MySQL
@@ -160,6 +161,10 @@ pub async fn receive(deps: &Deps, event: &PaymentEvent) -> Result<Applied, Payme
     match landed {
         Landed::Row(_) => apply(deps, event, Arrival::Fresh).await,
         Landed::NotYetSafe => record_only(deps, event, "held", 202).await,
+        // A refund of a charge owed back for no order settles it.
+        Landed::Unknown if event.kind == EventType::Refunded => {
+            apply(deps, event, Arrival::Fresh).await
+        }
         Landed::Unknown => record_only(deps, event, "order_not_found", 404).await,
     }
 }
@@ -188,7 +193,7 @@ fn repeat(event: &PaymentEvent, recorded: repo::Recorded) -> Applied {
 async fn record_only(
     deps: &Deps,
     event: &PaymentEvent,
-    outcome: &str,
+    outcome: &'static str,
     status: u16,
 ) -> Result<Applied, PaymentError> {
     let mut tx = mysql_begin(&deps.db).await?;
@@ -197,6 +202,7 @@ async fn record_only(
         return answer_recorded(deps, event).await;
     }
     mysql_timed(tx.commit()).await?;
+    deps.meters.payment_event(outcome);
     tracing::info!(event_id = %event.event_id, order_sn = %event.order_sn, outcome, "payment_event");
     Ok(answer(event, outcome, status, false))
 }
@@ -271,9 +277,14 @@ async fn attempt(deps: &Deps, event: &PaymentEvent, arrival: Arrival) -> Result<
         _ => None,
     };
     let Some((parsed, order)) = found else {
-        repo::set_outcome(&mut tx, &event.event_id, "order_not_found", 404).await?;
+        let (outcome, status) = match settle_owed(&mut tx, event).await? {
+            Some((outcome, status, _)) => (outcome, status),
+            None => ("order_not_found", 404),
+        };
+        repo::set_outcome(&mut tx, &event.event_id, outcome, status).await?;
         mysql_timed(tx.commit()).await?;
-        return Ok(answer(event, "order_not_found", 404, false));
+        deps.meters.payment_event(outcome);
+        return Ok(answer(event, outcome, status, false));
     };
     let price = item.as_ref().map_or(0, |i| i.price_cents);
     let ctx = Ctx {
@@ -403,21 +414,15 @@ impl Ctx<'_> {
                 };
                 if paid_by(Some(&event.provider_ref)) {
                     self.refund_order(tx).await?
-                } else if let Some(owed) = repo::owed_charge(tx, &event.provider_ref).await? {
-                    if event.currency != owed.currency {
-                        ("amount_mismatch", 422, After::Nothing)
-                    } else if event.amount_cents < owed.amount_cents {
-                        ("partial_refund", 200, After::Nothing)
-                    } else {
-                        repo::settle(tx, &owed.event_id).await?;
-                        if owed.outcome == "refund_due"
-                            && owed.order_sn == sn
-                            && order.status == OrderStatus::RefundDue
-                        {
-                            repo::refund(tx, sn, order.status).await?;
-                        }
-                        ("settled", 200, After::Nothing)
+                } else if let Some((outcome, status, owed)) = settle_owed(tx, event).await? {
+                    if outcome == "settled"
+                        && owed.outcome == "refund_due"
+                        && owed.order_sn == sn
+                        && order.status == OrderStatus::RefundDue
+                    {
+                        repo::refund(tx, sn, order.status).await?;
                     }
+                    (outcome, status, After::Nothing)
                 } else if paid_by(None) {
                     // Paid by its buyer (SECKILL_PAYMENTS=trust_buyer): no charge to name.
                     self.refund_order(tx).await?
@@ -428,10 +433,11 @@ impl Ctx<'_> {
         })
     }
 
-    /// The paid order's charge refunded: whole, the order `refunded` and its unit back;
-    /// less than the price, recorded only.
+    /// The paid order's charge refunded: whole (this event, or with the parts refunded
+    /// before it), the order `refunded` and its unit back; less than the price, recorded
+    /// only.
     async fn refund_order(&self, tx: &mut Tx) -> Result<(&'static str, u16, After), Retry> {
-        if self.event.amount_cents < self.price {
+        if repo::refunded_before(tx, self.event).await? + self.event.amount_cents < self.price {
             return Ok(("partial_refund", 200, After::Nothing));
         }
         let back = self.unit_back().await?;
@@ -587,46 +593,87 @@ impl Ctx<'_> {
     }
 }
 
-/// Held events looked at per step, at most.
-const HELD_PER_STEP: u32 = 500;
+/// Held events read from MySQL at once.
+const HELD_PAGE: u32 = 500;
 
 /// The scheduler's step: events held for orders not yet in MySQL, applied once they are;
 /// one whose order turned out to exist nowhere (a pending order a Redis failover lost) is
 /// recorded `order_not_found`, its charge owed back. Each event on its own: one that
-/// fails now is tried again at the next step and holds back no other. Returns how many
-/// were settled.
+/// fails now, or whose order is still on its way, is tried again at the next step and
+/// holds back no other: every held event is looked at, page by page (many still on their
+/// way do not hide the ones behind them). Returns how many were settled.
 pub async fn apply_held(deps: &Deps) -> Result<u64, PaymentError> {
     let mut settled = 0;
-    for (_, event) in repo::held(&deps.db, 0, HELD_PER_STEP).await? {
-        let Some(sn) = OrderSn::parse(&event.order_sn) else {
-            continue;
-        };
-        let done = match land(deps, &sn).await {
-            Ok(Landed::Row(_)) => apply(deps, &event, Arrival::Held).await.map(|_| true),
-            Ok(Landed::Unknown) => not_found(deps, &event).await.map(|()| true),
-            Ok(Landed::NotYetSafe) => Ok(false),
-            Err(e) => Err(e.into()),
-        };
-        match done {
-            Ok(true) => settled += 1,
-            Ok(false) => {}
-            Err(e) => {
-                tracing::warn!(event_id = %event.event_id, error = %crate::error::cause_chain(&e), "a held payment event not applied yet; next step");
-            }
+    let mut after = 0;
+    loop {
+        let page = repo::held(&deps.db, after, HELD_PAGE).await?;
+        let last = page.len() < HELD_PAGE as usize;
+        for (id, event) in page {
+            after = id;
+            settled += u64::from(apply_one_held(deps, &event).await);
+        }
+        if last {
+            return Ok(settled);
         }
     }
-    Ok(settled)
 }
 
-/// A held event whose order exists nowhere: `order_not_found`, once.
+/// One held event: whether it was settled now.
+async fn apply_one_held(deps: &Deps, event: &PaymentEvent) -> bool {
+    let Some(sn) = OrderSn::parse(&event.order_sn) else {
+        return false;
+    };
+    let done = match land(deps, &sn).await {
+        Ok(Landed::Row(_)) => apply(deps, event, Arrival::Held).await.map(|_| true),
+        Ok(Landed::Unknown) => not_found(deps, event).await.map(|()| true),
+        Ok(Landed::NotYetSafe) => Ok(false),
+        Err(e) => Err(e.into()),
+    };
+    done.unwrap_or_else(|e| {
+        tracing::warn!(event_id = %event.event_id, error = %crate::error::cause_chain(&e), "a held payment event not applied yet; next step");
+        false
+    })
+}
+
+/// A held event whose order exists nowhere: `order_not_found` (a charge: owed back), or
+/// a refund settling a charge owed back; once.
 async fn not_found(deps: &Deps, event: &PaymentEvent) -> Result<(), PaymentError> {
     let mut tx = mysql_begin(&deps.db).await?;
     if repo::lock_held(&mut tx, &event.event_id).await?.is_some() {
-        repo::set_outcome(&mut tx, &event.event_id, "order_not_found", 404).await?;
+        let (outcome, status) = match settle_owed(&mut tx, event).await? {
+            Some((outcome, status, _)) => (outcome, status),
+            None => ("order_not_found", 404),
+        };
+        repo::set_outcome(&mut tx, &event.event_id, outcome, status).await?;
         mysql_timed(tx.commit()).await?;
-        tracing::warn!(event_id = %event.event_id, order_sn = %event.order_sn, "a held payment's order exists nowhere: owed back");
+        deps.meters.payment_event(outcome);
+        tracing::warn!(event_id = %event.event_id, order_sn = %event.order_sn, outcome, "a held payment's order exists nowhere");
     }
     Ok(())
+}
+
+/// A refund naming a charge owed back (`provider_ref`): the charge `settled` once the
+/// refunds add up to it (this one with the parts before it), else `partial_refund`; in
+/// another currency, `amount_mismatch`. `None` when no charge is owed under that name
+/// (and for an event that is not a refund).
+async fn settle_owed(
+    tx: &mut Tx,
+    event: &PaymentEvent,
+) -> Result<Option<(&'static str, u16, repo::OwedRow)>, DbError> {
+    if event.kind != EventType::Refunded {
+        return Ok(None);
+    }
+    let Some(owed) = repo::owed_charge(tx, &event.provider_ref).await? else {
+        return Ok(None);
+    };
+    if event.currency != owed.currency {
+        return Ok(Some(("amount_mismatch", 422, owed)));
+    }
+    if repo::refunded_before(tx, event).await? + event.amount_cents < owed.amount_cents {
+        return Ok(Some(("partial_refund", 200, owed)));
+    }
+    repo::settle(tx, &owed.event_id).await?;
+    Ok(Some(("settled", 200, owed)))
 }
 
 impl From<DbError> for Retry {

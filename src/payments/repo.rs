@@ -253,6 +253,24 @@ pub async fn charge_seen(tx: &mut Tx, event: &PaymentEvent, kind: &str) -> Resul
     Ok(seen.is_some())
 }
 
+/// What earlier partial refunds of this charge (`provider_ref`) returned, in the
+/// event's currency: refunds add up, so the last of several parts completes the whole.
+pub async fn refunded_before(tx: &mut Tx, event: &PaymentEvent) -> Result<u64, DbError> {
+    let before: Option<u64> = mysql_timed(
+        sqlx::query_scalar(
+            "SELECT CAST(COALESCE(SUM(amount_cents), 0) AS UNSIGNED) FROM payment_events
+             WHERE provider_ref = ? AND type = 'payment.refunded' AND currency = ?
+               AND outcome = 'partial_refund' AND event_id <> ?",
+        )
+        .bind(&event.provider_ref)
+        .bind(&event.currency)
+        .bind(&event.event_id)
+        .fetch_optional(&mut **tx),
+    )
+    .await?;
+    Ok(before.unwrap_or(0))
+}
+
 /// The order as a payment event sees it, its row locked.
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct LockedOrder {

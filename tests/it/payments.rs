@@ -287,7 +287,8 @@ async fn repeats_mismatches_refunds_and_second_charges_follow_their_rules() {
     );
     assert_eq!(env.order_status(&sn).await.as_deref(), Some("paid"));
 
-    // A partial refund is recorded, not acted on; the whole one returns the unit.
+    // A partial refund is recorded, not acted on; the rest of the price, refunded after
+    // it, makes the whole, which returns the unit.
     let mut part = env.payment("payment.refunded", &sn);
     part["amount_cents"] = json!(500);
     let answer = env.payment_event(&server, &part).await;
@@ -300,8 +301,9 @@ async fn repeats_mismatches_refunds_and_second_charges_follow_their_rules() {
         "the early refund again: {}",
         answer.1
     );
-    let whole = env.payment("payment.refunded", &sn);
-    let answer = env.payment_event(&server, &whole).await;
+    let mut rest = env.payment("payment.refunded", &sn);
+    rest["amount_cents"] = json!(1999 - 500);
+    let answer = env.payment_event(&server, &rest).await;
     assert_eq!(code(&answer), (200, Some("refunded")), "{}", answer.1);
     assert_eq!(env.order_status(&sn).await.as_deref(), Some("refunded"));
     assert_eq!(
@@ -418,10 +420,11 @@ async fn a_late_payment_is_honoured_while_a_unit_is_left_and_owed_back_after() {
         .await
         .unwrap();
     assert_eq!(outbox, 0, "sent and confirmed: gone from the outbox");
-    // The operator refunds it with the provider: off the list, the order refunded.
-    let answer = env
-        .payment_event(&server, &env.payment("payment.refunded", &late_two))
-        .await;
+    // The operator refunds the rest with the provider: the parts make the whole, off the
+    // list, the order refunded.
+    let mut rest = env.payment("payment.refunded", &late_two);
+    rest["amount_cents"] = json!(1999 - 1);
+    let answer = env.payment_event(&server, &rest).await;
     assert_eq!(code(&answer), (200, Some("settled")), "{}", answer.1);
     assert_eq!(
         env.order_status(&late_two).await.as_deref(),
@@ -472,7 +475,8 @@ async fn under_the_refund_rule_a_late_payment_is_owed_back_and_takes_no_unit() {
 }
 
 /// A payment for an order still on its way to MySQL (the consumer down) lands the order
-/// first and pays it; a charge for no known order is recorded and owed back.
+/// first and pays it; a charge for no known order is recorded and owed back until
+/// refunds naming it add up to it.
 #[tokio::test]
 async fn a_payment_for_an_order_on_its_way_pays_it_and_one_for_no_order_is_owed_back() {
     let env = TestEnv::new("pay_pending").await;
@@ -495,6 +499,28 @@ async fn a_payment_for_an_order_on_its_way_pays_it_and_one_for_no_order_is_owed_
     );
     let (_, due) = env.admin_get(&api, "/admin/payments/refunds-due").await;
     assert_eq!(due["charges"][0]["reason"], "order_not_found", "{due}");
+    // The operator returns that charge (in two parts): settled, off the list. A refund
+    // naming no charge owed and no order is recorded as for no order.
+    let mut part = env.payment("payment.refunded", &nobody);
+    part["amount_cents"] = json!(999);
+    let answer = env.payment_event(&api, &part).await;
+    assert_eq!(code(&answer), (200, Some("partial_refund")), "{}", answer.1);
+    let (_, due) = env.admin_get(&api, "/admin/payments/refunds-due").await;
+    assert_eq!(due["charges"].as_array().map(Vec::len), Some(1), "{due}");
+    let mut rest = env.payment("payment.refunded", &nobody);
+    rest["amount_cents"] = json!(1999 - 999);
+    let answer = env.payment_event(&api, &rest).await;
+    assert_eq!(code(&answer), (200, Some("settled")), "{}", answer.1);
+    let (_, due) = env.admin_get(&api, "/admin/payments/refunds-due").await;
+    assert_eq!(due["charges"].as_array().map(Vec::len), Some(0), "{due}");
+    let stray = env.payment("payment.refunded", &format!("1-{}", ulid::Ulid::new()));
+    let answer = env.payment_event(&api, &stray).await;
+    assert_eq!(
+        code(&answer),
+        (404, Some("order_not_found")),
+        "{}",
+        answer.1
+    );
     let consumer = env.server(&[Role::Consumer]).await;
     env.wait_for_orders(&api, 1, 1, Duration::from_secs(10))
         .await;

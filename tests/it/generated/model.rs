@@ -101,6 +101,11 @@ pub enum Op {
     Pay {
         user: u8,
     },
+    /// The user's newest cancelled order paid after all (a late payment: revived while a
+    /// unit can be taken for it, else owed back): the provider's signed event.
+    LatePay {
+        user: u8,
+    },
     /// The user's newest paid order refunded whole: the provider's signed event (its unit
     /// goes back on sale).
     Refund {
@@ -163,6 +168,7 @@ impl Op {
             Op::Press { .. } => "Press",
             Op::Cancel { .. } => "Cancel",
             Op::Pay { .. } => "Pay",
+            Op::LatePay { .. } => "LatePay",
             Op::Refund { .. } => "Refund",
             Op::Read { .. } => "Read",
             Op::Put(_) => "Put",
@@ -272,6 +278,10 @@ impl ReferenceStateMachine for Model {
             (press_weight, press.boxed()),
             (1, user.clone().prop_map(|user| Op::Cancel { user }).boxed()),
             (1, user.clone().prop_map(|user| Op::Pay { user }).boxed()),
+            (
+                1,
+                user.clone().prop_map(|user| Op::LatePay { user }).boxed(),
+            ),
             (1, user.clone().prop_map(|user| Op::Refund { user }).boxed()),
             (1, user.prop_map(|user| Op::Read { user }).boxed()),
             (2, change.prop_map(Op::Put).boxed()),

@@ -27,6 +27,7 @@ impl World {
             } => self.press(i, u64::from(*user), *key, *pair, *api),
             Op::Cancel { user } => self.end_order(i, u64::from(*user), "cancel"),
             Op::Pay { user } => self.end_order(i, u64::from(*user), "pay"),
+            Op::LatePay { user } => self.late_pay(i, u64::from(*user)),
             Op::Refund { user } => self.refund(i, u64::from(*user)),
             Op::Read { user } => self.read(i, u64::from(*user)),
             Op::Put(change) => self.put(i, change),
@@ -202,6 +203,96 @@ impl World {
             ),
         }
         format!("{sn}: {status} {code}")
+    }
+
+    /// A payment that comes late, or races its order's end. With a live order, the buyer
+    /// cancels it while the provider tells of its payment, at once: exactly one wins —
+    /// paid and the cancel refused, or cancelled and the payment revives it or owes it
+    /// back. Without, the provider tells of a payment for the user's newest cancelled order
+    /// (else anyone's: cancelled orders are few): revived while a unit can be taken for it,
+    /// else owed back — never dropped.
+    fn late_pay(&mut self, i: usize, user: u64) -> String {
+        if let Some(sn) = self.block_on(self.newest_live(user)) {
+            return self.pay_racing_cancel(i, user, &sn);
+        }
+        let cancelled: Option<String> = self
+            .block_on(
+                sqlx::query_scalar(
+                    "SELECT order_sn FROM orders WHERE item_id = ? AND status = 'cancelled'
+                      ORDER BY user_id = ? DESC, updated_at DESC LIMIT 1",
+                )
+                .bind(ITEM)
+                .bind(user)
+                .fetch_optional(&self.env.db),
+            )
+            .unwrap_or_default();
+        let Some(sn) = cancelled else {
+            return "no order".to_owned();
+        };
+        let request = self.payment_event("payment.succeeded", &sn);
+        let (status, code, _) = self.block_on(async { answer(request.send().await).await });
+        self.oracle.named.insert(sn.clone());
+        self.judge_late_payment(i, &sn, status, &code);
+        format!("{sn}: {status} {code}")
+    }
+
+    /// The buyer's cancel and the provider's payment of `sn`, sent at once.
+    fn pay_racing_cancel(&mut self, i: usize, user: u64, sn: &str) -> String {
+        let pay = self.payment_event("payment.succeeded", sn);
+        let cancel = self
+            .http
+            .post(self.api(0).url(&format!("/api/orders/{sn}/cancel")))
+            .bearer_auth(self.env.token(user));
+        let ((paid, pay_code, _), (cancelled, cancel_code, _)) = self.block_on(async {
+            tokio::join!(async { answer(pay.send().await).await }, async {
+                answer(cancel.send().await).await
+            })
+        });
+        self.oracle.named.insert(sn.to_owned());
+        let faulty = self.replica_frozen() || self.rabbit_cut || self.oracle.settling();
+        let cancel_won = (cancelled, cancel_code.as_str()) == (200, "cancelled");
+        if cancel_won {
+            self.oracle.cancelled.insert(sn.to_owned());
+        }
+        match (paid, pay_code.as_str(), cancelled, cancel_code.as_str()) {
+            // The payment first: the cancel is refused.
+            (200, "paid", 409, "order_paid") => {}
+            // The cancel first (or the deadline's): the payment is a late one.
+            (200, "revived" | "refund_due", _, _) => {
+                self.judge_late_payment(i, sn, paid, &pay_code);
+            }
+            // The deadline's cancel came first: the buyer's is refused, the payment late.
+            (200, "paid", _, _) if !cancel_won => {}
+            // Still on its way to MySQL and not yet on the replica; an instance short of a
+            // replica or cut off: the provider sends it again.
+            (202, "held", _, _) | (503 | 0, _, _, _) if faulty => {}
+            (503, "unavailable", _, _) if self.oracle.paused => {}
+            _ => self.oracle.violation(
+                i,
+                format!(
+                    "{sn} (user {user}) paid and cancelled at once: the payment answered {paid} {pay_code}, the cancel {cancelled} {cancel_code}"
+                ),
+            ),
+        }
+        format!("{sn}: pay {paid} {pay_code}, cancel {cancelled} {cancel_code}")
+    }
+
+    /// A payment of a cancelled order: revived (live again, no longer the cancel the
+    /// history heard) or owed back; or, while the sale is paused or a fault is on, sent
+    /// again later.
+    fn judge_late_payment(&mut self, i: usize, sn: &str, status: u16, code: &str) {
+        let faulty = self.replica_frozen() || self.rabbit_cut || self.oracle.settling();
+        match (status, code) {
+            (200, "revived") => {
+                self.oracle.cancelled.remove(sn);
+            }
+            (200, "refund_due") => {}
+            (503, "unavailable") if self.oracle.paused => {}
+            (503, _) | (0, _) if faulty => {}
+            _ => self
+                .oracle
+                .violation(i, format!("late payment of {sn} answered {status} {code}")),
+        }
     }
 
     /// A pay or a cancel (`what`) of the user's newest live order.
