@@ -83,6 +83,14 @@ async fn retire_locked(
         if counts.unpaid > 0 {
             return Ok(Retirement::InFlight("unpaid orders"));
         }
+        // Redis again: a cancel MySQL has committed by the read above recorded its
+        // `ending` before it committed, and keeps it until its unit is back on the list;
+        // read only before, a cancel between the two reads left its unit out of `unsold`
+        // (and `clear` deleted its record). Nothing new can be pending by now: the first
+        // read found nothing pending, and an ended sale takes no purchase.
+        if let Some(what) = in_flight(redis, keys, &item).await? {
+            return Ok(Retirement::InFlight(what));
+        }
         let snapshot = {
             let mut conn = redis.bulk().await?;
             stock::item_snapshot(&mut conn, keys, item.bucket_ids()).await?
