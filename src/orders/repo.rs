@@ -458,6 +458,29 @@ pub async fn live_orders(db: &Db, item: ItemId) -> Result<Vec<LiveOrder>, DbErro
     .await
 }
 
+/// Returns once the changes of these orders under way have committed: a locking read of
+/// their rows waits for each row a change holds — a late payment holds its order's row
+/// while it takes the unit in Redis, and commits `paid` after — and keeps no lock (one
+/// statement). Locked by the order's number: a change of status rewrites the item's index
+/// entries, so a shared lock on those would deadlock with the very change it waits for. A
+/// deadlock with a cancel locking several rows is read again.
+pub async fn await_changes(db: &Db, sns: &[String]) -> Result<(), DbError> {
+    for chunk in sns.chunks(500) {
+        let chunk: Vec<&str> = chunk.iter().map(String::as_str).collect();
+        let mut tries = 0;
+        loop {
+            let mut query = in_list("SELECT user_id FROM orders WHERE order_sn IN (", &chunk);
+            query.push(" LOCK IN SHARE MODE");
+            match mysql_timed(query.build().execute(db)).await {
+                Ok(_) => break,
+                Err(e) if e.is_deadlock() && tries < 3 => tries += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Which of these order numbers MySQL has.
 pub async fn existing(
     db: impl sqlx::MySqlExecutor<'_>,

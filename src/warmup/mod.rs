@@ -339,6 +339,16 @@ impl Warmup<'_> {
             )));
         }
 
+        // A late payment that took its unit before the fence may not have committed `paid`
+        // yet: read the holders once it has. It recorded its order in the bucket's
+        // `ending` with the unit, and drops the record only after its commit.
+        let mut changing: Vec<String> = Vec::new();
+        for bucket in &buckets {
+            let ending = self.keys.ending(bucket.bucket);
+            let sns: Vec<String> = redis_timed(conn.zrange(&ending, 0, -1)).await?;
+            changing.extend(sns);
+        }
+        orders::await_changes(self.db, &changing).await?;
         let holders = self.holders(conn, &buckets, id).await?;
         let held = holders.len() as u64;
         let to_load = to_load(&item, held)?;

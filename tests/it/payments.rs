@@ -998,3 +998,75 @@ async fn a_repeated_cancel_waits_for_a_revival_in_flight_and_gives_nothing_back(
         .await;
     server.stop().await;
 }
+
+/// A forced warm-up while a late payment is reviving an order (its row locked, its unit
+/// taken in Redis, `paid` not committed yet) counts that order among the holders: it waits
+/// for the payment's commit and loads one unit less. Before, it read the order as
+/// cancelled and loaded its unit again — three units held of two once the payment
+/// committed.
+#[tokio::test]
+async fn a_warm_up_waits_for_a_revival_in_flight_and_counts_its_unit() {
+    use redis::AsyncCommands;
+    let env = TestEnv::new("pay_revive_warmup").await;
+    let server = env.server(&[Role::Api, Role::Consumer]).await;
+    env.item(1, 2).on_sale(&server).await;
+    let sn = bought(&env, &server, 1, 1).await;
+    let cancel = format!("/api/orders/{sn}/cancel");
+    assert_eq!(env.post_as(&server, &cancel, 1).await.0, 200);
+    assert_eq!(env.remaining(1).await, 2);
+
+    // The payment's transaction: the row locked, then the unit taken in Redis.
+    let mut tx = env.db.begin().await.unwrap();
+    let _: String = sqlx::query_scalar("SELECT status FROM orders WHERE order_sn = ? FOR UPDATE")
+        .bind(&sn)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let keys = env.item_keys(1);
+    let mut redis = env.redis.clone();
+    let _: Option<String> = redis.lpop(&keys.tokens, None).await.unwrap();
+    let buyer = keys
+        .buyer_orders(seckill::domain::UserId::new(1))
+        .to_owned();
+    let _: () = redis.hset(&buyer, "1", &sn).await.unwrap();
+    // As `revive.lua` does: the order recorded as changing, until the payment commits.
+    let ending = env.keys().ending(env.bucket(1));
+    let _: () = redis.zadd(&ending, &sn, 1).await.unwrap();
+
+    // The operator pauses the sale and reloads it meanwhile.
+    assert_eq!(env.admin_post(&server, "/admin/items/1/pause").await.0, 200);
+    let reload = async {
+        env.admin_post(&server, "/admin/items/1/warmup?force=true")
+            .await
+    };
+    let paid = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        sqlx::query(
+            "UPDATE orders SET status = 'paid', lapsed_at = updated_at,
+                    revived_at = UTC_TIMESTAMP(3), cancel_reason = NULL
+             WHERE order_sn = ?",
+        )
+        .bind(&sn)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+        let _: () = env.redis.clone().zrem(&ending, &sn).await.unwrap();
+    };
+    let ((status, report), ()) = tokio::join!(reload, paid);
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(
+        env.remaining(1).await,
+        1,
+        "the revived order holds its unit: {report}"
+    );
+    let held: Option<String> = redis.hget(&buyer, "1").await.unwrap();
+    assert_eq!(held.as_deref(), Some(sn.as_str()), "its buyer record");
+    assert_eq!(
+        env.admin_post(&server, "/admin/items/1/resume").await.0,
+        200
+    );
+    env.assert_invariants(&server, 1, 2, std::slice::from_ref(&sn))
+        .await;
+    server.stop().await;
+}
