@@ -1,11 +1,13 @@
 //! Orders in MySQL.
 
+use std::time::Duration;
+
 use chrono::{DateTime, TimeZone, Utc};
 use serde::Serialize;
 use sqlx::QueryBuilder;
 
 use crate::domain::{ItemId, OrderPlaced, OrderSn, UserId};
-use crate::store::{Db, DbError, mysql_timed, retrying_deadlocks};
+use crate::store::{Db, DbError, mysql_timed, mysql_timed_within, retrying_deadlocks};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -465,13 +467,16 @@ pub async fn live_orders(db: &Db, item: ItemId) -> Result<Vec<LiveOrder>, DbErro
 /// entries, so a shared lock on those would deadlock with the very change it waits for. A
 /// deadlock with a cancel locking several rows is read again.
 pub async fn await_changes(db: &Db, sns: &[String]) -> Result<(), DbError> {
+    // A payment's whole budget (`budget::payment`: its replicas' `WAIT` and a loan between
+    // buckets happen under its row lock), and a little more.
+    const CHANGES_WITHIN: Duration = Duration::from_secs(10);
     for chunk in sns.chunks(500) {
         let chunk: Vec<&str> = chunk.iter().map(String::as_str).collect();
         let mut tries = 0;
         loop {
             let mut query = in_list("SELECT user_id FROM orders WHERE order_sn IN (", &chunk);
             query.push(" LOCK IN SHARE MODE");
-            match mysql_timed(query.build().execute(db)).await {
+            match mysql_timed_within(CHANGES_WITHIN, query.build().execute(db)).await {
                 Ok(_) => break,
                 Err(e) if e.is_deadlock() && tries < 3 => tries += 1,
                 Err(e) => return Err(e),

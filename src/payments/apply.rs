@@ -161,11 +161,8 @@ pub async fn receive(deps: &Deps, event: &PaymentEvent) -> Result<Applied, Payme
     match landed {
         Landed::Row(_) => apply(deps, event, Arrival::Fresh).await,
         Landed::NotYetSafe => record_only(deps, event, "held", 202).await,
-        // A refund of a charge owed back for no order settles it.
-        Landed::Unknown if event.kind == EventType::Refunded => {
-            apply(deps, event, Arrival::Fresh).await
-        }
-        Landed::Unknown => record_only(deps, event, "order_not_found", 404).await,
+        // Judged as for no order ([`no_order`]).
+        Landed::Unknown => apply(deps, event, Arrival::Fresh).await,
     }
 }
 
@@ -189,7 +186,7 @@ fn repeat(event: &PaymentEvent, recorded: repo::Recorded) -> Applied {
     }
 }
 
-/// Records an event that changes no order (held for later, or for no known order).
+/// Records an event held for later: its order is on its way.
 async fn record_only(
     deps: &Deps,
     event: &PaymentEvent,
@@ -277,10 +274,7 @@ async fn attempt(deps: &Deps, event: &PaymentEvent, arrival: Arrival) -> Result<
         _ => None,
     };
     let Some((parsed, order)) = found else {
-        let (outcome, status) = match settle_owed(&mut tx, event).await? {
-            Some((outcome, status, _)) => (outcome, status),
-            None => ("order_not_found", 404),
-        };
+        let (outcome, status) = no_order(&mut tx, event).await?;
         repo::set_outcome(&mut tx, &event.event_id, outcome, status).await?;
         mysql_timed(tx.commit()).await?;
         deps.meters.payment_event(outcome);
@@ -294,6 +288,7 @@ async fn attempt(deps: &Deps, event: &PaymentEvent, arrival: Arrival) -> Result<
         order: &order,
         price,
         buckets: item.as_ref().map_or(1, |i| i.buckets),
+        retired: item.as_ref().is_some_and(|i| i.retired_at.is_some()),
     };
     let (outcome, status, after) = match ctx.decide(&mut tx).await {
         Ok(decided) => decided,
@@ -329,6 +324,8 @@ struct Ctx<'a> {
     order: &'a LockedOrder,
     price: u64,
     buckets: u8,
+    /// The sale left Redis: nothing of it is written there again.
+    retired: bool,
 }
 
 impl Ctx<'_> {
@@ -347,13 +344,13 @@ impl Ctx<'_> {
             // A refund of a charge owed back is judged against that charge.
             EventType::Refunded
                 if (!currency_ok || event.amount_cents > self.price)
-                    && !repo::owes_charge(tx, &event.provider_ref).await? =>
+                    && !repo::owes_charge(tx, event).await? =>
             {
                 ("amount_mismatch", 422, After::Nothing)
             }
             // The provider returned this charge before it told of taking it (events out of
             // order): nothing is held, nothing owed.
-            EventType::Succeeded if repo::charge_seen(tx, event, "payment.refunded").await? => {
+            EventType::Succeeded if returned_already(tx, event).await? => {
                 ("already_refunded", 200, After::Nothing)
             }
             EventType::Succeeded => match order.status {
@@ -417,7 +414,6 @@ impl Ctx<'_> {
                 } else if let Some((outcome, status, owed)) = settle_owed(tx, event).await? {
                     if outcome == "settled"
                         && owed.outcome == "refund_due"
-                        && owed.order_sn == sn
                         && order.status == OrderStatus::RefundDue
                     {
                         repo::refund(tx, sn, order.status).await?;
@@ -457,8 +453,12 @@ impl Ctx<'_> {
         }
     }
 
-    /// Records the order's unit as going back (before MySQL says so).
+    /// Records the order's unit as going back (before MySQL says so). A retired sale's
+    /// unit has no list to go back to (the retired figures do not count it: a known gap).
     async fn unit_back(&self) -> Result<After, Retry> {
+        if self.retired {
+            return Ok(After::Nothing);
+        }
         ending::begin(&self.deps.redis, &self.deps.keys, &[self.sn]).await?;
         Ok(After::UnitBack(self.held()))
     }
@@ -635,21 +635,42 @@ async fn apply_one_held(deps: &Deps, event: &PaymentEvent) -> bool {
     })
 }
 
-/// A held event whose order exists nowhere: `order_not_found` (a charge: owed back), or
-/// a refund settling a charge owed back; once.
+/// A held event whose order exists nowhere: judged as for no order ([`no_order`]), once.
 async fn not_found(deps: &Deps, event: &PaymentEvent) -> Result<(), PaymentError> {
     let mut tx = mysql_begin(&deps.db).await?;
     if repo::lock_held(&mut tx, &event.event_id).await?.is_some() {
-        let (outcome, status) = match settle_owed(&mut tx, event).await? {
-            Some((outcome, status, _)) => (outcome, status),
-            None => ("order_not_found", 404),
-        };
+        let (outcome, status) = no_order(&mut tx, event).await?;
         repo::set_outcome(&mut tx, &event.event_id, outcome, status).await?;
         mysql_timed(tx.commit()).await?;
         deps.meters.payment_event(outcome);
         tracing::warn!(event_id = %event.event_id, order_sn = %event.order_sn, outcome, "a held payment's order exists nowhere");
     }
     Ok(())
+}
+
+/// An event for an order that exists nowhere: a charge is owed back (`order_not_found`)
+/// unless it was returned already (`already_refunded`: refunds naming it came first) or
+/// told of before (`already_recorded`: owed once); a refund settles the charge it names
+/// ([`settle_owed`]), else is recorded as for no order.
+async fn no_order(tx: &mut Tx, event: &PaymentEvent) -> Result<(&'static str, u16), DbError> {
+    Ok(match event.kind {
+        EventType::Refunded => match settle_owed(tx, event).await? {
+            Some((outcome, status, _)) => (outcome, status),
+            None => ("order_not_found", 404),
+        },
+        EventType::Succeeded if returned_already(tx, event).await? => ("already_refunded", 200),
+        EventType::Succeeded if repo::charge_seen(tx, event, "payment.succeeded").await? => {
+            ("already_recorded", 200)
+        }
+        _ => ("order_not_found", 404),
+    })
+}
+
+/// Whether refunds of this charge came before it was told of and returned it whole: one
+/// refund, or parts adding up.
+async fn returned_already(tx: &mut Tx, event: &PaymentEvent) -> Result<bool, DbError> {
+    Ok(repo::charge_seen(tx, event, "payment.refunded").await?
+        || repo::refunded_before(tx, event).await? >= event.amount_cents)
 }
 
 /// A refund naming a charge owed back (`provider_ref`): the charge `settled` once the
@@ -663,7 +684,7 @@ async fn settle_owed(
     if event.kind != EventType::Refunded {
         return Ok(None);
     }
-    let Some(owed) = repo::owed_charge(tx, &event.provider_ref).await? else {
+    let Some(owed) = repo::owed_charge(tx, event).await? else {
         return Ok(None);
     };
     if event.currency != owed.currency {

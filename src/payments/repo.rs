@@ -147,41 +147,44 @@ impl HeldRow {
 pub struct OwedRow {
     pub event_id: String,
     pub outcome: String,
-    pub order_sn: String,
     pub amount_cents: u64,
     pub currency: String,
 }
 
-/// Whether a charge owed back goes by this provider reference.
-pub async fn owes_charge(tx: &mut Tx, provider_ref: &str) -> Result<bool, DbError> {
+/// Whether a charge of this order owed back goes by the event's provider reference.
+pub async fn owes_charge(tx: &mut Tx, event: &PaymentEvent) -> Result<bool, DbError> {
     let owed: Option<u64> = mysql_timed(
         sqlx::query_scalar(
             "SELECT id FROM payment_events
-             WHERE provider_ref = ? AND type = 'payment.succeeded'
+             WHERE provider_ref = ? AND order_sn = ? AND type = 'payment.succeeded'
                AND outcome IN ('refund_due', 'charged_twice', 'order_not_found',
                                'amount_mismatch')
                AND settled_at IS NULL
              LIMIT 1",
         )
-        .bind(provider_ref)
+        .bind(&event.provider_ref)
+        .bind(&event.order_sn)
         .fetch_optional(&mut **tx),
     )
     .await?;
     Ok(owed.is_some())
 }
 
-/// The unsettled charge owed back under this provider reference, locked.
-pub async fn owed_charge(tx: &mut Tx, provider_ref: &str) -> Result<Option<OwedRow>, DbError> {
+/// The unsettled charge of this order owed back under the event's provider reference,
+/// locked. A refund names its charge and its order: one naming another order settles
+/// nothing (the order owed would stay `refund_due` off the list).
+pub async fn owed_charge(tx: &mut Tx, event: &PaymentEvent) -> Result<Option<OwedRow>, DbError> {
     mysql_timed(
         sqlx::query_as(
-            "SELECT event_id, outcome, order_sn, amount_cents, currency FROM payment_events
-             WHERE provider_ref = ? AND type = 'payment.succeeded'
+            "SELECT event_id, outcome, amount_cents, currency FROM payment_events
+             WHERE provider_ref = ? AND order_sn = ? AND type = 'payment.succeeded'
                AND outcome IN ('refund_due', 'charged_twice', 'order_not_found',
                                'amount_mismatch')
                AND settled_at IS NULL
              ORDER BY id LIMIT 1 FOR UPDATE",
         )
-        .bind(provider_ref)
+        .bind(&event.provider_ref)
+        .bind(&event.order_sn)
         .fetch_optional(&mut **tx),
     )
     .await
@@ -253,16 +256,24 @@ pub async fn charge_seen(tx: &mut Tx, event: &PaymentEvent, kind: &str) -> Resul
     Ok(seen.is_some())
 }
 
-/// What earlier partial refunds of this charge (`provider_ref`) returned, in the
-/// event's currency: refunds add up, so the last of several parts completes the whole.
+/// What earlier refunds of this charge of the order (`provider_ref`) returned that acted
+/// on nothing yet, in the event's currency — parts (`partial_refund`), and refunds that
+/// came before the charge was told of (`ignored`, `order_not_found`): refunds add up, so
+/// the last of several parts completes the whole, and a charge returned in parts before
+/// it was told of is returned already.
+///
+/// A plain read: callers hold the order's row, or the charge owed, locked first, so that
+/// a refund of the same charge committed meanwhile is in what it reads.
 pub async fn refunded_before(tx: &mut Tx, event: &PaymentEvent) -> Result<u64, DbError> {
     let before: Option<u64> = mysql_timed(
         sqlx::query_scalar(
             "SELECT CAST(COALESCE(SUM(amount_cents), 0) AS UNSIGNED) FROM payment_events
-             WHERE provider_ref = ? AND type = 'payment.refunded' AND currency = ?
-               AND outcome = 'partial_refund' AND event_id <> ?",
+             WHERE provider_ref = ? AND order_sn = ? AND type = 'payment.refunded'
+               AND currency = ? AND event_id <> ?
+               AND outcome IN ('partial_refund', 'ignored', 'order_not_found')",
         )
         .bind(&event.provider_ref)
+        .bind(&event.order_sn)
         .bind(&event.currency)
         .bind(&event.event_id)
         .fetch_optional(&mut **tx),

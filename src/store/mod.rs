@@ -14,7 +14,7 @@ pub use self::grouped::Grouped;
 pub use self::misses::MissLimit;
 pub use self::mysql::{
     Db, DbError, STORABLE, begin as mysql_begin, connect_mysql, migrate, retrying_deadlocks,
-    storable, timed as mysql_timed, to_millis,
+    storable, timed as mysql_timed, timed_within as mysql_timed_within, to_millis,
 };
 pub use self::redis_conns::{RedisConn, RedisConns, RedisError, timed as redis_timed};
 pub use self::replicas::{Replication, ShortOfReplicas, WaitRule};

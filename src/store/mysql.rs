@@ -99,9 +99,17 @@ impl DbError {
 
 /// Runs one MySQL call with the store time limit.
 pub async fn timed<T>(call: impl Future<Output = Result<T, sqlx::Error>>) -> Result<T, DbError> {
-    tokio::time::timeout(STORE_TIMEOUT, call)
+    timed_within(STORE_TIMEOUT, call).await
+}
+
+/// Runs one MySQL call that may wait for other transactions' locks, within `limit`.
+pub async fn timed_within<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, DbError> {
+    tokio::time::timeout(limit, call)
         .await
-        .map_err(|_| DbError::Timeout(STORE_TIMEOUT))?
+        .map_err(|_| DbError::Timeout(limit))?
         .map_err(DbError::from)
 }
 

@@ -1070,3 +1070,101 @@ async fn a_warm_up_waits_for_a_revival_in_flight_and_counts_its_unit() {
         .await;
     server.stop().await;
 }
+
+/// Refunds of one charge add up whatever their order: parts that came before the charge
+/// was told of return it (`already_refunded`, the order stays unpaid), a part before it
+/// and the rest after refund it; for no order, a refund first leaves nothing owed and a
+/// charge told of twice is owed once; a refund naming another order settles nothing.
+#[tokio::test]
+async fn refunds_in_parts_and_out_of_order_add_up() {
+    let env = TestEnv::new("pay_parts").await;
+    let server = env.server(&[Role::Api, Role::Consumer]).await;
+    env.item(1, 5).on_sale(&server).await;
+    let refund = |sn: &str, cents: u64| {
+        let mut event = env.payment("payment.refunded", sn);
+        event["amount_cents"] = json!(cents);
+        event
+    };
+    let owed = || async {
+        let (_, due) = env.admin_get(&server, "/admin/payments/refunds-due").await;
+        due["charges"].as_array().cloned().unwrap_or_default()
+    };
+
+    // Both parts before the charge: each recorded only, then the charge is returned.
+    let first = bought(&env, &server, 1, 1).await;
+    for cents in [1000, 999] {
+        let answer = env.payment_event(&server, &refund(&first, cents)).await;
+        assert_eq!(code(&answer), (200, Some("ignored")), "{}", answer.1);
+    }
+    let answer = env.pay(&server, &first).await;
+    assert_eq!(
+        code(&answer),
+        (200, Some("already_refunded")),
+        "{}",
+        answer.1
+    );
+    assert_eq!(env.order_status(&first).await.as_deref(), Some("unpaid"));
+
+    // A part before the charge, the rest after it: refunded, the unit back.
+    let second = bought(&env, &server, 2, 1).await;
+    let answer = env.payment_event(&server, &refund(&second, 1000)).await;
+    assert_eq!(code(&answer), (200, Some("ignored")), "{}", answer.1);
+    assert_eq!(code(&env.pay(&server, &second).await), (200, Some("paid")));
+    let remaining = env.remaining(1).await;
+    let answer = env.payment_event(&server, &refund(&second, 999)).await;
+    assert_eq!(code(&answer), (200, Some("refunded")), "{}", answer.1);
+    assert_eq!(
+        env.remaining(1).await,
+        remaining + 1,
+        "the unit back on sale"
+    );
+
+    // No such order: its refund first, then the charge — nothing owed.
+    let nobody = format!("1-{}", ulid::Ulid::new());
+    let answer = env.payment_event(&server, &refund(&nobody, 1999)).await;
+    assert_eq!(
+        code(&answer),
+        (404, Some("order_not_found")),
+        "{}",
+        answer.1
+    );
+    let answer = env.pay(&server, &nobody).await;
+    assert_eq!(
+        code(&answer),
+        (200, Some("already_refunded")),
+        "{}",
+        answer.1
+    );
+    assert!(owed().await.is_empty(), "{:?}", owed().await);
+    // Another order nobody has, its charge told of twice: owed once.
+    let stray = format!("1-{}", ulid::Ulid::new());
+    let charge = env.payment("payment.succeeded", &stray);
+    let answer = env.payment_event(&server, &charge).await;
+    assert_eq!(
+        code(&answer),
+        (404, Some("order_not_found")),
+        "{}",
+        answer.1
+    );
+    let mut again = env.payment("payment.succeeded", &stray);
+    again["provider_ref"] = charge["provider_ref"].clone();
+    let answer = env.payment_event(&server, &again).await;
+    assert_eq!(
+        code(&answer),
+        (200, Some("already_recorded")),
+        "{}",
+        answer.1
+    );
+    assert_eq!(owed().await.len(), 1, "{:?}", owed().await);
+    // A refund naming that charge but another order settles nothing.
+    let mut elsewhere = refund(&first, 1999);
+    elsewhere["provider_ref"] = charge["provider_ref"].clone();
+    let answer = env.payment_event(&server, &elsewhere).await;
+    assert_eq!(code(&answer), (200, Some("ignored")), "{}", answer.1);
+    assert_eq!(owed().await.len(), 1, "still owed: {:?}", owed().await);
+
+    env.wait_for_orders(&server, 1, 2, Duration::from_secs(10))
+        .await;
+    env.assert_invariants(&server, 1, 5, &[first, second]).await;
+    server.stop().await;
+}

@@ -25,6 +25,16 @@ struct Row {
     pay_deadline: DateTime<Utc>,
 }
 
+/// A charge told of (`payment.succeeded`), with its order as MySQL holds it.
+#[derive(sqlx::FromRow)]
+struct Charge {
+    event_id: String,
+    outcome: String,
+    provider_ref: String,
+    status: Option<String>,
+    paid_ref: Option<String>,
+}
+
 /// Invariant 4 at a quiescent moment (`stats` read then): the units in Redis, on sale or
 /// held back for a wave still to come by the record, and the live orders in MySQL add up
 /// to the total the last warm-up loaded (`loaded`: a changed `total` takes effect with a
@@ -147,6 +157,55 @@ pub async fn orders(env: &TestEnv, oracle: &mut Oracle) {
         {
             broken.push(format!(
                 "{sn}'s cancel was answered 200 but MySQL does not have it cancelled (invariant 5)"
+            ));
+        }
+    }
+
+    // 8. Every charge told of is paid for, owed back or returned: a `payment.succeeded`
+    // that paid (or revived) its order leaves it paid by that charge, or refunded; one owed
+    // back leaves it `refund_due` or `refunded`; none is left held or half applied.
+    // An event held while its order was on its way is applied by the scheduler's next
+    // step (each second) once the order is in MySQL.
+    for _ in 0..30 {
+        let held: i64 = read_patiently("the held payment events", || {
+            sqlx::query_scalar("SELECT COUNT(*) FROM payment_events WHERE outcome = 'held'")
+                .fetch_one(&env.db)
+        })
+        .await;
+        if held == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+    let charges: Vec<Charge> = read_patiently("the history's charges", || {
+        sqlx::query_as(
+            "SELECT e.event_id, e.outcome, e.provider_ref, o.status, o.paid_ref
+                   FROM payment_events e LEFT JOIN orders o ON o.order_sn = e.order_sn
+                  WHERE e.type = 'payment.succeeded'",
+        )
+        .fetch_all(&env.db)
+    })
+    .await;
+    for Charge {
+        event_id: event,
+        outcome,
+        provider_ref: charge,
+        status,
+        paid_ref,
+    } in charges
+    {
+        let kept = match outcome.as_str() {
+            "paid" | "revived" => {
+                matches!(status.as_deref(), Some("paid" | "refunded"))
+                    && paid_ref.as_deref() == Some(charge.as_str())
+            }
+            "refund_due" => matches!(status.as_deref(), Some("refund_due" | "refunded")),
+            "held" | "applying" => false,
+            _ => true,
+        };
+        if !kept {
+            broken.push(format!(
+                "charge {charge} (event {event}) ended {outcome}, its order {status:?} paid by {paid_ref:?} (invariant 8)"
             ));
         }
     }

@@ -254,39 +254,45 @@ impl World {
         if cancel_won {
             self.oracle.cancelled.insert(sn.to_owned());
         }
-        match (paid, pay_code.as_str(), cancelled, cancel_code.as_str()) {
-            // The payment first: the cancel is refused.
-            (200, "paid", 409, "order_paid") => {}
-            // The cancel first (or the deadline's): the payment is a late one.
-            (200, "revived" | "refund_due", _, _) => {
+        let cancel_heard = match (cancelled, cancel_code.as_str()) {
+            // Cancelled; or refused: the payment first, or the deadline's cancel.
+            (200, "cancelled") | (409, "order_paid" | "order_cancelled") => true,
+            (503, "circuit_open") => self.oracle.circuit == 3,
+            (503, _) | (0, _) => faulty,
+            _ => false,
+        };
+        let pay_heard = match (paid, pay_code.as_str()) {
+            // Paid in time: then the cancel cannot have won.
+            (200, "paid") => !cancel_won,
+            // The cancel first (the buyer's or the deadline's): a late payment.
+            (200, "revived" | "refund_due") | (503, _) | (0, _) => {
                 self.judge_late_payment(i, sn, paid, &pay_code);
+                true
             }
-            // The deadline's cancel came first: the buyer's is refused, the payment late.
-            (200, "paid", _, _) if !cancel_won => {}
-            // Still on its way to MySQL and not yet on the replica; an instance short of a
-            // replica or cut off: the provider sends it again.
-            (202, "held", _, _) | (503 | 0, _, _, _) if faulty => {}
-            (503, "unavailable", _, _) if self.oracle.paused => {}
-            _ => self.oracle.violation(
+            // Still on its way to MySQL and not yet on the replica.
+            (202, "held") => faulty,
+            _ => false,
+        };
+        if !(cancel_heard && pay_heard) {
+            self.oracle.violation(
                 i,
                 format!(
                     "{sn} (user {user}) paid and cancelled at once: the payment answered {paid} {pay_code}, the cancel {cancelled} {cancel_code}"
                 ),
-            ),
+            );
         }
         format!("{sn}: pay {paid} {pay_code}, cancel {cancelled} {cancel_code}")
     }
 
-    /// A payment of a cancelled order: revived (live again, no longer the cancel the
-    /// history heard) or owed back; or, while the sale is paused or a fault is on, sent
-    /// again later.
+    /// A payment of a cancelled order: revived (live again) or owed back (`refund_due`) —
+    /// either way no longer the cancelled row the history's `200` left; or, while the sale
+    /// is paused or a fault is on, sent again later. With no answer (or a `503` whose
+    /// commit the server could not tell), MySQL may have either: the cancel is not judged.
     fn judge_late_payment(&mut self, i: usize, sn: &str, status: u16, code: &str) {
         let faulty = self.replica_frozen() || self.rabbit_cut || self.oracle.settling();
+        self.oracle.cancelled.remove(sn);
         match (status, code) {
-            (200, "revived") => {
-                self.oracle.cancelled.remove(sn);
-            }
-            (200, "refund_due") => {}
+            (200, "revived" | "refund_due") => {}
             (503, "unavailable") if self.oracle.paused => {}
             (503, _) | (0, _) if faulty => {}
             _ => self
