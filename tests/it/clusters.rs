@@ -416,6 +416,11 @@ async fn sale_shapes_work_on_a_redis_cluster() {
         .server_with(ALL_ROLES, |s| {
             s.scheduler_poll_ms = 200;
             s.rate_per_user = 0;
+            // The shapes' exact answers, not the instance's own breaker: a crowd of 960 on
+            // the cluster, with the suite's other tests on two cores, made purchases slow
+            // enough to trip it in 2 of 7 runs, and the waves that followed heard `503
+            // circuit_open` for its 5 s (the breaker has tests of its own).
+            s.breaker_auto = false;
         })
         .await;
     crate::shapes::per_user_with_retried_keys(env, &server, 1).await;
