@@ -304,16 +304,38 @@ async fn rabbitmq_restarted_mid_burst_loses_nothing() {
     let server = env
         .server_with(ALL_ROLES, |s| s.amqp_url = Secret::new(&amqp))
         .await;
+    // How long the broker took to boot: not the server's to shorten.
+    let mut boot = Duration::ZERO;
     let fault = async {
         rabbit.kill();
         tokio::time::sleep(Duration::from_millis(500)).await;
+        let restarted = Instant::now();
         rabbit.restart().await;
+        boot = restarted.elapsed();
     };
+    env.item(1, BURST_UNITS).on_sale(&server).await;
+    let answered = AtomicU64::new(0);
+    let at = |_: u64, _: u32| server.addr;
+    let (mut ledger, began) = tokio::join!(
+        crowd(&env, 1, 1..1_501, &at, &answered),
+        mid_burst(&answered, 200, fault),
+    );
     // docs/faults.md: nothing for buyers, every unit sold during it; every order in MySQL
-    // 7.1 s after the kill (allowed: 15 s, the broker's boot alone taking ~4 s of it on a
-    // loaded 2-core machine).
-    let liveness = Liveness::unnoticed("RabbitMQ restarted", Duration::from_secs(15));
-    let ledger = fault_mid_burst(&env, &server, &amqp, fault, &liveness).await;
+    // 7.1 s after the kill, of which the broker's boot took ~4 s (allowed: the boot, then
+    // 11 s; a fixed 15 s from the kill failed once at 17.9 s with the whole suite on two
+    // cores, the boot being the broker's and not the server's to shorten).
+    let liveness = Liveness::unnoticed("RabbitMQ restarted", boot + Duration::from_secs(11));
+    eprintln!("RabbitMQ booted again in {boot:?}");
+    after_fault(
+        &env,
+        &server,
+        BURST_UNITS,
+        &amqp,
+        began,
+        &mut ledger,
+        &liveness,
+    )
+    .await;
     assert_eq!(
         (ledger.won.len(), ledger.topped_up),
         (BURST_UNITS as usize, 0),
