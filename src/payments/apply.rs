@@ -24,6 +24,7 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::json;
 
@@ -222,8 +223,10 @@ pub async fn apply(
     arrival: Arrival,
 ) -> Result<Applied, PaymentError> {
     let mut tries = 0;
+    // A fresh event is judged late or not by when it came, not by a retry's moment.
+    let mut came = None;
     loop {
-        match attempt(deps, event, arrival).await {
+        match attempt(deps, event, arrival, &mut came).await {
             Ok(applied) => return Ok(applied),
             Err(Retry::Failed(PaymentError::Store(StoreError::Database(e))))
                 if e.is_deadlock() && tries < BUSY_TRIES => {}
@@ -240,7 +243,14 @@ pub async fn apply(
     }
 }
 
-async fn attempt(deps: &Deps, event: &PaymentEvent, arrival: Arrival) -> Result<Applied, Retry> {
+/// One try; `came`: when a fresh event came, by MySQL's clock (set by the first try that
+/// read its order).
+async fn attempt(
+    deps: &Deps,
+    event: &PaymentEvent,
+    arrival: Arrival,
+    came: &mut Option<DateTime<Utc>>,
+) -> Result<Applied, Retry> {
     // The item (its price) before the transaction: inside it, a second connection of the
     // pool would be asked for while this one holds the order's lock.
     let item = match OrderSn::parse(&event.order_sn) {
@@ -255,7 +265,7 @@ async fn attempt(deps: &Deps, event: &PaymentEvent, arrival: Arrival) -> Result<
                 drop(tx);
                 return Ok(answer_recorded(deps, event).await?);
             }
-            None
+            *came
         }
         Arrival::Held => {
             let Some(arrived) = repo::lock_held(&mut tx, &event.event_id).await? else {
@@ -273,6 +283,9 @@ async fn attempt(deps: &Deps, event: &PaymentEvent, arrival: Arrival) -> Result<
         (Some(parsed), Some(order)) => Some((parsed, order)),
         _ => None,
     };
+    if let Some((_, order)) = &found {
+        came.get_or_insert(order.judged_at);
+    }
     let Some((parsed, order)) = found else {
         let (outcome, status) = no_order(&mut tx, event).await?;
         repo::set_outcome(&mut tx, &event.event_id, outcome, status).await?;

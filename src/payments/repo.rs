@@ -294,6 +294,8 @@ pub struct LockedOrder {
     /// Its deadline had passed when the event came, by MySQL's clock (as the deadline's
     /// cancel judges it).
     pub overdue: bool,
+    /// When the event was judged to have come, by MySQL's clock.
+    pub judged_at: DateTime<Utc>,
 }
 
 /// The order, locked; `overdue` judged at `arrived` (when its event came: a held one came
@@ -306,9 +308,11 @@ pub async fn lock_order(
     mysql_timed(
         sqlx::query_as(
             "SELECT status, user_id, item_id, paid_ref, cancel_reason,
-                    pay_deadline <= COALESCE(?, UTC_TIMESTAMP(3)) AS overdue
+                    pay_deadline <= COALESCE(?, UTC_TIMESTAMP(3)) AS overdue,
+                    COALESCE(?, UTC_TIMESTAMP(3)) AS judged_at
              FROM orders WHERE order_sn = ? FOR UPDATE",
         )
+        .bind(arrived)
         .bind(arrived)
         .bind(sn)
         .fetch_optional(&mut **tx),
