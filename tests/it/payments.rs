@@ -1168,3 +1168,48 @@ async fn refunds_in_parts_and_out_of_order_add_up() {
     env.assert_invariants(&server, 1, 5, &[first, second]).await;
     server.stop().await;
 }
+
+/// Under `refund`, a payment that came in time for an order its buyer cancelled revives
+/// it, even when its tries wait past the deadline for the unit to be free (a cancel still
+/// giving it back, held here by the test): it is judged by when it came, not by the
+/// moment of the try that took the unit. Before, the retry after the deadline read the
+/// order overdue and owed the charge back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_payment_in_time_waiting_past_the_deadline_is_judged_by_when_it_came() {
+    use redis::AsyncCommands;
+    let env = TestEnv::new("pay_came_in_time").await;
+    let refund = |s: &mut seckill::Settings| s.late_payment = LatePayment::Refund;
+    let api = env.server_with(&[Role::Api, Role::Consumer], refund).await;
+    env.item(1, 3).paying_within(2).on_sale(&api).await;
+    let sn = bought(&env, &api, 1, 1).await;
+    let (status, body) = env
+        .post_as(&api, &format!("/api/orders/{sn}/cancel"), 1)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let deadline: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT pay_deadline FROM orders WHERE order_sn = ?")
+            .bind(&sn)
+            .fetch_one(&env.db)
+            .await
+            .unwrap();
+    let until =
+        |at: chrono::DateTime<chrono::Utc>| (at - chrono::Utc::now()).to_std().unwrap_or_default();
+    // The cancel's record stands again: the payment's tries find the unit busy.
+    let ending = env.keys().ending(env.bucket(1));
+    let mut redis = env.redis.clone();
+    let _: () = redis.zadd(&ending, &sn, 1).await.unwrap();
+
+    tokio::time::sleep(until(deadline - chrono::Duration::milliseconds(300))).await;
+    let paid = async { env.pay(&api, &sn).await };
+    let freed = async {
+        tokio::time::sleep(until(deadline + chrono::Duration::milliseconds(200))).await;
+        let _: () = env.redis.clone().zrem(&ending, &sn).await.unwrap();
+    };
+    let (answer, ()) = tokio::join!(paid, freed);
+    assert_eq!(code(&answer), (200, Some("revived")), "{}", answer.1);
+    assert_eq!(env.order_status(&sn).await.as_deref(), Some("paid"));
+    assert_eq!(env.remaining(1).await, 2, "its unit taken again");
+    env.assert_invariants(&api, 1, 3, std::slice::from_ref(&sn))
+        .await;
+    api.stop().await;
+}
