@@ -98,12 +98,13 @@ pub enum Conflict {
     OverHeld,
     Raced,
     ModeFixed,
+    PriceFixed,
     DrawFixed,
     StockCommitted,
 }
 
 impl Conflict {
-    pub const ALL: [Conflict; 15] = [
+    pub const ALL: [Conflict; 16] = [
         Conflict::OrderPaid,
         Conflict::OrderCancelled,
         Conflict::Reconciling,
@@ -117,6 +118,7 @@ impl Conflict {
         Conflict::OverHeld,
         Conflict::Raced,
         Conflict::ModeFixed,
+        Conflict::PriceFixed,
         Conflict::DrawFixed,
         Conflict::StockCommitted,
     ];
@@ -136,6 +138,7 @@ impl Conflict {
             Conflict::OverHeld => "over_held",
             Conflict::Raced => "raced",
             Conflict::ModeFixed => "mode_fixed",
+            Conflict::PriceFixed => "price_fixed",
             Conflict::DrawFixed => "draw_fixed",
             Conflict::StockCommitted => "stock_committed",
         }

@@ -55,6 +55,13 @@ impl From<WriteError> for ApiError {
                     in_bulk(index)
                 ),
             },
+            WriteError::PriceFixed { price_cents, index } => ApiError::Conflict {
+                code: Conflict::PriceFixed,
+                detail: format!(
+                    "{}`price_cents`: the item was loaded, or has buyers, entries or orders: it keeps its price ({price_cents}), which the payment of every order is judged against; use a new item id",
+                    in_bulk(index)
+                ),
+            },
             WriteError::StockCommitted {
                 held,
                 listed,
@@ -130,7 +137,7 @@ struct Switched {
     responses(
         (status = 200, description = "`updated`", body = WrittenItem),
         (status = 201, description = "`created`", body = WrittenItem),
-        (status = 409, description = "`buckets_fixed` / `release_started` / `mode_fixed` / `draw_fixed` / `stock_committed` / `warmup_running`: an item with units, buyers or orders keeps its buckets; a loaded item's tranche already on sale may not change; a loaded item keeps its mode; a draw under way or made keeps its mode and `draw_at`; a wave may not hold back more units than are unsold (the detail names the limit); a warm-up or another write of the item is running", body = Refusal),
+        (status = 409, description = "`buckets_fixed` / `release_started` / `mode_fixed` / `price_fixed` / `draw_fixed` / `stock_committed` / `warmup_running`: an item with units, buyers or orders keeps its buckets; a loaded item's tranche already on sale may not change; a loaded item keeps its mode and its price; a draw under way or made keeps its mode and `draw_at`; a wave may not hold back more units than are unsold (the detail names the limit); a warm-up or another write of the item is running", body = Refusal),
     )
 )]
 async fn put_item(

@@ -61,7 +61,7 @@ struct Written {
     request_body = ItemsBody,
     responses(
         (status = 200, description = "`ok`: each item's outcome, in the order sent", body = Written),
-        (status = 409, description = "`release_started` / `mode_fixed` / `draw_fixed` / `stock_committed` / `warmup_running`: a loaded item's tranche already on sale may not change, a loaded item keeps its mode, a draw under way or made keeps its mode and `draw_at`, a wave may not hold back more units than are unsold, or a warm-up or another write of an item is running (the detail names the item); nothing is written", body = Refusal),
+        (status = 409, description = "`release_started` / `mode_fixed` / `price_fixed` / `draw_fixed` / `stock_committed` / `warmup_running`: a loaded item's tranche already on sale may not change, a loaded item keeps its mode and its price, a draw under way or made keeps its mode and `draw_at`, a wave may not hold back more units than are unsold, or a warm-up or another write of an item is running (the detail names the item); nothing is written", body = Refusal),
     )
 )]
 pub(super) async fn put_items(

@@ -57,6 +57,13 @@ pub enum WriteError {
     /// The item was loaded, or has buyers, entries or orders: it keeps its mode.
     #[error("the item was loaded: it keeps its mode")]
     ModeFixed { index: Option<usize> },
+    /// The item was loaded, or has buyers, entries or orders: it keeps its price, which
+    /// every order's charge is judged against.
+    #[error("the item was loaded: it keeps its price")]
+    PriceFixed {
+        price_cents: u64,
+        index: Option<usize>,
+    },
     /// A wave would hold back more of a bucket's units than its list still has (units
     /// sold cannot be held back): `held` units now, of `listed`. `bucket`: which, for a
     /// split item; `index`: the item's place in a bulk call.
@@ -152,7 +159,7 @@ impl ItemWriter<'_> {
             .map(|item| (item.id, item))
             .collect();
         // Items that exist and keep their buckets (a write that changes them takes the same
-        // lock: `Regrouping`). Under the lock `keep_modes` checks the mode too: no first
+        // lock: `Regrouping`). Under the lock `keep_modes` checks the mode and price too: no first
         // warm-up loads the item between that check and the write.
         let existing: Vec<(Option<usize>, ItemId, &ItemDraft)> = drafts
             .iter()
@@ -340,18 +347,22 @@ impl ItemWriter<'_> {
     }
 
     /// Refuses the first of `writes` (each with its place in a bulk call, the live item
-    /// and the draft) that would change what is final of an item's mode or draw: once a
-    /// draw is under way, its mode and `draw_at` (entries taken after, with the seed
+    /// and the draft) that would change what is final of an item's mode, price or draw:
+    /// once a draw is under way, its mode and `draw_at` (entries taken after, with the seed
     /// public, could be chosen to win); once an item was loaded, its mode — a sale's
     /// buyers entered into a draw could win a second unit, a draw's entrants would lose
-    /// their units to the fastest. Loaded is told as `buckets` is (`super::regroup`):
-    /// `loaded_at`, orders in MySQL, or anything of it in Redis.
+    /// their units to the fastest — and its price, which the payment of every order is
+    /// judged against (a price changed under them made the orders taken before owe a
+    /// charge back, `amount_mismatch`, and time out). Loaded is told as `buckets` is
+    /// (`super::regroup`): `loaded_at`, orders in MySQL, or anything of it in Redis.
     async fn keep_modes(
         &self,
         writes: &[(Option<usize>, &Item, &ItemDraft)],
     ) -> Result<(), WriteError> {
         let now = crate::clock::now();
-        let mut switching: Vec<(Option<usize>, &Item)> = Vec::new();
+        // Items whose mode or price the write changes: refused if loaded, each with the
+        // refusal it gets.
+        let mut switching: Vec<(&Item, WriteError)> = Vec::new();
         for (index, live, next) in writes {
             if let Some(field) = draw_made_changed(live, next, now) {
                 return Err(WriteError::DrawFixed {
@@ -359,17 +370,25 @@ impl ItemWriter<'_> {
                     index: *index,
                 });
             }
-            if live.draw_at.is_some() != next.draw_at.is_some() {
-                if live.loaded_at.is_some() {
-                    return Err(WriteError::ModeFixed { index: *index });
+            let refusal = if live.draw_at.is_some() != next.draw_at.is_some() {
+                WriteError::ModeFixed { index: *index }
+            } else if live.price_cents != next.price_cents {
+                WriteError::PriceFixed {
+                    price_cents: live.price_cents,
+                    index: *index,
                 }
-                switching.push((*index, live));
+            } else {
+                continue;
+            };
+            if live.loaded_at.is_some() {
+                return Err(refusal);
             }
+            switching.push((live, refusal));
         }
         if switching.is_empty() {
             return Ok(());
         }
-        let ids: Vec<ItemId> = switching.iter().map(|(_, live)| live.id).collect();
+        let ids: Vec<ItemId> = switching.iter().map(|(live, _)| live.id).collect();
         let mut held: HashSet<ItemId> =
             crate::orders::repo::items_having_orders(&self.deps.db, &ids)
                 .await?
@@ -377,11 +396,14 @@ impl ItemWriter<'_> {
                 .collect();
         let buckets: Vec<(ItemId, u8)> = switching
             .iter()
-            .map(|(_, live)| (live.id, live.buckets))
+            .map(|(live, _)| (live.id, live.buckets))
             .collect();
         held.extend(super::regroup::in_redis(&self.deps.redis, &self.deps.keys, &buckets).await?);
-        match switching.iter().find(|(_, live)| held.contains(&live.id)) {
-            Some((index, _)) => Err(WriteError::ModeFixed { index: *index }),
+        match switching
+            .into_iter()
+            .find(|(live, _)| held.contains(&live.id))
+        {
+            Some((_, refusal)) => Err(refusal),
             None => Ok(()),
         }
     }

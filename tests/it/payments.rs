@@ -1213,3 +1213,91 @@ async fn a_payment_in_time_waiting_past_the_deadline_is_judged_by_when_it_came()
         .await;
     api.stop().await;
 }
+
+/// An item keeps its price once it was loaded: every order's payment is judged against
+/// it. A `PUT` (alone or in bulk) with another price answers `409 price_fixed` naming
+/// `price_cents` and changes nothing, and the order taken before pays at the price it was
+/// taken at; an item never loaded changes its price freely. Before, the `PUT` answered
+/// `200` and that payment `422 amount_mismatch`, owed back, its order left to time out.
+#[tokio::test]
+async fn a_loaded_item_keeps_its_price() {
+    let env = TestEnv::new("pay_price_fixed").await;
+    let server = env.server(&[Role::Api, Role::Consumer]).await;
+    env.item(1, 5).on_sale(&server).await;
+    let sn = bought(&env, &server, 1, 1).await;
+    let put = |body: Value| {
+        let env = &env;
+        let server = &server;
+        async move {
+            let response = env
+                .admin(reqwest::Method::PUT, server, "/admin/items/1")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            (
+                status,
+                response.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }
+    };
+    let mut dearer = env.item(1, 5).body();
+    dearer["price_cents"] = json!(2999);
+    let (status, body) = put(dearer.clone()).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("price_fixed")),
+        "{body}"
+    );
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("`price_cents`") && detail.contains("1999"),
+        "{body}"
+    );
+    dearer["id"] = json!(1);
+    let bulk = env
+        .admin(reqwest::Method::PUT, &server, "/admin/items")
+        .json(&json!({ "items": [dearer] }))
+        .send()
+        .await
+        .unwrap();
+    let status = bulk.status().as_u16();
+    let body: Value = bulk.json().await.unwrap();
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("price_fixed")),
+        "{body}"
+    );
+    let (_, shown) = env.get(&server, "/api/items/1", None).await;
+    assert_eq!(shown["price_cents"], 1999, "{shown}");
+    let answer = env.pay(&server, &sn).await;
+    assert_eq!(code(&answer), (200, Some("paid")), "{}", answer.1);
+
+    // Never loaded: its price is free to change.
+    let mut later = env
+        .item(2, 5)
+        .window(
+            chrono::Utc::now() + chrono::Duration::hours(1),
+            chrono::Utc::now() + chrono::Duration::hours(2),
+        )
+        .body();
+    let created = env
+        .admin(reqwest::Method::PUT, &server, "/admin/items/2")
+        .json(&later)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status().as_u16(), 201);
+    later["price_cents"] = json!(2999);
+    let changed = env
+        .admin(reqwest::Method::PUT, &server, "/admin/items/2")
+        .json(&later)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(changed.status().as_u16(), 200);
+    env.assert_invariants(&server, 1, 5, std::slice::from_ref(&sn))
+        .await;
+    server.stop().await;
+}
