@@ -21,7 +21,7 @@
 -- leaves no other trace (`Refill::grab` in src/purchase/sell.rs).
 --
 -- Returns {"lent", unit}; {"empty", lends} when this bucket has no unit it may sell now
--- (waves); {"moving", lends} when it has none on its list but lent one within the last second
+-- (waves); {"moving", lends} when it has none it may lend but lent one within the last second
 -- (by the callers' clocks) whose loan is not settled yet: the unit is on its way to another
 -- bucket, or there already, so one asked before this one may have it now. An older loan
 -- is not moving: a purchase takes well under a second, so it was cut off (its unit comes
@@ -34,10 +34,13 @@ local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'fenced', 'waves')
 if not meta[1] or meta[2] == '1' or meta[3] then
   return {'held', ''}
 end
-if held_back(meta[4], KEYS[2]) then
-  return {'empty', redis.call('HGET', KEYS[1], 'lends') or '0'}
+-- Nothing to lend when the units left are held back for a wave — yet a unit lent a moment
+-- ago is moving all the same (answering "empty" then told a buyer the end while the unit
+-- was on its way: a generated history on the cluster).
+local unit = nil
+if not held_back(meta[4], KEYS[2]) then
+  unit = redis.call('LPOP', KEYS[2])
 end
-local unit = redis.call('LPOP', KEYS[2])
 if not unit then
   local lends = redis.call('HGET', KEYS[1], 'lends') or '0'
   local now = tonumber(ARGV[3])

@@ -59,6 +59,14 @@ pub async fn borrow(
     lending: Lending<'_>,
 ) -> Result<Borrowed, RedisError> {
     let mut borrowed = Borrowed::default();
+    // A home bucket whose master is short of replicas cannot take a unit in: a loan to it
+    // would be cut off after the lend, its unit on no list until the repair, seconds after
+    // the replicas are back (a buyer pressing just after a replica thawed did that, in a
+    // generated history). Nothing is lent then: the buyer presses again.
+    if lending.redis.short_of_replicas(&home.replicated).await {
+        borrowed.stalled = true;
+        return Ok(borrowed);
+    }
     for lender in lenders {
         // A lender whose master is short of replicas cannot lend: its loan could never be
         // confirmed. Its units are not gone, so no "sold out" is said for them.

@@ -626,3 +626,56 @@ async fn a_pair_with_one_key_borrowing_hears_its_order_not_503() {
     quiet(&env, &server, 5, &amqp_url(), Duration::from_secs(30)).await;
     server.stop().await;
 }
+
+/// A lender whose units left are held back for a wave, and which lent one a moment ago
+/// that is still on its way, answers `moving`: its buyer hears `503`, press again — not
+/// `409 between_releases`. (Before, the wave's check came first and the lender answered
+/// "empty": a generated history on the cluster told a fresh buyer the end while the unit
+/// was on its way.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_unit_on_its_way_from_a_bucket_holding_a_wave_is_moving() {
+    let env = TestEnv::new("buckets_moving_wave").await;
+    let server = env.server(ALL_ROLES).await;
+    let now = chrono::Utc::now();
+    // 4 units over 2 buckets, 2 of them held for a wave an hour on: each bucket sells one.
+    env.item(3, 4)
+        .buckets(2)
+        .window(
+            now - chrono::Duration::seconds(1),
+            now + chrono::Duration::hours(2),
+        )
+        .release(&[(now + chrono::Duration::hours(1), 2)])
+        .on_sale(&server)
+        .await;
+    let keys = Keys::new(&env.settings.namespace);
+    let lender = keys.bucket(BucketId::new(ItemId::new(3).unwrap(), 1));
+    lend_to_bucket_0(&env, &lender, "cut-on-its-way").await;
+    let asked = ask_empty_lender(&env, &lender).await;
+    assert_eq!((asked.0.as_str(), asked.1.as_str()), ("moving", "1"));
+    let [first, second] = users_of_bucket(3, 2, 0, 2)[..] else {
+        unreachable!("two users asked for")
+    };
+    let (status, won) = env.buy(&server, first, 3).await;
+    assert_eq!(status, 202, "bucket 0's own unit: {won}");
+    let (status, body) = env.buy(&server, second, 3).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (503, Some("unavailable")),
+        "the unit on its way: {body}"
+    );
+    // Once the sweep gave the unit back to its lender, the buyer gets it.
+    let late = eventually(Duration::from_secs(15), "the unit back on sale", || async {
+        match env.buy(&server, second, 3).await {
+            (202, body) => Ok(body),
+            (status, body) => Err(format!("{status} {body}")),
+        }
+    })
+    .await;
+    let sold: Vec<String> = [won, late]
+        .iter()
+        .map(|b| b["order_sn"].as_str().unwrap().to_owned())
+        .collect();
+    quiet(&env, &server, 3, &amqp_url(), Duration::from_secs(30)).await;
+    env.assert_invariants(&server, 3, 4, &sold).await;
+    server.stop().await;
+}
