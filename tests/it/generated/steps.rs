@@ -132,7 +132,12 @@ impl World {
         };
         let sale = self.sale();
         let faulty = self.replica_frozen() || self.rabbit_cut;
-        for answer in &answers {
+        // Twins pressed at once: a refusal may have come before its twin's win (an
+        // instance that had not yet heard of a resume refused one while the other bought),
+        // so it is judged first — against what the key bought in steps before, not its twin.
+        let mut judged: Vec<&Answer> = answers.iter().collect();
+        judged.sort_by_key(|answer| answer.order_sn.is_some());
+        for answer in judged {
             self.oracle.press(i, user, key, answer, &sale, faulty);
         }
         if let [a, b] = answers.as_slice()
