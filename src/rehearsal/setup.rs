@@ -129,6 +129,17 @@ pub async fn prepare(
                 })
             })
             .collect();
+        // An item that exists keeps its price once loaded (`409 price_fixed`): set it up
+        // again at that price. (A missing item answers 404: a new one.)
+        let price_cents = match args.item {
+            Some(id) => admin
+                .call(Method::GET, &format!("/api/items/{id}"), None)
+                .await
+                .ok()
+                .and_then(|item| item["price_cents"].as_u64()),
+            None => None,
+        }
+        .unwrap_or(PRICE_CENTS);
         let mut body = json!({
             "name": format!("bench item {id}"),
             "shop_id": args.shop,
@@ -136,7 +147,7 @@ pub async fn prepare(
             // Started a moment before the presses, so the first one is on time.
             "start_at": start_at - chrono::Duration::milliseconds(500),
             "end_at": start_at + chrono::Duration::hours(1),
-            "price_cents": 100,
+            "price_cents": price_cents,
             "buckets": args.buckets,
             "per_user": args.per_user,
             "release": release,
@@ -187,6 +198,9 @@ pub async fn prepare(
         remaining: number(&stats["remaining"], "remaining")?,
     })
 }
+
+/// The price of an item a rehearsal sets up.
+const PRICE_CENTS: u64 = 100;
 
 /// A fresh item id per run: milliseconds since 2026 plus a trillion, far from hand-made ids.
 fn new_item_id() -> anyhow::Result<ItemId> {

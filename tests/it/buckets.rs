@@ -125,7 +125,7 @@ async fn buyers_of_one_bucket_get_every_unit_of_a_split_item_and_one_each() {
     let response = env
         .admin(reqwest::Method::PUT, &server, "/admin/items/1")
         .json(&json!({
-            "name": "hot item 1", "shop_id": 1, "total": 60, "price_cents": 100,
+            "name": "hot item 1", "shop_id": 1, "total": 60, "price_cents": 1999,
             "start_at": chrono::Utc::now(), "end_at": chrono::Utc::now() + chrono::Duration::hours(1),
             "buckets": 8,
         }))
@@ -299,7 +299,7 @@ async fn buckets_change_only_while_nothing_of_the_item_exists() {
             let response = env
                 .admin(reqwest::Method::PUT, server, &format!("/admin/items/{id}"))
                 .json(&json!({
-                    "name": format!("item {id}"), "shop_id": 1, "total": 40, "price_cents": 100,
+                    "name": format!("item {id}"), "shop_id": 1, "total": 40, "price_cents": 1999,
                     "start_at": chrono::Utc::now() - chrono::Duration::seconds(5),
                     "end_at": chrono::Utc::now() + chrono::Duration::hours(1),
                     "buckets": buckets,
@@ -338,7 +338,7 @@ async fn buckets_change_only_while_nothing_of_the_item_exists() {
     let response = env
         .admin(reqwest::Method::PUT, &server, "/admin/items")
         .json(&json!({"items": [{
-            "id": 2, "name": "item 2", "shop_id": 1, "total": 40, "price_cents": 100,
+            "id": 2, "name": "item 2", "shop_id": 1, "total": 40, "price_cents": 1999,
             "start_at": chrono::Utc::now(), "end_at": chrono::Utc::now() + chrono::Duration::hours(1),
             "buckets": 1,
         }]}))
