@@ -59,11 +59,12 @@ pub async fn borrow(
     lending: Lending<'_>,
 ) -> Result<Borrowed, RedisError> {
     let mut borrowed = Borrowed::default();
-    // A home bucket whose master is short of replicas cannot take a unit in: a loan to it
-    // would be cut off after the lend, its unit on no list until the repair, seconds after
-    // the replicas are back (a buyer pressing just after a replica thawed did that, in a
-    // generated history). Nothing is lent then: the buyer presses again.
-    if lending.redis.short_of_replicas(&home.replicated).await {
+    // A home bucket whose master is short of replicas cannot take a unit in under
+    // `refuse`: a loan to it would be cut off after the lend, its unit on no list until the
+    // repair, seconds after the replicas are back (a buyer pressing just after a replica
+    // thawed did that, in a generated history). Nothing is lent then: the buyer presses
+    // again. (Under `degrade` the receive goes ahead unconfirmed, as every write does.)
+    if lending.redis.replicas_for(&home.replicated).await.is_err() {
         borrowed.stalled = true;
         return Ok(borrowed);
     }
