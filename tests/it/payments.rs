@@ -952,34 +952,13 @@ async fn a_repeated_cancel_waits_for_a_revival_in_flight_and_gives_nothing_back(
     assert_eq!(env.post_as(&server, &cancel, 1).await.0, 200);
     assert_eq!(env.remaining(1).await, 2);
 
-    // The payment's transaction: the row locked, then the unit taken in Redis.
-    let mut tx = env.db.begin().await.unwrap();
-    let _: String = sqlx::query_scalar("SELECT status FROM orders WHERE order_sn = ? FOR UPDATE")
-        .bind(&sn)
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
-    let keys = env.item_keys(1);
+    let (tx, buyer) = revival_in_flight(&env, &sn).await;
     let mut redis = env.redis.clone();
-    let _: Option<String> = redis.lpop(&keys.tokens, None).await.unwrap();
-    let buyer = keys
-        .buyer_orders(seckill::domain::UserId::new(1))
-        .to_owned();
-    let _: () = redis.hset(&buyer, "1", &sn).await.unwrap();
 
     let repeated = async { env.post_as(&server, &cancel, 1).await };
     let paid = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        sqlx::query(
-            "UPDATE orders SET status = 'paid', lapsed_at = updated_at,
-                    revived_at = UTC_TIMESTAMP(3), cancel_reason = NULL
-             WHERE order_sn = ?",
-        )
-        .bind(&sn)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-        tx.commit().await.unwrap();
+        revived(tx, &sn).await;
     };
     let ((status, body), ()) = tokio::join!(repeated, paid);
     assert_eq!(
@@ -1015,20 +994,8 @@ async fn a_warm_up_waits_for_a_revival_in_flight_and_counts_its_unit() {
     assert_eq!(env.post_as(&server, &cancel, 1).await.0, 200);
     assert_eq!(env.remaining(1).await, 2);
 
-    // The payment's transaction: the row locked, then the unit taken in Redis.
-    let mut tx = env.db.begin().await.unwrap();
-    let _: String = sqlx::query_scalar("SELECT status FROM orders WHERE order_sn = ? FOR UPDATE")
-        .bind(&sn)
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
-    let keys = env.item_keys(1);
+    let (tx, buyer) = revival_in_flight(&env, &sn).await;
     let mut redis = env.redis.clone();
-    let _: Option<String> = redis.lpop(&keys.tokens, None).await.unwrap();
-    let buyer = keys
-        .buyer_orders(seckill::domain::UserId::new(1))
-        .to_owned();
-    let _: () = redis.hset(&buyer, "1", &sn).await.unwrap();
     // As `revive.lua` does: the order recorded as changing, until the payment commits.
     let ending = env.keys().ending(env.bucket(1));
     let _: () = redis.zadd(&ending, &sn, 1).await.unwrap();
@@ -1041,16 +1008,7 @@ async fn a_warm_up_waits_for_a_revival_in_flight_and_counts_its_unit() {
     };
     let paid = async {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        sqlx::query(
-            "UPDATE orders SET status = 'paid', lapsed_at = updated_at,
-                    revived_at = UTC_TIMESTAMP(3), cancel_reason = NULL
-             WHERE order_sn = ?",
-        )
-        .bind(&sn)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-        tx.commit().await.unwrap();
+        revived(tx, &sn).await;
         let _: () = env.redis.clone().zrem(&ending, &sn).await.unwrap();
     };
     let ((status, report), ()) = tokio::join!(reload, paid);
@@ -1300,4 +1258,42 @@ async fn a_loaded_item_keeps_its_price() {
     env.assert_invariants(&server, 1, 5, std::slice::from_ref(&sn))
         .await;
     server.stop().await;
+}
+
+/// A late payment's transaction under way, as `apply.rs` runs it for user 1's cancelled
+/// order `sn` of item 1: the row locked, then a unit taken into the buyer's record.
+/// Returns the transaction and that record's key.
+async fn revival_in_flight(
+    env: &TestEnv,
+    sn: &str,
+) -> (sqlx::Transaction<'static, sqlx::MySql>, String) {
+    use redis::AsyncCommands;
+    let mut tx = env.db.begin().await.unwrap();
+    let _: String = sqlx::query_scalar("SELECT status FROM orders WHERE order_sn = ? FOR UPDATE")
+        .bind(sn)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    let keys = env.item_keys(1);
+    let mut redis = env.redis.clone();
+    let _: Option<String> = redis.lpop(&keys.tokens, None).await.unwrap();
+    let buyer = keys
+        .buyer_orders(seckill::domain::UserId::new(1))
+        .to_owned();
+    let _: () = redis.hset(&buyer, "1", sn).await.unwrap();
+    (tx, buyer)
+}
+
+/// The revival's end: MySQL says `paid`.
+async fn revived(mut tx: sqlx::Transaction<'static, sqlx::MySql>, sn: &str) {
+    sqlx::query(
+        "UPDATE orders SET status = 'paid', lapsed_at = updated_at,
+                revived_at = UTC_TIMESTAMP(3), cancel_reason = NULL
+         WHERE order_sn = ?",
+    )
+    .bind(sn)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
 }

@@ -121,16 +121,22 @@ impl TestEnv {
             .unwrap();
     }
 
-    /// The item's units on sale and orders pending in Redis, over its buckets (one command
-    /// a key: a cluster's client follows a moved slot for those). Units on sale are those
-    /// listed and those lent between two buckets and not arrived (docs/contract.md §7,
-    /// invariant 4), read here apart from the server's own count.
-    pub async fn in_redis(&self, item: u64) -> InRedis {
+    /// How many buckets the item's record splits it over.
+    async fn buckets_of(&self, item: u64) -> u8 {
         let (buckets,): (u8,) = sqlx::query_as("SELECT buckets FROM items WHERE id = ?")
             .bind(item)
             .fetch_one(&self.db)
             .await
             .unwrap();
+        buckets
+    }
+
+    /// The item's units on sale and orders pending in Redis, over its buckets (one command
+    /// a key: a cluster's client follows a moved slot for those). Units on sale are those
+    /// listed and those lent between two buckets and not arrived (docs/contract.md §7,
+    /// invariant 4), read here apart from the server's own count.
+    pub async fn in_redis(&self, item: u64) -> InRedis {
+        let buckets = self.buckets_of(item).await;
         let all = self.keys();
         let mut held = InRedis {
             remaining: 0,
@@ -168,11 +174,7 @@ impl TestEnv {
     /// failing test: its meta's sale fields, the units listed, its loans and the transfers
     /// it decided.
     pub async fn buckets_report(&self, item: u64) -> String {
-        let (buckets,): (u8,) = sqlx::query_as("SELECT buckets FROM items WHERE id = ?")
-            .bind(item)
-            .fetch_one(&self.db)
-            .await
-            .unwrap();
+        let buckets = self.buckets_of(item).await;
         let all = self.keys();
         let id = ItemId::new(item).expect("an item id");
         let mut report = Vec::new();
