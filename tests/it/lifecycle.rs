@@ -265,15 +265,18 @@ async fn a_checkout_after_the_deadline_is_refused_and_cancels_the_order() {
     api.stop().await;
 }
 
+/// The last answer to a `POST`, and whether a `503` came before it.
+type Answered = (u16, bool);
+
 /// A buyer's `POST`, pressed again on `503` (the one-second budget spent: a 2-core CI
 /// machine running the whole suite makes a cancel's six round trips late at times), as a
-/// storefront does. The last answer, and whether a `503` came before it.
+/// storefront does.
 async fn post_until_answered(
     env: &TestEnv,
     server: &TestServer,
     path: &str,
     user: u64,
-) -> (u16, bool) {
+) -> Answered {
     for attempt in 0..20 {
         let (status, _) = env.post_as(server, path, user).await;
         if status != 503 {
@@ -300,7 +303,7 @@ async fn a_payment_and_a_cancel_raced_on_200_orders_each_end_one_way() {
     env.wait_for_orders(&server, 1, 200, Duration::from_secs(20))
         .await;
 
-    let outcomes: Vec<(String, (u16, String), (u16, bool))> = futures::stream::iter(won.clone())
+    let outcomes: Vec<(String, (u16, String), Answered)> = futures::stream::iter(won.clone())
         .map(|(user, sn)| {
             let server = &server;
             async move {
