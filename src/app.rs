@@ -110,6 +110,11 @@ impl Server {
             inflight: Arc::new(Semaphore::new(settings.max_inflight as usize)),
             shops,
             jwt: Arc::new(Jwt::new(&settings.jwt_secret)),
+            waiting: Arc::new(crate::queue::Waiting::new(
+                settings.jwt_secret.expose(),
+                &redis,
+                &keys,
+            )),
             limits: Arc::new(RateLimits::new(&settings)),
             deps: deps.clone(),
             catalog,
@@ -350,6 +355,7 @@ fn routers(state: &AppState, roles: &HashSet<Role>, admin_apart: bool) -> (Route
         .merge(crate::draw::api::router())
         .merge(shops::api::router())
         .merge(crate::payments::api::router())
+        .merge(crate::queue::api::router())
         .split_for_parts();
     let (admin, admin_doc) = OpenApiRouter::new()
         .merge(items::admin::router())
@@ -358,6 +364,7 @@ fn routers(state: &AppState, roles: &HashSet<Role>, admin_apart: bool) -> (Route
         .merge(shops::admin::router())
         .merge(breaker::admin::router())
         .merge(crate::payments::admin::router())
+        .merge(crate::queue::admin::router())
         .merge(health::metrics_router())
         .split_for_parts();
     let mut main = health;

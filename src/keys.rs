@@ -164,6 +164,20 @@ impl Keys {
         self.bucket_key(BucketId::whole(item), "reconciling")
     }
 
+    /// The keys of an item's waiting room (`src/queue/`): a hash tag of their own, so a
+    /// busy queue and its item's purchases need not share a Redis Cluster node.
+    pub fn queue(&self, item: ItemId) -> QueueKeys {
+        let key = |what: &str| format!("{}:{{queue:{item}}}:v1:{what}", self.namespace);
+        QueueKeys {
+            line: key("line"),
+            state: key("state"),
+            passes: key("passes"),
+            held: key("held"),
+            used: key("used"),
+            sold: key("sold"),
+        }
+    }
+
     /// `{ns}:{item:ID}:v1:…` for bucket 0, `{ns}:{item:ID.B}:v1:…` for bucket B: a hash
     /// tag of its own per bucket.
     fn bucket_key(&self, bucket: BucketId, what: &str) -> String {
@@ -235,6 +249,31 @@ impl Keys {
     /// Matches every key of this namespace (for tests and tear-down, never on a hot path).
     pub fn all_pattern(&self) -> String {
         format!("{}:*", self.namespace)
+    }
+}
+
+/// The keys of one item's waiting room (see `lua/queue_step.lua` for what each holds).
+#[derive(Clone, Debug)]
+pub struct QueueKeys {
+    pub line: String,
+    pub state: String,
+    pub passes: String,
+    pub held: String,
+    pub used: String,
+    pub sold: String,
+}
+
+impl QueueKeys {
+    /// Every one of them: what retiring the sale deletes.
+    pub fn all(&self) -> [&str; 6] {
+        [
+            &self.line,
+            &self.state,
+            &self.passes,
+            &self.held,
+            &self.used,
+            &self.sold,
+        ]
     }
 }
 

@@ -30,6 +30,7 @@ pub(crate) mod orders;
 pub(crate) mod outbox;
 pub(crate) mod payments;
 pub(crate) mod purchase;
+pub(crate) mod queue;
 pub(crate) mod rehearsal;
 pub(crate) mod scheduler;
 pub(crate) mod shops;

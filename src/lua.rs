@@ -165,6 +165,34 @@ pub static REVIVE: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// Takes a buyer's place in a waiting room: see `lua/queue_join.lua`.
+pub static QUEUE_JOIN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/lib/queue_where.lua"),
+        include_str!("../lua/queue_join.lua")
+    ))
+});
+
+/// Where a buyer stands in a waiting room: see `lua/queue_where.lua`.
+pub static QUEUE_WHERE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/lib/queue_where.lua"),
+        include_str!("../lua/queue_where.lua")
+    ))
+});
+
+/// One admission step of a waiting room: see `lua/queue_step.lua`.
+pub static QUEUE_STEP: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/lib/queue_where.lua"),
+        include_str!("../lua/queue_step.lua")
+    ))
+});
+
+/// A win bought with a pass spends its reservation: see `lua/queue_used.lua`.
+pub static QUEUE_USED: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/queue_used.lua")));
+
 /// Records cancels as begun, timed by Redis's clock: see `lua/ending_begin.lua`.
 pub static ENDING_BEGIN: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/ending_begin.lua")));

@@ -51,6 +51,8 @@ pub struct Shared {
     /// Permits for purchases in flight (`SECKILL_MAX_INFLIGHT`).
     pub inflight: Arc<Semaphore>,
     pub shops: Shops,
+    /// The waiting rooms' signing keys and event streams' watches.
+    pub waiting: Arc<crate::queue::Waiting>,
 }
 
 impl Edge for AppState {

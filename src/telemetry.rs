@@ -442,6 +442,26 @@ pub fn metrics() -> &'static PrometheusHandle {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        "seckill_queue_joined_total",
+        "Buyers who took a place in a waiting room, by item"
+    );
+    describe_counter!(
+        "seckill_queue_admitted_total",
+        "Buyers let in by a waiting room, by item"
+    );
+    describe_gauge!(
+        "seckill_queue_waiting",
+        "Buyers in a waiting room not yet let in, by item"
+    );
+    describe_gauge!(
+        "seckill_queue_passes_reserved_units",
+        "Units the live passes of a waiting room may still buy, by item"
+    );
+    describe_gauge!(
+        "seckill_queue_available_units",
+        "Units unsold (listed and still to come in waves) as a waiting room's last step read them, by item"
+    );
     describe_counter!("seckill_purchases_total", "Purchase answers, by code");
     describe_counter!(
         "seckill_payment_signature_failures_total",
@@ -650,6 +670,30 @@ impl Meters {
             .set(f64::from(level));
     }
 
+    /// A buyer took a place in an item's waiting room.
+    pub fn queue_joined(&self, item: crate::domain::ItemId) {
+        metrics::counter!("seckill_queue_joined_total", "namespace" => self.namespace.clone(), "item" => item.to_string())
+            .increment(1);
+    }
+
+    /// Buyers let in by an item's waiting room.
+    pub fn queue_admitted(&self, item: crate::domain::ItemId, admitted: u64) {
+        metrics::counter!("seckill_queue_admitted_total", "namespace" => self.namespace.clone(), "item" => item.to_string())
+            .increment(admitted);
+    }
+
+    /// What an item's waiting room holds.
+    pub fn queue_levels(&self, item: crate::domain::ItemId, levels: QueueLevels) {
+        let item = SharedString::from(item.to_string());
+        let gauge = |name: &'static str, value: u64| {
+            metrics::gauge!(name, "namespace" => self.namespace.clone(), "item" => item.clone())
+                .set(value as f64);
+        };
+        gauge("seckill_queue_waiting", levels.waiting);
+        gauge("seckill_queue_passes_reserved_units", levels.reserved);
+        gauge("seckill_queue_available_units", levels.available);
+    }
+
     pub fn cancelled(&self, reason: &'static str, orders: u64) {
         metrics::counter!("seckill_orders_cancelled_total", "namespace" => self.namespace.clone(), "reason" => reason)
             .increment(orders);
@@ -744,6 +788,14 @@ impl Meters {
         metrics::counter!("seckill_reconcile_mismatches_total", "namespace" => self.namespace.clone(), "item" => item.to_string())
             .increment(1);
     }
+}
+
+/// What a waiting room holds after an admission step.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueueLevels {
+    pub waiting: u64,
+    pub reserved: u64,
+    pub available: u64,
 }
 
 /// What [`Meters::item_levels`] shows of an item.

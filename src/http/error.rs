@@ -73,6 +73,24 @@ pub enum ApiError {
     Unavailable(String),
     #[error("the shop is closed")]
     ShopClosed,
+    #[error("this item has no waiting room")]
+    QueueNotFound,
+    #[error("this user has no place in the item's waiting room: join it first")]
+    NotInQueue,
+    #[error("the waiting room opens at {}", opens_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))]
+    QueueNotOpen {
+        opens_at: chrono::DateTime<chrono::Utc>,
+    },
+    #[error("{0}")]
+    PowFailed(String),
+    #[error(
+        "this item is sold through its waiting room: join it, and buy with the pass you are given (`X-Queue-Pass`)"
+    )]
+    QueueRequired,
+    #[error("the pass has expired: the place went to the next in line")]
+    PassExpired,
+    #[error("the pass is not one this server gave this user for this item")]
+    PassInvalid,
     #[error("no such shop")]
     ShopNotFound,
     #[error("internal error")]
@@ -100,11 +118,12 @@ pub enum Conflict {
     ModeFixed,
     PriceFixed,
     DrawFixed,
+    QueueFixed,
     StockCommitted,
 }
 
 impl Conflict {
-    pub const ALL: [Conflict; 16] = [
+    pub const ALL: [Conflict; 17] = [
         Conflict::OrderPaid,
         Conflict::OrderCancelled,
         Conflict::Reconciling,
@@ -120,6 +139,7 @@ impl Conflict {
         Conflict::ModeFixed,
         Conflict::PriceFixed,
         Conflict::DrawFixed,
+        Conflict::QueueFixed,
         Conflict::StockCommitted,
     ];
 
@@ -140,6 +160,7 @@ impl Conflict {
             Conflict::ModeFixed => "mode_fixed",
             Conflict::PriceFixed => "price_fixed",
             Conflict::DrawFixed => "draw_fixed",
+            Conflict::QueueFixed => "queue_fixed",
             Conflict::StockCommitted => "stock_committed",
         }
     }
@@ -189,6 +210,13 @@ impl ApiError {
             Timeout | Redis(_) | Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ShopClosed => (StatusCode::SERVICE_UNAVAILABLE, "shop_closed"),
             ShopNotFound => (StatusCode::NOT_FOUND, "shop_not_found"),
+            QueueNotFound => (StatusCode::NOT_FOUND, "queue_not_found"),
+            NotInQueue => (StatusCode::NOT_FOUND, "not_in_queue"),
+            QueueNotOpen { .. } => (StatusCode::FORBIDDEN, "queue_not_open"),
+            PowFailed(_) => (StatusCode::FORBIDDEN, "pow_failed"),
+            QueueRequired => (StatusCode::FORBIDDEN, "queue_required"),
+            PassExpired => (StatusCode::FORBIDDEN, "pass_expired"),
+            PassInvalid => (StatusCode::FORBIDDEN, "pass_invalid"),
             Database(e) if e.is_unavailable() => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Database(_) | Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }

@@ -48,6 +48,13 @@ impl From<WriteError> for ApiError {
                     in_bulk(index)
                 ),
             },
+            WriteError::QueueFixed { field, index } => ApiError::Conflict {
+                code: Conflict::QueueFixed,
+                detail: format!(
+                    "{}`{field}`: buyers hold places in the item's waiting room; removing it or moving `start_at` would reorder them",
+                    in_bulk(index)
+                ),
+            },
             WriteError::ModeFixed { index } => ApiError::Conflict {
                 code: Conflict::ModeFixed,
                 detail: format!(
@@ -137,7 +144,7 @@ struct Switched {
     responses(
         (status = 200, description = "`updated`", body = WrittenItem),
         (status = 201, description = "`created`", body = WrittenItem),
-        (status = 409, description = "`buckets_fixed` / `release_started` / `mode_fixed` / `price_fixed` / `draw_fixed` / `stock_committed` / `warmup_running`: an item with units, buyers or orders keeps its buckets; a loaded item's tranche already on sale may not change; a loaded item keeps its mode and its price; a draw under way or made keeps its mode and `draw_at`; a wave may not hold back more units than are unsold (the detail names the limit); a warm-up or another write of the item is running", body = Refusal),
+        (status = 409, description = "`buckets_fixed` / `release_started` / `mode_fixed` / `price_fixed` / `draw_fixed` / `queue_fixed` / `stock_committed` / `warmup_running`: an item with units, buyers or orders keeps its buckets; a loaded item's tranche already on sale may not change; a loaded item keeps its mode and its price; a draw under way or made keeps its mode and `draw_at`; a queue with buyers in it stays, and so does `start_at`; a wave may not hold back more units than are unsold (the detail names the limit); a warm-up or another write of the item is running", body = Refusal),
     )
 )]
 async fn put_item(

@@ -16,6 +16,7 @@ use crate::http::reply::ok;
 use crate::state::{AppState, Shared};
 
 use super::catalog::ItemStatus;
+use crate::queue::plan::QueuePlan;
 
 /// What a storefront shows of an item.
 pub fn router() -> OpenApiRouter<AppState> {
@@ -61,6 +62,18 @@ struct ItemView<'a> {
     /// Draws, once drawn: the highest rank given a unit so far.
     #[serde(skip_serializing_if = "Option::is_none")]
     draw_cutoff: Option<u64>,
+    /// Items with a waiting room: its settings. Buyers join at `POST
+    /// /api/items/{item_id}/queue` and buy with the pass they are given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue: Option<QueuePlan>,
+    /// Items with a waiting room: SHA-256 of the seed that orders the pre-queue (hex),
+    /// shown from the moment the queue is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue_commitment: Option<String>,
+    /// Items with a waiting room, from `start_at`: the seed. A pre-queue place is ranked
+    /// by the first six bytes of HMAC-SHA256(seed bytes, user id in decimal), lowest first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue_seed: Option<&'a str>,
 }
 
 /// What a storefront shows of an item (no token needed).
@@ -112,6 +125,17 @@ async fn get_item(
             }),
             draw_seed: item.drawn_at.and(item.draw_seed.as_deref()),
             draw_cutoff: item.drawn_at.and(item.draw_cutoff),
+            queue: item.queue.0,
+            queue_commitment: item.queue.0.and(item.queue_seed.as_deref()).and_then(|seed| {
+                crate::draw::rank::commitment(seed)
+                    .inspect_err(|e| tracing::error!(item = %item.id, error = %e, "no queue commitment shown"))
+                    .ok()
+            }),
+            queue_seed: item
+                .queue
+                .0
+                .filter(|_| now >= item.start_at)
+                .and(item.queue_seed.as_deref()),
         },
     ))
 }

@@ -10,6 +10,7 @@ use crate::store::{STORABLE, storable, to_millis};
 
 use super::repo::ItemDraft;
 use super::waves::Waves;
+use crate::queue::plan::{QueuePlan, Queued};
 
 /// The most units one item may have (a million units is about 60 MB of Redis).
 const MAX_TOTAL: u32 = 10_000_000;
@@ -59,6 +60,10 @@ pub struct ItemBody {
     /// A draw's time, within the window (default `end_at`).
     #[serde(default)]
     draw_at: Option<DateTime<Utc>>,
+    /// A waiting room in front of the sale (docs/sale-shapes.md, "A waiting room"):
+    /// buyers join a line and buy with the pass they are given in their turn.
+    #[serde(default)]
+    queue: Option<QueuePlan>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, utoipa::ToSchema)]
@@ -126,6 +131,14 @@ impl ItemBody {
             )));
         }
         let draw_at = self.draw()?;
+        if let Some(plan) = &self.queue {
+            plan.check()?;
+            if draw_at.is_some() {
+                return Err(ApiError::bad_request(
+                    "`queue`: a draw ranks its entries itself; a waiting room is for sales",
+                ));
+            }
+        }
         let release = self.release.to_millis();
         release
             .check(self.start_at, self.end_at, self.total)
@@ -143,6 +156,11 @@ impl ItemBody {
             release,
             draw_at,
             draw_seed: match draw_at {
+                Some(_) => Some(crate::draw::rank::new_seed().map_err(anyhow::Error::from)?),
+                None => None,
+            },
+            queue: Queued(self.queue),
+            queue_seed: match self.queue {
                 Some(_) => Some(crate::draw::rank::new_seed().map_err(anyhow::Error::from)?),
                 None => None,
             },

@@ -10,6 +10,7 @@ use crate::domain::{BucketId, ItemId, OrderPlaced, OrderSn, UserId};
 use crate::store::{Db, DbError, mysql_begin, mysql_timed, retrying_deadlocks};
 
 use super::waves::Waves;
+use crate::queue::plan::Queued;
 
 /// An item as MySQL records it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -40,6 +41,13 @@ pub struct Item {
     pub drawn_at: Option<DateTime<Utc>>,
     /// The highest rank given a unit so far.
     pub draw_cutoff: Option<u64>,
+    /// The waiting room in front of the sale (`src/queue/`), if it has one.
+    #[sqlx(rename = "queue_plan", try_from = "Option<String>")]
+    pub queue: Queued,
+    /// The seed that orders the pre-queue (hex): never sent with the item before
+    /// `start_at`, public from then.
+    #[serde(skip)]
+    pub queue_seed: Option<String>,
     pub paused: bool,
     /// When a warm-up last loaded the units into Redis (`None`: never).
     pub loaded_at: Option<DateTime<Utc>>,
@@ -97,6 +105,9 @@ pub struct ItemDraft {
     pub draw_at: Option<DateTime<Utc>>,
     /// A fresh seed for a draw; an item that has one keeps it.
     pub draw_seed: Option<String>,
+    pub queue: Queued,
+    /// A fresh seed for a waiting room; an item that has one keeps it.
+    pub queue_seed: Option<String>,
 }
 
 /// What [`upsert`] did.
@@ -111,7 +122,7 @@ pub enum Upserted {
     },
 }
 
-const COLUMNS: &str = "id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets, per_user, release_plan, draw_at, draw_seed, drawn_at, draw_cutoff, paused, loaded_at, retired_at, unsold";
+const COLUMNS: &str = "id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets, per_user, release_plan, draw_at, draw_seed, drawn_at, draw_cutoff, queue_plan, queue_seed, paused, loaded_at, retired_at, unsold";
 
 /// Items written per transaction by [`upsert_many`].
 const UPSERT_CHUNK: usize = 500;
@@ -303,7 +314,7 @@ async fn upsert_chunk(
 /// One multi-row upsert of these items.
 fn upsert_items(writes: &[&(ItemId, ItemDraft)]) -> QueryBuilder<sqlx::MySql> {
     let mut insert = QueryBuilder::new(
-        "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets, per_user, release_plan, draw_at, draw_seed) ",
+        "INSERT INTO items (id, shop_id, name, total, price_cents, start_at, end_at, pay_timeout_s, buckets, per_user, release_plan, draw_at, draw_seed, queue_plan, queue_seed) ",
     );
     insert.push_values(writes, |mut row, (id, draft)| {
         row.push_bind(id.get())
@@ -318,7 +329,9 @@ fn upsert_items(writes: &[&(ItemId, ItemDraft)]) -> QueryBuilder<sqlx::MySql> {
             .push_bind(draft.per_user)
             .push_bind(draft.release.to_column())
             .push_bind(draft.draw_at)
-            .push_bind(&draft.draw_seed);
+            .push_bind(&draft.draw_seed)
+            .push_bind(draft.queue.to_column())
+            .push_bind(&draft.queue_seed);
     });
     insert.push(
         " ON DUPLICATE KEY UPDATE
@@ -331,9 +344,27 @@ fn upsert_items(writes: &[&(ItemId, ItemDraft)]) -> QueryBuilder<sqlx::MySql> {
            start_at = VALUES(start_at), end_at = VALUES(end_at),
            pay_timeout_s = VALUES(pay_timeout_s), buckets = VALUES(buckets),
            per_user = VALUES(per_user), release_plan = VALUES(release_plan),
-           draw_at = VALUES(draw_at), draw_seed = COALESCE(draw_seed, VALUES(draw_seed))",
+           draw_at = VALUES(draw_at), draw_seed = COALESCE(draw_seed, VALUES(draw_seed)),
+           queue_plan = VALUES(queue_plan),
+           queue_seed = COALESCE(queue_seed, VALUES(queue_seed))",
     );
     insert
+}
+
+/// Items with a waiting room whose sale has not ended more than `ended_within` ago and
+/// is not retired: what the admission pass steps.
+pub async fn queued(db: &Db, ended_within: std::time::Duration) -> Result<Vec<Item>, DbError> {
+    let sql = format!(
+        "SELECT {COLUMNS} FROM items
+          WHERE queue_plan IS NOT NULL AND retired_at IS NULL
+            AND end_at > UTC_TIMESTAMP(3) - INTERVAL ? SECOND"
+    );
+    mysql_timed(
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(ended_within.as_secs())
+            .fetch_all(db),
+    )
+    .await
 }
 
 /// Which of these items are retired (their sale's state gone from Redis, or going).

@@ -156,6 +156,11 @@ async fn clear(redis: &RedisConns, keys: &Keys, item: &Item) -> Result<(), Store
     for stock in item.bucket_ids() {
         grouped.group().unlink(keys.sale_state(stock)).ignore();
     }
+    // The waiting room, in a slot of its own.
+    grouped
+        .group()
+        .unlink(crate::queue::line::state_keys(keys, item.id))
+        .ignore();
     grouped.run(redis).await?;
     let members: Vec<String> = item.bucket_ids().map(|s| s.to_string()).collect();
     let mut grouped = Grouped::new(redis);

@@ -64,6 +64,13 @@ pub enum WriteError {
         price_cents: u64,
         index: Option<usize>,
     },
+    /// Buyers hold places in the item's waiting room: it stays, and its `start_at` (where
+    /// the pre-queue ends and arrivals begin) with it — either change would reorder them.
+    #[error("buyers are waiting in the item's queue: `{field}` is fixed")]
+    QueueFixed {
+        field: &'static str,
+        index: Option<usize>,
+    },
     /// A wave would hold back more of a bucket's units than its list still has (units
     /// sold cannot be held back): `held` units now, of `listed`. `bucket`: which, for a
     /// split item; `index`: the item's place in a bulk call.
@@ -364,6 +371,7 @@ impl ItemWriter<'_> {
         // refusal it gets.
         let mut switching: Vec<(&Item, WriteError)> = Vec::new();
         for (index, live, next) in writes {
+            self.keep_queue(*index, live, next).await?;
             if let Some(field) = draw_made_changed(live, next, now) {
                 return Err(WriteError::DrawFixed {
                     field,
@@ -406,6 +414,35 @@ impl ItemWriter<'_> {
             Some((_, refusal)) => Err(refusal),
             None => Ok(()),
         }
+    }
+
+    /// Refuses a write that would reorder those waiting in the item's queue: removing it,
+    /// or moving `start_at`, once anyone took a place.
+    async fn keep_queue(
+        &self,
+        index: Option<usize>,
+        live: &Item,
+        next: &ItemDraft,
+    ) -> Result<(), WriteError> {
+        if live.queue.0.is_none() {
+            return Ok(());
+        }
+        let field = if next.queue.0.is_none() {
+            "queue"
+        } else if next.start_at != live.start_at {
+            "start_at"
+        } else {
+            return Ok(());
+        };
+        let mut conn = self.deps.redis.bulk().await?;
+        let line = self.deps.keys.queue(live.id).line;
+        let joined: u64 = crate::store::redis_timed(redis::AsyncCommands::zcard(&mut conn, line))
+            .await
+            .map_err(StoreError::from)?;
+        if joined > 0 {
+            return Err(WriteError::QueueFixed { field, index });
+        }
+        Ok(())
     }
 
     /// Pauses or resumes the item's sale: the flag alone into Redis. Not the record's other

@@ -351,6 +351,24 @@ pub async fn count_by_status(db: &Db, item: ItemId) -> Result<StatusCounts, DbEr
     })
 }
 
+/// An item's unpaid orders: how many, and the latest pay deadline among them (what a
+/// waiting room tells those waiting: when the units they hold are known).
+pub async fn unpaid_outlook(
+    db: &Db,
+    item: ItemId,
+) -> Result<(u64, Option<DateTime<Utc>>), DbError> {
+    let (count, latest): (i64, Option<DateTime<Utc>>) = mysql_timed(
+        sqlx::query_as(
+            "SELECT COUNT(*), MAX(pay_deadline) FROM orders
+              WHERE item_id = ? AND status = 'unpaid'",
+        )
+        .bind(item.get())
+        .fetch_one(db),
+    )
+    .await?;
+    Ok((u64::try_from(count).unwrap_or(0), latest))
+}
+
 /// What an item's orders held over time, as MySQL's rows tell it (the contract's §7 judged
 /// over the history, not only its end): each order held a unit from its win (`created_at`)
 /// until its cancel (a cancelled row's last change, `updated_at`).

@@ -23,6 +23,7 @@ use crate::http::extract::{ApiJson, Buyer, ClientTime, Idempotency};
 use crate::http::reply::envelope;
 use crate::http::request_id;
 use crate::items::catalog::CatalogItem;
+use crate::queue::pass::PassRefused;
 use crate::state::AppState;
 
 use super::refusal::{not_sold, refusal};
@@ -90,12 +91,15 @@ impl<'a> Counted<'a> {
     tag = "purchase",
     operation_id = "flashbuy",
     security(("user" = [])),
-    params(("X-Client-Time" = i64, Header, description = "The client's clock, ms since the epoch")),
+    params(
+        ("X-Client-Time" = i64, Header, description = "The client's clock, ms since the epoch"),
+        ("X-Queue-Pass" = Option<String>, Header, description = "An item with a waiting room: the pass `GET /api/items/{item_id}/queue/me` gave the buyer"),
+    ),
     request_body = FlashbuyRequest,
     responses(
         (status = 202, description = "`queued`: the user won one unit; the order is being written", body = Queued),
         (status = 400, description = "`bad_request` / `clock_skew`: body or headers malformed, or `X-Client-Time` too far from the server's clock", body = Refusal),
-        (status = 403, description = "`not_started` / `ended`: outside the item's sale window", body = Refusal),
+        (status = 403, description = "`not_started` / `ended`: outside the item's sale window; an item with a waiting room: `queue_required` (no `X-Queue-Pass`), `pass_expired`, `pass_invalid` (not this server's, or another user's or item's)", body = Refusal),
         (status = 404, description = "`item_not_found`", body = Refusal),
         (status = 409, description = "`duplicate` / `limit_reached` / `between_releases`: the user already holds a unit of this item (`order_sn` names its order), or as many as `per_user` allows (`order_sns`); or everything released so far is sold and a wave is still to come (`next_release_at`, `Retry-After`)", body = Refusal),
         (status = 410, description = "`sold_out`: no units left", body = Refusal),
@@ -125,6 +129,10 @@ async fn answer(state: &AppState, request: Request) -> Result<Response, ApiError
     let Buyer(user) = Buyer::from_request_parts(&mut parts, state).await?;
     ClientTime::from_request_parts(&mut parts, state).await?;
     let Idempotency(key) = Idempotency::from_request_parts(&mut parts, state).await?;
+    let pass = parts
+        .headers
+        .get(QUEUE_PASS)
+        .map(|value| value.to_str().unwrap_or_default().to_owned());
     let ApiJson(request) =
         ApiJson::<FlashbuyRequest>::from_request(Request::from_parts(parts, body), state).await?;
     let item_id = request.item_id;
@@ -145,7 +153,9 @@ async fn answer(state: &AppState, request: Request) -> Result<Response, ApiError
     // or a breaker — after "sold out", so that a throttle's budget goes to purchases that
     // can still win. Levels 1 and 2 of a breaker stop new purchases, not the answer a
     // retried key is owed; level 3 stops everything.
-    let refused = if let Some(refused) = from_memory(&item, now) {
+    let refused = if let Err(refused) = passed(state, &item, user, pass.as_deref(), now) {
+        Some(refused)
+    } else if let Some(refused) = from_memory(&item, now) {
         Some(refusal(refused, &item))
     } else if !state.shops.open_now(item.record.shop_id).await {
         // (From this instance's cache, filled from Redis on a miss.)
@@ -181,9 +191,64 @@ async fn answer(state: &AppState, request: Request) -> Result<Response, ApiError
         signals: &state.signals,
     };
     match Box::pin(seller.sell(&item, user, now, key)).await {
-        Ok(order_sn) => Ok(queued(order_sn, item_id)),
+        Ok(order_sn) => {
+            if pass.is_some() {
+                spend_pass(state, item_id, user, &order_sn);
+            }
+            Ok(queued(order_sn, item_id))
+        }
         Err(refused) => Err(not_sold(refused, &item)),
     }
+}
+
+/// The header a queued item's purchase carries its pass in.
+const QUEUE_PASS: &str = "x-queue-pass";
+
+/// Whether the purchase may go on as far as the waiting room is concerned: an item
+/// without one lets anyone try; a queued item only the buyer its pass names, before the
+/// pass expires (checked in memory: no Redis call).
+fn passed(
+    state: &AppState,
+    item: &CatalogItem,
+    user: UserId,
+    pass: Option<&str>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), ApiError> {
+    if item.record.queue.0.is_none() {
+        return Ok(());
+    }
+    let pass = pass.ok_or(ApiError::QueueRequired)?;
+    let checked =
+        state
+            .waiting
+            .signer
+            .check_pass(pass, item.record.id, user, now.timestamp_millis());
+    match checked {
+        Ok(_) => Ok(()),
+        Err(PassRefused::Expired) => Err(ApiError::PassExpired),
+        Err(PassRefused::Invalid) => Err(ApiError::PassInvalid),
+    }
+}
+
+/// A unit won with a pass: its reservation in the waiting room is spent (once per order,
+/// so a repeated key's answer counts nothing). After the answer, not before it: should
+/// this fail, the reservation lasts until the pass expires — fewer let in meanwhile,
+/// never more.
+fn spend_pass(state: &AppState, item: ItemId, user: UserId, order_sn: &OrderSn) {
+    let (redis, keys, order_sn) = (
+        state.deps.redis.clone(),
+        state.deps.keys.queue(item),
+        order_sn.clone(),
+    );
+    tokio::spawn(async move {
+        let spent = async {
+            let mut conn = redis.bulk().await?;
+            crate::queue::line::used(&mut conn, &keys, user, &order_sn).await
+        };
+        if let Err(e) = spent.await {
+            tracing::warn!(%item, %order_sn, error = %e, "could not count a pass's win; its units stay reserved until it expires");
+        }
+    });
 }
 
 /// A purchase refused before Redis (`refused`), unless the buyer's `Idempotency-Key` bought

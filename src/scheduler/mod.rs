@@ -91,6 +91,10 @@ impl Scheduler {
         tasks.spawn(compensate::run(self.clone(), shutdown.clone()));
         tasks.spawn(retention::run(self.clone(), shutdown.clone()));
         tasks.spawn(draws::run(self.clone(), shutdown.clone()));
+        tasks.spawn(crate::queue::admit::run(
+            self.deps.clone(),
+            shutdown.clone(),
+        ));
         tasks.spawn(self.clone().end_of_sale(shutdown.clone()));
         tasks.spawn(self.clone().finish_cut_off(shutdown.clone()));
         tasks.spawn(self.clone().payments(shutdown.clone()));

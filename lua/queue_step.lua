@@ -1,0 +1,105 @@
+-- queue_step.lua: one admission step of an item's waiting room (src/queue/admit.rs).
+--
+-- KEYS[1] line    ZSET  user_id -> place (queue_join.lua)
+-- KEYS[2] state   HASH  cursor (how many were let in, in the line's order), reserved
+--                       (units the live passes may still buy), last_ms and carry_milli
+--                       (the rate's allowance), rate_from_ms / rate_n / rate_milli (the
+--                       measured rate), expired, paused
+-- KEYS[3] passes  ZSET  user_id -> pass expiry (ms)
+-- KEYS[4] held    HASH  user_id -> units that user's live pass reserves
+-- KEYS[5] sold    SET   order_sns bought with a pass (queue_used.lua)
+-- ARGV[1] start_ms, ARGV[2] end_ms
+-- ARGV[3] admit_per_s, ARGV[4] pass_ttl_ms, ARGV[5] per_user
+-- ARGV[6] available: units unsold (listed, plus waves still to come), read just before
+-- ARGV[7] sold_at_read: SCARD of KEYS[5] read before ARGV[6]
+-- ARGV[8] grace_ms: a pass's reservation outlives its expiry by this much (hosts'
+--         clocks differ: a buyer's purchase may be let through a little after it)
+--
+-- Atomic, so two schedulers never let one buyer in twice or out of order, and one killed
+-- mid-step let in all of its step or none. The bound: the units the live passes reserve
+-- never exceed what is unsold. Wins bought with a pass since `available` was read moved
+-- both figures (queue_used.lua): they are taken off `available` here; a unit sold since
+-- but not yet reported is still counted in `reserved` — counted twice, so the bound errs
+-- toward letting fewer in, never more.
+--
+-- Returns { admitted now, cursor, reserved }.
+local now = queue_now()
+local reserved = tonumber(redis.call('HGET', KEYS[2], 'reserved')) or 0
+
+-- Passes past their time (and the grace) give their reservation back.
+local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[8]))
+for _, user in ipairs(gone) do
+  reserved = reserved - (tonumber(redis.call('HGET', KEYS[4], user)) or 0)
+  redis.call('HDEL', KEYS[4], user)
+  redis.call('ZREM', KEYS[3], user)
+end
+if #gone > 0 then
+  redis.call('HINCRBY', KEYS[2], 'expired', #gone)
+end
+if reserved < 0 then
+  reserved = 0
+end
+
+local st = redis.call('HMGET', KEYS[2], 'cursor', 'last_ms', 'carry_milli', 'paused',
+  'rate_from_ms', 'rate_n')
+local cursor = tonumber(st[1]) or 0
+local rate = tonumber(ARGV[3])
+local full = rate * 1000
+local last = tonumber(st[2])
+local allowance
+if last == nil then
+  allowance = full
+else
+  allowance = (tonumber(st[3]) or 0) + rate * (now - last)
+  if allowance > full then
+    allowance = full
+  end
+end
+
+local admitted = 0
+if st[4] ~= '1' and now >= tonumber(ARGV[1]) and now < tonumber(ARGV[2]) then
+  local room = tonumber(ARGV[6]) - (redis.call('SCARD', KEYS[5]) - tonumber(ARGV[7]))
+    - reserved
+  local per_user = tonumber(ARGV[5])
+  local want = math.floor(allowance / 1000)
+  local waiting = redis.call('ZCARD', KEYS[1]) - cursor
+  if want > waiting then
+    want = waiting
+  end
+  if want > 0 then
+    local next_in = redis.call('ZRANGE', KEYS[1], cursor, cursor + want - 1)
+    local expires = now + tonumber(ARGV[4])
+    for _, user in ipairs(next_in) do
+      local units = per_user
+      if room < per_user then
+        -- The last units, fewer than one buyer may take: to one buyer, alone, once every
+        -- other pass is resolved (it may take them all, and nobody else is counting on them).
+        if room <= 0 or reserved > 0 then
+          break
+        end
+        units = room
+      end
+      reserved = reserved + units
+      room = room - units
+      redis.call('HSET', KEYS[4], user, units)
+      redis.call('ZADD', KEYS[3], expires, user)
+      admitted = admitted + 1
+    end
+  end
+  allowance = allowance - admitted * 1000
+  cursor = cursor + admitted
+else
+  allowance = 0
+end
+
+-- The measured rate: admissions over windows of at least 5 s.
+local rate_from = tonumber(st[5]) or now
+local rate_n = (tonumber(st[6]) or 0) + admitted
+if now - rate_from >= 5000 then
+  redis.call('HSET', KEYS[2], 'rate_milli', math.floor(rate_n * 1000000 / (now - rate_from)))
+  rate_from = now
+  rate_n = 0
+end
+redis.call('HSET', KEYS[2], 'cursor', cursor, 'reserved', reserved, 'last_ms', now,
+  'carry_milli', allowance, 'rate_from_ms', rate_from, 'rate_n', rate_n)
+return { admitted, cursor, reserved }

@@ -1,0 +1,150 @@
+//! The admission pass (scheduler role): every [`STEP_EVERY`], each waiting room of a sale
+//! not long over takes one step (`lua/queue_step.lua`): passes past their time give their
+//! units back, and the next in line are let in — at most `admit_per_s` a second, and
+//! never more than the units unsold could honour. Every [`OUTLOOK_EVERY`] it also tells
+//! those waiting what the stock holds for them: `sold_out` once no unit can come back
+//! (every unit paid for, or the sale over), else, while every unit unsold is taken, when
+//! the unpaid orders holding the rest are known.
+//!
+//! Any number of schedulers may run it: a step is one atomic script, so two never let one
+//! buyer in twice or out of order, and a scheduler killed mid-step let in all of its step
+//! or nothing.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+
+use crate::background::{Schedule, repeat};
+use crate::deps::Deps;
+use crate::domain::ItemId;
+use crate::items::repo::{self, Item};
+use crate::items::stock;
+use crate::store::StoreError;
+use crate::telemetry::QueueLevels;
+
+use super::line::{self, StepRules};
+
+const STEP_EVERY: Duration = Duration::from_millis(200);
+/// How often the queued items are read from MySQL again (a new queue, a change).
+const READ_EVERY: Duration = Duration::from_secs(2);
+/// How often those waiting are told what the stock holds for them (a MySQL read each).
+const OUTLOOK_EVERY: Duration = Duration::from_secs(1);
+/// A queue is stepped this long after its sale ended: those still waiting hear
+/// `sold_out`, and the passes run out.
+const AFTER_END: Duration = Duration::from_secs(3_600);
+
+pub async fn run(deps: Deps, shutdown: CancellationToken) {
+    let pass = tokio::sync::Mutex::new(Pass::default());
+    let deps = &deps;
+    let pass = &pass;
+    repeat(
+        "waiting rooms' admission",
+        Schedule::every(STEP_EVERY),
+        &shutdown,
+        || async move { pass.lock().await.step_all(deps).await },
+    )
+    .await;
+}
+
+/// What the pass keeps between steps.
+#[derive(Default)]
+struct Pass {
+    items: Vec<Item>,
+    read_at: Option<Instant>,
+    outlook_at: HashMap<ItemId, Instant>,
+}
+
+impl Pass {
+    async fn step_all(&mut self, deps: &Deps) -> Result<(), StoreError> {
+        if self.read_at.is_none_or(|at| at.elapsed() >= READ_EVERY) {
+            self.items = repo::queued(&deps.db, AFTER_END).await?;
+            self.read_at = Some(Instant::now());
+            let ids: Vec<ItemId> = self.items.iter().map(|item| item.id).collect();
+            self.outlook_at.retain(|id, _| ids.contains(id));
+        }
+        let now = crate::clock::now();
+        for item in &self.items {
+            let opens = item.start_at
+                - chrono::Duration::seconds(i64::from(
+                    item.queue.0.map_or(0, |plan| plan.opens_before_s),
+                ));
+            if now < opens {
+                continue;
+            }
+            let outlook = self
+                .outlook_at
+                .get(&item.id)
+                .is_none_or(|at| at.elapsed() >= OUTLOOK_EVERY);
+            if let Err(e) = step(deps, item, now, outlook).await {
+                tracing::warn!(item = %item.id, error = %crate::error::cause_chain(&e), "a waiting room's step failed; it runs again");
+                continue;
+            }
+            if outlook {
+                self.outlook_at.insert(item.id, Instant::now());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One step of `item`'s queue, and (`outlook`) what those waiting are told.
+async fn step(
+    deps: &Deps,
+    item: &Item,
+    now: DateTime<Utc>,
+    outlook: bool,
+) -> Result<(), StoreError> {
+    let Some(plan) = item.queue.0 else {
+        return Ok(());
+    };
+    let keys = deps.keys.queue(item.id);
+    let mut conn = deps.redis.bulk().await?;
+    // The wins counted first, the stock after: see `lua/queue_step.lua`.
+    let sold_at_read = line::sold(&mut conn, &keys).await?;
+    let stock = stock::item_snapshot(&mut conn, &deps.keys, item.bucket_ids()).await?;
+    // Units listed, those held back for waves still to come among them; none before a
+    // warm-up loaded them all.
+    let available = if stock.loaded && !stock.reloading {
+        stock.remaining
+    } else {
+        0
+    };
+    let rules = StepRules {
+        start_ms: item.start_at.timestamp_millis(),
+        end_ms: item.end_at.timestamp_millis(),
+        admit_per_s: plan.admit_per_s,
+        pass_ttl_ms: i64::from(plan.pass_ttl_s) * 1000,
+        per_user: item.per_user,
+    };
+    let stepped = line::step(&mut conn, &keys, rules, available, sold_at_read).await?;
+    if stepped.admitted > 0 {
+        deps.meters.queue_admitted(item.id, stepped.admitted);
+        tracing::info!(item = %item.id, admitted = stepped.admitted, cursor = stepped.cursor, reserved = stepped.reserved, available, "let in from the waiting room");
+    }
+    if outlook {
+        let (unpaid, latest) = crate::orders::repo::unpaid_outlook(&deps.db, item.id).await?;
+        let over = now >= item.end_at;
+        let sold_out =
+            over || (stock.loaded && stock.remaining == 0 && stock.pending == 0 && unpaid == 0);
+        // Everything unsold is taken by passes: the rest is in orders that may come back.
+        let taken = available <= stepped.reserved;
+        let known_by = (!sold_out && taken && unpaid + stock.pending > 0).then(|| {
+            let pending_by = (stock.pending > 0)
+                .then(|| now + chrono::Duration::seconds(i64::from(item.pay_timeout_s)));
+            latest.max(pending_by).map(|at| at.timestamp_millis())
+        });
+        line::set_outlook(&mut conn, &keys, sold_out, known_by.flatten()).await?;
+        let figures = line::figures(&mut conn, &keys).await?;
+        deps.meters.queue_levels(
+            item.id,
+            QueueLevels {
+                waiting: figures.joined.saturating_sub(figures.admitted),
+                reserved: stepped.reserved,
+                available,
+            },
+        );
+    }
+    Ok(())
+}

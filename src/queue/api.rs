@@ -1,0 +1,339 @@
+//! The waiting room's buyer routes: join (`POST /api/items/{id}/queue`), the join's
+//! proof-of-work challenge, where one stands (`GET …/queue/me`) and its live stream
+//! (`GET …/queue/me/events`, Server-Sent Events).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, Utc};
+use futures::Stream;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::domain::{ItemId, UserId};
+use crate::http::error::{ApiError, Refusal};
+use crate::http::extract::{ApiPath, Buyer, OrderSeeker};
+use crate::http::reply::ok;
+use crate::http::request_id;
+use crate::items::catalog::CatalogItem;
+use crate::state::AppState;
+
+use super::line::{self, Joined, Standing, Window};
+use super::pass::CHALLENGE_TTL_MS;
+use super::plan::QueuePlan;
+use super::view::{QueueState, QueueView, view};
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(join))
+        .routes(routes!(challenge))
+        .routes(routes!(me))
+        .routes(routes!(me_events))
+}
+
+/// A join's proof-of-work, when the queue asks for one (`pow_bits` > 0).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct JoinRequest {
+    /// As `GET …/queue/challenge` gave it.
+    challenge: Option<String>,
+    /// Any string for which SHA-256(`<challenge>:<nonce>`) begins with `pow_bits` zero bits.
+    nonce: Option<String>,
+}
+
+/// A challenge to solve before joining.
+#[derive(Serialize, ToSchema)]
+struct Challenge {
+    challenge: String,
+    /// Leading zero bits SHA-256(`<challenge>:<nonce>`) must have.
+    pow_bits: u8,
+    expires_at: DateTime<Utc>,
+}
+
+/// A joined buyer's place, and whether it was taken before.
+#[derive(Serialize, ToSchema)]
+struct JoinedView {
+    /// Joined before: this is the place taken then.
+    again: bool,
+    #[serde(flatten)]
+    place: QueueView,
+}
+
+/// The item and its waiting room: `queue_not_found` for an item without one.
+async fn queued(state: &AppState, id: ItemId) -> Result<(Arc<CatalogItem>, QueuePlan), ApiError> {
+    let item = state.catalog.get(id).await?.ok_or(ApiError::ItemNotFound)?;
+    let plan = item.record.queue.0.ok_or(ApiError::QueueNotFound)?;
+    Ok((item, plan))
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/items/{item_id}/queue",
+    tag = "waiting room",
+    summary = "Take a place in the item's waiting room (again: the same place)",
+    security(("user" = [])),
+    params(("item_id" = ItemId, Path)),
+    request_body(content = Option<JoinRequest>, description = "The proof-of-work, when the queue asks for one"),
+    responses(
+        (status = 200, description = "`joined`: the buyer's place", body = JoinedView),
+        (status = 403, description = "`queue_not_open` (before `start_at − opens_before_s`), `ended`, or `pow_failed`", body = Refusal),
+        (status = 404, description = "`item_not_found` / `queue_not_found`", body = Refusal),
+        (status = 429, description = "`rate_limited`", body = Refusal),
+        (status = 503, description = "`unavailable`", body = Refusal),
+    )
+)]
+/// `POST /api/items/{item_id}/queue`
+async fn join(
+    State(state): State<AppState>,
+    Buyer(user): Buyer,
+    ApiPath(item_id): ApiPath<ItemId>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    request_id::record_user(user, Some(item_id));
+    let (item, plan) = queued(&state, item_id).await?;
+    let record = &item.record;
+    if plan.pow_bits > 0 {
+        let body: JoinRequest = if body.is_empty() {
+            JoinRequest::default()
+        } else {
+            serde_json::from_slice(&body)
+                .map_err(|e| ApiError::bad_request(format!("body: {e}")))?
+        };
+        let (Some(challenge), Some(nonce)) = (body.challenge, body.nonce) else {
+            return Err(ApiError::PowFailed(
+                "this queue asks for a proof-of-work: GET …/queue/challenge, then send `challenge` and `nonce`".into(),
+            ));
+        };
+        let now_ms = crate::clock::now().timestamp_millis();
+        state
+            .waiting
+            .signer
+            .check_solution(&challenge, &nonce, plan.pow_bits, item_id, user, now_ms)
+            .map_err(|e| ApiError::PowFailed(e.to_string()))?;
+    }
+    let seed = record
+        .queue_seed
+        .as_deref()
+        .ok_or_else(|| anyhow::anyhow!("item {item_id} has a queue and no seed"))?;
+    let rank = crate::draw::rank::rank(seed, user).map_err(anyhow::Error::from)?;
+    let start_ms = record.start_at.timestamp_millis();
+    let window = Window {
+        opens_ms: start_ms - i64::from(plan.opens_before_s) * 1000,
+        start_ms,
+        end_ms: record.end_at.timestamp_millis(),
+    };
+    let keys = state.deps.keys.queue(item_id);
+    let mut conn = state.deps.redis.hot().await?;
+    match line::join(&mut conn, &keys, user, rank, window).await? {
+        Joined::NotOpen => Err(ApiError::QueueNotOpen {
+            opens_at: DateTime::from_timestamp_millis(window.opens_ms).unwrap_or(record.start_at),
+        }),
+        Joined::Ended => Err(ApiError::Ended),
+        Joined::Placed { again, standing } => {
+            let place = seen(&state, record, &plan, user, &standing)?;
+            if !again {
+                state.deps.meters.queue_joined(item_id);
+            }
+            Ok(ok("joined", JoinedView { again, place }))
+        }
+    }
+}
+
+/// What `standing` tells `user`.
+fn seen(
+    state: &AppState,
+    record: &crate::items::repo::Item,
+    plan: &QueuePlan,
+    user: UserId,
+    standing: &Standing,
+) -> Result<QueueView, ApiError> {
+    view(standing, record, plan, user, &state.waiting.signer).ok_or(ApiError::NotInQueue)
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/items/{item_id}/queue/challenge",
+    tag = "waiting room",
+    summary = "A proof-of-work challenge for joining the item's queue",
+    security(("user" = [])),
+    params(("item_id" = ItemId, Path)),
+    responses(
+        (status = 200, description = "`ok`: solve it within two minutes", body = Challenge),
+        (status = 404, description = "`item_not_found` / `queue_not_found`", body = Refusal),
+        (status = 429, description = "`rate_limited`", body = Refusal),
+    )
+)]
+/// `GET /api/items/{item_id}/queue/challenge`: bound to the user, the item and an expiry;
+/// nothing is stored (it is checked against its own signature).
+async fn challenge(
+    State(state): State<AppState>,
+    OrderSeeker(user): OrderSeeker,
+    ApiPath(item_id): ApiPath<ItemId>,
+) -> Result<Response, ApiError> {
+    let (_, plan) = queued(&state, item_id).await?;
+    let expires_ms = crate::clock::now().timestamp_millis() + CHALLENGE_TTL_MS;
+    Ok(ok(
+        "ok",
+        Challenge {
+            challenge: state.waiting.signer.challenge(item_id, user, expires_ms),
+            pow_bits: plan.pow_bits,
+            expires_at: DateTime::from_timestamp_millis(expires_ms).unwrap_or_default(),
+        },
+    ))
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/items/{item_id}/queue/me",
+    tag = "waiting room",
+    summary = "Where the buyer stands in the item's waiting room",
+    security(("user" = [])),
+    params(("item_id" = ItemId, Path)),
+    responses(
+        (status = 200, description = "`ok`", body = QueueView),
+        (status = 404, description = "`item_not_found` / `queue_not_found` / `not_in_queue`", body = Refusal),
+        (status = 429, description = "`rate_limited`", body = Refusal),
+        (status = 503, description = "`unavailable`", body = Refusal),
+    )
+)]
+/// `GET /api/items/{item_id}/queue/me`
+async fn me(
+    State(state): State<AppState>,
+    OrderSeeker(user): OrderSeeker,
+    ApiPath(item_id): ApiPath<ItemId>,
+) -> Result<Response, ApiError> {
+    let (item, plan) = queued(&state, item_id).await?;
+    let standing = read_standing(&state, item_id, user).await?;
+    Ok(ok(
+        "ok",
+        seen(&state, &item.record, &plan, user, &standing)?,
+    ))
+}
+
+async fn read_standing(state: &AppState, item: ItemId, user: UserId) -> Result<Standing, ApiError> {
+    let keys = state.deps.keys.queue(item);
+    let mut conn = state.deps.redis.hot().await?;
+    Ok(line::standing(&mut conn, &keys, user).await?)
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/items/{item_id}/queue/me/events",
+    tag = "waiting room",
+    summary = "Where the buyer stands, pushed as it changes (Server-Sent Events)",
+    security(("user" = [])),
+    params(("item_id" = ItemId, Path)),
+    responses(
+        (status = 200, description = "`text/event-stream`: one `place` event (a `QueueView` as JSON) now and at every change; the stream ends after `admitted`, `expired` or `done`", content_type = "text/event-stream", body = QueueView),
+        (status = 404, description = "`item_not_found` / `queue_not_found` / `not_in_queue`", body = Refusal),
+        (status = 429, description = "`rate_limited`", body = Refusal),
+    )
+)]
+/// `GET /api/items/{item_id}/queue/me/events`
+async fn me_events(
+    State(state): State<AppState>,
+    OrderSeeker(user): OrderSeeker,
+    ApiPath(item_id): ApiPath<ItemId>,
+) -> Result<Response, ApiError> {
+    let (item, plan) = queued(&state, item_id).await?;
+    let first = read_standing(&state, item_id, user).await?;
+    // Not in line: a plain 404, before any stream starts.
+    seen(&state, &item.record, &plan, user, &first)?;
+    let stream = places(state, item, plan, user, first);
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}
+
+/// Whether a buyer in `state` has nothing more to wait for.
+fn settled(state: QueueState) -> bool {
+    matches!(
+        state,
+        QueueState::Admitted | QueueState::Expired | QueueState::Done
+    )
+}
+
+/// The buyer's place now, then at every change of the item's counters (as this
+/// instance's watch reads them); once let in, their standing is read again, for the pass.
+fn places(
+    state: AppState,
+    item: Arc<CatalogItem>,
+    plan: QueuePlan,
+    user: UserId,
+    first: Standing,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    struct Follow {
+        state: AppState,
+        item: Arc<CatalogItem>,
+        plan: QueuePlan,
+        user: UserId,
+        index: Option<u64>,
+        counters: tokio::sync::watch::Receiver<super::watch::Counters>,
+        next: Option<Standing>,
+        last: Option<QueueView>,
+        over: bool,
+    }
+    let counters = state.waiting.watches.subscribe(item.record.id);
+    let follow = Follow {
+        index: first.index,
+        state,
+        item,
+        plan,
+        user,
+        counters,
+        next: Some(first),
+        last: None,
+        over: false,
+    };
+    futures::stream::unfold(follow, |mut f| async move {
+        loop {
+            if f.over {
+                return None;
+            }
+            let standing = match f.next.take() {
+                Some(standing) => standing,
+                None => {
+                    f.counters.changed().await.ok()?;
+                    let Some(mut counters) = *f.counters.borrow_and_update() else {
+                        continue;
+                    };
+                    counters.index = f.index;
+                    counters.now_ms = crate::clock::now().timestamp_millis();
+                    if f.index.is_some_and(|index| index < counters.cursor) {
+                        // Let in: the pass is the buyer's own, read once.
+                        match read_standing(&f.state, f.item.record.id, f.user).await {
+                            Ok(standing) => standing,
+                            Err(_) => continue,
+                        }
+                    } else {
+                        counters
+                    }
+                }
+            };
+            let place = view(
+                &standing,
+                &f.item.record,
+                &f.plan,
+                f.user,
+                &f.state.waiting.signer,
+            )?;
+            f.over = settled(place.state);
+            if f.last.as_ref() == Some(&place) {
+                continue;
+            }
+            f.last = Some(place.clone());
+            let event = Event::default()
+                .event("place")
+                .json_data(&place)
+                .unwrap_or_else(|_| Event::default().event("place"));
+            return Some((Ok(event), f));
+        }
+    })
+}
