@@ -10,7 +10,7 @@ use crate::store::{STORABLE, storable, to_millis};
 
 use super::repo::ItemDraft;
 use super::waves::Waves;
-use crate::queue::plan::{QueuePlan, Queued};
+use crate::queue::plan::{QueuePlan, QueueSetting};
 
 /// The most units one item may have (a million units is about 60 MB of Redis).
 const MAX_TOTAL: u32 = 10_000_000;
@@ -159,7 +159,7 @@ impl ItemBody {
                 Some(_) => Some(crate::draw::rank::new_seed().map_err(anyhow::Error::from)?),
                 None => None,
             },
-            queue: Queued(self.queue),
+            queue: QueueSetting(self.queue),
             queue_seed: match self.queue {
                 Some(_) => Some(crate::draw::rank::new_seed().map_err(anyhow::Error::from)?),
                 None => None,

@@ -10,7 +10,7 @@ use crate::domain::{BucketId, ItemId, OrderPlaced, OrderSn, UserId};
 use crate::store::{Db, DbError, mysql_begin, mysql_timed, retrying_deadlocks};
 
 use super::waves::Waves;
-use crate::queue::plan::Queued;
+use crate::queue::plan::QueueSetting;
 
 /// An item as MySQL records it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -43,7 +43,8 @@ pub struct Item {
     pub draw_cutoff: Option<u64>,
     /// The waiting room in front of the sale (`src/queue/`), if it has one.
     #[sqlx(rename = "queue_plan", try_from = "Option<String>")]
-    pub queue: Queued,
+    #[schema(value_type = Option<crate::queue::plan::QueuePlan>)]
+    pub queue: QueueSetting,
     /// The seed that orders the pre-queue (hex): never sent with the item before
     /// `start_at`, public from then.
     #[serde(skip)]
@@ -105,7 +106,7 @@ pub struct ItemDraft {
     pub draw_at: Option<DateTime<Utc>>,
     /// A fresh seed for a draw; an item that has one keeps it.
     pub draw_seed: Option<String>,
-    pub queue: Queued,
+    pub queue: QueueSetting,
     /// A fresh seed for a waiting room; an item that has one keeps it.
     pub queue_seed: Option<String>,
 }

@@ -429,7 +429,8 @@ impl ItemWriter<'_> {
         }
         let field = if next.queue.0.is_none() {
             "queue"
-        } else if next.start_at != live.start_at {
+        } else if next.start_at.timestamp_millis() != live.start_at.timestamp_millis() {
+            // (To the millisecond, as MySQL keeps it.)
             "start_at"
         } else {
             return Ok(());

@@ -70,17 +70,17 @@ impl QueuePlan {
 }
 
 /// The column's value: a plan, or none (no waiting room).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(transparent)]
-pub struct Queued(pub Option<QueuePlan>);
+pub struct QueueSetting(pub Option<QueuePlan>);
 
-impl Queued {
+impl QueueSetting {
     pub fn to_column(self) -> Option<String> {
         self.0.and_then(|plan| serde_json::to_string(&plan).ok())
     }
 }
 
-impl TryFrom<Option<String>> for Queued {
+impl TryFrom<Option<String>> for QueueSetting {
     type Error = serde_json::Error;
 
     fn try_from(column: Option<String>) -> Result<Self, Self::Error> {
@@ -137,8 +137,8 @@ mod tests {
 
     #[test]
     fn the_column_keeps_a_plan() {
-        let kept = Queued(Some(plan(r#"{"admit_per_s": 7, "pow_bits": 3}"#)));
-        assert_eq!(Queued::try_from(kept.to_column()).unwrap(), kept);
-        assert_eq!(Queued::try_from(None).unwrap(), Queued(None));
+        let kept = QueueSetting(Some(plan(r#"{"admit_per_s": 7, "pow_bits": 3}"#)));
+        assert_eq!(QueueSetting::try_from(kept.to_column()).unwrap(), kept);
+        assert_eq!(QueueSetting::try_from(None).unwrap(), QueueSetting(None));
     }
 }

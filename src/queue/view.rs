@@ -134,7 +134,7 @@ mod tests {
             draw_seed: None,
             drawn_at: None,
             draw_cutoff: None,
-            queue: super::super::plan::Queued(Some(PLAN)),
+            queue: super::super::plan::QueueSetting(Some(PLAN)),
             queue_seed: None,
             paused: false,
             loaded_at: None,

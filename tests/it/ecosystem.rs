@@ -118,6 +118,10 @@ async fn the_openapi_document_is_served_valid_and_committed() {
                     Some(at) => &served["components"]["responses"][at.rsplit('/').next().unwrap()],
                     None => response,
                 };
+                // A stream of events is not one JSON answer: its events are documented.
+                if response["content"].get("text/event-stream").is_some() {
+                    continue;
+                }
                 let parts = response["content"]["application/json"]["schema"]["allOf"]
                     .as_array()
                     .unwrap_or_else(|| panic!("{method} {path} {status}: not enveloped"));

@@ -35,3 +35,4 @@ mod shops;
 mod storefront;
 mod support;
 mod upgrade;
+mod waiting_room;

@@ -19,6 +19,7 @@ pub struct ItemSpec<'e> {
     per_user: u8,
     release: Vec<(DateTime<Utc>, u32)>,
     draw_at: Option<DateTime<Utc>>,
+    queue: Option<Value>,
 }
 
 impl TestEnv {
@@ -36,6 +37,7 @@ impl TestEnv {
             per_user: 1,
             release: Vec::new(),
             draw_at: None,
+            queue: None,
         }
     }
 }
@@ -78,6 +80,12 @@ impl ItemSpec<'_> {
         self
     }
 
+    /// A waiting room in front of the sale (`"queue": settings`).
+    pub fn queued(mut self, settings: Value) -> Self {
+        self.queue = Some(settings);
+        self
+    }
+
     /// The body of its `PUT /admin/items/{id}`.
     pub fn body(&self) -> Value {
         let release: Vec<Value> = self
@@ -100,6 +108,9 @@ impl ItemSpec<'_> {
         if let Some(draw_at) = self.draw_at {
             body["mode"] = json!("draw");
             body["draw_at"] = json!(draw_at);
+        }
+        if let Some(queue) = &self.queue {
+            body["queue"] = queue.clone();
         }
         body
     }
