@@ -22,7 +22,11 @@
 -- but not yet reported is still counted in `reserved` — counted twice, so the bound errs
 -- toward letting fewer in, never more.
 --
--- Returns { admitted now, cursor, reserved }.
+-- Nobody sees a pass of this step yet: those let in are shown (the state's `shown`) once
+-- the queue's replicas hold the step (queue_show.lua), so a failover never takes back a
+-- pass somebody holds.
+--
+-- Returns { admitted now, cursor, reserved, shown }.
 local now = queue_now()
 local reserved = tonumber(redis.call('HGET', KEYS[2], 'reserved')) or 0
 
@@ -102,4 +106,4 @@ if now - rate_from >= 5000 then
 end
 redis.call('HSET', KEYS[2], 'cursor', cursor, 'reserved', reserved, 'last_ms', now,
   'carry_milli', allowance, 'rate_from_ms', rate_from, 'rate_n', rate_n)
-return { admitted, cursor, reserved }
+return { admitted, cursor, reserved, tonumber(redis.call('HGET', KEYS[2], 'shown')) or 0 }

@@ -175,6 +175,7 @@ impl Keys {
             held: key("held"),
             used: key("used"),
             sold: key("sold"),
+            replicated: key("replicated"),
         }
     }
 
@@ -261,11 +262,13 @@ pub struct QueueKeys {
     pub held: String,
     pub used: String,
     pub sold: String,
+    /// STRING bumped before a `WAIT` on the queue's master (as [`Keys::replicated`]).
+    pub replicated: String,
 }
 
 impl QueueKeys {
     /// Every one of them: what retiring the sale deletes.
-    pub fn all(&self) -> [&str; 6] {
+    pub fn all(&self) -> [&str; 7] {
         [
             &self.line,
             &self.state,
@@ -273,6 +276,7 @@ impl QueueKeys {
             &self.held,
             &self.used,
             &self.sold,
+            &self.replicated,
         ]
     }
 }

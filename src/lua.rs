@@ -189,6 +189,10 @@ pub static QUEUE_STEP: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// Shows those let in up to a cursor: see `lua/queue_show.lua`.
+pub static QUEUE_SHOW: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/queue_show.lua")));
+
 /// A win bought with a pass spends its reservation: see `lua/queue_used.lua`.
 pub static QUEUE_USED: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/queue_used.lua")));

@@ -2,12 +2,13 @@
 -- queue_where.lua). All keys of one queue share its own hash tag.
 --
 -- Returns { in_line (0/1), index (0-based place in the line; -1), cursor (how many were
--- let in), pass_expires_ms (-1: no live pass), used (wins with a pass), sold_out (0/1),
+-- let in and shown: `shown`, which trails the step's `cursor` until the queue's replicas
+-- hold the step — src/queue/admit.rs), pass_expires_ms (-1: no live pass), used (wins with a pass), sold_out (0/1),
 -- known_by_ms (0: none), rate_milli (admissions per 1,000 s, as measured), now_ms,
 -- paused (0/1), waiting (in line, not yet let in) }.
 local function queue_where(line, state, passes, used, user, now)
   local index = redis.call('ZRANK', line, user)
-  local st = redis.call('HMGET', state, 'cursor', 'sold_out', 'known_by_ms', 'rate_milli',
+  local st = redis.call('HMGET', state, 'shown', 'sold_out', 'known_by_ms', 'rate_milli',
     'paused')
   local cursor = tonumber(st[1]) or 0
   local waiting = redis.call('ZCARD', line) - cursor

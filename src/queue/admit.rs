@@ -118,7 +118,21 @@ async fn step(
         pass_ttl_ms: i64::from(plan.pass_ttl_s) * 1000,
         per_user: item.per_user,
     };
+    // Taken before the step, held after it: see `lua/queue_show.lua`.
+    let replication = deps.redis.replicas_for(&keys.replicated).await;
     let stepped = line::step(&mut conn, &keys, rules, available, sold_at_read).await?;
+    if stepped.shown < stepped.cursor {
+        let held = match replication {
+            Ok(replication) => replication.held().await,
+            Err(_) => false,
+        };
+        if held {
+            line::show(&mut conn, &keys, stepped.cursor).await?;
+        } else {
+            // Not shown yet: the next step waits again (and shows this one's too).
+            tracing::warn!(item = %item.id, cursor = stepped.cursor, "the queue's replicas do not hold its last admissions yet: their passes wait");
+        }
+    }
     if stepped.admitted > 0 {
         deps.meters.queue_admitted(item.id, stepped.admitted);
         tracing::info!(item = %item.id, admitted = stepped.admitted, cursor = stepped.cursor, reserved = stepped.reserved, available, "let in from the waiting room");

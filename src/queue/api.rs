@@ -30,6 +30,9 @@ use super::pass::CHALLENGE_TTL_MS;
 use super::plan::QueuePlan;
 use super::view::{QueueState, QueueView, view};
 
+const WAITING_FOR_REPLICA: &str =
+    "the waiting room is waiting for a Redis replica to come back; join again shortly";
+
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(join))
@@ -130,8 +133,22 @@ async fn join(
         end_ms: record.end_at.timestamp_millis(),
     };
     let keys = state.deps.keys.queue(item_id);
+    // A place is promised once the queue's replicas hold it, as a won unit is: a failover
+    // after the answer must not take it back.
+    let replication = state
+        .deps
+        .redis
+        .replicas_for(&keys.replicated)
+        .await
+        .map_err(|_| ApiError::Unavailable(WAITING_FOR_REPLICA.into()))?;
     let mut conn = state.deps.redis.hot().await?;
-    match line::join(&mut conn, &keys, user, rank, window).await? {
+    let joined = line::join(&mut conn, &keys, user, rank, window).await?;
+    if matches!(joined, Joined::Placed { again: false, .. }) && !replication.held().await {
+        return Err(ApiError::Unavailable(
+            "the place is not yet held by the queue's Redis replicas: join again (the same place is kept if it was)".into(),
+        ));
+    }
+    match joined {
         Joined::NotOpen => Err(ApiError::QueueNotOpen {
             opens_at: DateTime::from_timestamp_millis(window.opens_ms).unwrap_or(record.start_at),
         }),

@@ -7,7 +7,7 @@ use redis::AsyncCommands;
 
 use crate::domain::{ItemId, OrderSn, UserId};
 use crate::keys::{Keys, QueueKeys};
-use crate::lua::{QUEUE_JOIN, QUEUE_STEP, QUEUE_USED, QUEUE_WHERE};
+use crate::lua::{QUEUE_JOIN, QUEUE_SHOW, QUEUE_STEP, QUEUE_USED, QUEUE_WHERE};
 use crate::store::{RedisConn, RedisError, redis_timed};
 
 /// A pass's reservation outlives the expiry its token carries by this much: the hosts
@@ -20,7 +20,7 @@ pub const GRACE_MS: i64 = 5_000;
 pub struct Standing {
     /// 0-based place in the line; `None`: not in it.
     pub index: Option<u64>,
-    /// How many were let in so far.
+    /// How many were let in so far, and shown (see `lua/queue_show.lua`).
     pub cursor: u64,
     /// The live pass's expiry (ms), if the buyer holds one.
     pub pass_expires_ms: Option<i64>,
@@ -165,6 +165,8 @@ pub struct Stepped {
     pub cursor: u64,
     /// Units the live passes may still buy.
     pub reserved: u64,
+    /// Those let in that may see their passes.
+    pub shown: u64,
 }
 
 /// How many wins with a pass were counted: read before the stock, for [`step`].
@@ -201,15 +203,22 @@ pub async fn step(
     .await?;
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
     match reply[..] {
-        [admitted, cursor, reserved] => Ok(Stepped {
+        [admitted, cursor, reserved, shown] => Ok(Stepped {
             admitted: count(admitted),
             cursor: count(cursor),
             reserved: count(reserved),
+            shown: count(shown),
         }),
         _ => Err(RedisError::Unexpected(format!(
             "queue_step answered {reply:?}"
         ))),
     }
+}
+
+/// Those let in up to `cursor` may see their passes (never moves back).
+pub async fn show(conn: &mut RedisConn, keys: &QueueKeys, cursor: u64) -> Result<(), RedisError> {
+    let _: i64 = redis_timed(QUEUE_SHOW.key(&keys.state).arg(cursor).invoke_async(conn)).await?;
+    Ok(())
 }
 
 /// A win bought with `user`'s pass: its reservation spent (once per order).

@@ -101,7 +101,7 @@ async fn read(redis: &RedisConns, keys: &Keys, item: ItemId) -> Result<Standing,
         redis::pipe()
             .cmd("HMGET")
             .arg(&queue.state)
-            .arg(&["cursor", "sold_out", "known_by_ms", "rate_milli", "paused"])
+            .arg(&["shown", "sold_out", "known_by_ms", "rate_milli", "paused"])
             .zcard(&queue.line)
             .query_async(&mut conn),
     )
