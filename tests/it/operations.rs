@@ -178,6 +178,27 @@ async fn the_dashboard_parses_and_asks_only_for_exported_metrics() {
     env.wait_for_orders(&server, 1, 1, Duration::from_secs(20))
         .await;
     let sn = json["order_sn"].as_str().unwrap();
+    // A waiting room, joined and stepped.
+    env.item(2, 5)
+        .queued(serde_json::json!({ "admit_per_s": 10 }))
+        .on_sale(&server)
+        .await;
+    let joined = env
+        .http
+        .post(server.url("/api/items/2/queue"))
+        .bearer_auth(env.token(1))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(joined.status(), 200);
+    eventually(Duration::from_secs(10), "the buyer let in", || async {
+        let (_, me) = env.get(&server, "/api/items/2/queue/me", Some(1)).await;
+        match me["state"].as_str() {
+            Some("admitted") => Ok(()),
+            _ => Err(me.to_string()),
+        }
+    })
+    .await;
     let (status, _) = env
         .post_as(&server, &format!("/api/orders/{sn}/cancel"), 1)
         .await;
