@@ -4,10 +4,11 @@
 -- KEYS[2] state   HASH  cursor (how many were let in, in the line's order), reserved
 --                       (units the live passes may still buy), last_ms and carry_milli
 --                       (the rate's allowance), rate_from_ms / rate_n / rate_milli (the
---                       measured rate), expired, paused
+--                       measured rate), expired (passes that ran out unused), paused
 -- KEYS[3] passes  ZSET  user_id -> pass expiry (ms)
 -- KEYS[4] held    HASH  user_id -> units that user's live pass reserves
 -- KEYS[5] sold    SET   order_sns bought with a pass (queue_used.lua)
+-- KEYS[6] used    HASH  user_id -> wins bought with a pass (queue_used.lua)
 -- ARGV[1] start_ms, ARGV[2] end_ms
 -- ARGV[3] admit_per_s, ARGV[4] pass_ttl_ms, ARGV[5] per_user
 -- ARGV[6] available: units unsold (listed, plus waves still to come), read just before
@@ -32,13 +33,17 @@ local reserved = tonumber(redis.call('HGET', KEYS[2], 'reserved')) or 0
 
 -- Passes past their time (and the grace) give their reservation back.
 local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[8]))
+local unused = 0
 for _, user in ipairs(gone) do
   reserved = reserved - (tonumber(redis.call('HGET', KEYS[4], user)) or 0)
   redis.call('HDEL', KEYS[4], user)
   redis.call('ZREM', KEYS[3], user)
+  if not redis.call('HGET', KEYS[6], user) then
+    unused = unused + 1
+  end
 end
-if #gone > 0 then
-  redis.call('HINCRBY', KEYS[2], 'expired', #gone)
+if unused > 0 then
+  redis.call('HINCRBY', KEYS[2], 'expired', unused)
 end
 if reserved < 0 then
   reserved = 0

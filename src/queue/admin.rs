@@ -40,7 +40,7 @@ struct QueueReport {
     reserved_units: u64,
     /// Units bought with a pass.
     bought: u64,
-    /// Passes that ran out.
+    /// Passes that ran out unused.
     expired: u64,
     /// Units bought per buyer let in (`null` before anyone was let in).
     conversion: Option<f64>,

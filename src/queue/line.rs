@@ -190,6 +190,7 @@ pub async fn step(
             .key(&keys.passes)
             .key(&keys.held)
             .key(&keys.sold)
+            .key(&keys.used)
             .arg(rules.start_ms)
             .arg(rules.end_ms)
             .arg(rules.admit_per_s)
@@ -284,7 +285,7 @@ pub struct Figures {
     pub reserved: u64,
     /// Units bought with a pass.
     pub bought: u64,
-    /// Passes that ran out.
+    /// Passes that ran out unused.
     pub expired: u64,
     pub rate_milli: u64,
     pub paused: bool,

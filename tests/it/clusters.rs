@@ -1238,3 +1238,107 @@ async fn an_operator_writes_items_while_a_replica_is_frozen() {
     }
     server.stop().await;
 }
+
+/// A waiting room on the cluster with `WAIT 1`, its item over 2 buckets: the queue's master
+/// is killed while buyers are being let in. Every pass a buyer saw before the kill is still
+/// theirs after it (admissions are shown only once a replica holds them), admission goes on
+/// in rank order to exactly as many buyers as there are units, and each buys with their pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiting_room_keeps_every_pass_it_showed_through_a_failover() {
+    use crate::waiting_room::{ITEM, admitted, buy_with, figures, join, rank};
+    let Turn {
+        cluster,
+        env,
+        ports,
+        dir,
+        ..
+    } = &turn("redis_queue").await;
+    let running = env.server_with(ALL_ROLES, waiting_for_a_replica).await;
+    let start = chrono::Utc::now() + chrono::Duration::seconds(4);
+    env.item(ITEM, 60)
+        .buckets(2)
+        .window(start, start + chrono::Duration::hours(1))
+        .queued(serde_json::json!({ "admit_per_s": 20 }))
+        .on_sale(&running)
+        .await;
+    let server = &running;
+    futures::stream::iter(1..=300u64)
+        .for_each_concurrent(32, |user| async move {
+            let (status, joined) = join(env, server, user, None).await;
+            assert_eq!(status, 200, "{joined}");
+        })
+        .await;
+    // While buyers are being let in (20 a second), the queue's master dies.
+    eventually(Duration::from_secs(20), "ten let in", || async {
+        let report = figures(env, server).await;
+        match report["admitted"].as_u64() {
+            Some(n) if n >= 10 => Ok(()),
+            _ => Err(report.to_string()),
+        }
+    })
+    .await;
+    let before = admitted(env, server, 1..=300).await;
+    let state = format!("{}:{{queue:{ITEM}}}:v1:state", env.settings.namespace);
+    let master = cluster.lock().unwrap().master_of(&state);
+    cluster.lock().unwrap().kill(master);
+    let up: Vec<u16> = ports.iter().copied().filter(|p| *p != master).collect();
+    whole(dir, &up).await;
+    cluster.lock().unwrap().restart(master);
+    whole(dir, ports).await;
+
+    let after = eventually(Duration::from_secs(30), "sixty let in", || async {
+        let report = figures(env, server).await;
+        if report["admitted"].as_u64() != Some(60) {
+            return Err(report.to_string());
+        }
+        let passes = admitted(env, server, 1..=300).await;
+        if passes.len() == 60 {
+            Ok(passes)
+        } else {
+            Err(format!("{} passes shown; {report}", passes.len()))
+        }
+    })
+    .await;
+    for (user, pass) in &before {
+        assert_eq!(
+            after.get(user),
+            Some(pass),
+            "user {user}'s pass, shown before the kill"
+        );
+    }
+    let (_, item) = env.get(server, &format!("/api/items/{ITEM}"), None).await;
+    let seed = item["queue_seed"].as_str().unwrap();
+    let mut order: Vec<u64> = (1..=300).collect();
+    order.sort_by_key(|user| (rank(seed, *user), *user));
+    let first: std::collections::HashSet<u64> = order[..60].iter().copied().collect();
+    assert_eq!(
+        after
+            .keys()
+            .copied()
+            .collect::<std::collections::HashSet<_>>(),
+        first
+    );
+    let report = figures(env, server).await;
+    assert_eq!(report["reserved_units"].as_u64(), Some(60), "{report}");
+
+    // Each buys with their pass (pressing again on a `503`, as a storefront does).
+    let mut won = Vec::new();
+    for (user, pass) in &after {
+        let sn = eventually(
+            Duration::from_secs(10),
+            "a purchase with a pass",
+            || async {
+                match buy_with(env, server, *user, Some(pass)).await {
+                    (202, bought) => Ok(bought["order_sn"].as_str().unwrap().to_owned()),
+                    (status, body) => Err(format!("{status} {body}")),
+                }
+            },
+        )
+        .await;
+        won.push(sn);
+    }
+    env.wait_for_orders(server, ITEM, 60, Duration::from_secs(30))
+        .await;
+    env.assert_invariants(server, ITEM, 60, &won).await;
+    running.stop().await;
+}

@@ -15,14 +15,20 @@ use seckill::Role;
 
 use crate::support::*;
 
-const ITEM: u64 = 1;
+/// The item every test here sells (each in its own namespace).
+pub(crate) const ITEM: u64 = 1;
 
 fn queue_path(tail: &str) -> String {
     format!("/api/items/{ITEM}/queue{tail}")
 }
 
 /// `POST …/queue` as `user`, with a body when given.
-async fn join(env: &TestEnv, server: &TestServer, user: u64, body: Option<Value>) -> (u16, Value) {
+pub(crate) async fn join(
+    env: &TestEnv,
+    server: &TestServer,
+    user: u64,
+    body: Option<Value>,
+) -> (u16, Value) {
     let mut request = env
         .http
         .post(server.url(&queue_path("")))
@@ -36,14 +42,21 @@ async fn join(env: &TestEnv, server: &TestServer, user: u64, body: Option<Value>
 }
 
 /// `GET …/queue/me` as `user`.
-async fn me(env: &TestEnv, server: &TestServer, user: u64) -> Value {
-    let (status, json) = env.get(server, &queue_path("/me"), Some(user)).await;
-    assert_eq!(status, 200, "{json}");
-    json
+/// (A buyer may ask five times a second: polled faster, it waits its turn on `429`.)
+pub(crate) async fn me(env: &TestEnv, server: &TestServer, user: u64) -> Value {
+    loop {
+        let (status, json) = env.get(server, &queue_path("/me"), Some(user)).await;
+        if status == 429 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        }
+        assert_eq!(status, 200, "{json}");
+        return json;
+    }
 }
 
 /// `POST /api/flashbuy` as `user` with `pass` (none: no header).
-async fn buy_with(
+pub(crate) async fn buy_with(
     env: &TestEnv,
     server: &TestServer,
     user: u64,
@@ -59,7 +72,7 @@ async fn buy_with(
 }
 
 /// The operators' figures of the queue.
-async fn figures(env: &TestEnv, server: &TestServer) -> Value {
+pub(crate) async fn figures(env: &TestEnv, server: &TestServer) -> Value {
     let (status, json) = env
         .admin_get(server, &format!("/admin/items/{ITEM}/queue"))
         .await;
@@ -69,7 +82,7 @@ async fn figures(env: &TestEnv, server: &TestServer) -> Value {
 
 /// A pre-queue rank as a buyer checks it from the published seed: the first six bytes of
 /// HMAC-SHA256(seed bytes, user id in decimal). Computed here, not by the server's code.
-fn rank(seed_hex: &str, user: u64) -> u64 {
+pub(crate) fn rank(seed_hex: &str, user: u64) -> u64 {
     let seed = hex::decode(seed_hex).unwrap();
     let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&seed).unwrap();
     mac.update(user.to_string().as_bytes());
@@ -80,7 +93,7 @@ fn rank(seed_hex: &str, user: u64) -> u64 {
 }
 
 /// Those `me` says are admitted, with their passes.
-async fn admitted(
+pub(crate) async fn admitted(
     env: &TestEnv,
     server: &TestServer,
     users: impl Iterator<Item = u64>,
@@ -577,4 +590,84 @@ async fn the_stream_pushes_the_place_then_the_pass() {
     assert!(events.last().unwrap()["pass"].is_string(), "{events:?}");
     scheduler.stop().await;
     api.stop().await;
+}
+
+/// A pass left unused runs out: its buyer hears `expired` and `403 pass_expired`, and
+/// the unit it reserved goes to the next in line. (Passes last 30 s at least: this test
+/// waits that long.)
+#[tokio::test]
+async fn an_unused_pass_expires_and_its_place_goes_to_the_next() {
+    let env = &TestEnv::new("waitexp").await;
+    let server = env
+        .server(&[Role::Api, Role::Consumer, Role::Scheduler])
+        .await;
+    env.item(ITEM, 2)
+        .queued(json!({ "admit_per_s": 1000, "pass_ttl_s": 30 }))
+        .on_sale(&server)
+        .await;
+    // Arrivals after the start: let in in the order they joined.
+    for user in 1..=4 {
+        let (status, joined) = join(env, &server, user, None).await;
+        assert_eq!(status, 200, "{joined}");
+    }
+    let passes = eventually(Duration::from_secs(10), "two let in", || async {
+        let passes = admitted(env, &server, 1..=4).await;
+        if passes.len() == 2 {
+            Ok(passes)
+        } else {
+            Err(format!("{passes:?}"))
+        }
+    })
+    .await;
+    assert_eq!(passes.keys().copied().collect::<Vec<_>>(), vec![1, 2]);
+    let (status, bought) = buy_with(env, &server, 1, Some(&passes[&1])).await;
+    assert_eq!(status, 202, "{bought}");
+    let expires: DateTime<Utc> = me(env, &server, 2).await["pass_expires_at"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(me(env, &server, 3).await["state"], "waiting");
+
+    let left = (expires - Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(left + Duration::from_millis(100)).await;
+    let (status, refused) = buy_with(env, &server, 2, Some(&passes[&2])).await;
+    assert_eq!(
+        (status, refused["code"].as_str()),
+        (403, Some("pass_expired")),
+        "{refused}"
+    );
+    let seen = me(env, &server, 2).await;
+    assert_eq!(seen["state"], "expired", "{seen}");
+    // Its reservation outlives it by a few seconds (hosts' clocks differ): then user 3.
+    let third = eventually(Duration::from_secs(10), "user 3 let in", || async {
+        let seen = me(env, &server, 3).await;
+        seen["pass"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or(seen.to_string())
+    })
+    .await;
+    assert_eq!(me(env, &server, 4).await["state"], "waiting");
+    assert_eq!(me(env, &server, 1).await["state"], "done");
+    let (status, bought3) = buy_with(env, &server, 3, Some(&third)).await;
+    assert_eq!(status, 202, "{bought3}");
+    let report = figures(env, &server).await;
+    assert_eq!(
+        (
+            report["admitted"].as_u64(),
+            report["expired"].as_u64(),
+            report["bought"].as_u64()
+        ),
+        (Some(3), Some(1), Some(2)),
+        "{report}"
+    );
+    env.wait_for_orders(&server, ITEM, 2, Duration::from_secs(20))
+        .await;
+    let won: Vec<String> = [bought, bought3]
+        .iter()
+        .map(|b| b["order_sn"].as_str().unwrap().to_owned())
+        .collect();
+    env.assert_invariants(&server, ITEM, 2, &won).await;
+    server.stop().await;
 }
