@@ -11,8 +11,11 @@
 --
 -- Times are Redis's own TIME, the clock admission (queue_step.lua) keeps too: the
 -- pre-queue closes at start_ms exactly when admission may begin, whichever host asks.
--- So nobody can join ahead of a buyer already let in, and arrivals after start_ms are in
--- Redis's order. A place, once taken, is kept (joining again answers the same place).
+-- And it closes for good once anyone was let in (the state's `cursor`), whatever the
+-- clock says — a master promoted with a clock behind, a `start_at` moved later: admission
+-- walks the line by place, so a place taken ahead of those let in would let someone in
+-- twice and skip another. Arrivals queue in Redis's order. A place, once taken, is kept
+-- (joining again answers the same place).
 --
 -- Returns { 0 } before opens_ms (not open), { 1 } from end_ms for a newcomer (ended),
 -- else { 2 (joined now) | 3 (joined before), <queue_where>... }.
@@ -26,7 +29,7 @@ if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
     return { 1 }
   end
   local place
-  if now < tonumber(ARGV[3]) then
+  if now < tonumber(ARGV[3]) and not redis.call('HGET', KEYS[2], 'cursor') then
     place = ARGV[2]
   else
     place = 281474976710656 + redis.call('HINCRBY', KEYS[2], 'seq', 1)

@@ -9,12 +9,18 @@
 -- KEYS[4] held    HASH  user_id -> units that user's live pass reserves
 -- KEYS[5] sold    SET   order_sns bought with a pass (queue_used.lua)
 -- KEYS[6] used    HASH  user_id -> wins bought with a pass (queue_used.lua)
+--
+-- `reserved` is the units of the live passes (`held`) plus those taken for a purchase
+-- under way (queue_take.lua): a purchase's unit is counted until its win or refusal says
+-- what became of it (queue_used.lua, queue_give.lua).
 -- ARGV[1] start_ms, ARGV[2] end_ms
 -- ARGV[3] admit_per_s, ARGV[4] pass_ttl_ms, ARGV[5] per_user
 -- ARGV[6] available: units unsold (listed, plus waves still to come), read just before
 -- ARGV[7] sold_at_read: SCARD of KEYS[5] read before ARGV[6]
 -- ARGV[8] grace_ms: a pass's reservation outlives its expiry by this much (hosts'
 --         clocks differ: a buyer's purchase may be let through a little after it)
+-- ARGV[9] held: 1 while the sale itself cannot sell (paused, being reloaded): nobody is
+--         let in to a sale that would refuse them
 --
 -- Atomic, so two schedulers never let one buyer in twice or out of order, and one killed
 -- mid-step let in all of its step or none. The bound: the units the live passes reserve
@@ -50,7 +56,7 @@ if reserved < 0 then
 end
 
 local st = redis.call('HMGET', KEYS[2], 'cursor', 'last_ms', 'carry_milli', 'paused',
-  'rate_from_ms', 'rate_n')
+  'rate_from_ms', 'rate_n', 'shown')
 local cursor = tonumber(st[1]) or 0
 local rate = tonumber(ARGV[3])
 local full = rate * 1000
@@ -66,7 +72,11 @@ else
 end
 
 local admitted = 0
-if st[4] ~= '1' and now >= tonumber(ARGV[1]) and now < tonumber(ARGV[2]) then
+-- Nobody more while the last admissions wait for the replicas (their passes unseen, and
+-- running out): see queue_show.lua.
+local unshown = cursor > (tonumber(st[7]) or 0)
+if st[4] ~= '1' and ARGV[9] ~= '1' and not unshown and now >= tonumber(ARGV[1])
+  and now < tonumber(ARGV[2]) then
   local room = tonumber(ARGV[6]) - (redis.call('SCARD', KEYS[5]) - tonumber(ARGV[7]))
     - reserved
   local per_user = tonumber(ARGV[5])

@@ -193,6 +193,14 @@ pub static QUEUE_STEP: LazyLock<Script> = LazyLock::new(|| {
 pub static QUEUE_SHOW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/queue_show.lua")));
 
+/// A purchase with a pass takes one of its units first: see `lua/queue_take.lua`.
+pub static QUEUE_TAKE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/queue_take.lua")));
+
+/// A purchase with a pass that won nothing gives its unit back: see `lua/queue_give.lua`.
+pub static QUEUE_GIVE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/queue_give.lua")));
+
 /// A win bought with a pass spends its reservation: see `lua/queue_used.lua`.
 pub static QUEUE_USED: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/queue_used.lua")));

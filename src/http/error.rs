@@ -91,6 +91,8 @@ pub enum ApiError {
     PassExpired,
     #[error("the pass is not one this server gave this user for this item")]
     PassInvalid,
+    #[error("the pass bought what it allows")]
+    PassUsed,
     #[error("no such shop")]
     ShopNotFound,
     #[error("internal error")]
@@ -217,6 +219,7 @@ impl ApiError {
             QueueRequired => (StatusCode::FORBIDDEN, "queue_required"),
             PassExpired => (StatusCode::FORBIDDEN, "pass_expired"),
             PassInvalid => (StatusCode::FORBIDDEN, "pass_invalid"),
+            PassUsed => (StatusCode::FORBIDDEN, "pass_used"),
             Database(e) if e.is_unavailable() => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Database(_) | Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }

@@ -99,7 +99,7 @@ impl<'a> Counted<'a> {
     responses(
         (status = 202, description = "`queued`: the user won one unit; the order is being written", body = Queued),
         (status = 400, description = "`bad_request` / `clock_skew`: body or headers malformed, or `X-Client-Time` too far from the server's clock", body = Refusal),
-        (status = 403, description = "`not_started` / `ended`: outside the item's sale window; an item with a waiting room: `queue_required` (no `X-Queue-Pass`), `pass_expired`, `pass_invalid` (not this server's, or another user's or item's)", body = Refusal),
+        (status = 403, description = "`not_started` / `ended`: outside the item's sale window; an item with a waiting room: `queue_required` (no `X-Queue-Pass`), `pass_expired`, `pass_invalid` (not this server's, or another user's or item's), `pass_used` (it bought what it allows)", body = Refusal),
         (status = 404, description = "`item_not_found`", body = Refusal),
         (status = 409, description = "`duplicate` / `limit_reached` / `between_releases`: the user already holds a unit of this item (`order_sn` names its order), or as many as `per_user` allows (`order_sns`); or everything released so far is sold and a wave is still to come (`next_release_at`, `Retry-After`)", body = Refusal),
         (status = 410, description = "`sold_out`: no units left", body = Refusal),
@@ -190,13 +190,21 @@ async fn answer(state: &AppState, request: Request) -> Result<Response, ApiError
         publisher: &state.publisher,
         signals: &state.signals,
     };
-    match Box::pin(seller.sell(&item, user, now, key)).await {
-        Ok(order_sn) => {
-            if pass.is_some() {
-                spend_pass(state, item_id, user, &order_sn);
+    let queued_item = item.record.queue.0.is_some();
+    if queued_item && let Err(refused) = Box::pin(take_pass(state, item_id, user)).await {
+        return match key.as_deref() {
+            Some(key) if matches!(refused, ApiError::PassUsed) => {
+                Box::pin(unless_repeated(state, &item, user, key, refused)).await
             }
-            Ok(queued(order_sn, item_id))
-        }
+            _ => Err(refused),
+        };
+    }
+    let sold = Box::pin(seller.sell(&item, user, now, key)).await;
+    if queued_item {
+        settle_pass(state, item_id, user, sold.as_ref().ok());
+    }
+    match sold {
+        Ok(order_sn) => Ok(queued(order_sn, item_id)),
         Err(refused) => Err(not_sold(refused, &item)),
     }
 }
@@ -230,23 +238,39 @@ fn passed(
     }
 }
 
-/// A unit won with a pass: its reservation in the waiting room is spent (once per order,
-/// so a repeated key's answer counts nothing). After the answer, not before it: should
-/// this fail, the reservation lasts until the pass expires — fewer let in meanwhile,
-/// never more.
-fn spend_pass(state: &AppState, item: ItemId, user: UserId, order_sn: &OrderSn) {
+/// Takes one of the units the buyer's pass reserves, before the purchase tries to buy
+/// it: a pass buys at most what it reserves (`per_user`), also after a cancel gave a
+/// unit back (that unit goes to the next in line). `403 pass_used` once it reserves none.
+async fn take_pass(state: &AppState, item: ItemId, user: UserId) -> Result<(), ApiError> {
+    let keys = state.deps.keys.queue(item);
+    let mut conn = state.deps.redis.hot().await?;
+    if crate::queue::line::take(&mut conn, &keys, user).await? {
+        Ok(())
+    } else {
+        Err(ApiError::PassUsed)
+    }
+}
+
+/// The purchase that took a unit of the pass ended: won (`order_sn`), the unit is spent;
+/// else it goes back to the pass. After the answer, not before it: until then the unit
+/// stays reserved — fewer let in meanwhile, never more (and so for good, should this
+/// fail, until the pass runs out).
+fn settle_pass(state: &AppState, item: ItemId, user: UserId, order_sn: Option<&OrderSn>) {
     let (redis, keys, order_sn) = (
         state.deps.redis.clone(),
         state.deps.keys.queue(item),
-        order_sn.clone(),
+        order_sn.cloned(),
     );
     tokio::spawn(async move {
-        let spent = async {
+        let settled = async {
             let mut conn = redis.bulk().await?;
-            crate::queue::line::used(&mut conn, &keys, user, &order_sn).await
+            match &order_sn {
+                Some(order_sn) => crate::queue::line::used(&mut conn, &keys, user, order_sn).await,
+                None => crate::queue::line::give(&mut conn, &keys, user).await,
+            }
         };
-        if let Err(e) = spent.await {
-            tracing::warn!(%item, %order_sn, error = %e, "could not count a pass's win; its units stay reserved until it expires");
+        if let Err(e) = settled.await {
+            tracing::warn!(%item, ?order_sn, error = %e, "could not settle a pass's unit; it stays reserved until the pass runs out");
         }
     });
 }

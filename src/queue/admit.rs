@@ -59,10 +59,19 @@ struct Pass {
 impl Pass {
     async fn step_all(&mut self, deps: &Deps) -> Result<(), StoreError> {
         if self.read_at.is_none_or(|at| at.elapsed() >= READ_EVERY) {
-            self.items = repo::queued(&deps.db, AFTER_END).await?;
-            self.read_at = Some(Instant::now());
-            let ids: Vec<ItemId> = self.items.iter().map(|item| item.id).collect();
-            self.outlook_at.retain(|id, _| ids.contains(id));
+            // Should MySQL not answer, the queues known go on stepping: passes run out and
+            // units come back whatever MySQL does.
+            match repo::queued(&deps.db, AFTER_END).await {
+                Ok(items) => {
+                    self.items = items;
+                    self.read_at = Some(Instant::now());
+                    let ids: Vec<ItemId> = self.items.iter().map(|item| item.id).collect();
+                    self.outlook_at.retain(|id, _| ids.contains(id));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the queued items; stepping those known")
+                }
+            }
         }
         let now = crate::clock::now();
         for item in &self.items {
@@ -100,14 +109,32 @@ async fn step(
         return Ok(());
     };
     let keys = deps.keys.queue(item.id);
+    // MySQL's unpaid orders first, Redis's stock after: an order cancelled between the two
+    // reads has its unit counted back on sale (or on its way back, in `ending`), never
+    // nowhere — which would tell everyone `sold_out` while a unit is coming back.
+    let unpaid = match outlook {
+        true => Some(crate::orders::repo::unpaid_outlook(&deps.db, item.id).await?),
+        false => None,
+    };
     let mut conn = deps.redis.bulk().await?;
     // The wins counted first, the stock after: see `lua/queue_step.lua`.
     let sold_at_read = line::sold(&mut conn, &keys).await?;
-    let stock = stock::item_snapshot(&mut conn, &deps.keys, item.bucket_ids()).await?;
-    // Units listed, those held back for waves still to come among them; none before a
-    // warm-up loaded them all.
-    let available = if stock.loaded && !stock.reloading {
-        stock.remaining
+    let buckets = stock::bucket_snapshots(&mut conn, &deps.keys, item.bucket_ids()).await?;
+    let whole = stock::sum(&buckets);
+    let now_ms = now.timestamp_millis();
+    // Units a purchase could take now: listed, less those waves still to come hold back
+    // (a pass for them could not buy before it ran out), less units on their way between
+    // buckets (a read may find one on both sides); none before a warm-up loaded them all.
+    let available: u64 = if whole.loaded && !whole.reloading {
+        item.bucket_ids()
+            .zip(&buckets)
+            .map(|(bucket, one)| {
+                let held = item.release.holds(item.buckets, bucket.index).at(now_ms);
+                one.remaining
+                    .saturating_sub(one.moving)
+                    .saturating_sub(held)
+            })
+            .sum()
     } else {
         0
     };
@@ -117,6 +144,7 @@ async fn step(
         admit_per_s: plan.admit_per_s,
         pass_ttl_ms: i64::from(plan.pass_ttl_s) * 1000,
         per_user: item.per_user,
+        held: item.paused || whole.reloading,
     };
     // Taken before the step, held after it: see `lua/queue_show.lua`.
     let replication = deps.redis.replicas_for(&keys.replicated).await;
@@ -129,7 +157,7 @@ async fn step(
         if held {
             line::show(&mut conn, &keys, stepped.cursor).await?;
         } else {
-            // Not shown yet: the next step waits again (and shows this one's too).
+            // Not shown yet, and nobody more let in until they are.
             tracing::warn!(item = %item.id, cursor = stepped.cursor, "the queue's replicas do not hold its last admissions yet: their passes wait");
         }
     }
@@ -137,28 +165,35 @@ async fn step(
         deps.meters.queue_admitted(item.id, stepped.admitted);
         tracing::info!(item = %item.id, admitted = stepped.admitted, cursor = stepped.cursor, reserved = stepped.reserved, available, "let in from the waiting room");
     }
-    if outlook {
-        let (unpaid, latest) = crate::orders::repo::unpaid_outlook(&deps.db, item.id).await?;
-        let over = now >= item.end_at;
-        let sold_out =
-            over || (stock.loaded && stock.remaining == 0 && stock.pending == 0 && unpaid == 0);
-        // Everything unsold is taken by passes: the rest is in orders that may come back.
-        let taken = available <= stepped.reserved;
-        let known_by = (!sold_out && taken && unpaid + stock.pending > 0).then(|| {
-            let pending_by = (stock.pending > 0)
-                .then(|| now + chrono::Duration::seconds(i64::from(item.pay_timeout_s)));
-            latest.max(pending_by).map(|at| at.timestamp_millis())
-        });
-        line::set_outlook(&mut conn, &keys, sold_out, known_by.flatten()).await?;
-        let figures = line::figures(&mut conn, &keys).await?;
-        deps.meters.queue_levels(
-            item.id,
-            QueueLevels {
-                waiting: figures.joined.saturating_sub(figures.admitted),
-                reserved: stepped.reserved,
-                available,
-            },
-        );
+    let Some((unpaid, latest)) = unpaid else {
+        return Ok(());
+    };
+    let mut ending = 0;
+    for bucket in item.bucket_ids() {
+        ending += line::ending(&mut conn, &deps.keys, bucket).await?;
     }
+    let over = now >= item.end_at;
+    // Nothing can come back: no unit listed or on its way, none in an order not paid for,
+    // none in a cancel under way.
+    let none_back =
+        whole.loaded && whole.remaining == 0 && whole.pending == 0 && unpaid == 0 && ending == 0;
+    let sold_out = over || none_back;
+    // Everything unsold is taken by passes: the rest is in orders that may come back.
+    let taken = available <= stepped.reserved;
+    let known_by = (!sold_out && taken && unpaid + whole.pending > 0).then(|| {
+        let pending_by = (whole.pending > 0)
+            .then(|| now + chrono::Duration::seconds(i64::from(item.pay_timeout_s)));
+        latest.max(pending_by).map(|at| at.timestamp_millis())
+    });
+    line::set_outlook(&mut conn, &keys, sold_out, known_by.flatten()).await?;
+    let figures = line::figures(&mut conn, &keys).await?;
+    deps.meters.queue_levels(
+        item.id,
+        QueueLevels {
+            waiting: figures.joined.saturating_sub(figures.admitted),
+            reserved: stepped.reserved,
+            available,
+        },
+    );
     Ok(())
 }

@@ -143,7 +143,9 @@ async fn join(
         .map_err(|_| ApiError::Unavailable(WAITING_FOR_REPLICA.into()))?;
     let mut conn = state.deps.redis.hot().await?;
     let joined = line::join(&mut conn, &keys, user, rank, window).await?;
-    if matches!(joined, Joined::Placed { again: false, .. }) && !replication.held().await {
+    // A place found again is held to the same rule: the first join may have been answered
+    // `503` because its replicas had not confirmed it yet.
+    if matches!(joined, Joined::Placed { .. }) && !replication.held().await {
         return Err(ApiError::Unavailable(
             "the place is not yet held by the queue's Redis replicas: join again (the same place is kept if it was)".into(),
         ));
@@ -269,16 +271,23 @@ async fn me_events(
         .into_response())
 }
 
-/// Whether a buyer in `state` has nothing more to wait for.
-fn settled(state: QueueState) -> bool {
-    matches!(
-        state,
-        QueueState::Admitted | QueueState::Expired | QueueState::Done
-    )
+/// Whether a buyer in `state` has nothing more to wait for: let in, or the sale over
+/// (before it is, `sold_out` may turn back to waiting: a refund puts a unit back).
+fn settled(state: QueueState, item: &crate::items::repo::Item) -> bool {
+    match state {
+        QueueState::Admitted | QueueState::Expired | QueueState::Done => true,
+        QueueState::SoldOut => crate::clock::now() >= item.end_at,
+        QueueState::Waiting => false,
+    }
 }
+
+/// How often a stream before `start_at` reads its buyer's place again: joins ranked ahead
+/// move it, and the shared counters do not say by how much.
+const PRE_QUEUE_READ_EVERY: Duration = Duration::from_secs(5);
 
 /// The buyer's place now, then at every change of the item's counters (as this
 /// instance's watch reads them); once let in, their standing is read again, for the pass.
+/// The stream ends once nothing more can happen to the buyer, or an hour after the sale.
 fn places(
     state: AppState,
     item: Arc<CatalogItem>,
@@ -291,7 +300,9 @@ fn places(
         item: Arc<CatalogItem>,
         plan: QueuePlan,
         user: UserId,
+        /// The buyer's place in the line, as last read.
         index: Option<u64>,
+        read_at: std::time::Instant,
         counters: tokio::sync::watch::Receiver<super::watch::Counters>,
         next: Option<Standing>,
         last: Option<QueueView>,
@@ -300,6 +311,7 @@ fn places(
     let counters = state.waiting.watches.subscribe(item.record.id);
     let follow = Follow {
         index: first.index,
+        read_at: std::time::Instant::now(),
         state,
         item,
         plan,
@@ -309,7 +321,10 @@ fn places(
         last: None,
         over: false,
     };
-    futures::stream::unfold(follow, |mut f| async move {
+    let ends_at = follow.item.record.end_at + chrono::Duration::hours(1);
+    let until =
+        tokio::time::Instant::now() + (ends_at - crate::clock::now()).to_std().unwrap_or_default();
+    futures::stream::unfold(follow, move |mut f| async move {
         loop {
             if f.over {
                 return None;
@@ -317,16 +332,26 @@ fn places(
             let standing = match f.next.take() {
                 Some(standing) => standing,
                 None => {
-                    f.counters.changed().await.ok()?;
+                    tokio::time::timeout_at(until, f.counters.changed())
+                        .await
+                        .ok()?
+                        .ok()?;
                     let Some(mut counters) = *f.counters.borrow_and_update() else {
                         continue;
                     };
                     counters.index = f.index;
                     counters.now_ms = crate::clock::now().timestamp_millis();
-                    if f.index.is_some_and(|index| index < counters.cursor) {
-                        // Let in: the pass is the buyer's own, read once.
+                    let let_in = f.index.is_some_and(|index| index < counters.cursor);
+                    let pre_queue = counters.now_ms < f.item.record.start_at.timestamp_millis()
+                        && f.read_at.elapsed() >= PRE_QUEUE_READ_EVERY;
+                    if let_in || pre_queue {
+                        // The buyer's own: the pass, or the place ranks ahead moved.
                         match read_standing(&f.state, f.item.record.id, f.user).await {
-                            Ok(standing) => standing,
+                            Ok(standing) => {
+                                f.index = standing.index;
+                                f.read_at = std::time::Instant::now();
+                                standing
+                            }
                             Err(_) => continue,
                         }
                     } else {
@@ -341,7 +366,7 @@ fn places(
                 f.user,
                 &f.state.waiting.signer,
             )?;
-            f.over = settled(place.state);
+            f.over = settled(place.state, &f.item.record);
             if f.last.as_ref() == Some(&place) {
                 continue;
             }

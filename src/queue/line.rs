@@ -5,9 +5,11 @@
 
 use redis::AsyncCommands;
 
-use crate::domain::{ItemId, OrderSn, UserId};
+use crate::domain::{BucketId, ItemId, OrderSn, UserId};
 use crate::keys::{Keys, QueueKeys};
-use crate::lua::{QUEUE_JOIN, QUEUE_SHOW, QUEUE_STEP, QUEUE_USED, QUEUE_WHERE};
+use crate::lua::{
+    QUEUE_GIVE, QUEUE_JOIN, QUEUE_SHOW, QUEUE_STEP, QUEUE_TAKE, QUEUE_USED, QUEUE_WHERE,
+};
 use crate::store::{RedisConn, RedisError, redis_timed};
 
 /// A pass's reservation outlives the expiry its token carries by this much: the hosts
@@ -156,6 +158,8 @@ pub struct StepRules {
     pub admit_per_s: u32,
     pub pass_ttl_ms: i64,
     pub per_user: u8,
+    /// The sale itself cannot sell now (paused, being reloaded): nobody is let in.
+    pub held: bool,
 }
 
 /// What one admission step did.
@@ -199,6 +203,7 @@ pub async fn step(
             .arg(available)
             .arg(sold_at_read)
             .arg(GRACE_MS)
+            .arg(i64::from(rules.held))
             .invoke_async(conn),
     )
     .await?;
@@ -222,7 +227,39 @@ pub async fn show(conn: &mut RedisConn, keys: &QueueKeys, cursor: u64) -> Result
     Ok(())
 }
 
-/// A win bought with `user`'s pass: its reservation spent (once per order).
+/// A purchase with `user`'s pass takes one of the units it reserves; `false`: it
+/// reserves none (spent, or run out).
+pub async fn take(
+    conn: &mut RedisConn,
+    keys: &QueueKeys,
+    user: UserId,
+) -> Result<bool, RedisError> {
+    let taken: i64 = redis_timed(
+        QUEUE_TAKE
+            .key(&keys.held)
+            .arg(user.get())
+            .invoke_async(conn),
+    )
+    .await?;
+    Ok(taken == 1)
+}
+
+/// The purchase that took a unit of `user`'s pass won nothing: the unit goes back.
+pub async fn give(conn: &mut RedisConn, keys: &QueueKeys, user: UserId) -> Result<(), RedisError> {
+    let _: i64 = redis_timed(
+        QUEUE_GIVE
+            .key(&keys.state)
+            .key(&keys.held)
+            .key(&keys.passes)
+            .arg(user.get())
+            .invoke_async(conn),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The purchase that took a unit of `user`'s pass won `order_sn` (once per order: a
+/// repeated key's answer gives its unit back).
 pub async fn used(
     conn: &mut RedisConn,
     keys: &QueueKeys,
@@ -235,6 +272,7 @@ pub async fn used(
             .key(&keys.held)
             .key(&keys.used)
             .key(&keys.sold)
+            .key(&keys.passes)
             .arg(user.get())
             .arg(order_sn.as_str())
             .invoke_async(conn),
@@ -324,6 +362,15 @@ pub async fn figures(conn: &mut RedisConn, keys: &QueueKeys) -> Result<Figures, 
         paused: field(4) == 1,
         sold_out: field(5) == 1,
     })
+}
+
+/// Cancels under way in a bucket (its `ending` set): units on their way back.
+pub async fn ending(
+    conn: &mut RedisConn,
+    keys: &Keys,
+    bucket: BucketId,
+) -> Result<u64, RedisError> {
+    redis_timed(conn.zcard(keys.ending(bucket))).await
 }
 
 /// Every key of the item's waiting room: for the retirement of its sale.

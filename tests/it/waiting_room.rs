@@ -207,10 +207,11 @@ async fn a_queued_sale_lets_in_by_rank_as_far_as_the_stock_goes() {
         assert_eq!(status, 202, "{bought}");
         won.insert(*user, bought["order_sn"].as_str().unwrap().to_owned());
     }
+    // Spent: its one unit bought (with a key that won, the win's `202` again).
     let (status, again) = buy_with(env, &server, holder, Some(&pass)).await;
     assert_eq!(
         (status, again["code"].as_str()),
-        (409, Some("duplicate")),
+        (403, Some("pass_used")),
         "{again}"
     );
     env.wait_for_orders(&server, ITEM, 5, Duration::from_secs(20))
@@ -259,6 +260,17 @@ async fn a_queued_sale_lets_in_by_rank_as_far_as_the_stock_goes() {
     })
     .await;
     assert_eq!(me(env, &server, order[6]).await["state"], "waiting");
+    // The cancelling buyer's pass bought what it allows: the unit back is not theirs to
+    // take again (`410` until this instance's catalogue sees it back on sale).
+    let cancelled_pass = &passes[&cancelled_user];
+    eventually(Duration::from_secs(5), "the spent pass refused", || async {
+        match buy_with(env, &server, cancelled_user, Some(cancelled_pass)).await {
+            (403, refused) if refused["code"] == "pass_used" => Ok(()),
+            (410, _) => Err("sold out, as this instance saw it".to_owned()),
+            (status, body) => panic!("a spent pass answered {status} {body}"),
+        }
+    })
+    .await;
     let (status, bought) = buy_with(env, &server, order[5], Some(&sixth)).await;
     assert_eq!(status, 202, "{bought}");
     won.remove(&cancelled_user);
