@@ -266,9 +266,16 @@ async fn me_events(
     // Not in line: a plain 404, before any stream starts.
     seen(&state, &item.record, &plan, user, &first)?;
     let stream = places(state, item, plan, user, first);
-    Ok(Sse::new(stream)
+    let mut response = Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
-        .into_response())
+        .into_response();
+    // Proxies pass each event on at once (nginx reads this header; nginx/seckill.conf
+    // turns buffering off for this route as well).
+    response.headers_mut().insert(
+        "x-accel-buffering",
+        axum::http::HeaderValue::from_static("no"),
+    );
+    Ok(response)
 }
 
 /// Whether a buyer in `state` has nothing more to wait for: let in, or the sale over

@@ -521,6 +521,67 @@ async fn the_k6_plan_runs_and_the_sale_adds_up() {
     let _ = std::fs::remove_dir_all(out);
 }
 
+/// The k6 plan of a queued sale (loadtest/k6/queued.js), scaled down: 200 buyers join a
+/// line in front of 150 units with a proof-of-work, wait on their streams, and those let
+/// in buy with their passes; the rest are still waiting when the plan ends (their units
+/// held by unpaid orders). Every unit sells, to a buyer let in, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_k6_queued_plan_joins_waits_and_buys_with_passes() {
+    let env = TestEnv::new("k6queue").await;
+    let server = env.server(ALL_ROLES).await;
+    let (item, units) = (1002u64, 150u32);
+    env.item(item, units)
+        .queued(serde_json::json!({ "admit_per_s": 200, "pow_bits": 4 }))
+        .on_sale(&server)
+        .await;
+    let out = scratch("k6queue");
+    let tokens: Vec<String> = (1..=200).map(|user| env.token(user)).collect();
+    std::fs::write(out.join("tokens.txt"), tokens.join("\n")).unwrap();
+    let summary = out.join("summary.json");
+    let mut k6 = tool("k6");
+    k6.current_dir(&out)
+        .env("K6_NO_USAGE_REPORT", "true")
+        .args(["run", "--quiet", "--summary-export"])
+        .arg(&summary)
+        .arg(Path::new(ROOT).join("loadtest/k6/queued.js"));
+    for (name, value) in [
+        ("BASE_URL", server.url("")),
+        ("ITEM", item.to_string()),
+        ("TOKENS", out.join("tokens.txt").display().to_string()),
+        ("BUYERS", "200".to_owned()),
+        ("WAIT_SECONDS", "8".to_owned()),
+    ] {
+        k6.args(["-e", &format!("{name}={value}")]);
+    }
+    let output = run(k6).await;
+    assert!(
+        output.status.success(),
+        "k6 failed ({}):\n{}",
+        output.status,
+        said(&output)
+    );
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    let metrics = &summary["metrics"];
+    assert_eq!(
+        metrics["seckill_unexpected_answers"]["value"], 0.0,
+        "{metrics}"
+    );
+    assert_eq!(metrics["checks"]["fails"], 0, "{metrics}");
+    assert_eq!(metrics["seckill_queue_admitted"]["count"], 150, "{metrics}");
+    // 200 joins, 150 wins, 50 still waiting.
+    assert_eq!(metrics["seckill_answers"]["count"], 400, "{metrics}");
+    env.wait_for_orders(&server, item, units as usize, Duration::from_secs(20))
+        .await;
+    let orders = env.orders(item).await;
+    let buyers: std::collections::HashSet<u64> = orders.iter().map(|(_, user, _)| *user).collect();
+    assert_eq!((orders.len(), buyers.len()), (150, 150));
+    assert_eq!(env.remaining(item).await, 0);
+    let won: Vec<String> = orders.into_iter().map(|(sn, _, _)| sn).collect();
+    env.assert_invariants(&server, item, units, &won).await;
+    server.stop().await;
+    let _ = std::fs::remove_dir_all(out);
+}
+
 /// The Kubernetes manifests are valid resources of a named Kubernetes version (strict:
 /// no unknown field), and hold the parts a deployment needs.
 #[tokio::test]

@@ -31,6 +31,11 @@ const WORDS = {
   unauthorized: "Please sign in again: your session has expired.",
   clock_skew: "Your device's clock is off. Please correct it and try again.",
   item_not_found: "This item does not exist.",
+  queue_not_open: "The line for this sale is not open yet.",
+  queue_required: "This sale is by turns: join the line first.",
+  pass_expired: "Your turn passed without a purchase; the unit went to the next in line.",
+  pass_used: "You bought what your turn allows.",
+  pow_failed: "Joining the line failed its check. Please try again.",
   network: "No connection to the shop. Check your network and try again.",
 };
 
@@ -42,6 +47,9 @@ let orderSn = null;
 let held = 0;
 /** Said with the order when the purchase's own answer never arrived. */
 let lostNote = "";
+/** A sale with a waiting room: whether this buyer joined its line, and their pass once
+ *  it is their turn. */
+let queued = { joined: false, pass: null, expiresAt: 0 };
 
 async function api(method, path, body, extra = {}) {
   const headers = { ...extra };
@@ -88,6 +96,10 @@ function render() {
   const nextWave = item.next_release_at ? Date.parse(item.next_release_at) : null;
   const drawAt = item.draw_at ? Date.parse(item.draw_at) : null;
   $("buy").textContent = drawAt ? "Enter the draw" : "Buy now";
+  if (item.queue && !queued.pass) {
+    renderLine(now, start, end, soldOut);
+    return;
+  }
   if (drawAt && now >= start && now < drawAt) {
     line = `Entries close in ${clock(drawAt - now)}; winners are drawn then`;
     open = true;
@@ -106,6 +118,138 @@ function render() {
   $("buy").disabled = !open || pressed || !token;
 }
 
+/** A sale with a waiting room, before the buyer's turn: the button joins the line. */
+function renderLine(now, start, end, soldOut) {
+  const opens = start - item.queue.opens_before_s * 1000;
+  let line;
+  let open = false;
+  if (now >= end) line = "The sale has ended";
+  else if (now < opens) line = `The line opens in ${clock(opens - now)}`;
+  else if (queued.joined) line = now < start ? `Starts in ${clock(start - now)}` : "On sale now, by turns";
+  else {
+    line = now < start ? `Starts in ${clock(start - now)}; join the line now` : "On sale now, by turns";
+    open = !soldOut || now < start;
+  }
+  $("countdown").textContent = line;
+  $("buy").textContent = queued.joined ? "In line…" : "Join the line";
+  $("buy").disabled = !open || queued.joined || !token;
+}
+
+/** The leading zero bits of a digest. */
+function zeroBits(bytes) {
+  let bits = 0;
+  for (const byte of bytes) {
+    if (byte === 0) {
+      bits += 8;
+      continue;
+    }
+    return bits + Math.clz32(byte) - 24;
+  }
+  return bits;
+}
+
+/** The proof-of-work a join may cost: a nonce whose SHA-256 with the challenge begins
+ *  with `bits` zero bits (Web Crypto; a second or so at 16 bits). */
+async function solve(challenge, bits) {
+  const encoder = new TextEncoder();
+  for (let nonce = 0; ; nonce++) {
+    const digest = await crypto.subtle.digest("SHA-256", encoder.encode(`${challenge}:${nonce}`));
+    if (zeroBits(new Uint8Array(digest)) >= bits) return String(nonce);
+  }
+}
+
+async function joinLine() {
+  $("buy").disabled = true;
+  let body;
+  if (item.queue.pow_bits > 0) {
+    say("Checking your browser…");
+    const given = await api("GET", `/api/items/${itemId}/queue/challenge`);
+    if (given.http !== 200) {
+      say(WORDS[given.code] || `Joining failed (${given.code}). Please try again.`);
+      render();
+      return;
+    }
+    body = { challenge: given.challenge, nonce: await solve(given.challenge, given.pow_bits) };
+  }
+  const answer = await api("POST", `/api/items/${itemId}/queue`, body);
+  if (answer.http !== 200) {
+    say(WORDS[answer.code] || `Joining failed (${answer.code}). Please try again.`);
+    render();
+    return;
+  }
+  queued.joined = true;
+  showPlace(answer);
+  followLine();
+}
+
+/** Shows where the buyer stands; answers whether their wait is over. */
+function showPlace(place) {
+  const line = $("queue");
+  line.hidden = false;
+  switch (place.state) {
+    case "waiting": {
+      let text = `You are number ${place.position} in line`;
+      if (place.estimated_wait_s != null) text += ` — about ${clock(place.estimated_wait_s * 1000)} to go`;
+      else if (place.units_held_until)
+        text += ` — every unit is held by buyers who may not pay; known by ${new Date(place.units_held_until).toLocaleTimeString()}`;
+      if (place.paused) text += " (the line is paused for a moment)";
+      line.textContent = `${text}.`;
+      say("");
+      return false;
+    }
+    case "admitted":
+      queued.pass = place.pass;
+      queued.expiresAt = Date.parse(place.pass_expires_at);
+      line.textContent = `It's your turn! Buy before ${new Date(queued.expiresAt).toLocaleTimeString()}.`;
+      render();
+      return true;
+    case "sold_out":
+      line.textContent = WORDS.sold_out;
+      return false;
+    case "expired":
+      line.textContent = WORDS.pass_expired;
+      return true;
+    case "done":
+      line.textContent = "You bought with your turn.";
+      return true;
+    default:
+      return false;
+  }
+}
+
+/** Follows the buyer's place as the server pushes it (one connection, Server-Sent Events
+ *  read from a fetch, which can carry the token); a broken stream falls back to asking. */
+async function followLine() {
+  try {
+    const response = await fetch(`/api/items/${itemId}/queue/me/events`, {
+      headers: { Authorization: `Bearer ${token}` },
+    });
+    if (response.ok && response.body) {
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      let text = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        text += value;
+        let end;
+        while ((end = text.indexOf("\n\n")) >= 0) {
+          const block = text.slice(0, end);
+          text = text.slice(end + 2);
+          const data = block.split("\n").find((l) => l.startsWith("data:"));
+          if (data && showPlace(JSON.parse(data.slice(5)))) return;
+        }
+      }
+    }
+  } catch {
+    // The stream broke: ask instead.
+  }
+  for (;;) {
+    const place = await api("GET", `/api/items/${itemId}/queue/me`);
+    if (place.http === 200 && showPlace(place)) return;
+    await new Promise((resolve) => setTimeout(resolve, 2 * ITEM_EVERY_MS));
+  }
+}
+
 async function refreshItem() {
   const answer = await api("GET", `/api/items/${itemId}`);
   if (answer.http === 200) {
@@ -121,6 +265,10 @@ async function refreshItem() {
 }
 
 function onBuyClick() {
+  if (item?.queue && !queued.pass) {
+    if (!queued.joined) joinLine();
+    return;
+  }
   if (pressed) return;
   clearTimeout(debounce);
   debounce = setTimeout(buy, DEBOUNCE_MS);
@@ -182,6 +330,7 @@ async function buy() {
   // One key per intended purchase: a retry of an answer lost on the way (the same key)
   // can never buy a second unit.
   const key = { "Idempotency-Key": newKey() };
+  if (queued.pass) key["X-Queue-Pass"] = queued.pass;
   let answer = await api("POST", "/api/flashbuy", { item_id: itemId }, key);
   if (mayHaveWon(answer)) answer = await api("POST", "/api/flashbuy", { item_id: itemId }, key);
   if (answer.code === "entered") {
@@ -329,6 +478,14 @@ if (token) {
   findMyOrder().then(async (found) => {
     if (found) {
       say("You already hold one of these.");
+      return;
+    }
+    // A place in a waiting room, from an earlier visit: follow it.
+    const place = await api("GET", `/api/items/${itemId}/queue/me`);
+    if (place.http === 200) {
+      queued.joined = true;
+      if (!showPlace(place)) followLine();
+      render();
       return;
     }
     // An entry in a draw, from an earlier visit: follow it.

@@ -1,8 +1,10 @@
 // The storefront in a real headless Chromium, against nginx in front of a real server.
 // tests/it/storefront.rs sets the sale up and runs this with:
 //   STOREFRONT_URL      nginx's address (http://127.0.0.1:PORT)
-//   STOREFRONT_ITEMS    on-sale,sold-out,later,between-waves,three-per-buyer,draw item ids
-//   STOREFRONT_TOKENS   six user tokens, comma-separated
+//   STOREFRONT_ITEMS    on-sale,sold-out,later,between-waves,three-per-buyer,draw,queued
+//                       item ids (the queued one has a proof-of-work and one unit, its line
+//                       already holding one buyer ahead)
+//   STOREFRONT_TOKENS   seven user tokens, comma-separated
 //   STOREFRONT_PAYMENT_SECRET  what the payment provider this test plays signs with
 //   CHROMIUM            the browser (default /usr/bin/chromium, Debian's package)
 //   STOREFRONT_SHOTS    optional folder for screenshots
@@ -18,7 +20,7 @@ const need = (name) => {
   return value;
 };
 const base = need("STOREFRONT_URL");
-const [onSale, soldOut, later, betweenWaves, threePerBuyer, draw] =
+const [onSale, soldOut, later, betweenWaves, threePerBuyer, draw, queuedItem] =
   need("STOREFRONT_ITEMS").split(",");
 const tokens = need("STOREFRONT_TOKENS").split(",");
 const shots = process.env.STOREFRONT_SHOTS;
@@ -191,4 +193,30 @@ test("a draw takes an entry, and remembers it after a reload", async () => {
   assert.equal(await again.page.isDisabled("#buy"), true);
   assert.equal(again.purchases.length, 0);
   await again.page.close();
+});
+
+test("a waiting room: the proof-of-work solved, the place moving, the turn, the purchase", async () => {
+  const { page, purchases } = await open(queuedItem, tokens[6]);
+  await text(page, "#countdown", /On sale now, by turns/);
+  assert.equal(await page.textContent("#buy"), "Join the line");
+  const events = [];
+  page.on("request", (request) => {
+    if (request.url().includes("/queue/me/events")) events.push(request.url());
+  });
+  await page.click("#buy");
+  // One buyer ahead holds the only unit's pass: this one waits, number 1 in line.
+  await text(page, "#queue", /You are number 1 in line/);
+  assert.equal(await page.textContent("#buy"), "In line…");
+  await shot(page, "in-line");
+  assert.equal(purchases.length, 0);
+  // The buyer ahead cancels (tests/it/storefront.rs, once it sees this one waiting): the
+  // unit comes back, and it is this one's turn.
+  await text(page, "#queue", /It's your turn/, 30_000);
+  await shot(page, "your-turn");
+  await page.click("#buy");
+  await text(page, "#outcome", /You got one/);
+  assert.equal(purchases.length, 1);
+  assert.ok(purchases[0]["x-queue-pass"], "the purchase carries the pass");
+  assert.equal(events.length, 1, "one stream, not a poll");
+  await page.close();
 });
