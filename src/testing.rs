@@ -8,7 +8,7 @@ pub use crate::app::listen;
 pub use crate::auth::Jwt;
 pub use crate::broker::{Broker, Topology};
 pub use crate::http::error::Conflict;
-pub use crate::keys::{ItemKeys, Keys};
+pub use crate::keys::{ItemKeys, Keys, QueueKeys};
 pub use crate::marks::Work;
 pub use crate::orders::repo::{HeldOverTime, OrderStatus, held_over_time, insert_batch};
 pub use crate::outbox::relay::Relay;
@@ -19,7 +19,9 @@ pub use crate::telemetry::Meters;
 
 /// The scripts, preloaded as the server does, and the ones tests call or watch for.
 pub mod lua {
-    pub use crate::lua::{LEND, RECEIVE, RELEASE, RULES_SET, preload};
+    pub use crate::lua::{
+        LEND, QUEUE_JOIN, QUEUE_STEP, QUEUE_WHERE, RECEIVE, RELEASE, RULES_SET, preload,
+    };
 }
 
 /// The deadline queue's claim and finish, which a test drives to check its lease.
