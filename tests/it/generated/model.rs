@@ -42,6 +42,9 @@ pub struct Shape {
     pub pay_timeout_s: u32,
     /// `SECKILL_REDIS_WAIT_REPLICAS`.
     pub wait_replicas: u32,
+    /// A waiting room in front of the sale (not with a draw): presses join it, and buy
+    /// with a pass once let in.
+    pub queue: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -222,9 +225,10 @@ impl ReferenceStateMachine for Model {
             prop_oneof![3 => Just(1800u32), 1 => Just(3u32)],
             wait,
             draw,
+            prop_oneof![3 => Just(false), 1 => Just(true)],
         )
             .prop_map(
-                move |(total, per_user, buckets, wave, pay_timeout_s, wait_replicas, draw)| Model {
+                move |(total, per_user, buckets, wave, pay_timeout_s, wait_replicas, draw, queue)| Model {
                     stores,
                     shape: Shape {
                         total,
@@ -234,6 +238,7 @@ impl ReferenceStateMachine for Model {
                         draw_in_s: draw,
                         pay_timeout_s,
                         wait_replicas,
+                        queue: queue && draw.is_none(),
                     },
                     replica_frozen: false,
                     rabbit_cut: false,

@@ -44,6 +44,8 @@ pub struct Sale {
     pub wave_ahead: bool,
     /// The record is a draw.
     pub draw: bool,
+    /// The record has a waiting room.
+    pub queued: bool,
 }
 
 #[derive(Default)]
@@ -85,6 +87,11 @@ impl Oracle {
 
     pub fn violation(&mut self, step: usize, what: String) {
         self.violations.push(format!("step {step}: {what}"));
+    }
+
+    /// The order `user`'s `key` was answered with before, if any.
+    pub fn key_bought(&self, user: u64, key: Option<u8>) -> Option<&str> {
+        self.keys.get(&(user, key?)).map(String::as_str)
     }
 
     /// A fault began or healed just now: its traces may be heard for a while.

@@ -106,11 +106,38 @@ impl World {
                 .filter_map(|wave| at(&wave["at"]))
                 .any(|wave| wave + margin > now),
             draw: self.record["mode"] == "draw",
+            queued: self.record.get("queue").is_some(),
         }
+    }
+
+    /// A buyer's pass for the item's waiting room: they join it (again: the same place),
+    /// and hold a pass if their turn came (`None`: still waiting, or it ran out).
+    async fn pass_of(&self, user: u64) -> Option<String> {
+        let queue = format!("/api/items/{ITEM}/queue");
+        let joined = self
+            .http
+            .post(self.api(0).url(&queue))
+            .bearer_auth(self.env.token(user))
+            .send()
+            .await;
+        answer(joined).await;
+        let me = self
+            .http
+            .get(self.api(0).url(&format!("{queue}/me")))
+            .bearer_auth(self.env.token(user))
+            .send()
+            .await;
+        let (_, _, place) = answer(me).await;
+        place["pass"].as_str().map(str::to_owned)
     }
 
     fn press(&mut self, i: usize, user: u64, key: Option<u8>, pair: Option<u8>, api: u8) -> String {
         let token = self.env.token(user);
+        let sale = self.sale();
+        let pass = match sale.queued {
+            true => self.block_on(self.pass_of(user)),
+            false => None,
+        };
         let send = |api: u8| {
             let mut request = self
                 .http
@@ -121,6 +148,9 @@ impl World {
             if let Some(key) = key {
                 request = request.header("idempotency-key", format!("k{key}"));
             }
+            if let Some(pass) = &pass {
+                request = request.header("x-queue-pass", pass);
+            }
             async move { press_answer(answer(request.send().await).await) }
         };
         let answers: Vec<Answer> = match pair {
@@ -130,7 +160,6 @@ impl World {
                 vec![a, b]
             }
         };
-        let sale = self.sale();
         let faulty = self.replica_frozen() || self.rabbit_cut;
         // Twins pressed at once: a refusal may have come before its twin's win (an
         // instance that had not yet heard of a resume refused one while the other bought),
@@ -138,6 +167,9 @@ impl World {
         let mut judged: Vec<&Answer> = answers.iter().collect();
         judged.sort_by_key(|answer| answer.order_sn.is_some());
         for answer in judged {
+            if sale.queued && self.line_refused(i, user, key, pass.is_some(), answer) {
+                continue;
+            }
             self.oracle.press(i, user, key, answer, &sale, faulty);
         }
         if let [a, b] = answers.as_slice()
@@ -154,6 +186,38 @@ impl World {
             .map(Answer::label)
             .collect::<Vec<_>>()
             .join(" | ")
+    }
+
+    /// On a queued sale, what only its line answers (`true`: judged here): without a pass
+    /// `403 queue_required` (or, for a key that won before, that win's `202` again), with
+    /// one `403 pass_used` or `pass_expired`. A new unit without a pass breaks invariant 9.
+    fn line_refused(
+        &mut self,
+        i: usize,
+        user: u64,
+        key: Option<u8>,
+        had_pass: bool,
+        answer: &Answer,
+    ) -> bool {
+        match (answer.status, answer.code.as_str()) {
+            (403, "queue_required") => !had_pass,
+            (403, "pass_used" | "pass_expired") => had_pass,
+            (202, _) if !had_pass => {
+                let repeated = answer.order_sn.as_deref().is_some()
+                    && self.oracle.key_bought(user, key) == answer.order_sn.as_deref();
+                if !repeated {
+                    self.oracle.violation(
+                        i,
+                        format!(
+                            "user {user} bought {} without a pass (invariant 9)",
+                            answer.label()
+                        ),
+                    );
+                }
+                false
+            }
+            _ => false,
+        }
     }
 
     /// The user's newest live order (pending or unpaid), by `my-orders` (`None`: none).
@@ -655,6 +719,9 @@ fn invalid(record: &Value) -> Option<String> {
             return Some("a wave larger than the total".to_owned());
         }
     }
+    if record["mode"] == "draw" && record.get("queue").is_some() {
+        return Some("a draw with a waiting room".to_owned());
+    }
     if record["mode"] == "draw" {
         let draw_at = at(&record["draw_at"])?;
         if draw_at <= start || draw_at > end {
@@ -720,6 +787,63 @@ impl World {
         let ctx = self.context();
         ctx.rt
             .block_on(super::judge::orders(&self.env, &mut self.oracle));
+        if sale.queued {
+            let broken = self.block_on(self.line_judged());
+            for what in broken {
+                self.oracle.violation(i, format!("at the end: {what}"));
+            }
+        }
+    }
+
+    /// Invariant 9 of a queued sale, at its end: every buyer who holds an order was let in
+    /// (their place is behind the cursor), and the live passes reserve no more than the
+    /// units on sale.
+    async fn line_judged(&self) -> Vec<String> {
+        let mut broken = Vec::new();
+        let buyers: Vec<(i64,)> =
+            sqlx::query_as("SELECT DISTINCT user_id FROM orders WHERE item_id = ?")
+                .bind(ITEM)
+                .fetch_all(&self.env.db)
+                .await
+                .unwrap_or_default();
+        for (user,) in buyers {
+            let me = self
+                .http
+                .get(self.api(0).url(&format!("/api/items/{ITEM}/queue/me")))
+                .bearer_auth(self.env.token(user as u64))
+                .send()
+                .await;
+            let (status, _, place) = answer(me).await;
+            let let_in = matches!(place["state"].as_str(), Some("admitted" | "done" | "expired"));
+            if status != 200 || !let_in {
+                broken.push(format!(
+                    "user {user} holds an order and was not let in: {status} {place} (invariant 9)"
+                ));
+            }
+        }
+        // A purchase cut off between its take and its win's count (an API killed) leaves
+        // its unit counted until its pass runs out (30 s, and 5 s of grace): fewer let in
+        // meanwhile, never more.
+        let deadline = std::time::Instant::now() + Duration::from_secs(40);
+        loop {
+            let (_, _, line) = self
+                .admin(reqwest::Method::GET, &format!("/admin/items/{ITEM}/queue"))
+                .await;
+            let stats = self.stats().await;
+            let reserved = line["reserved_units"].as_u64().unwrap_or(0);
+            let on_sale = stats["remaining"].as_u64().unwrap_or(0);
+            if reserved <= on_sale {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                broken.push(format!(
+                    "the live passes reserve {reserved} units, {on_sale} on sale (invariant 9): {line}"
+                ));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        broken
     }
 
     /// Waits (up to 30 s past its time) until the draw is drawn.
@@ -758,6 +882,27 @@ impl World {
         }
     }
 
+    /// A fresh buyer joins the line and waits (up to 45 s) for their turn: the pass, or
+    /// where they were left.
+    async fn turn_of(&self, buyer: u64) -> Result<String, Value> {
+        let deadline = std::time::Instant::now() + Duration::from_secs(45);
+        let mut place = Value::Null;
+        while std::time::Instant::now() < deadline {
+            if let Some(pass) = self.pass_of(buyer).await {
+                return Ok(pass);
+            }
+            let me = self
+                .http
+                .get(self.api(0).url(&format!("/api/items/{ITEM}/queue/me")))
+                .bearer_auth(self.env.token(buyer))
+                .send()
+                .await;
+            place = answer(me).await.2;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Err(place)
+    }
+
     /// Fresh buyers press, one at a time, until told nothing is left: every unit on sale
     /// must sell, and each press must hear a win or the end.
     fn sell_out(&mut self, i: usize) -> String {
@@ -773,15 +918,33 @@ impl World {
         let mut buyer = 1_000;
         // What each press heard, for the report of a failure.
         let mut heard = Vec::new();
-        while buyer < 1_000 + on_sale + 5 {
+        // A queued sale: each fresh buyer joins and waits for their turn (behind the
+        // history's own buyers, whose unused passes run out within 35 s), then buys with
+        // the pass; once every unit on sale is bought, the next would wait for units held
+        // by unpaid orders, so none is sent.
+        let last = if sale.queued { 1_000 + on_sale } else { 1_000 + on_sale + 5 };
+        while buyer < last {
             presses += 1;
             let token = self.env.token(buyer);
-            let request = self
+            let pass = match sale.queued {
+                true => match self.block_on(self.turn_of(buyer)) {
+                    Ok(pass) => Some(pass),
+                    Err(place) => {
+                        heard.push(format!("{buyer}: not let in: {place}"));
+                        break;
+                    }
+                },
+                false => None,
+            };
+            let mut request = self
                 .http
                 .post(self.api((buyer % 2) as u8).url("/api/flashbuy"))
                 .bearer_auth(&token)
                 .header("x-client-time", Utc::now().timestamp_millis().to_string())
                 .json(&json!({ "item_id": ITEM }));
+            if let Some(pass) = pass {
+                request = request.header("x-queue-pass", pass);
+            }
             let answer = press_answer(self.block_on(async { answer(request.send().await).await }));
             heard.push(format!("{buyer}: {}", answer.label()));
             let settling = std::time::Instant::now() < healed_by;

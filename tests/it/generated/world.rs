@@ -262,6 +262,10 @@ impl World {
             record["mode"] = json!("draw");
             record["draw_at"] = json!(began + chrono::Duration::seconds(draw_in_s.into()));
         }
+        if shape.queue {
+            // Let in as fast as a history presses; passes as short as they may be.
+            record["queue"] = json!({ "admit_per_s": 50, "pass_ttl_s": 30 });
+        }
         if let Some(wave) = shape.wave {
             record["release"] = json!([{
                 "at": began + chrono::Duration::seconds(wave.at_s.into()),
