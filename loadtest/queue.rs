@@ -169,6 +169,7 @@ async fn admit(
             .arg(0)
             .invoke_async(redis)
             .await?;
+        anyhow::ensure!(stepped.len() == 4, "the step answered {stepped:?}");
         // As the scheduler does once the replicas hold the step (none here).
         let cursor = stepped.get(1).copied().unwrap_or(0);
         let _: i64 = redis::cmd("HSET")

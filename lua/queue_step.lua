@@ -33,7 +33,11 @@
 -- the queue's replicas hold the step (queue_show.lua), so a failover never takes back a
 -- pass somebody holds.
 --
--- Returns { admitted now, cursor, reserved, shown }.
+-- Returns { admitted now, cursor, reserved, shown }, or { -1 } when nobody ever joined (or
+-- the sale was retired, its keys gone): nothing is written then.
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return { -1 }
+end
 local now = queue_now()
 local reserved = tonumber(redis.call('HGET', KEYS[2], 'reserved')) or 0
 

@@ -148,7 +148,9 @@ async fn step(
     };
     // Taken before the step, held after it: see `lua/queue_show.lua`.
     let replication = deps.redis.replicas_for(&keys.replicated).await;
-    let stepped = line::step(&mut conn, &keys, rules, available, sold_at_read).await?;
+    let Some(stepped) = line::step(&mut conn, &keys, rules, available, sold_at_read).await? else {
+        return Ok(());
+    };
     if stepped.shown < stepped.cursor {
         let held = match replication {
             Ok(replication) => replication.held().await,

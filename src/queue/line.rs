@@ -179,14 +179,15 @@ pub async fn sold(conn: &mut RedisConn, keys: &QueueKeys) -> Result<u64, RedisEr
 }
 
 /// One admission step (`lua/queue_step.lua`): `available`, the units unsold, read after
-/// `sold_at_read` was.
+/// `sold_at_read` was. `None`: nobody is in the line (nobody joined, or the sale was
+/// retired), and nothing was written.
 pub async fn step(
     conn: &mut RedisConn,
     keys: &QueueKeys,
     rules: StepRules,
     available: u64,
     sold_at_read: u64,
-) -> Result<Stepped, RedisError> {
+) -> Result<Option<Stepped>, RedisError> {
     let reply: Vec<i64> = redis_timed(
         QUEUE_STEP
             .key(&keys.line)
@@ -209,12 +210,13 @@ pub async fn step(
     .await?;
     let count = |n: i64| u64::try_from(n).unwrap_or(0);
     match reply[..] {
-        [admitted, cursor, reserved, shown] => Ok(Stepped {
+        [-1] => Ok(None),
+        [admitted, cursor, reserved, shown] => Ok(Some(Stepped {
             admitted: count(admitted),
             cursor: count(cursor),
             reserved: count(reserved),
             shown: count(shown),
-        }),
+        })),
         _ => Err(RedisError::Unexpected(format!(
             "queue_step answered {reply:?}"
         ))),

@@ -228,7 +228,16 @@ impl ReferenceStateMachine for Model {
             prop_oneof![3 => Just(false), 1 => Just(true)],
         )
             .prop_map(
-                move |(total, per_user, buckets, wave, pay_timeout_s, wait_replicas, draw, queue)| Model {
+                move |(
+                    total,
+                    per_user,
+                    buckets,
+                    wave,
+                    pay_timeout_s,
+                    wait_replicas,
+                    draw,
+                    queue,
+                )| Model {
                     stores,
                     shape: Shape {
                         total,

@@ -814,7 +814,10 @@ impl World {
                 .send()
                 .await;
             let (status, _, place) = answer(me).await;
-            let let_in = matches!(place["state"].as_str(), Some("admitted" | "done" | "expired"));
+            let let_in = matches!(
+                place["state"].as_str(),
+                Some("admitted" | "done" | "expired")
+            );
             if status != 200 || !let_in {
                 broken.push(format!(
                     "user {user} holds an order and was not let in: {status} {place} (invariant 9)"
@@ -922,7 +925,11 @@ impl World {
         // history's own buyers, whose unused passes run out within 35 s), then buys with
         // the pass; once every unit on sale is bought, the next would wait for units held
         // by unpaid orders, so none is sent.
-        let last = if sale.queued { 1_000 + on_sale } else { 1_000 + on_sale + 5 };
+        let last = if sale.queued {
+            1_000 + on_sale
+        } else {
+            1_000 + on_sale + 5
+        };
         while buyer < last {
             presses += 1;
             let token = self.env.token(buyer);
