@@ -67,7 +67,9 @@ impl Context {
                 Stores::Cluster => {
                     let (cluster, turn) = PrivateRedisCluster::shared().await;
                     let (dir, ports) = {
-                        let cluster = cluster.lock().unwrap();
+                        let cluster = cluster
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
                         (cluster.dir(), cluster.ports.clone())
                     };
                     RedisSide::Cluster {
@@ -85,7 +87,10 @@ impl Context {
     fn redis_url(&self) -> String {
         match &self.redis {
             RedisSide::One { master, .. } => master.url(),
-            RedisSide::Cluster { cluster, .. } => cluster.lock().unwrap().seeds(),
+            RedisSide::Cluster { cluster, .. } => cluster
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .seeds(),
         }
     }
 
@@ -116,7 +121,9 @@ impl Context {
         let RedisSide::Cluster { cluster, ports, .. } = &self.redis else {
             return String::new();
         };
-        let cluster = cluster.lock().unwrap();
+        let cluster = cluster
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut report = vec![cluster.ask(ports[0], &["CLUSTER", "NODES"])];
         for port in ports {
             let replication = cluster.ask(*port, &["INFO", "replication"]);
@@ -142,7 +149,9 @@ impl Context {
                 replica.port
             }
             RedisSide::Cluster { cluster, .. } => {
-                let cluster = cluster.lock().unwrap();
+                let cluster = cluster
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let replica = cluster.replica_of(cluster.master_of(key));
                 cluster.freeze(replica);
                 replica
@@ -153,7 +162,10 @@ impl Context {
     fn thaw(&self, port: u16) {
         match &self.redis {
             RedisSide::One { replica, .. } => replica.thaw(),
-            RedisSide::Cluster { cluster, .. } => cluster.lock().unwrap().thaw(port),
+            RedisSide::Cluster { cluster, .. } => cluster
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .thaw(port),
         }
     }
 
@@ -170,14 +182,19 @@ impl Context {
             return;
         };
         let master = {
-            let mut cluster = cluster.lock().unwrap();
+            let mut cluster = cluster
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let master = cluster.master_of(key);
             cluster.kill(master);
             master
         };
         let up: Vec<u16> = ports.iter().copied().filter(|p| *p != master).collect();
         whole(dir, &up).await;
-        cluster.lock().unwrap().restart(master);
+        cluster
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .restart(master);
         whole(dir, ports).await;
     }
 }

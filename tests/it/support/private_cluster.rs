@@ -99,19 +99,29 @@ impl PrivateRedisCluster {
             .expect("a master for the slot")
     }
 
-    /// The port of a replica of the master on `master`.
+    /// The port of a replica of the master on `master`: one the master does not flag as
+    /// failing. Waits up to 10 s for one: a replica thawed or restarted a moment ago is
+    /// still `fail?` in the master's view until the cluster's gossip clears it (a history
+    /// freezing a replica right after thawing it met that).
     pub fn replica_of(&self, master: u16) -> u16 {
         let id = cli(master, &["CLUSTER", "MYID"]).trim().to_owned();
-        let nodes = cli(master, &["CLUSTER", "NODES"]);
-        nodes
-            .lines()
-            .find_map(|line| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let nodes = cli(master, &["CLUSTER", "NODES"]);
+            let healthy = nodes.lines().find_map(|line| {
                 let fields: Vec<&str> = line.split_whitespace().collect();
                 (fields.get(3) == Some(&id.as_str()) && !line.contains("fail"))
                     .then(|| fields[1].split(['@', ':']).nth(1)?.parse().ok())
                     .flatten()
-            })
-            .expect("a replica of the master")
+            });
+            match healthy {
+                Some(port) => return port,
+                None if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                None => panic!("no healthy replica of the master on {master}:\n{nodes}"),
+            }
+        }
     }
 
     /// Cuts the master on `port` off from its replicas for as long as it lives: it asks
