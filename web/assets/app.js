@@ -127,8 +127,10 @@ function renderLine(now, start, end, soldOut) {
   else if (now < opens) line = `The line opens in ${clock(opens - now)}`;
   else if (queued.joined) line = now < start ? `Starts in ${clock(start - now)}` : "On sale now, by turns";
   else {
+    // Sold out or not: the line is also the waitlist for units that come back.
     line = now < start ? `Starts in ${clock(start - now)}; join the line now` : "On sale now, by turns";
-    open = !soldOut || now < start;
+    if (soldOut && now >= start) line = "Sold out for now: join the line for units that come back";
+    open = true;
   }
   $("countdown").textContent = line;
   $("buy").textContent = queued.joined ? "In line…" : "Join the line";
