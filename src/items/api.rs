@@ -16,7 +16,7 @@ use crate::http::reply::ok;
 use crate::state::{AppState, Shared};
 
 use super::catalog::ItemStatus;
-use crate::queue::plan::QueuePlan;
+use crate::items::queue_plan::QueuePlan;
 
 /// What a storefront shows of an item.
 pub fn router() -> OpenApiRouter<AppState> {

@@ -10,7 +10,7 @@ use crate::store::{STORABLE, storable, to_millis};
 
 use super::repo::ItemDraft;
 use super::waves::Waves;
-use crate::queue::plan::{QueuePlan, QueueSetting};
+use crate::items::queue_plan::{QueuePlan, QueueSetting};
 
 /// The most units one item may have (a million units is about 60 MB of Redis).
 const MAX_TOTAL: u32 = 10_000_000;
@@ -132,7 +132,7 @@ impl ItemBody {
         }
         let draw_at = self.draw()?;
         if let Some(plan) = &self.queue {
-            plan.check()?;
+            plan.check().map_err(ApiError::bad_request)?;
             if draw_at.is_some() {
                 return Err(ApiError::bad_request(
                     "`queue`: a draw ranks its entries itself; a waiting room is for sales",

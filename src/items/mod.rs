@@ -9,6 +9,7 @@ pub mod body;
 pub mod bulk;
 pub mod catalog;
 pub mod draw_schedule;
+pub mod queue_plan;
 pub mod regroup;
 pub mod repo;
 pub mod retire;

@@ -10,7 +10,7 @@ use crate::domain::{BucketId, ItemId, OrderPlaced, OrderSn, UserId};
 use crate::store::{Db, DbError, mysql_begin, mysql_timed, retrying_deadlocks};
 
 use super::waves::Waves;
-use crate::queue::plan::QueueSetting;
+use crate::items::queue_plan::QueueSetting;
 
 /// An item as MySQL records it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -43,7 +43,7 @@ pub struct Item {
     pub draw_cutoff: Option<u64>,
     /// The waiting room in front of the sale (`src/queue/`), if it has one.
     #[sqlx(rename = "queue_plan", try_from = "Option<String>")]
-    #[schema(value_type = Option<crate::queue::plan::QueuePlan>)]
+    #[schema(value_type = Option<crate::items::queue_plan::QueuePlan>)]
     pub queue: QueueSetting,
     /// The seed that orders the pre-queue (hex): never sent with the item before
     /// `start_at`, public from then.

@@ -159,7 +159,7 @@ async fn clear(redis: &RedisConns, keys: &Keys, item: &Item) -> Result<(), Store
     // The waiting room, in a slot of its own.
     grouped
         .group()
-        .unlink(crate::queue::line::state_keys(keys, item.id))
+        .unlink(keys.queue(item.id).all().to_vec())
         .ignore();
     grouped.run(redis).await?;
     let members: Vec<String> = item.bucket_ids().map(|s| s.to_string()).collect();

@@ -14,7 +14,7 @@ use crate::http::reply::ok;
 use crate::state::AppState;
 
 use super::line;
-use super::plan::QueuePlan;
+use crate::items::queue_plan::QueuePlan;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()

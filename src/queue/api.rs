@@ -27,8 +27,8 @@ use crate::state::AppState;
 
 use super::line::{self, Joined, Standing, Window};
 use super::pass::CHALLENGE_TTL_MS;
-use super::plan::QueuePlan;
 use super::view::{QueueState, QueueView, view};
+use crate::items::queue_plan::QueuePlan;
 
 const WAITING_FOR_REPLICA: &str =
     "the waiting room is waiting for a Redis replica to come back; join again shortly";

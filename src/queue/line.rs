@@ -374,8 +374,3 @@ pub async fn ending(
 ) -> Result<u64, RedisError> {
     redis_timed(conn.zcard(keys.ending(bucket))).await
 }
-
-/// Every key of the item's waiting room: for the retirement of its sale.
-pub fn state_keys(keys: &Keys, item: ItemId) -> Vec<String> {
-    keys.queue(item).all().map(str::to_owned).to_vec()
-}

@@ -1,5 +1,5 @@
-//! The waiting room in front of a sale (`"queue": {…}` on an item; docs/sale-shapes.md,
-//! "A waiting room"): buyers take a place in a line ([`line`]), a scheduler lets them in
+//! The waiting room in front of a sale (`"queue": {…}` on an item, `crate::items::queue_plan`;
+//! docs/sale-shapes.md, "A waiting room"): buyers take a place in a line ([`line`]), a scheduler lets them in
 //! in the line's order, never more than the stock could still honour ([`admit`]), and
 //! each one let in buys with a pass checked in memory ([`pass`]). Before `start_at` the
 //! line is a pre-queue ordered by the draw's rank under a seed committed to in advance;
@@ -12,7 +12,6 @@ pub mod admit;
 pub mod api;
 pub mod line;
 pub mod pass;
-pub mod plan;
 pub mod view;
 pub mod watch;
 

@@ -10,7 +10,7 @@ use crate::items::repo::Item;
 
 use super::line::Standing;
 use super::pass::Signer;
-use super::plan::QueuePlan;
+use crate::items::queue_plan::QueuePlan;
 
 /// Where the buyer stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
@@ -134,7 +134,7 @@ mod tests {
             draw_seed: None,
             drawn_at: None,
             draw_cutoff: None,
-            queue: super::super::plan::QueueSetting(Some(PLAN)),
+            queue: super::crate::items::queue_plan::QueueSetting(Some(PLAN)),
             queue_seed: None,
             paused: false,
             loaded_at: None,

@@ -45,6 +45,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "purchase",
             "scheduler",
             "invariants",
+            "queue",
         ],
     ),
     ("edge", &["http", "state"]),
@@ -61,6 +62,7 @@ const SURFACE: &[&str] = &[
     "items::body",
     "purchase::entry",
     "purchase::refusal",
+    "queue::view",
 ];
 
 #[test]

@@ -3,8 +3,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::http::error::ApiError;
-
 /// The most buyers one queue may let in a second.
 const MAX_ADMIT_PER_S: u32 = 100_000;
 const PASS_TTL_S: std::ops::RangeInclusive<u32> = 30..=3_600;
@@ -41,29 +39,23 @@ fn default_opens_before() -> u32 {
 }
 
 impl QueuePlan {
-    /// `400` naming the first field out of its bounds.
-    pub fn check(&self) -> Result<(), ApiError> {
+    /// The first field out of its bounds, named (the edge answers it `400`).
+    pub fn check(&self) -> Result<(), String> {
         if !(1..=MAX_ADMIT_PER_S).contains(&self.admit_per_s) {
-            return Err(ApiError::bad_request(format!(
-                "`queue.admit_per_s`: 1 to {MAX_ADMIT_PER_S}"
-            )));
+            return Err(format!("`queue.admit_per_s`: 1 to {MAX_ADMIT_PER_S}"));
         }
         if !PASS_TTL_S.contains(&self.pass_ttl_s) {
-            return Err(ApiError::bad_request(format!(
+            return Err(format!(
                 "`queue.pass_ttl_s`: {} to {}",
                 PASS_TTL_S.start(),
                 PASS_TTL_S.end()
-            )));
+            ));
         }
         if self.opens_before_s > MAX_OPENS_BEFORE_S {
-            return Err(ApiError::bad_request(format!(
-                "`queue.opens_before_s`: 0 to {MAX_OPENS_BEFORE_S}"
-            )));
+            return Err(format!("`queue.opens_before_s`: 0 to {MAX_OPENS_BEFORE_S}"));
         }
         if self.pow_bits > MAX_POW_BITS {
-            return Err(ApiError::bad_request(format!(
-                "`queue.pow_bits`: 0 to {MAX_POW_BITS}"
-            )));
+            return Err(format!("`queue.pow_bits`: 0 to {MAX_POW_BITS}"));
         }
         Ok(())
     }
