@@ -5,7 +5,7 @@
 
 use redis::AsyncCommands;
 
-use crate::domain::{BucketId, ItemId, OrderSn, UserId};
+use crate::domain::{BucketId, OrderSn, UserId};
 use crate::keys::{Keys, QueueKeys};
 use crate::lua::{
     QUEUE_GIVE, QUEUE_JOIN, QUEUE_SHOW, QUEUE_STEP, QUEUE_TAKE, QUEUE_USED, QUEUE_WHERE,

@@ -134,7 +134,7 @@ mod tests {
             draw_seed: None,
             drawn_at: None,
             draw_cutoff: None,
-            queue: super::crate::items::queue_plan::QueueSetting(Some(PLAN)),
+            queue: crate::items::queue_plan::QueueSetting(Some(PLAN)),
             queue_seed: None,
             paused: false,
             loaded_at: None,
