@@ -1,15 +1,19 @@
 -- queue_give.lua: a purchase that took a pass's unit (queue_take.lua) did not win one
 -- (sold out, its rate, a breaker, a repeated key answering an earlier win): the unit goes
--- back to the pass — or, should the pass have run out meanwhile, out of `reserved`.
+-- back to the pass. A pass that ran out meanwhile took its units out of `reserved` with it
+-- (queue_step.lua): nothing is left to give back then.
 --
--- KEYS[1] state, KEYS[2] held, KEYS[3] passes (as queue_step.lua)
+-- KEYS[1] held (as queue_take.lua)
 -- ARGV[1] user_id
-if redis.call('ZSCORE', KEYS[3], ARGV[1]) then
-  redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
-  return 1
+local taking = 't:' .. ARGV[1]
+local taken = tonumber(redis.call('HGET', KEYS[1], taking)) or 0
+if taken < 1 then
+  return 0
 end
-local reserved = tonumber(redis.call('HGET', KEYS[1], 'reserved')) or 0
-if reserved > 0 then
-  redis.call('HSET', KEYS[1], 'reserved', reserved - 1)
+if taken == 1 then
+  redis.call('HDEL', KEYS[1], taking)
+else
+  redis.call('HSET', KEYS[1], taking, taken - 1)
 end
-return 0
+redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+return 1

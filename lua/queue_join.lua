@@ -29,7 +29,8 @@ if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
     return { 1 }
   end
   local place
-  if now < tonumber(ARGV[3]) and not redis.call('HGET', KEYS[2], 'cursor') then
+  local let_in = tonumber(redis.call('HGET', KEYS[2], 'cursor')) or 0
+  if now < tonumber(ARGV[3]) and let_in == 0 then
     place = ARGV[2]
   else
     place = 281474976710656 + redis.call('HINCRBY', KEYS[2], 'seq', 1)

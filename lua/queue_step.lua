@@ -6,13 +6,14 @@
 --                       (the rate's allowance), rate_from_ms / rate_n / rate_milli (the
 --                       measured rate), expired (passes that ran out unused), paused
 -- KEYS[3] passes  ZSET  user_id -> pass expiry (ms)
--- KEYS[4] held    HASH  user_id -> units that user's live pass reserves
+-- KEYS[4] held    HASH  user_id -> units that user's live pass reserves (and t:<user_id>)
 -- KEYS[5] sold    SET   order_sns bought with a pass (queue_used.lua)
 -- KEYS[6] used    HASH  user_id -> wins bought with a pass (queue_used.lua)
 --
--- `reserved` is the units of the live passes (`held`) plus those taken for a purchase
--- under way (queue_take.lua): a purchase's unit is counted until its win or refusal says
--- what became of it (queue_used.lua, queue_give.lua).
+-- `reserved` is the units of the live passes (`held`: user -> units) plus those taken for
+-- a purchase under way (`held`: t:<user> -> units; queue_take.lua): a purchase's unit is
+-- counted until its win or refusal says what became of it (queue_used.lua,
+-- queue_give.lua), or its pass runs out.
 -- ARGV[1] start_ms, ARGV[2] end_ms
 -- ARGV[3] admit_per_s, ARGV[4] pass_ttl_ms, ARGV[5] per_user
 -- ARGV[6] available: units unsold (listed, plus waves still to come), read just before
@@ -45,8 +46,10 @@ local reserved = tonumber(redis.call('HGET', KEYS[2], 'reserved')) or 0
 local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now - tonumber(ARGV[8]))
 local unused = 0
 for _, user in ipairs(gone) do
+  -- Its units, and those taken by purchases under way (one cut off never settles them).
   reserved = reserved - (tonumber(redis.call('HGET', KEYS[4], user)) or 0)
-  redis.call('HDEL', KEYS[4], user)
+    - (tonumber(redis.call('HGET', KEYS[4], 't:' .. user)) or 0)
+  redis.call('HDEL', KEYS[4], user, 't:' .. user)
   redis.call('ZREM', KEYS[3], user)
   if not redis.call('HGET', KEYS[6], user) then
     unused = unused + 1

@@ -250,9 +250,7 @@ pub async fn take(
 pub async fn give(conn: &mut RedisConn, keys: &QueueKeys, user: UserId) -> Result<(), RedisError> {
     let _: i64 = redis_timed(
         QUEUE_GIVE
-            .key(&keys.state)
             .key(&keys.held)
-            .key(&keys.passes)
             .arg(user.get())
             .invoke_async(conn),
     )

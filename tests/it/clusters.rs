@@ -1254,7 +1254,9 @@ async fn a_waiting_room_keeps_every_pass_it_showed_through_a_failover() {
         ..
     } = &turn("redis_queue").await;
     let running = env.server_with(ALL_ROLES, waiting_for_a_replica).await;
-    let start = chrono::Utc::now() + chrono::Duration::seconds(4);
+    // Room for 300 joins (each waiting for its replica) on a loaded 2-core machine before
+    // the pre-queue closes.
+    let start = chrono::Utc::now() + chrono::Duration::seconds(20);
     env.item(ITEM, 60)
         .buckets(2)
         .window(start, start + chrono::Duration::hours(1))
@@ -1268,8 +1270,9 @@ async fn a_waiting_room_keeps_every_pass_it_showed_through_a_failover() {
             assert_eq!(status, 200, "{joined}");
         })
         .await;
+    assert!(chrono::Utc::now() < start, "the joins took past the start");
     // While buyers are being let in (20 a second), the queue's master dies.
-    eventually(Duration::from_secs(20), "ten let in", || async {
+    eventually(Duration::from_secs(40), "ten let in", || async {
         let report = figures(env, server).await;
         match report["admitted"].as_u64() {
             Some(n) if n >= 10 => Ok(()),

@@ -130,6 +130,11 @@ async fn a_queued_sale_lets_in_by_rank_as_far_as_the_stock_goes() {
     let commitment = item["queue_commitment"].as_str().unwrap().to_owned();
     assert!(item.get("queue_seed").is_none(), "{item}");
     for user in 1..=20 {
+        if user == 11 {
+            // The scheduler steps the line meanwhile (every 200 ms): the pre-queue stays
+            // open until someone is let in.
+            tokio::time::sleep(Duration::from_millis(600)).await;
+        }
         let (status, joined) = join(env, &server, user, None).await;
         assert_eq!(
             (status, &joined["state"]),
@@ -640,6 +645,17 @@ async fn an_unused_pass_expires_and_its_place_goes_to_the_next() {
         .parse()
         .unwrap();
     assert_eq!(me(env, &server, 3).await["state"], "waiting");
+    // User 2's purchase took its pass's unit and was cut off before it said what became of
+    // it (its process killed): the unit stays reserved until the pass runs out, no longer.
+    let keys = seckill::testing::Keys::new(&env.settings.namespace)
+        .queue(seckill::domain::ItemId::new(ITEM).unwrap());
+    let taken: i64 = seckill::testing::lua::QUEUE_TAKE
+        .key(&keys.held)
+        .arg(2)
+        .invoke_async(&mut env.redis.clone())
+        .await
+        .unwrap();
+    assert_eq!(taken, 1);
 
     let left = (expires - Utc::now()).to_std().unwrap_or_default();
     tokio::time::sleep(left + Duration::from_millis(100)).await;

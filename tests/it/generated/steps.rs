@@ -906,6 +906,52 @@ impl World {
         Err(place)
     }
 
+    /// On a queued sale, the history's buyers in their turns: each let in presses with
+    /// their pass until it is spent, for up to a minute, until `on_sale` units are sold or
+    /// none of them waits any more. The units they bought.
+    fn line_buys(&mut self, i: usize, on_sale: u64, heard: &mut Vec<String>) -> u64 {
+        let sale = self.sale();
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        let mut wins = 0;
+        while wins < on_sale && std::time::Instant::now() < until {
+            let mut waiting = false;
+            for user in 1..=u64::from(super::model::USERS) {
+                let Some(pass) = self.block_on(self.pass_of(user)) else {
+                    let me = self
+                        .http
+                        .get(self.api(0).url(&format!("/api/items/{ITEM}/queue/me")))
+                        .bearer_auth(self.env.token(user));
+                    let (_, _, place) = self.block_on(async { answer(me.send().await).await });
+                    waiting |= place["state"] == "waiting";
+                    continue;
+                };
+                let request = self
+                    .http
+                    .post(self.api((user % 2) as u8).url("/api/flashbuy"))
+                    .bearer_auth(self.env.token(user))
+                    .header("x-client-time", Utc::now().timestamp_millis().to_string())
+                    .header("x-queue-pass", pass)
+                    .json(&json!({ "item_id": ITEM }));
+                let answer =
+                    press_answer(self.block_on(async { answer(request.send().await).await }));
+                heard.push(format!("{user}: {}", answer.label()));
+                if self.line_refused(i, user, None, true, &answer) {
+                    continue;
+                }
+                self.oracle.press(i, user, None, &answer, &sale, true);
+                if answer.status == 202 {
+                    wins += 1;
+                }
+                waiting = true;
+            }
+            if !waiting {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        wins
+    }
+
     /// Fresh buyers press, one at a time, until told nothing is left: every unit on sale
     /// must sell, and each press must hear a win or the end.
     fn sell_out(&mut self, i: usize) -> String {
@@ -921,12 +967,16 @@ impl World {
         let mut buyer = 1_000;
         // What each press heard, for the report of a failure.
         let mut heard = Vec::new();
-        // A queued sale: each fresh buyer joins and waits for their turn (behind the
-        // history's own buyers, whose unused passes run out within 35 s), then buys with
-        // the pass; once every unit on sale is bought, the next would wait for units held
-        // by unpaid orders, so none is sent.
+        // A queued sale: the history's own buyers come first in its line and buy in their
+        // turns (their passes would otherwise hold units until they run out); then each
+        // fresh buyer joins and waits for their turn and buys with the pass; once every
+        // unit on sale is bought, the next would wait for units held by unpaid orders, so
+        // none is sent.
+        if sale.queued {
+            wins = self.line_buys(i, on_sale, &mut heard);
+        }
         let last = if sale.queued {
-            1_000 + on_sale
+            1_000 + on_sale - wins.min(on_sale)
         } else {
             1_000 + on_sale + 5
         };
@@ -977,10 +1027,18 @@ impl World {
             }
         }
         if wins < on_sale {
+            let line = match sale.queued {
+                true => {
+                    let path = format!("/admin/items/{ITEM}/queue");
+                    let (_, _, line) = self.block_on(self.admin(reqwest::Method::GET, &path));
+                    format!("\nthe line: {line}")
+                }
+                false => String::new(),
+            };
             self.oracle.violation(
                 i,
                 format!(
-                    "liveness: {on_sale} units on sale, {wins} sold to fresh buyers; they heard {}\n{}",
+                    "liveness: {on_sale} units on sale, {wins} sold to fresh buyers; they heard {}{line}\n{}",
                     heard.join(", "),
                     self.stores_report()
                 ),
