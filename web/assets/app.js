@@ -180,6 +180,7 @@ async function joinLine() {
     return;
   }
   queued.joined = true;
+  render();
   showPlace(answer);
   followLine();
 }

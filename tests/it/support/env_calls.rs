@@ -122,12 +122,15 @@ impl TestEnv {
     }
 
     /// How many buckets the item's record splits it over.
+    /// (Read patiently, as every helper here reads MySQL: a Galera node just cut off or
+    /// killed makes a read wait on its locks, and the galera test once failed on it.)
     async fn buckets_of(&self, item: u64) -> u8 {
-        let (buckets,): (u8,) = sqlx::query_as("SELECT buckets FROM items WHERE id = ?")
-            .bind(item)
-            .fetch_one(&self.db)
-            .await
-            .unwrap();
+        let (buckets,): (u8,) = read_patiently("the item's buckets", || {
+            sqlx::query_as("SELECT buckets FROM items WHERE id = ?")
+                .bind(item)
+                .fetch_one(&self.db)
+        })
+        .await;
         buckets
     }
 
