@@ -70,7 +70,8 @@ local full = rate * 1000
 local last = tonumber(st[2])
 local allowance
 if last == nil then
-  allowance = full
+  -- The first step starts the clock: never a second's worth at once on top of the next.
+  allowance = 0
 else
   allowance = (tonumber(st[3]) or 0) + rate * (now - last)
   if allowance > full then
