@@ -438,6 +438,41 @@ fn interactions(report: &Path) -> Vec<Interaction> {
     found
 }
 
+/// Runs the k6 plan `script` (loadtest/k6/) against `server` with `buyers` users' tokens
+/// and `settings` (`-e`), in `out`; it must pass its thresholds. Its summary.
+async fn k6_plan(
+    env: &TestEnv,
+    server: &TestServer,
+    out: &Path,
+    script: &str,
+    buyers: u64,
+    settings: &[(&str, String)],
+) -> Value {
+    let tokens: Vec<String> = (1..=buyers).map(|user| env.token(user)).collect();
+    std::fs::write(out.join("tokens.txt"), tokens.join("\n")).unwrap();
+    let summary = out.join("summary.json");
+    let mut k6 = tool("k6");
+    k6.current_dir(out)
+        .env("K6_NO_USAGE_REPORT", "true")
+        .args(["run", "--quiet", "--summary-export"])
+        .arg(&summary)
+        .arg(Path::new(ROOT).join("loadtest/k6").join(script));
+    // k6 opens files relative to the script: an absolute path.
+    let tokens = ("TOKENS", out.join("tokens.txt").display().to_string());
+    let base = ("BASE_URL", server.url(""));
+    for (name, value) in [&base, &tokens].into_iter().chain(settings) {
+        k6.args(["-e", &format!("{name}={value}")]);
+    }
+    let output = run(k6).await;
+    assert!(
+        output.status.success(),
+        "k6 failed ({}):\n{}",
+        output.status,
+        said(&output)
+    );
+    serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap()
+}
+
 /// The k6 plan, scaled down by its settings, against a real server: its thresholds pass
 /// (k6 exits 0), every answer is one a sale expects, and `seckill rehearse --requests 0` then
 /// proves the outcome against Redis and MySQL.
@@ -448,40 +483,26 @@ async fn the_k6_plan_runs_and_the_sale_adds_up() {
     let (item, units) = (1001u64, 300u32);
     env.item(item, units).on_sale(&server).await;
     let out = scratch("k6");
-    let tokens: Vec<String> = (1..=1_000).map(|user| env.token(user)).collect();
-    std::fs::write(out.join("tokens.txt"), tokens.join("\n")).unwrap();
-    let summary = out.join("summary.json");
-    let mut k6 = tool("k6");
-    k6.current_dir(&out)
-        .env("K6_NO_USAGE_REPORT", "true")
-        .args(["run", "--quiet", "--summary-export"])
-        .arg(&summary)
-        .arg(Path::new(ROOT).join("loadtest/k6/flashbuy.js"));
-    for (name, value) in [
-        ("BASE_URL", server.url("")),
-        ("ITEM", item.to_string()),
-        // k6 opens files relative to the script: an absolute path.
-        ("TOKENS", out.join("tokens.txt").display().to_string()),
-        ("RAMP_RATE", "50".to_owned()),
-        ("RAMP_SECONDS", "2".to_owned()),
-        ("HOLD_SECONDS", "2".to_owned()),
-        ("SPIKE_VUS", "20".to_owned()),
-        ("SPIKE_PRESSES", "1500".to_owned()),
-        // Timing belongs to benchmarks (docs/benchmarks.md), not to a test on a shared 2-core
-        // machine: here the thresholds on latency cannot fail, those on answers can.
-        ("P99_SPIKE_MS", "60000".to_owned()),
-        ("P99_RAMP_MS", "60000".to_owned()),
-    ] {
-        k6.args(["-e", &format!("{name}={value}")]);
-    }
-    let output = run(k6).await;
-    assert!(
-        output.status.success(),
-        "k6 failed ({}):\n{}",
-        output.status,
-        said(&output)
-    );
-    let summary: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    let summary = k6_plan(
+        &env,
+        &server,
+        &out,
+        "flashbuy.js",
+        1_000,
+        &[
+            ("ITEM", item.to_string()),
+            ("RAMP_RATE", "50".to_owned()),
+            ("RAMP_SECONDS", "2".to_owned()),
+            ("HOLD_SECONDS", "2".to_owned()),
+            ("SPIKE_VUS", "20".to_owned()),
+            ("SPIKE_PRESSES", "1500".to_owned()),
+            // Timing belongs to benchmarks (docs/benchmarks.md), not to a test on a shared
+            // 2-core machine: here the thresholds on latency cannot fail, those on answers can.
+            ("P99_SPIKE_MS", "60000".to_owned()),
+            ("P99_RAMP_MS", "60000".to_owned()),
+        ],
+    )
+    .await;
     let metrics = &summary["metrics"];
     let requests = metrics["http_reqs"]["count"].as_u64().unwrap();
     let answers = metrics["seckill_answers"]["count"].as_u64().unwrap();
@@ -535,32 +556,19 @@ async fn the_k6_queued_plan_joins_waits_and_buys_with_passes() {
         .on_sale(&server)
         .await;
     let out = scratch("k6queue");
-    let tokens: Vec<String> = (1..=200).map(|user| env.token(user)).collect();
-    std::fs::write(out.join("tokens.txt"), tokens.join("\n")).unwrap();
-    let summary = out.join("summary.json");
-    let mut k6 = tool("k6");
-    k6.current_dir(&out)
-        .env("K6_NO_USAGE_REPORT", "true")
-        .args(["run", "--quiet", "--summary-export"])
-        .arg(&summary)
-        .arg(Path::new(ROOT).join("loadtest/k6/queued.js"));
-    for (name, value) in [
-        ("BASE_URL", server.url("")),
-        ("ITEM", item.to_string()),
-        ("TOKENS", out.join("tokens.txt").display().to_string()),
-        ("BUYERS", "200".to_owned()),
-        ("WAIT_SECONDS", "8".to_owned()),
-    ] {
-        k6.args(["-e", &format!("{name}={value}")]);
-    }
-    let output = run(k6).await;
-    assert!(
-        output.status.success(),
-        "k6 failed ({}):\n{}",
-        output.status,
-        said(&output)
-    );
-    let summary: Value = serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    let summary = k6_plan(
+        &env,
+        &server,
+        &out,
+        "queued.js",
+        200,
+        &[
+            ("ITEM", item.to_string()),
+            ("BUYERS", "200".to_owned()),
+            ("WAIT_SECONDS", "8".to_owned()),
+        ],
+    )
+    .await;
     let metrics = &summary["metrics"];
     assert_eq!(
         metrics["seckill_unexpected_answers"]["value"], 0.0,
