@@ -110,25 +110,37 @@ impl World {
         }
     }
 
-    /// A buyer's pass for the item's waiting room: they join it (again: the same place),
-    /// and hold a pass if their turn came (`None`: still waiting, or it ran out).
-    async fn pass_of(&self, user: u64) -> Option<String> {
-        let queue = format!("/api/items/{ITEM}/queue");
+    /// A buyer's place in the item's waiting room (`GET …/queue/me`): status and body.
+    async fn place_of(&self, user: u64) -> (u16, Value) {
+        let me = self
+            .http
+            .get(self.api(0).url(&format!("/api/items/{ITEM}/queue/me")))
+            .bearer_auth(self.env.token(user))
+            .send()
+            .await;
+        let (status, _, place) = answer(me).await;
+        (status, place)
+    }
+
+    /// A buyer joins the item's waiting room (again: the same place) and reads where they
+    /// stand: with a `pass` once their turn came.
+    async fn joined_place(&self, user: u64) -> Value {
         let joined = self
             .http
-            .post(self.api(0).url(&queue))
+            .post(self.api(0).url(&format!("/api/items/{ITEM}/queue")))
             .bearer_auth(self.env.token(user))
             .send()
             .await;
         answer(joined).await;
-        let me = self
-            .http
-            .get(self.api(0).url(&format!("{queue}/me")))
-            .bearer_auth(self.env.token(user))
-            .send()
-            .await;
-        let (_, _, place) = answer(me).await;
-        place["pass"].as_str().map(str::to_owned)
+        self.place_of(user).await.1
+    }
+
+    /// A buyer's pass for the item's waiting room, joining it first (`None`: still
+    /// waiting, or it ran out).
+    async fn pass_of(&self, user: u64) -> Option<String> {
+        self.joined_place(user).await["pass"]
+            .as_str()
+            .map(str::to_owned)
     }
 
     fn press(&mut self, i: usize, user: u64, key: Option<u8>, pair: Option<u8>, api: u8) -> String {
@@ -807,13 +819,7 @@ impl World {
                 .await
                 .unwrap_or_default();
         for (user,) in buyers {
-            let me = self
-                .http
-                .get(self.api(0).url(&format!("/api/items/{ITEM}/queue/me")))
-                .bearer_auth(self.env.token(user as u64))
-                .send()
-                .await;
-            let (status, _, place) = answer(me).await;
+            let (status, place) = self.place_of(user as u64).await;
             let let_in = matches!(
                 place["state"].as_str(),
                 Some("admitted" | "done" | "expired")
@@ -891,16 +897,10 @@ impl World {
         let deadline = std::time::Instant::now() + Duration::from_secs(45);
         let mut place = Value::Null;
         while std::time::Instant::now() < deadline {
-            if let Some(pass) = self.pass_of(buyer).await {
-                return Ok(pass);
+            place = self.joined_place(buyer).await;
+            if let Some(pass) = place["pass"].as_str() {
+                return Ok(pass.to_owned());
             }
-            let me = self
-                .http
-                .get(self.api(0).url(&format!("/api/items/{ITEM}/queue/me")))
-                .bearer_auth(self.env.token(buyer))
-                .send()
-                .await;
-            place = answer(me).await.2;
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
         Err(place)
@@ -916,12 +916,8 @@ impl World {
         while wins < on_sale && std::time::Instant::now() < until {
             let mut waiting = false;
             for user in 1..=u64::from(super::model::USERS) {
-                let Some(pass) = self.block_on(self.pass_of(user)) else {
-                    let me = self
-                        .http
-                        .get(self.api(0).url(&format!("/api/items/{ITEM}/queue/me")))
-                        .bearer_auth(self.env.token(user));
-                    let (_, _, place) = self.block_on(async { answer(me.send().await).await });
+                let place = self.block_on(self.joined_place(user));
+                let Some(pass) = place["pass"].as_str().map(str::to_owned) else {
                     waiting |= place["state"] == "waiting";
                     continue;
                 };
