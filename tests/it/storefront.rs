@@ -129,10 +129,7 @@ async fn buy_ahead_in_line(env: &TestEnv, server: &TestServer, item: u64, user: 
     let challenge = given["challenge"].as_str().unwrap().to_owned();
     let nonce = (0u64..)
         .map(|n| n.to_string())
-        .find(|n| {
-            use sha2::Digest;
-            sha2::Sha256::digest(format!("{challenge}:{n}").as_bytes())[0] == 0
-        })
+        .find(|n| crate::waiting_room::solves(&challenge, n, 8))
         .unwrap();
     let joined = env
         .http
