@@ -704,6 +704,26 @@ async fn a_thousand_payments_racing_deadlines_and_cancels_each_end_one_way() {
             other => panic!("a newcomer heard {other:?}"),
         }
     }
+    // The newcomers' orders go unpaid: the check waits for their deadlines, as one
+    // cancelled between its read of MySQL and its read of Redis would count twice.
+    eventually(
+        Duration::from_secs(30),
+        "the newcomers' orders timed out",
+        || async {
+            let unpaid: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM orders WHERE item_id = 1 AND status = 'unpaid'",
+            )
+            .fetch_one(&env.db)
+            .await
+            .map_err(|e| e.to_string())?;
+            if unpaid == 0 {
+                Ok(())
+            } else {
+                Err(format!("{unpaid} unpaid"))
+            }
+        },
+    )
+    .await;
     quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(30)).await;
     env.assert_invariants(&server, 1, 1000, &all).await;
     server.stop().await;
