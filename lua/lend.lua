@@ -7,6 +7,7 @@
 -- ARGV[1] transfer id (new for each transfer)
 -- ARGV[2] the receiving bucket's number
 -- ARGV[3] now (ms)
+-- ARGV[4] how old a loan may be and still count as on its way when cut off (ms)
 --
 -- The unit leaves the list and is recorded in `lent` in one step: until the transfer is
 -- settled (the receiver has it: the record goes; or it never will: the unit comes back,
@@ -24,11 +25,14 @@
 -- (waves); {"moving", lends} when it has none it may lend but lent one within the last second
 -- (by the callers' clocks) whose loan is not settled yet: the unit is on its way to another
 -- bucket, or there already, so one asked before this one may have it now. An older loan
--- is not moving: a purchase takes well under a second, so it was cut off (its unit comes
--- back with the repair) or only its settling is late (its unit is on the other list). Not
--- counting those keeps a slow replica from turning a sold-out crowd's answer from memory
--- into a "press again" that reaches Redis, for seconds. {"held", ""} when it may have some
--- but lends none now (not loaded, paused, or `fenced` while a warm-up replaces its units).
+-- is either cut off (its unit comes back here with the repair, seconds later) or only late
+-- to settle (its unit on the other list already); which one, only the home bucket's
+-- decision says, on another slot: so "empty" comes with those loans, up to 16 of them no
+-- older than ARGV[4] — {"empty", lends, transfer id, record, …} — for the caller to ask
+-- (src/items/transfer.rs). One older than that: the repair, which settles a loan within
+-- seconds of the replicas being in step, is not running, and the unit is not counted.
+-- {"held", ""} when it may have some but lends none now (not loaded, paused, or `fenced`
+-- while a warm-up replaces its units).
 
 local meta = redis.call('HMGET', KEYS[1], 'loaded', 'paused', 'fenced', 'waves')
 if not meta[1] or meta[2] == '1' or meta[3] then
@@ -43,14 +47,20 @@ if not held_back(meta[4], KEYS[2]) then
 end
 if not unit then
   local lends = redis.call('HGET', KEYS[1], 'lends') or '0'
-  local now = tonumber(ARGV[3])
-  for _, loan in ipairs(redis.call('HVALS', KEYS[3])) do
-    local at = tonumber(string.match(loan, '|(%d+)$'))
+  local now, horizon = tonumber(ARGV[3]), tonumber(ARGV[4])
+  local empty = {'empty', lends}
+  local loans = redis.call('HGETALL', KEYS[3])
+  for i = 1, #loans, 2 do
+    local at = tonumber(string.match(loans[i + 1], '|(%d+)$'))
     if at and math.abs(now - at) < 1000 then
       return {'moving', lends}
     end
+    if at and math.abs(now - at) <= horizon and #empty < 2 + 2 * 16 then
+      empty[#empty + 1] = loans[i]
+      empty[#empty + 1] = loans[i + 1]
+    end
   end
-  return {'empty', lends}
+  return empty
 end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2] .. '|' .. unit .. '|' .. ARGV[3])
 redis.call('HINCRBY', KEYS[1], 'total', -1)

@@ -99,7 +99,7 @@ where
 /// unit more than the item has, and `consistent` false, until the repair settled it.
 /// One read per loan (a bucket holds few, and only while a transfer is under way or cut
 /// off); a record `lend.lua` did not write counts as on its way.
-async fn on_their_way<C>(
+pub(crate) async fn on_their_way<C>(
     conn: &mut C,
     keys: &Keys,
     lender: BucketId,

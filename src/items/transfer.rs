@@ -19,20 +19,31 @@ use crate::lua::{LEND, RECEIVE, UNLEND};
 use crate::marks::{self, Work};
 use crate::store::{Grouped, RedisConns, RedisError, Replication, redis_timed};
 
+use super::stock::on_their_way;
+
 /// A transfer still not settled this long after its loan was cut off (a purchase takes
 /// well under a second; its store calls time out sooner).
 const STUCK_AFTER: Duration = Duration::from_secs(5);
+/// A loan cut off no longer ago than this whose unit has not arrived is on its way back to
+/// its lender: the repair settles it within about 6.5 s of the buckets' replicas being in
+/// step (docs/architecture.md), so a buyer hears "press again", not "sold out", for a unit
+/// that will be on sale in seconds. An older one means the repair is not running (no
+/// scheduler, replicas gone for a minute): the unit is not counted then, or a sold-out
+/// crowd would hear `503` for as long.
+const RETURNING_FOR: Duration = Duration::from_secs(60);
 
 /// What [`borrow`] found.
 #[derive(Debug, Default)]
 pub struct Borrowed {
     /// A unit is on the home bucket's list now.
     pub moved: bool,
-    /// Replicas did not confirm a step in time (`SECKILL_REDIS_WAIT_REPLICAS`), or a
-    /// bucket that may hold units sits on a master short of them: nothing can be said yet
-    /// (a transfer begun is left to [`settle_stuck`]).
+    /// Replicas did not confirm a step in time (`SECKILL_REDIS_WAIT_REPLICAS`), a bucket
+    /// that may hold units sits on a master short of them, or a unit of a loan cut off is
+    /// on its way back to its lender: nothing can be said yet (a transfer begun is left to
+    /// [`settle_stuck`]).
     pub stalled: bool,
-    /// Buckets that had nothing to lend, with the loans each had made (`lua/lend.lua`).
+    /// Buckets that had nothing to lend and nothing on its way, with the loans each had
+    /// made (`lua/lend.lua`).
     pub empty: Vec<(u8, u64)>,
     /// One of them lent a unit within the last second and its loan is not settled: the
     /// unit may have reached a bucket asked before it, so "nothing anywhere" cannot be
@@ -76,25 +87,49 @@ pub async fn borrow(
             continue;
         };
         let transfer = ulid::Ulid::new().to_string();
-        // The unit lent, or (empty, moving) the loans the lender had made.
-        let (outcome, unit): (String, String) = redis_timed(
+        // The unit lent, or (empty, moving) the loans the lender had made — with an
+        // empty one's older loans still unsettled.
+        let answer: Vec<String> = redis_timed(
             LEND.key(&lender.meta)
                 .key(&lender.tokens)
                 .key(&lender.lent)
                 .arg(&transfer)
                 .arg(home.bucket.index)
                 .arg(crate::clock::now().timestamp_millis())
+                .arg(RETURNING_FOR.as_millis() as u64)
                 .invoke_async(conn),
         )
         .await?;
-        match outcome.as_str() {
+        let (outcome, unit) = match answer.as_slice() {
+            [outcome, unit, ..] => (outcome.as_str(), unit.as_str()),
+            _ => {
+                return Err(RedisError::Unexpected(format!(
+                    "lend.lua answered {answer:?}"
+                )));
+            }
+        };
+        match outcome {
             "lent" => {}
-            "empty" | "moving" => {
-                let lends = unit.parse().map_err(|_| {
-                    RedisError::Unexpected(format!("lend.lua answered {outcome} {unit:?}"))
-                })?;
-                borrowed.empty.push((lender.bucket.index, lends));
-                borrowed.moving |= outcome == "moving";
+            // A unit lent a moment ago may be anywhere now; one cut off is coming back
+            // here. Neither bucket is empty for the catalogue in memory: its sold-out flag
+            // would otherwise answer `410` while the unit is on its way.
+            "moving" => {
+                borrowed.moving = true;
+                continue;
+            }
+            "empty" => {
+                let lends = unit
+                    .parse()
+                    .map_err(|_| RedisError::Unexpected(format!("lend.lua answered {answer:?}")))?;
+                let older: Vec<(String, String)> = answer[2..]
+                    .chunks_exact(2)
+                    .map(|loan| (loan[0].clone(), loan[1].clone()))
+                    .collect();
+                if on_their_way(conn, lending.keys, lender.bucket, &older).await? > 0 {
+                    borrowed.stalled = true;
+                } else {
+                    borrowed.empty.push((lender.bucket.index, lends));
+                }
                 continue;
             }
             // Paused, not loaded, or held back by a warm-up: it may have units.
@@ -103,7 +138,7 @@ pub async fn borrow(
                 continue;
             }
         }
-        let moved = receive(conn, home, lender, &transfer, &unit, lending, lent).await;
+        let moved = receive(conn, home, lender, &transfer, unit, lending, lent).await;
         if !matches!(moved, Ok(Some(_))) {
             // Left to `settle_stuck`: the lender is marked for it (best effort; the
             // scheduler's safety sweep finds the loan otherwise).

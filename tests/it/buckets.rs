@@ -148,6 +148,7 @@ async fn lend_to_bucket_0(env: &TestEnv, lender: &ItemKeys, transfer: &str) -> S
         .arg(transfer)
         .arg(0)
         .arg(chrono::Utc::now().timestamp_millis())
+        .arg(RETURNING_FOR_MS)
         .invoke_async(&mut env.redis.clone())
         .await
         .unwrap();
@@ -155,19 +156,28 @@ async fn lend_to_bucket_0(env: &TestEnv, lender: &ItemKeys, transfer: &str) -> S
     unit
 }
 
-/// What `lend.lua` answers a borrower when `lender` has no unit: "empty" or "moving", and
-/// the loans it ever made (a buyer's two looks compare them).
-async fn ask_empty_lender(env: &TestEnv, lender: &ItemKeys) -> (String, String) {
-    LEND.key(&lender.meta)
+/// What `lend.lua` answers a borrower when `lender` has no unit: "empty" or "moving", the
+/// loans it ever made (a buyer's two looks compare them), and with "empty" the transfer
+/// ids of its older loans not settled (their units may be on their way back).
+async fn ask_empty_lender(env: &TestEnv, lender: &ItemKeys) -> (String, String, Vec<String>) {
+    let answer: Vec<String> = LEND
+        .key(&lender.meta)
         .key(&lender.tokens)
         .key(&lender.lent)
         .arg("asked-while-empty")
         .arg(0)
         .arg(chrono::Utc::now().timestamp_millis())
+        .arg(RETURNING_FOR_MS)
         .invoke_async(&mut env.redis.clone())
         .await
-        .unwrap()
+        .unwrap();
+    let loans = answer[2..].iter().step_by(2).cloned().collect();
+    (answer[0].clone(), answer[1].clone(), loans)
 }
+
+/// How old a loan cut off may be and still count as on its way back (the server's
+/// `RETURNING_FOR`, src/items/transfer.rs).
+const RETURNING_FOR_MS: u64 = 60_000;
 
 /// The two states a transfer can be cut off in, made by running its first step(s) by
 /// hand as a dying server would: lent and never received (the sweep gives the unit back
@@ -354,11 +364,13 @@ async fn buckets_change_only_while_nothing_of_the_item_exists() {
 }
 
 /// The last unit of a sale lent and cut off on its way (on no list, in its lender's
-/// loans): a buyer who finds every list empty while the loan is a moment old hears `503`
-/// — press again — not `410`. (Before, that buyer heard `410 sold_out`, and so did
-/// everyone after, from memory, with the unit about to arrive.) A loan over a second old
-/// no longer counts as moving (a purchase is over by then): `410` until the sweep gives
-/// the unit back, after which pressing again buys it; then the sale is sold out.
+/// loans): a buyer who finds every list empty hears `503` — press again — not `410`, both
+/// while the loan is a moment old (`moving`: it may be anywhere) and after (cut off: the
+/// home bucket never took it in, so the repair brings it back to its lender), until the
+/// sweep gives the unit back and pressing again buys it; then the sale is sold out.
+/// (Before, the first buyer heard `410 sold_out`, and so did everyone after, from memory,
+/// with the unit about to arrive; later, a loan over a second old counted as nothing, and a
+/// generated history's fresh buyer heard `410` for the seconds until the repair.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_unit_on_its_way_between_buckets_is_never_called_sold_out() {
     let env = TestEnv::new("buckets_moving").await;
@@ -385,23 +397,36 @@ async fn a_unit_on_its_way_between_buckets_is_never_called_sold_out() {
     );
     let asked = ask_empty_lender(&env, &lender).await;
     assert_eq!((asked.0.as_str(), asked.1.as_str()), ("moving", "1"));
-    // Well before the sweep's five seconds: the loan was cut off, not moving.
+    // Well before the sweep's five seconds: no longer moving, cut off — the lender names
+    // the loan, and the home bucket has not taken its unit in.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let asked = ask_empty_lender(&env, &lender).await;
-    assert_eq!((asked.0.as_str(), asked.1.as_str()), ("empty", "1"));
-    let (status, body) = env.buy(&server, second, 3).await;
     assert_eq!(
-        (status, body["code"].as_str()),
-        (410, Some("sold_out")),
-        "{body}"
+        asked,
+        (
+            "empty".into(),
+            "1".into(),
+            vec!["cut-on-its-way".to_owned()]
+        )
     );
-    let late = eventually(Duration::from_secs(15), "the unit back on sale", || async {
+    // Every press until the unit is back hears "press again", none the end.
+    let given_up = std::time::Instant::now() + Duration::from_secs(15);
+    let mut heard = Vec::new();
+    let late = loop {
         match env.buy(&server, second, 3).await {
-            (202, body) => Ok(body),
-            (status, body) => Err(format!("{status} {body}")),
+            (202, body) => break body,
+            (status, body) => heard.push((status, body["code"].as_str().map(str::to_owned))),
         }
-    })
-    .await;
+        assert!(std::time::Instant::now() < given_up, "not back: {heard:?}");
+        // Under the buyer's limit of five presses a second.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        heard
+            .iter()
+            .all(|h| *h == (503, Some("unavailable".to_owned()))),
+        "{heard:?}"
+    );
     let (status, body) = env.buy(&server, third, 3).await;
     assert_eq!(
         (status, body["code"].as_str()),
@@ -413,6 +438,54 @@ async fn a_unit_on_its_way_between_buckets_is_never_called_sold_out() {
         .iter()
         .map(|b| b["order_sn"].as_str().unwrap().to_owned())
         .collect();
+    quiet(&env, &server, 3, &amqp_url(), Duration::from_secs(30)).await;
+    env.assert_invariants(&server, 3, 2, &sold).await;
+    server.stop().await;
+}
+
+/// A loan whose unit arrived but whose lender was not settled yet (its request cut off
+/// after the receive, or the home's replicas late to confirm it) holds back no "sold out":
+/// the home bucket decided it `in`, so the unit is on its list — sold here — and the crowd
+/// after the last unit hears `410`, not seconds of "press again" until the repair drops the
+/// loan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_loan_whose_unit_arrived_holds_back_no_sold_out() {
+    let env = TestEnv::new("buckets_arrived").await;
+    let server = env.server(ALL_ROLES).await;
+    env.item(3, 2).buckets(2).on_sale(&server).await;
+    let keys = Keys::new(&env.settings.namespace);
+    let item = ItemId::new(3).unwrap();
+    let (home, lender) = (
+        keys.bucket(BucketId::new(item, 0)),
+        keys.bucket(BucketId::new(item, 1)),
+    );
+    let unit = lend_to_bucket_0(&env, &lender, "arrived-unsettled").await;
+    let decided: String = RECEIVE
+        .key(&home.meta)
+        .key(&home.tokens)
+        .key(&home.transfers)
+        .arg("arrived-unsettled")
+        .arg(unit)
+        .invoke_async(&mut env.redis.clone())
+        .await
+        .unwrap();
+    assert_eq!(decided, "in");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let buyers = users_of_bucket(3, 2, 0, 3);
+    let mut sold = Vec::new();
+    for user in &buyers[..2] {
+        let (status, body) = env.buy(&server, *user, 3).await;
+        assert_eq!(status, 202, "bucket 0 holds both units: {body}");
+        sold.push(body["order_sn"].as_str().unwrap().to_owned());
+    }
+    let asked = ask_empty_lender(&env, &lender).await;
+    assert_eq!(asked.2, ["arrived-unsettled"], "the loan is still there");
+    let (status, body) = env.buy(&server, buyers[2], 3).await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (410, Some("sold_out")),
+        "{body}"
+    );
     quiet(&env, &server, 3, &amqp_url(), Duration::from_secs(30)).await;
     env.assert_invariants(&server, 3, 2, &sold).await;
     server.stop().await;
