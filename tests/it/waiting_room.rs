@@ -504,6 +504,53 @@ async fn a_join_may_cost_a_proof_of_work() {
 #[tokio::test]
 async fn two_schedulers_let_each_buyer_in_once_in_order() {
     let env = &TestEnv::new("waittwo").await;
+    let api = line_of_300_for_120(env).await;
+    let one = env.server(&[Role::Scheduler]).await;
+    let two = env.server(&[Role::Scheduler]).await;
+    let_in_once_by_rank(env, &api).await;
+    two.stop().await;
+    one.stop().await;
+    api.stop().await;
+}
+
+/// Scheduler processes SIGKILLed one after another while they let a line of 300 in at 100
+/// a second, each as soon as it has let some in (its step is one script: a kill falls
+/// between steps or loses one whole): the next scheduler goes on where the last stopped,
+/// and still everyone is let in once, in the line's order, never beyond the units.
+#[tokio::test]
+async fn schedulers_killed_mid_admission_let_each_buyer_in_once_in_order() {
+    let env = &TestEnv::new("waitkill").await;
+    let api = line_of_300_for_120(env).await;
+    let mut kills = 0;
+    for until in [25, 60, 95] {
+        let (mut child, _, _, reader) = serve(seckill(env).args(["serve", "--roles", "scheduler"]));
+        eventually(Duration::from_secs(15), "some let in", || async {
+            let admitted = figures(env, &api).await["admitted"].as_u64().unwrap_or(0);
+            if admitted >= until {
+                Ok(())
+            } else {
+                Err(format!("{admitted} let in"))
+            }
+        })
+        .await;
+        kill_hard(&mut child);
+        let _ = reader.join();
+        kills += 1;
+    }
+    let mid = figures(env, &api).await;
+    assert!(
+        mid["admitted"].as_u64() < Some(120),
+        "the kills fell mid-admission: {mid} after {kills}"
+    );
+    let (last, _, _, reader) = serve(seckill(env).args(["serve", "--roles", "scheduler"]));
+    let_in_once_by_rank(env, &api).await;
+    stop_process(last, reader);
+    api.stop().await;
+}
+
+/// An API and consumer instance, and a queued sale of 120 units starting in 3 s at 100 a
+/// second, with users 1 to 300 in its pre-queue.
+async fn line_of_300_for_120(env: &TestEnv) -> TestServer {
     let api = env.server(&[Role::Api, Role::Consumer]).await;
     let start = Utc::now() + chrono::Duration::seconds(3);
     env.item(ITEM, 120)
@@ -517,10 +564,15 @@ async fn two_schedulers_let_each_buyer_in_once_in_order() {
         assert_eq!(status, 200, "{json}");
     }))
     .await;
-    let one = env.server(&[Role::Scheduler]).await;
-    let two = env.server(&[Role::Scheduler]).await;
+    api
+}
+
+/// The line of [`line_of_300_for_120`] once its schedulers are done: exactly the 120
+/// lowest ranks by the published seed let in, each once (a pass each, 120 outstanding,
+/// holding 120 units, and no more let in after), the next by rank first in line.
+async fn let_in_once_by_rank(env: &TestEnv, api: &TestServer) {
     let report = eventually(Duration::from_secs(15), "120 let in", || async {
-        let report = figures(env, &api).await;
+        let report = figures(env, api).await;
         match report["admitted"].as_u64() {
             Some(120) => Ok(report),
             _ => Err(report.to_string()),
@@ -528,7 +580,7 @@ async fn two_schedulers_let_each_buyer_in_once_in_order() {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let after = figures(env, &api).await;
+    let after = figures(env, api).await;
     assert_eq!(
         (
             after["admitted"].as_u64(),
@@ -538,20 +590,17 @@ async fn two_schedulers_let_each_buyer_in_once_in_order() {
         (Some(120), Some(120), Some(120)),
         "no pass beyond the stock: {report} then {after}"
     );
-    let (_, item) = env.get(&api, &format!("/api/items/{ITEM}"), None).await;
+    let (_, item) = env.get(api, &format!("/api/items/{ITEM}"), None).await;
     let seed = item["queue_seed"].as_str().unwrap();
     let mut order: Vec<u64> = (1..=300).collect();
     order.sort_by_key(|user| (rank(seed, *user), *user));
-    let passes = admitted(env, &api, 1..=300).await;
+    let passes = admitted(env, api, 1..=300).await;
     assert_eq!(
         passes.keys().copied().collect::<HashSet<_>>(),
         order[..120].iter().copied().collect::<HashSet<_>>()
     );
-    let next = me(env, &api, order[120]).await;
+    let next = me(env, api, order[120]).await;
     assert_eq!(next["position"].as_u64(), Some(1), "{next}");
-    two.stop().await;
-    one.stop().await;
-    api.stop().await;
 }
 
 /// The stream pushes a waiting buyer's place, then the admission with the pass.
