@@ -6,6 +6,10 @@
 //! (every unit paid for, or the sale over), else, while every unit unsold is taken, when
 //! the unpaid orders holding the rest are known.
 //!
+//! Nobody is let in while no pass could buy: the sale paused or reloading, a breaker set
+//! by hand refusing its purchases (the item's or the global one at level 2 or 3), or its
+//! shop closed. The passes already out keep their time (a pass is signed with it).
+//!
 //! Any number of schedulers may run it: a step is one atomic script, so two never let one
 //! buyer in twice or out of order, and a scheduler killed mid-step let in all of its step
 //! or nothing.
@@ -17,10 +21,12 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use crate::background::{Schedule, repeat};
+use crate::breaker::{self, Level, Scope};
 use crate::deps::Deps;
 use crate::domain::ItemId;
 use crate::items::repo::{self, Item};
 use crate::items::stock;
+use crate::shops::cache::Shops;
 use crate::store::StoreError;
 use crate::telemetry::QueueLevels;
 
@@ -35,15 +41,14 @@ const OUTLOOK_EVERY: Duration = Duration::from_secs(1);
 /// `sold_out`, and the passes run out.
 const AFTER_END: Duration = Duration::from_secs(3_600);
 
-pub async fn run(deps: Deps, shutdown: CancellationToken) {
+pub async fn run(deps: Deps, shops: Shops, shutdown: CancellationToken) {
     let pass = tokio::sync::Mutex::new(Pass::default());
-    let deps = &deps;
-    let pass = &pass;
+    let (deps, shops, pass) = (&deps, &shops, &pass);
     repeat(
         "waiting rooms' admission",
         Schedule::every(STEP_EVERY),
         &shutdown,
-        || async move { pass.lock().await.step_all(deps).await },
+        || async move { pass.lock().await.step_all(deps, shops).await },
     )
     .await;
 }
@@ -57,7 +62,7 @@ struct Pass {
 }
 
 impl Pass {
-    async fn step_all(&mut self, deps: &Deps) -> Result<(), StoreError> {
+    async fn step_all(&mut self, deps: &Deps, shops: &Shops) -> Result<(), StoreError> {
         if self.read_at.is_none_or(|at| at.elapsed() >= READ_EVERY) {
             // Should MySQL not answer, the queues known go on stepping: passes run out and
             // units come back whatever MySQL does.
@@ -73,6 +78,15 @@ impl Pass {
                 }
             }
         }
+        // The breakers set by hand (one read a step); unreadable, none holds admission: the
+        // purchases' own check still refuses while one is open.
+        let breakers = match breaker::store::load_all(&deps.redis, &deps.keys).await {
+            Ok(settings) => breaker::store::levels(&settings),
+            Err(e) => {
+                tracing::debug!(error = %e, "could not read the breakers; admitting as if closed");
+                Default::default()
+            }
+        };
         let now = crate::clock::now();
         for item in &self.items {
             let opens = item.start_at
@@ -86,7 +100,15 @@ impl Pass {
                 .outlook_at
                 .get(&item.id)
                 .is_none_or(|at| at.elapsed() >= OUTLOOK_EVERY);
-            if let Err(e) = step(deps, item, now, outlook).await {
+            let stopped = [Scope::Global, Scope::Item(item.id)]
+                .iter()
+                .any(|scope| breakers.get(scope).is_some_and(|l| *l >= Level::Degrade));
+            // A shop nobody can tell about counts as open, as on the purchase path.
+            let closed = match shops.get(item.shop_id).await {
+                Ok(Some(shop)) => !shop.open_at(now),
+                Ok(None) | Err(_) => false,
+            };
+            if let Err(e) = step(deps, item, now, outlook, stopped || closed).await {
                 tracing::warn!(item = %item.id, error = %crate::error::cause_chain(&e), "a waiting room's step failed; it runs again");
                 continue;
             }
@@ -98,12 +120,14 @@ impl Pass {
     }
 }
 
-/// One step of `item`'s queue, and (`outlook`) what those waiting are told.
+/// One step of `item`'s queue, and (`outlook`) what those waiting are told; `refused`:
+/// its purchases are refused now (a breaker, its shop's hours), so nobody is let in.
 async fn step(
     deps: &Deps,
     item: &Item,
     now: DateTime<Utc>,
     outlook: bool,
+    refused: bool,
 ) -> Result<(), StoreError> {
     let Some(plan) = item.queue.0 else {
         return Ok(());
@@ -144,7 +168,7 @@ async fn step(
         admit_per_s: plan.admit_per_s,
         pass_ttl_ms: i64::from(plan.pass_ttl_s) * 1000,
         per_user: item.per_user,
-        held: item.paused || whole.reloading,
+        held: item.paused || whole.reloading || refused,
     };
     // Taken before the step, held after it: see `lua/queue_show.lua`.
     let replication = deps.redis.replicas_for(&keys.replicated).await;

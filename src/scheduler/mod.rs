@@ -93,6 +93,7 @@ impl Scheduler {
         tasks.spawn(draws::run(self.clone(), shutdown.clone()));
         tasks.spawn(crate::queue::admit::run(
             self.deps.clone(),
+            self.shops.clone(),
             shutdown.clone(),
         ));
         tasks.spawn(self.clone().end_of_sale(shutdown.clone()));

@@ -603,6 +603,82 @@ async fn let_in_once_by_rank(env: &TestEnv, api: &TestServer) {
     assert_eq!(next["position"].as_u64(), Some(1), "{next}");
 }
 
+/// Nobody is let in while no pass could buy: with the item's breaker at level 2, then the
+/// global one, then its shop closed by an operator, the line stands still for 1.5 s each
+/// time (at 4 a second it would have moved six places); once each is lifted it moves on.
+/// (Before, admission went on, and the passes of those let in ran out unable to buy.)
+#[tokio::test]
+async fn nobody_is_let_in_while_a_breaker_or_the_shop_refuses_purchases() {
+    let env = &TestEnv::new("waithold").await;
+    let server = env.server(ALL_ROLES).await;
+    env.item(ITEM, 40)
+        .queued(json!({ "admit_per_s": 4 }))
+        .on_sale(&server)
+        .await;
+    for user in 1..=40 {
+        let (status, json) = join(env, &server, user, None).await;
+        assert_eq!(status, 200, "{json}");
+    }
+    let srv = &server;
+    let let_in = || async move { figures(env, srv).await["admitted"].as_u64().unwrap_or(0) };
+    let moves_past = |from: u64| async move {
+        eventually(Duration::from_secs(5), "the line moving", || async {
+            let now = let_in().await;
+            if now > from {
+                Ok(now)
+            } else {
+                Err(format!("{now} let in"))
+            }
+        })
+        .await
+    };
+    let circuit = |action: &'static str, query: &'static str| async move {
+        let (status, json) = env
+            .admin_post(srv, &format!("/admin/circuit/{action}?{query}"))
+            .await;
+        assert_eq!(status, 200, "{json}");
+    };
+    let shop = |body: Value| async move {
+        let response = env
+            .admin(reqwest::Method::PUT, srv, "/admin/shops/1/status")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    };
+    let stands_still = |what: &'static str| async move {
+        // The step under way when the hold came may still let one in.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let held = let_in().await;
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        assert_eq!(let_in().await, held, "let in while {what}");
+        held
+    };
+    let mut at = moves_past(0).await;
+    circuit("open", "item=1&level=2&reason=a+test").await;
+    at = stands_still("the item's breaker refused purchases")
+        .await
+        .max(at);
+    circuit("close", "item=1").await;
+    at = moves_past(at).await;
+    circuit("open", "level=3&reason=a+test").await;
+    at = stands_still("the global breaker refused purchases")
+        .await
+        .max(at);
+    circuit("close", "").await;
+    at = moves_past(at).await;
+    shop(json!({"open": false, "reason": "a test"})).await;
+    at = stands_still("the shop was closed").await.max(at);
+    shop(json!({"open": null})).await;
+    moves_past(at).await;
+    // A breaker at level 1 lets purchases trickle through: the line moves.
+    circuit("open", "item=1&level=1&reason=a+test").await;
+    let throttled = let_in().await;
+    moves_past(throttled).await;
+    server.stop().await;
+}
+
 /// The stream pushes a waiting buyer's place, then the admission with the pass.
 #[tokio::test]
 async fn the_stream_pushes_the_place_then_the_pass() {
