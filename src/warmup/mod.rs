@@ -110,12 +110,13 @@ pub enum WarmupError {
     #[error("orders may still be on their way to MySQL: {0}")]
     InFlight(String),
     #[error(
-        "`total`: at least {} ({held} units held by orders, {unreleased} held back for waves still to come), not {total}: raise it",
-        held + unreleased
+        "`total`: at least {} ({held} units held by orders, {unreleased} held back for waves still to come, {reserved} reserved by the waiting room's live passes), not {total}: raise it, or wait for the passes to run out",
+        held + unreleased + reserved
     )]
     OverHeld {
         held: u64,
         unreleased: u64,
+        reserved: u64,
         total: u32,
     },
     #[error(
@@ -320,7 +321,12 @@ impl Warmup<'_> {
         }
         // Refused before the fence when it can be (a refusal changes nothing); the count
         // under the fence below is the one that decides.
-        to_load(&item, self.holders(conn, &buckets, id).await?.len() as u64)?;
+        let reserved = self.reserved(conn, &item).await?;
+        to_load(
+            &item,
+            self.holders(conn, &buckets, id).await?.len() as u64,
+            reserved,
+        )?;
         // Every bucket held back before the decisive read: from here on nothing sells,
         // lends, gives back or releases in any of them (the scripts check `fenced`), so
         // the holders read below stay the holders until each bucket's swap — even if the
@@ -351,7 +357,10 @@ impl Warmup<'_> {
         orders::await_changes(self.db, &changing).await?;
         let holders = self.holders(conn, &buckets, id).await?;
         let held = holders.len() as u64;
-        let to_load = to_load(&item, held)?;
+        // Admission holds while the item is fenced (`src/queue/admit.rs`): no pass is given
+        // after this read, and those out only run out.
+        let reserved = self.reserved(conn, &item).await?;
+        let to_load = to_load(&item, held, reserved)?;
 
         let shares = BucketId::spread(to_load, buckets.len());
         let mut by_bucket: HashMap<BucketId, Vec<&Holder>> = HashMap::new();
@@ -421,6 +430,17 @@ impl Warmup<'_> {
     }
 
     /// Every order holding a unit: live in MySQL or pending in Redis.
+    /// The units the item's waiting room holds for its live passes (none without one): a
+    /// reload must leave at least those unsold, or passes given out could not buy.
+    async fn reserved(&self, conn: &mut RedisConn, item: &Item) -> Result<u64, WarmupError> {
+        if item.queue.0.is_none() {
+            return Ok(0);
+        }
+        Ok(crate::queue::line::figures(conn, &self.keys.queue(item.id))
+            .await?
+            .reserved)
+    }
+
     async fn holders(
         &self,
         conn: &mut RedisConn,
@@ -500,16 +520,17 @@ impl Holder {
 /// the buckets alike, so each bucket's list then covers its share). A wave within
 /// [`WAVE_CLOCK_MARGIN`] of its time counts as still to come: Redis's clock, which opens
 /// it, may be that far from this host's.
-fn to_load(item: &Item, held: u64) -> Result<u64, WarmupError> {
+fn to_load(item: &Item, held: u64, reserved: u64) -> Result<u64, WarmupError> {
     let unreleased = item
         .release
         .unreleased(crate::clock::now() - WAVE_CLOCK_MARGIN);
     u64::from(item.total)
         .checked_sub(held)
-        .filter(|rest| *rest >= unreleased)
+        .filter(|rest| *rest >= unreleased + reserved)
         .ok_or(WarmupError::OverHeld {
             held,
             unreleased,
+            reserved,
             total: item.total,
         })
 }

@@ -13,6 +13,7 @@ use sha2::{Digest, Sha256};
 
 use seckill::Role;
 
+use crate::history::quiet;
 use crate::support::*;
 
 /// The item every test here sells (each in its own namespace).
@@ -676,6 +677,74 @@ async fn nobody_is_let_in_while_a_breaker_or_the_shop_refuses_purchases() {
     circuit("open", "item=1&level=1&reason=a+test").await;
     let throttled = let_in().await;
     moves_past(throttled).await;
+    server.stop().await;
+}
+
+/// A reload may not leave fewer units than the live passes reserve: with 5 passes out on
+/// 10 units, a lower `total` of 4 applied by a forced warm-up is refused (`409 over_held`
+/// naming the passes' 5), 6 is loaded; the 5 then buy with their passes. (Before, the
+/// reload loaded 4 units under 5 passes: one pass could not buy.)
+#[tokio::test]
+async fn a_reload_leaves_the_units_the_live_passes_reserve() {
+    let env = &TestEnv::new("waitreload").await;
+    let server = env.server(ALL_ROLES).await;
+    let start = Utc::now() - chrono::Duration::seconds(1);
+    let end = start + chrono::Duration::hours(1);
+    let item = |total| {
+        env.item(ITEM, total)
+            .window(start, end)
+            .queued(json!({ "admit_per_s": 1000 }))
+    };
+    item(10).on_sale(&server).await;
+    for user in 1..=5 {
+        join(env, &server, user, None).await;
+    }
+    let passes = eventually(Duration::from_secs(10), "5 let in", || async {
+        let passes = admitted(env, &server, 1..=5).await;
+        match passes.len() {
+            5 => Ok(passes),
+            n => Err(format!("{n} let in")),
+        }
+    })
+    .await;
+    assert_eq!(env.admin_post(&server, "/admin/items/1/pause").await.0, 200);
+    item(4).put(&server).await;
+    let (status, body) = env
+        .admin_post(&server, "/admin/items/1/warmup?force=true")
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (409, Some("over_held")),
+        "{body}"
+    );
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("at least 5") && detail.contains("5 reserved by the waiting room"),
+        "{detail}"
+    );
+    item(6).put(&server).await;
+    let (status, body) = env
+        .admin_post(&server, "/admin/items/1/warmup?force=true")
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        env.admin_post(&server, "/admin/items/1/resume").await.0,
+        200
+    );
+    let mut won = Vec::new();
+    for (user, pass) in &passes {
+        let (status, body) = eventually(Duration::from_secs(5), "the sale resumed", || async {
+            match buy_with(env, &server, *user, Some(pass)).await {
+                (503, body) => Err(body.to_string()),
+                answer => Ok(answer),
+            }
+        })
+        .await;
+        assert_eq!(status, 202, "user {user}: {body}");
+        won.push(body["order_sn"].as_str().unwrap().to_owned());
+    }
+    quiet(env, &server, ITEM, &amqp_url(), Duration::from_secs(30)).await;
+    env.assert_invariants(&server, ITEM, 6, &won).await;
     server.stop().await;
 }
 
