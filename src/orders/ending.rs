@@ -207,7 +207,7 @@ pub async fn cancel_overdue(
 ) -> Result<Cancelled, StoreError> {
     let parsed: Vec<OrderSn> = sns.iter().filter_map(|sn| OrderSn::parse(sn)).collect();
     let begun = begin(redis, keys, &parsed.iter().collect::<Vec<_>>()).await?;
-    let cancelled = repo::cancel_overdue(db, sns, reason).await?;
+    let cancelled = repo::set_overdue_cancelled(db, sns, reason).await?;
     let rows = repo::find_many(db, sns).await?;
     let mut outcome = Cancelled {
         cancelled,

@@ -1,6 +1,11 @@
 //! Working the delay queue: at each order's pay deadline it is cancelled if still unpaid
 //! and its unit goes back on sale; at each reminder stage an `order.remind` event goes out
 //! for an order still unpaid.
+//!
+//! An unpaid order's way out: [`handle`] → `Scheduler::time_out` (`scheduler/mod.rs`) →
+//! `orders::ending::cancel_overdue` (the `ending` record, MySQL, the unit back under the
+//! row's lock) → `orders::repo::set_overdue_cancelled` (the `UPDATE`). The compensation
+//! scan (`compensate.rs`) and a reconciliation (`orders/reconcile.rs`) take the same way.
 
 use std::collections::HashSet;
 use std::sync::Arc;

@@ -98,7 +98,7 @@ async fn the_openapi_document_is_served_valid_and_committed() {
     assert!(
         served == committed,
         "openapi.json is not what the server serves: write it again with \
-         `SECKILL_WRITE_OPENAPI=1 cargo test --test it openapi_document`"
+         `SECKILL_WRITE_OPENAPI=1 cargo test --test it ecosystem::the_openapi_document_is_served_valid_and_committed`"
     );
     assert_eq!(served["openapi"], "3.1.0");
 
