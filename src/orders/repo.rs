@@ -228,7 +228,11 @@ pub async fn cancel_own(db: &Db, sn: &OrderSn, user: UserId) -> Result<bool, DbE
 /// `unpaid` → `cancelled` for those of these orders whose deadline has passed (by
 /// MySQL's clock). Returns how many this call cancelled. Run again after a deadlock or a
 /// certification failure, as [`pay`] (a late pay cancels through here).
-pub async fn set_overdue_cancelled(db: &Db, sns: &[&str], reason: CancelReason) -> Result<u64, DbError> {
+pub async fn set_overdue_cancelled(
+    db: &Db,
+    sns: &[&str],
+    reason: CancelReason,
+) -> Result<u64, DbError> {
     if sns.is_empty() {
         return Ok(0);
     }
