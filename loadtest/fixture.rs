@@ -7,6 +7,7 @@ use redis::aio::ConnectionLike;
 
 use seckill::domain::{BucketId, ItemId, OrderPlaced, OrderSn, UserId};
 use seckill::testing::ItemKeys;
+use seckill::testing::lua::RULES_SET;
 
 /// `loadtest/lua/minimal.lua`: ZSCORE, LPOP, ZADD, HINCRBY.
 pub static MINIMAL: std::sync::LazyLock<Script> =
@@ -32,7 +33,9 @@ pub async fn clear(redis: &mut impl ConnectionLike, keys: &ItemKeys) -> anyhow::
     Ok(())
 }
 
-/// A fresh item: every key of the item rebuilt, `units` tokens, its window open.
+/// A fresh item: every key of the item rebuilt, `units` tokens, its window open — its meta
+/// written as a warm-up writes it, through `lua/rules_set.lua`, so its packed `rules` are
+/// there and `grab.lua` reads one field, as on the server, not its eight-field fallback.
 pub async fn load(
     redis: &mut impl ConnectionLike,
     keys: &ItemKeys,
@@ -48,17 +51,24 @@ pub async fn load(
             .await?;
     }
     let units = units.to_string();
-    redis::cmd("HSET")
-        .arg(&keys.meta)
+    RULES_SET
+        .key(&keys.meta)
         .arg(&[
             ("loaded", "1"),
             ("paused", "0"),
             ("start_ms", "0"),
             ("end_ms", "99999999999999"),
+            ("per_user", "1"),
             ("total", units.as_str()),
         ])
-        .query_async::<()>(redis)
+        .invoke_async::<()>(redis)
         .await?;
+    let rules: Option<String> = redis::cmd("HGET")
+        .arg(&keys.meta)
+        .arg("rules")
+        .query_async(redis)
+        .await?;
+    anyhow::ensure!(rules.is_some(), "the fixture's meta has no packed rules");
     Ok(())
 }
 
