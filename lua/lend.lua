@@ -28,7 +28,8 @@
 -- is either cut off (its unit comes back here with the repair, seconds later) or only late
 -- to settle (its unit on the other list already); which one, only the home bucket's
 -- decision says, on another slot: so "empty" comes with those loans, up to 16 of them no
--- older than ARGV[4] — {"empty", lends, transfer id, record, …} — for the caller to ask
+-- older than ARGV[4] — {"empty", lends, transfer id, record, …}, and "more" last when it
+-- holds more than that (then one of the rest may be on its way) — for the caller to ask
 -- (src/items/transfer.rs). One older than that: the repair, which settles a loan within
 -- seconds of the replicas being in step, is not running, and the unit is not counted.
 -- {"held", ""} when it may have some but lends none now (not loaded, paused, or `fenced`
@@ -55,9 +56,13 @@ if not unit then
     if at and math.abs(now - at) < 1000 then
       return {'moving', lends}
     end
-    if at and math.abs(now - at) <= horizon and #empty < 2 + 2 * 16 then
-      empty[#empty + 1] = loans[i]
-      empty[#empty + 1] = loans[i + 1]
+    if at and math.abs(now - at) <= horizon and empty[#empty] ~= 'more' then
+      if #empty < 2 + 2 * 16 then
+        empty[#empty + 1] = loans[i]
+        empty[#empty + 1] = loans[i + 1]
+      else
+        empty[#empty + 1] = 'more'
+      end
     end
   end
   return empty

@@ -4,7 +4,8 @@
 -- KEYS[2] state   HASH  cursor (how many were let in, in the line's order), reserved
 --                       (units the live passes may still buy), last_ms and carry_milli
 --                       (the rate's allowance), rate_from_ms / rate_n / rate_milli (the
---                       measured rate), expired (passes that ran out unused), paused
+--                       measured rate), expired (passes that ran out unused), paused,
+--                       reload_until (a forced warm-up's hold: queue_reload.lua)
 -- KEYS[3] passes  ZSET  user_id -> pass expiry (ms)
 -- KEYS[4] held    HASH  user_id -> units that user's live pass reserves (and t:<user_id>)
 -- KEYS[5] sold    SET   order_sns bought with a pass (queue_used.lua)
@@ -63,7 +64,7 @@ if reserved < 0 then
 end
 
 local st = redis.call('HMGET', KEYS[2], 'cursor', 'last_ms', 'carry_milli', 'paused',
-  'rate_from_ms', 'rate_n', 'shown')
+  'rate_from_ms', 'rate_n', 'shown', 'reload_until')
 local cursor = tonumber(st[1]) or 0
 local rate = tonumber(ARGV[3])
 local full = rate * 1000
@@ -83,7 +84,9 @@ local admitted = 0
 -- Nobody more while the last admissions wait for the replicas (their passes unseen, and
 -- running out): see queue_show.lua.
 local unshown = cursor > (tonumber(st[7]) or 0)
-if st[4] ~= '1' and ARGV[9] ~= '1' and not unshown and now >= tonumber(ARGV[1])
+-- Nobody while a forced warm-up reloads the units (it counted the passes out).
+local reloading = now < (tonumber(st[8]) or 0)
+if st[4] ~= '1' and ARGV[9] ~= '1' and not unshown and not reloading and now >= tonumber(ARGV[1])
   and now < tonumber(ARGV[2]) then
   local room = tonumber(ARGV[6]) - (redis.call('SCARD', KEYS[5]) - tonumber(ARGV[7]))
     - reserved

@@ -189,6 +189,15 @@ pub static QUEUE_STEP: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// A forced warm-up holds a waiting room and reads what its passes reserve, or lets it
+/// go: see `lua/queue_reload.lua`.
+pub static QUEUE_RELOAD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/lib/queue_where.lua"),
+        include_str!("../lua/queue_reload.lua")
+    ))
+});
+
 /// Shows those let in up to a cursor: see `lua/queue_show.lua`.
 pub static QUEUE_SHOW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/queue_show.lua")));

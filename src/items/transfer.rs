@@ -121,11 +121,7 @@ pub async fn borrow(
                 let lends = unit
                     .parse()
                     .map_err(|_| RedisError::Unexpected(format!("lend.lua answered {answer:?}")))?;
-                let older: Vec<(String, String)> = answer[2..]
-                    .chunks_exact(2)
-                    .map(|loan| (loan[0].clone(), loan[1].clone()))
-                    .collect();
-                if on_their_way(conn, lending.keys, lender.bucket, &older).await? > 0 {
+                if returning(conn, lender, &answer[2..], lending).await {
                     borrowed.stalled = true;
                 } else {
                     borrowed.empty.push((lender.bucket.index, lends));
@@ -161,6 +157,36 @@ pub async fn borrow(
         borrowed.stalled = false;
     }
     Ok(borrowed)
+}
+
+/// Whether a unit of these older loans of an empty lender (`lend.lua`'s transfer ids and
+/// records, or `more` when it had more than it names) is on its way back to it: its home
+/// bucket did not take it in. Then the lender is marked for the repair, which brings the
+/// unit back 5 s after the loan at the earliest — its request may have died before it
+/// could mark it, leaving it to the safety sweep's slower round. A home bucket that
+/// cannot be asked (its master gone) leaves the unit's fate unknown: on its way, too.
+async fn returning(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    lender: &ItemKeys,
+    older: &[String],
+    lending: Lending<'_>,
+) -> bool {
+    if older.is_empty() {
+        return false;
+    }
+    let loans: Vec<(String, String)> = older
+        .chunks_exact(2)
+        .map(|loan| (loan[0].clone(), loan[1].clone()))
+        .collect();
+    let on_the_way = older.len() % 2 == 1
+        || !matches!(
+            on_their_way(conn, lending.keys, lender.bucket, &loans).await,
+            Ok(0)
+        );
+    if on_the_way {
+        let _ = marks::mark(conn, lending.keys, Work::Loans, [lender.bucket]).await;
+    }
+    on_the_way
 }
 
 /// The steps of a transfer after the loan: the receiver decides it, the lender settles.

@@ -194,9 +194,49 @@ async fn step(
     let Some((unpaid, latest)) = unpaid else {
         return Ok(());
     };
+    let counted = Counted {
+        whole,
+        available,
+        reserved: stepped.reserved,
+        unpaid,
+        latest,
+    };
+    tell_outlook(deps, &mut conn, item, now, &counted).await
+}
+
+/// What a step counted, for [`tell_outlook`].
+struct Counted {
+    whole: stock::StockSnapshot,
+    /// Units a purchase could take now.
+    available: u64,
+    /// Units the live passes reserve.
+    reserved: u64,
+    /// Unpaid orders of the item, and the latest of their deadlines.
+    unpaid: u64,
+    latest: Option<DateTime<Utc>>,
+}
+
+/// Tells those waiting what the stock holds for them — `sold_out` once nothing can come
+/// back, else, while every unit unsold is taken, when the orders holding the rest are
+/// known — and sets the queue's gauges.
+async fn tell_outlook(
+    deps: &Deps,
+    conn: &mut crate::store::RedisConn,
+    item: &Item,
+    now: DateTime<Utc>,
+    counted: &Counted,
+) -> Result<(), StoreError> {
+    let Counted {
+        whole,
+        available,
+        reserved,
+        unpaid,
+        latest,
+    } = *counted;
+    let keys = deps.keys.queue(item.id);
     let mut ending = 0;
     for bucket in item.bucket_ids() {
-        ending += line::ending(&mut conn, &deps.keys, bucket).await?;
+        ending += line::ending(conn, &deps.keys, bucket).await?;
     }
     let over = now >= item.end_at;
     // Nothing can come back: no unit listed or on its way, none in an order not paid for,
@@ -205,19 +245,19 @@ async fn step(
         whole.loaded && whole.remaining == 0 && whole.pending == 0 && unpaid == 0 && ending == 0;
     let sold_out = over || none_back;
     // Everything unsold is taken by passes: the rest is in orders that may come back.
-    let taken = available <= stepped.reserved;
+    let taken = available <= reserved;
     let known_by = (!sold_out && taken && unpaid + whole.pending > 0).then(|| {
         let pending_by = (whole.pending > 0)
             .then(|| now + chrono::Duration::seconds(i64::from(item.pay_timeout_s)));
         latest.max(pending_by).map(|at| at.timestamp_millis())
     });
-    line::set_outlook(&mut conn, &keys, sold_out, known_by.flatten()).await?;
-    let figures = line::figures(&mut conn, &keys).await?;
+    line::set_outlook(conn, &keys, sold_out, known_by.flatten()).await?;
+    let figures = line::figures(conn, &keys).await?;
     deps.meters.queue_levels(
         item.id,
         QueueLevels {
             waiting: figures.joined.saturating_sub(figures.admitted),
-            reserved: stepped.reserved,
+            reserved,
             available,
         },
     );

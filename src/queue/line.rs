@@ -8,7 +8,8 @@ use redis::AsyncCommands;
 use crate::domain::{BucketId, OrderSn, UserId};
 use crate::keys::{Keys, QueueKeys};
 use crate::lua::{
-    QUEUE_GIVE, QUEUE_JOIN, QUEUE_SHOW, QUEUE_STEP, QUEUE_TAKE, QUEUE_USED, QUEUE_WHERE,
+    QUEUE_GIVE, QUEUE_JOIN, QUEUE_RELOAD, QUEUE_SHOW, QUEUE_STEP, QUEUE_TAKE, QUEUE_USED,
+    QUEUE_WHERE,
 };
 use crate::store::{RedisConn, RedisError, redis_timed};
 
@@ -221,6 +222,19 @@ pub async fn step(
             "queue_step answered {reply:?}"
         ))),
     }
+}
+
+/// Holds the waiting room for a forced warm-up (nobody let in for two minutes at most) and
+/// returns the units its live passes reserve, read in the same step
+/// (`lua/queue_reload.lua`).
+pub async fn hold_for_reload(conn: &mut RedisConn, keys: &QueueKeys) -> Result<u64, RedisError> {
+    redis_timed(QUEUE_RELOAD.key(&keys.state).arg("hold").invoke_async(conn)).await
+}
+
+/// Lets the waiting room go on after a warm-up's hold.
+pub async fn free_after_reload(conn: &mut RedisConn, keys: &QueueKeys) -> Result<(), RedisError> {
+    let _: i64 = redis_timed(QUEUE_RELOAD.key(&keys.state).arg("free").invoke_async(conn)).await?;
+    Ok(())
 }
 
 /// Those let in up to `cursor` may see their passes (never moves back).

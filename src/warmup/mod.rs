@@ -24,6 +24,7 @@ use crate::lock::RedisLock;
 use crate::lua::SWAP;
 use crate::marks::{self, Work};
 use crate::orders::repo as orders;
+use crate::queue;
 use crate::store::{Db, DbError, Grouped, RedisConn, RedisConns, RedisError, redis_timed};
 
 use crate::items::repo::{self, Item};
@@ -356,22 +357,62 @@ impl Warmup<'_> {
         }
         orders::await_changes(self.db, &changing).await?;
         let holders = self.holders(conn, &buckets, id).await?;
+        // A waiting room lets nobody in from its hold to the last swap (a scheduler's step
+        // may have read the stock before the fence): the units its passes reserve, read in
+        // the hold's own step, only shrink meanwhile.
+        let queue = self.keys.queue(id);
+        let reserved = match item.queue.0 {
+            Some(_) => queue::line::hold_for_reload(conn, &queue).await?,
+            None => 0,
+        };
+        let fenced = Fenced {
+            item: &item,
+            buckets: &buckets,
+            seen: &seen,
+            run: &run,
+            holders: &holders,
+            reserved,
+        };
+        let loaded = self.load_fenced(conn, &fenced, rebuild, progress).await;
+        if item.queue.0.is_some()
+            && let Err(e) = queue::line::free_after_reload(conn, &queue).await
+        {
+            tracing::warn!(item = %id, error = %e, "could not let the waiting room go on after the reload; it does by itself within two minutes");
+        }
+        loaded
+    }
+
+    /// The load and the swaps of a fenced item: each bucket's share of the units and its
+    /// holders' records into side keys, then swapped in, then checked.
+    async fn load_fenced(
+        &self,
+        conn: &mut RedisConn,
+        fenced: &Fenced<'_>,
+        rebuild: bool,
+        progress: &(dyn Fn(Progress) + Sync),
+    ) -> Result<WarmupReport, WarmupError> {
+        let Fenced {
+            item,
+            buckets,
+            seen,
+            run,
+            holders,
+            reserved,
+        } = *fenced;
+        let id = item.id;
         let held = holders.len() as u64;
-        // Admission holds while the item is fenced (`src/queue/admit.rs`): no pass is given
-        // after this read, and those out only run out.
-        let reserved = self.reserved(conn, &item).await?;
-        let to_load = to_load(&item, held, reserved)?;
+        let to_load = to_load(item, held, reserved)?;
 
         let shares = BucketId::spread(to_load, buckets.len());
         let mut by_bucket: HashMap<BucketId, Vec<&Holder>> = HashMap::new();
-        for holder in &holders {
+        for holder in holders {
             by_bucket.entry(holder.bucket(id)).or_default().push(holder);
         }
         let mut next_unit = held;
         let mut swapped = Swapped::default();
-        for ((bucket, seen), share) in buckets.iter().zip(&seen).zip(&shares) {
+        for ((bucket, seen), share) in buckets.iter().zip(seen).zip(&shares) {
             let mine = by_bucket.remove(&bucket.bucket).unwrap_or_default();
-            let loading = self.keys.loading(bucket.bucket, &run);
+            let loading = self.keys.loading(bucket.bucket, run);
             let before = next_unit - held;
             let report = |p: Progress| match p {
                 Progress::Loading { done, .. } => progress(Progress::Loading {
@@ -386,7 +427,7 @@ impl Warmup<'_> {
             let meta = BucketMeta {
                 total: mine.len() as u64 + share,
             };
-            let one = swap_in(conn, bucket, &loading, &item, seen, &run, meta).await?;
+            let one = swap_in(conn, bucket, &loading, item, seen, run, meta).await?;
             swapped.listed += one.listed;
             swapped.sold += one.sold;
         }
@@ -399,7 +440,7 @@ impl Warmup<'_> {
             });
         }
         if rebuild {
-            self.schedule_again(conn, &holders, &item).await?;
+            self.schedule_again(conn, holders, item).await?;
         }
         Ok(WarmupReport {
             item_id: id,
@@ -436,7 +477,7 @@ impl Warmup<'_> {
         if item.queue.0.is_none() {
             return Ok(0);
         }
-        Ok(crate::queue::line::figures(conn, &self.keys.queue(item.id))
+        Ok(queue::line::figures(conn, &self.keys.queue(item.id))
             .await?
             .reserved)
     }
@@ -548,6 +589,18 @@ pub(super) struct BucketMeta {
     /// Units in the bucket: sold, plus on sale. What is sold is never counted apart: it
     /// is `total` less the units listed (src/items/stock.rs).
     pub total: u64,
+}
+
+/// What the load of a fenced item works with (`Warmup::load_fenced`).
+struct Fenced<'a> {
+    item: &'a Item,
+    buckets: &'a [ItemKeys],
+    /// Each bucket's guarded meta fields as read under the fence.
+    seen: &'a [Vec<Option<String>>],
+    run: &'a str,
+    holders: &'a [Holder],
+    /// Units the waiting room's live passes reserve.
+    reserved: u64,
 }
 
 /// Holds every bucket back for this run (`fenced` in its meta; a dead run's fence is

@@ -683,7 +683,8 @@ async fn nobody_is_let_in_while_a_breaker_or_the_shop_refuses_purchases() {
 /// A reload may not leave fewer units than the live passes reserve: with 5 passes out on
 /// 10 units, a lower `total` of 4 applied by a forced warm-up is refused (`409 over_held`
 /// naming the passes' 5), 6 is loaded; the 5 then buy with their passes. (Before, the
-/// reload loaded 4 units under 5 passes: one pass could not buy.)
+/// reload loaded 4 units under 5 passes: one pass could not buy.) The line, held while the
+/// reload counts the passes, goes on after it: a sixth buyer is let in to the sixth unit.
 #[tokio::test]
 async fn a_reload_leaves_the_units_the_live_passes_reserve() {
     let env = &TestEnv::new("waitreload").await;
@@ -731,6 +732,16 @@ async fn a_reload_leaves_the_units_the_live_passes_reserve() {
         env.admin_post(&server, "/admin/items/1/resume").await.0,
         200
     );
+    // The reload held the line while it counted the passes, and let it go: a newcomer is
+    // let in to the sixth unit at once (the hold would last two minutes otherwise).
+    join(env, &server, 6, None).await;
+    eventually(Duration::from_secs(10), "the sixth let in", || async {
+        match me(env, &server, 6).await {
+            seen if seen["state"] == "admitted" => Ok(()),
+            seen => Err(seen.to_string()),
+        }
+    })
+    .await;
     let mut won = Vec::new();
     for (user, pass) in &passes {
         let (status, body) = eventually(Duration::from_secs(5), "the sale resumed", || async {
