@@ -1,6 +1,7 @@
 //! The docs a newcomer follows: every relative link and anchor in `README.md` and
 //! `docs/` resolves inside the repository, nothing links outside it, every alert's
-//! runbook entry exists, and the README stays a page.
+//! runbook entry exists, the README stays a page, and its summary of what always holds
+//! names every invariant of the contract's §7.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -166,4 +167,34 @@ fn the_readme_stays_a_page_and_the_contract_is_in_the_repository() {
     ] {
         assert!(contract.contains(part), "docs/contract.md lacks {part}");
     }
+}
+
+/// The names of a numbered list's bold items (`1. **Name.**` or `1. **Name** —`) in the
+/// section under `heading`.
+fn invariant_names(text: &str, heading: &str) -> Vec<String> {
+    let section = text
+        .split_once(heading)
+        .map(|(_, rest)| rest)
+        .unwrap_or_else(|| panic!("no heading {heading:?}"));
+    let section = section.split("\n## ").next().unwrap_or_default();
+    section
+        .lines()
+        .filter_map(|line| {
+            let (number, rest) = line.split_once(". **")?;
+            number.parse::<u32>().ok()?;
+            let name = rest.split("**").next()?;
+            Some(name.trim_end_matches('.').to_owned())
+        })
+        .collect()
+}
+
+/// The README's summary of what always holds names the contract's invariants of §7, in
+/// its order: a new one in the contract must reach the page a newcomer reads first.
+#[test]
+fn the_readme_summarises_every_invariant_of_the_contract() {
+    let read = |path: &str| std::fs::read_to_string(Path::new(ROOT).join(path)).expect(path);
+    let contract = invariant_names(&read("docs/contract.md"), "## 7. What must always hold");
+    let readme = invariant_names(&read("README.md"), "## What always holds");
+    assert!(contract.len() >= 9, "{contract:?}");
+    assert_eq!(readme, contract);
 }
