@@ -5,16 +5,25 @@
 
 # bench_env NAMESPACE HTTP_ADDR [LOG_LEVEL]: the settings every load-test server runs with —
 # its own namespace and database (emptied by `forget`), the admin token the scripts send,
-# no per-user purchase limit (wrk presses as fast as it can), the address it listens on,
-# and RUST_LOG unless the caller set one (LOG_LEVEL, `info` by default). Also sets `api`.
+# the address it listens on, and RUST_LOG unless the caller set one (LOG_LEVEL, `info` by
+# default). Every tuning setting stays at its default — the per-user purchase limit
+# included (5 a second: the crowds here spread their presses over 200,000 tokens); a
+# script that changes one says so in its report (`changed_settings`). Also sets `api`.
 bench_env() {
   export SECKILL_NAMESPACE=$1
   export SECKILL_DATABASE_URL="mysql://root@127.0.0.1:3306/$1"
   export SECKILL_ADMIN_TOKEN=bench-admin
-  export SECKILL_RATE_PER_USER=0
   export SECKILL_HTTP_ADDR=$2
   export RUST_LOG=${RUST_LOG:-${3:-info}}
   api="http://$2"
+}
+
+# changed_settings: the SECKILL_* settings this shell exports, as a JSON object, but those
+# that only say where things are (stores, addresses, namespace, secrets): what a report
+# prints beside its figures, so a figure taken off the defaults says which.
+changed_settings() {
+  env | grep '^SECKILL_' | grep -vE '^SECKILL_(NAMESPACE|DATABASE_URL|REDIS_URL|AMQP_URL|HTTP_ADDR|ADMIN_ADDR|ADMIN_TOKEN|JWT_SECRET|PAYMENT_SECRET)=' |
+    sort | awk -F= 'BEGIN {printf "{"} {v = substr($0, length($1) + 2); gsub(/"/, "\\\"", v); printf "%s\"%s\": \"%s\"", (NR > 1 ? ", " : ""), $1, v} END {printf "}"}'
 }
 
 # private_redis PORT DIR: a Redis of the load test's own on PORT, with the deployment's

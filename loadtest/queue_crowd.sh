@@ -91,7 +91,8 @@ cat >"$out/report.json" <<REPORT
   "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
   "nproc": $(nproc),
   "cpu": "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')",
-  "settings_off_default": {"SECKILL_RATE_PER_USER": "0 (loadtest/lib.sh)", "RUST_LOG": "warn"},
+  "changed_settings": $(changed_settings),
+  "rust_log": "$RUST_LOG",
   "refusal_without_a_pass": $(printf '%s' "$refusal"),
   "refusal_rounds": [${rounds[*]}],
   "streams": $(cat "$out/streams.json")
