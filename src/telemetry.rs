@@ -440,7 +440,15 @@ pub fn metrics() -> &'static PrometheusHandle {
     })
 }
 
+/// What each metric is, for `/metrics`' `# HELP` lines.
 fn describe() {
+    describe_sale();
+    describe_stores();
+    describe_operations();
+}
+
+/// The waiting room's, the purchases', the payments' and the orders' way through.
+fn describe_sale() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
         "seckill_queue_joined_total",
@@ -485,6 +493,11 @@ fn describe() {
         Unit::Seconds,
         "Time of each stage: redis_grab (per purchase), mq_publish and mysql_insert (per batch), redis_wait (per WAIT for replicas)"
     );
+}
+
+/// What the stores hold and how they answer.
+fn describe_stores() {
+    use metrics::{describe_counter, describe_gauge};
     describe_counter!(
         "seckill_redis_waits_total",
         "WAITs sent for replicas (SECKILL_REDIS_WAIT_REPLICAS); each answers every write its master took before it"
@@ -513,6 +526,11 @@ fn describe() {
         "seckill_delay_queue_tasks",
         "Deadlines and reminders waiting, per item"
     );
+}
+
+/// Breakers, cancels, dependencies, shedding, the catalogue and retirement.
+fn describe_operations() {
+    use metrics::{describe_counter, describe_gauge};
     describe_gauge!(
         "seckill_breaker_level",
         "Circuit breaker level (0 closed … 3 stop), per scope (`instance`: this instance's automatic breaker)"

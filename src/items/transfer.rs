@@ -70,12 +70,7 @@ pub async fn borrow(
     lending: Lending<'_>,
 ) -> Result<Borrowed, RedisError> {
     let mut borrowed = Borrowed::default();
-    // A home bucket whose master is short of replicas cannot take a unit in under
-    // `refuse`: a loan to it would be cut off after the lend, its unit on no list until the
-    // repair, seconds after the replicas are back (a buyer pressing just after a replica
-    // thawed did that, in a generated history). Nothing is lent then: the buyer presses
-    // again. (Under `degrade` the receive goes ahead unconfirmed, as every write does.)
-    if lending.redis.replicas_for(&home.replicated).await.is_err() {
+    if !may_take_in(home, lending).await {
         borrowed.stalled = true;
         return Ok(borrowed);
     }
@@ -87,19 +82,7 @@ pub async fn borrow(
             continue;
         };
         let transfer = ulid::Ulid::new().to_string();
-        // The unit lent, or (empty, moving) the loans the lender had made — with an
-        // empty one's older loans still unsettled.
-        let answer: Vec<String> = redis_timed(
-            LEND.key(&lender.meta)
-                .key(&lender.tokens)
-                .key(&lender.lent)
-                .arg(&transfer)
-                .arg(home.bucket.index)
-                .arg(crate::clock::now().timestamp_millis())
-                .arg(RETURNING_FOR.as_millis() as u64)
-                .invoke_async(conn),
-        )
-        .await?;
+        let answer = lend(conn, home, lender, &transfer).await?;
         let (outcome, unit) = match answer.as_slice() {
             [outcome, unit, ..] => (outcome.as_str(), unit.as_str()),
             _ => {
@@ -157,6 +140,36 @@ pub async fn borrow(
         borrowed.stalled = false;
     }
     Ok(borrowed)
+}
+
+/// Whether `home` may take a unit in now. A home bucket whose master is short of replicas
+/// cannot under `refuse`: a loan to it would be cut off after the lend, its unit on no list
+/// until the repair, seconds after the replicas are back (a buyer pressing just after a
+/// replica thawed did that, in a generated history). Nothing is lent then: the buyer
+/// presses again. (Under `degrade` the receive goes ahead unconfirmed, as every write does.)
+async fn may_take_in(home: &ItemKeys, lending: Lending<'_>) -> bool {
+    lending.redis.replicas_for(&home.replicated).await.is_ok()
+}
+
+/// `lend.lua` on `lender` for `home`: the unit lent, or (empty, moving) the loans the
+/// lender had made — with an empty one's older loans still unsettled.
+async fn lend(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    home: &ItemKeys,
+    lender: &ItemKeys,
+    transfer: &str,
+) -> Result<Vec<String>, RedisError> {
+    redis_timed(
+        LEND.key(&lender.meta)
+            .key(&lender.tokens)
+            .key(&lender.lent)
+            .arg(transfer)
+            .arg(home.bucket.index)
+            .arg(crate::clock::now().timestamp_millis())
+            .arg(RETURNING_FOR.as_millis() as u64)
+            .invoke_async(conn),
+    )
+    .await
 }
 
 /// Whether a unit of these older loans of an empty lender (`lend.lua`'s transfer ids and

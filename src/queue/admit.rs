@@ -176,16 +176,7 @@ async fn step(
         return Ok(());
     };
     if stepped.shown < stepped.cursor {
-        let held = match replication {
-            Ok(replication) => replication.held().await,
-            Err(_) => false,
-        };
-        if held {
-            line::show(&mut conn, &keys, stepped.cursor).await?;
-        } else {
-            // Not shown yet, and nobody more let in until they are.
-            tracing::warn!(item = %item.id, cursor = stepped.cursor, "the queue's replicas do not hold its last admissions yet: their passes wait");
-        }
+        show_once_held(&mut conn, &keys, item.id, stepped.cursor, replication).await?;
     }
     if stepped.admitted > 0 {
         deps.meters.queue_admitted(item.id, stepped.admitted);
@@ -202,6 +193,27 @@ async fn step(
         latest,
     };
     tell_outlook(deps, &mut conn, item, now, &counted).await
+}
+
+/// Shows those let in up to `cursor` once the queue's replicas hold the step (taken
+/// before it): not held, not shown yet, and nobody more let in until they are.
+async fn show_once_held(
+    conn: &mut crate::store::RedisConn,
+    keys: &crate::keys::QueueKeys,
+    item: ItemId,
+    cursor: u64,
+    replication: Result<crate::store::Replication, crate::store::ShortOfReplicas>,
+) -> Result<(), StoreError> {
+    let held = match replication {
+        Ok(replication) => replication.held().await,
+        Err(_) => false,
+    };
+    if held {
+        line::show(conn, keys, cursor).await?;
+    } else {
+        tracing::warn!(item = %item, cursor, "the queue's replicas do not hold its last admissions yet: their passes wait");
+    }
+    Ok(())
 }
 
 /// What a step counted, for [`tell_outlook`].
