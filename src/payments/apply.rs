@@ -346,7 +346,6 @@ impl Ctx<'_> {
     /// order's change (and an outbox event) into `tx`.
     async fn decide(&self, tx: &mut Tx) -> Result<(&'static str, u16, After), Retry> {
         let (event, order) = (self.event, self.order);
-        let late = self.deps.settings.late_payment;
         let sn = self.sn.as_str();
         let currency_ok = event.currency == self.deps.settings.currency;
         Ok(match event.kind {
@@ -366,58 +365,7 @@ impl Ctx<'_> {
             EventType::Succeeded if returned_already(tx, event).await? => {
                 ("already_refunded", 200, After::Nothing)
             }
-            EventType::Succeeded => match order.status {
-                OrderStatus::Unpaid if !order.overdue || late == LatePayment::Honour => {
-                    repo::pay(tx, sn, &event.provider_ref).await?;
-                    ("paid", 200, After::Nothing)
-                }
-                OrderStatus::Unpaid => {
-                    let back = self.unit_back().await?;
-                    repo::owe(tx, sn, order.status).await?;
-                    self.announce_owed(tx).await?;
-                    ("refund_due", 200, back)
-                }
-                OrderStatus::Paid if order.paid_ref.as_deref() == Some(&event.provider_ref) => {
-                    ("already_paid", 200, After::Nothing)
-                }
-                // This charge told of before (another event id): counted once.
-                OrderStatus::Paid | OrderStatus::RefundDue | OrderStatus::Refunded
-                    if repo::charge_seen(tx, event, "payment.succeeded").await? =>
-                {
-                    ("already_recorded", 200, After::Nothing)
-                }
-                OrderStatus::Paid | OrderStatus::RefundDue | OrderStatus::Refunded => {
-                    ("charged_twice", 200, After::Nothing)
-                }
-                OrderStatus::Cancelled => {
-                    // An order MySQL refused as a second live order never was its buyer's to
-                    // pay: owed back, whatever the rule.
-                    let refused = order.cancel_reason.as_deref() == Some("refused");
-                    // A payment that came in time (held while its order was on its way,
-                    // cancelled meanwhile) is honoured whatever the rule.
-                    let honour = late == LatePayment::Honour || !order.overdue;
-                    let revived = if honour && !refused {
-                        self.revive().await?
-                    } else {
-                        None
-                    };
-                    match revived {
-                        Some((slot, begun)) => {
-                            let after = After::Keep(begun);
-                            if let Err(e) = repo::revive(tx, sn, slot, &event.provider_ref).await {
-                                self.undo(after).await;
-                                return Err(e.into());
-                            }
-                            ("revived", 200, after)
-                        }
-                        None => {
-                            repo::owe(tx, sn, order.status).await?;
-                            self.announce_owed(tx).await?;
-                            ("refund_due", 200, After::Nothing)
-                        }
-                    }
-                }
-            },
+            EventType::Succeeded => self.succeeded(tx).await?,
             EventType::Refunded => {
                 let paid_by = |charge: Option<&str>| {
                     order.status == OrderStatus::Paid && order.paid_ref.as_deref() == charge
@@ -437,6 +385,66 @@ impl Ctx<'_> {
                     self.refund_order(tx).await?
                 } else {
                     ("ignored", 200, After::Nothing)
+                }
+            }
+        })
+    }
+
+    /// A `payment.succeeded` for an order in MySQL, by the order's state: paid, revived,
+    /// owed back, or told of before (the table at the top of this file).
+    async fn succeeded(&self, tx: &mut Tx) -> Result<(&'static str, u16, After), Retry> {
+        let (event, order) = (self.event, self.order);
+        let late = self.deps.settings.late_payment;
+        let sn = self.sn.as_str();
+        Ok(match order.status {
+            OrderStatus::Unpaid if !order.overdue || late == LatePayment::Honour => {
+                repo::pay(tx, sn, &event.provider_ref).await?;
+                ("paid", 200, After::Nothing)
+            }
+            OrderStatus::Unpaid => {
+                let back = self.unit_back().await?;
+                repo::owe(tx, sn, order.status).await?;
+                self.announce_owed(tx).await?;
+                ("refund_due", 200, back)
+            }
+            OrderStatus::Paid if order.paid_ref.as_deref() == Some(&event.provider_ref) => {
+                ("already_paid", 200, After::Nothing)
+            }
+            // This charge told of before (another event id): counted once.
+            OrderStatus::Paid | OrderStatus::RefundDue | OrderStatus::Refunded
+                if repo::charge_seen(tx, event, "payment.succeeded").await? =>
+            {
+                ("already_recorded", 200, After::Nothing)
+            }
+            OrderStatus::Paid | OrderStatus::RefundDue | OrderStatus::Refunded => {
+                ("charged_twice", 200, After::Nothing)
+            }
+            OrderStatus::Cancelled => {
+                // An order MySQL refused as a second live order never was its buyer's to
+                // pay: owed back, whatever the rule.
+                let refused = order.cancel_reason.as_deref() == Some("refused");
+                // A payment that came in time (held while its order was on its way,
+                // cancelled meanwhile) is honoured whatever the rule.
+                let honour = late == LatePayment::Honour || !order.overdue;
+                let revived = if honour && !refused {
+                    self.revive().await?
+                } else {
+                    None
+                };
+                match revived {
+                    Some((slot, begun)) => {
+                        let after = After::Keep(begun);
+                        if let Err(e) = repo::revive(tx, sn, slot, &event.provider_ref).await {
+                            self.undo(after).await;
+                            return Err(e.into());
+                        }
+                        ("revived", 200, after)
+                    }
+                    None => {
+                        repo::owe(tx, sn, order.status).await?;
+                        self.announce_owed(tx).await?;
+                        ("refund_due", 200, After::Nothing)
+                    }
                 }
             }
         })
