@@ -485,14 +485,7 @@ impl Refill<'_> {
                 _ => None,
             };
             item.mark_empty(home.bucket.index, wave);
-            // The fullest first, by the last refresh; every other bucket is asked in the end.
-            let mut lenders: Vec<&ItemKeys> = item
-                .buckets
-                .iter()
-                .filter(|b| b.bucket != home.bucket)
-                .collect();
-            let now = crate::clock::now();
-            lenders.sort_by_key(|b| std::cmp::Reverse(item.remaining_in(b.bucket.index, now)));
+            let lenders = self.lenders(home);
             let borrowed = transfer::borrow(conn, home, lenders.into_iter(), self.lending).await?;
             for (bucket, _) in &borrowed.empty {
                 item.mark_empty(*bucket, wave);
@@ -534,11 +527,9 @@ impl Refill<'_> {
                 // cost only on the way there: memory answers the presses after it).
                 let mut round = borrowed.empty;
                 round.push((home.bucket.index, home_lends));
-                round.sort_unstable();
-                if last_round.as_ref() == Some(&round) {
+                if same_round(&mut last_round, round) {
                     return Ok(outcome);
                 }
-                last_round = Some(round);
             }
             // Someone else of this bucket may take the unit first: then borrow again.
             grabbed = self.attempt.grab(conn, home).await;
@@ -547,6 +538,19 @@ impl Refill<'_> {
             GrabOutcome::SoldOut => Ok(GrabOutcome::StillMoving),
             other => Ok(other),
         }
+    }
+
+    /// The buckets to borrow from: every other one, the fullest first by the last refresh.
+    fn lenders(&self, home: &ItemKeys) -> Vec<&ItemKeys> {
+        let item = self.item;
+        let mut lenders: Vec<&ItemKeys> = item
+            .buckets
+            .iter()
+            .filter(|b| b.bucket != home.bucket)
+            .collect();
+        let now = crate::clock::now();
+        lenders.sort_by_key(|b| std::cmp::Reverse(item.remaining_in(b.bucket.index, now)));
+        lenders
     }
 
     /// An outcome that decides the purchase, after this purchase borrowed a unit
@@ -571,4 +575,15 @@ impl Refill<'_> {
             }
         });
     }
+}
+
+/// Whether this round of looks found every bucket empty with the same loans made as the
+/// last round (each bucket's number and `lends`); remembers this one for the next.
+fn same_round(last: &mut Option<Vec<(u8, u64)>>, mut round: Vec<(u8, u64)>) -> bool {
+    round.sort_unstable();
+    if last.as_ref() == Some(&round) {
+        return true;
+    }
+    *last = Some(round);
+    false
 }
