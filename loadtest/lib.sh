@@ -97,3 +97,32 @@ ticks() { awk '{print $14 + $15}' "$1"; }
 cpu_us_per_request() {
   awk -v t="$1" -v n="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN {printf "%.2f", t * 1e6 / hz / n}'
 }
+
+# sold_out_server NAMESPACE HTTP_ADDR REDIS_PORT [LOG_LEVEL]: what the crowd scripts start
+# from — the load-test settings (bench_env), a private Redis on REDIS_PORT, $users tokens
+# and one server (tokens_and_api, into $out), and item 3 of one unit sold to the first
+# press, so that every press of it after is answered `410` from memory. All of it goes
+# again when the script exits (and anything a run before left behind goes first).
+sold_out_server() {
+  ns=$1
+  redis_port=$3
+  bench_env "$ns" "$2" "${4:-}"
+  pids=()
+  crowd_cleanup
+  trap crowd_cleanup EXIT
+  private_redis "$redis_port" "$out"
+  export SECKILL_REDIS_URL=redis://127.0.0.1:$redis_port
+  tokens_and_api
+  on_sale 3 1
+  THREADS=1 TOKENS="$out/tokens.txt" ITEM=3 MODE=sequential FIRST_USER=0 \
+    wrk -t1 -c1 -d1s -s loadtest/wrk/flashbuy.lua "$api/api/flashbuy" >/dev/null
+  sleep 1
+}
+
+# The processes in `pids`, the private Redis on $redis_port and the namespace $ns, gone.
+crowd_cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
+  forget "$ns"
+}

@@ -33,32 +33,13 @@ ulimit -n "$(ulimit -Hn)"
 
 out=loadtest/out/queue_crowd
 rm -rf "$out" && mkdir -p "$out"
-ns=seckill_queue_crowd
-bench_env "$ns" 127.0.0.1:18094 warn
-redis_port=16606
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
-  forget "$ns"
-}
-cleanup
-trap cleanup EXIT
-private_redis "$redis_port" "$out"
-export SECKILL_REDIS_URL=redis://127.0.0.1:$redis_port
-
-tokens_and_api
 # A: item 3, one unit, sold to the first press.
-on_sale 3 1
-THREADS=1 TOKENS="$out/tokens.txt" ITEM=3 MODE=sequential FIRST_USER=0 \
-  wrk -t1 -c1 -d1s -s loadtest/wrk/flashbuy.lua "$api/api/flashbuy" >/dev/null
+sold_out_server seckill_queue_crowd 127.0.0.1:18094 16606 warn
 # B: item 5, queued, a buyer let in a second; 1,000 units, so the line moves all along.
 start=$(date -u -d '-1 minute' +%Y-%m-%dT%H:%M:%SZ)
 end=$(date -u -d '+1 day' +%Y-%m-%dT%H:%M:%SZ)
 admin PUT /admin/items/5 "{\"name\":\"queued load test\",\"shop_id\":1,\"total\":1000,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1,\"queue\":{\"admit_per_s\":1,\"pass_ttl_s\":30}}" >/dev/null
 admin POST /admin/items/5/warmup >/dev/null
-sleep 1
 
 rounds=()
 for item in 3 5 5 3; do

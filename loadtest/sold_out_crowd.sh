@@ -23,27 +23,8 @@ bin=${BIN:-target/release/seckill}
 
 out=loadtest/out/sold_out_crowd
 rm -rf "$out" && mkdir -p "$out"
-ns=seckill_crowd
-bench_env "$ns" 127.0.0.1:18093
-redis_port=16605
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  redis-cli -p "$redis_port" shutdown nosave >/dev/null 2>&1 || true
-  forget "$ns"
-}
-cleanup
-trap cleanup EXIT
-private_redis "$redis_port" "$out"
-export SECKILL_REDIS_URL=redis://127.0.0.1:$redis_port
-
-tokens_and_api
-on_sale 3 1
 # The one unit goes to the first press: from then on every answer is `410`.
-THREADS=1 TOKENS="$out/tokens.txt" ITEM=3 MODE=sequential FIRST_USER=0 \
-  wrk -t1 -c1 -d1s -s loadtest/wrk/flashbuy.lua "$api/api/flashbuy" >/dev/null
-sleep 1
+sold_out_server seckill_crowd 127.0.0.1:18093 16605
 
 for round in first again; do
   echo "the sold-out path for 10 s ($round)" >&2
