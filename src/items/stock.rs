@@ -9,7 +9,7 @@ use crate::store::{Grouped, RedisConns, RedisError, redis_timed};
 use crate::telemetry::ItemLevels;
 
 use super::repo::{Item, ItemDraft};
-use super::transfer::parse_loan;
+use super::transfer::on_their_way;
 use super::waves::{Holds, Waves};
 
 /// The Redis side of an item at one instant (read in one MULTI).
@@ -91,42 +91,6 @@ where
         reloading: fenced.is_some(),
     };
     Ok((snapshot, loans))
-}
-
-/// Of a bucket's loans, those whose unit has not arrived: the home bucket has not decided
-/// the transfer `in`. A loan cut off after `receive.lua` (its unit on the home list, the
-/// lender not settled yet) is on a list already: counting it too made the stats read a
-/// unit more than the item has, and `consistent` false, until the repair settled it.
-/// One read per loan (a bucket holds few, and only while a transfer is under way or cut
-/// off); a record `lend.lua` did not write counts as on its way.
-pub(crate) async fn on_their_way<C>(
-    conn: &mut C,
-    keys: &Keys,
-    lender: BucketId,
-    loans: &[(String, String)],
-) -> Result<u64, RedisError>
-where
-    C: redis::aio::ConnectionLike + Send,
-{
-    let mut moving = 0;
-    for (transfer, record) in loans {
-        let Some((home, _, _)) = parse_loan(record) else {
-            moving += 1;
-            continue;
-        };
-        let home = keys.bucket(BucketId::new(lender.item, home));
-        let decided: Option<String> = redis_timed(
-            redis::cmd("HGET")
-                .arg(&home.transfers)
-                .arg(transfer)
-                .query_async(conn),
-        )
-        .await?;
-        if decided.as_deref() != Some("in") {
-            moving += 1;
-        }
-    }
-    Ok(moving)
 }
 
 /// A whole item over its buckets, summed: `loaded` only when every bucket is (a bucket

@@ -19,8 +19,6 @@ use crate::lua::{LEND, RECEIVE, UNLEND};
 use crate::marks::{self, Work};
 use crate::store::{Grouped, RedisConns, RedisError, Replication, redis_timed};
 
-use super::stock::on_their_way;
-
 /// A transfer still not settled this long after its loan was cut off (a purchase takes
 /// well under a second; its store calls time out sooner).
 const STUCK_AFTER: Duration = Duration::from_secs(5);
@@ -149,6 +147,42 @@ pub async fn borrow(
 /// presses again. (Under `degrade` the receive goes ahead unconfirmed, as every write does.)
 async fn may_take_in(home: &ItemKeys, lending: Lending<'_>) -> bool {
     lending.redis.replicas_for(&home.replicated).await.is_ok()
+}
+
+/// Of a bucket's loans, those whose unit has not arrived: the home bucket has not decided
+/// the transfer `in`. A loan cut off after `receive.lua` (its unit on the home list, the
+/// lender not settled yet) is on a list already: counting it too made the stats read a
+/// unit more than the item has, and `consistent` false, until the repair settled it.
+/// One read per loan (a bucket holds few, and only while a transfer is under way or cut
+/// off); a record `lend.lua` did not write counts as on its way.
+pub async fn on_their_way<C>(
+    conn: &mut C,
+    keys: &Keys,
+    lender: BucketId,
+    loans: &[(String, String)],
+) -> Result<u64, RedisError>
+where
+    C: redis::aio::ConnectionLike + Send,
+{
+    let mut moving = 0;
+    for (transfer, record) in loans {
+        let Some((home, _, _)) = parse_loan(record) else {
+            moving += 1;
+            continue;
+        };
+        let home = keys.bucket(BucketId::new(lender.item, home));
+        let decided: Option<String> = redis_timed(
+            redis::cmd("HGET")
+                .arg(&home.transfers)
+                .arg(transfer)
+                .query_async(conn),
+        )
+        .await?;
+        if decided.as_deref() != Some("in") {
+            moving += 1;
+        }
+    }
+    Ok(moving)
 }
 
 /// `lend.lua` on `lender` for `home`: the unit lent, or (empty, moving) the loans the
