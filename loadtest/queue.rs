@@ -167,6 +167,8 @@ async fn admit(
             .arg(0)
             .arg(5_000)
             .arg(0)
+            // No forced warm-up held the line.
+            .arg(0)
             .invoke_async(redis)
             .await?;
         anyhow::ensure!(stepped.len() == 4, "the step answered {stepped:?}");

@@ -23,6 +23,9 @@
 --         clocks differ: a buyer's purchase may be let through a little after it)
 -- ARGV[9] held: 1 while the sale itself cannot sell (paused, being reloaded): nobody is
 --         let in to a sale that would refuse them
+-- ARGV[10] reloads_at_read: the state's `reload_gen` read before ARGV[6]; a forced
+--         warm-up held the line since (queue_reload.lua), so ARGV[6] may be the stock it
+--         replaced: nobody is let in on it
 --
 -- Atomic, so two schedulers never let one buyer in twice or out of order, and one killed
 -- mid-step let in all of its step or none. The bound: the units the live passes reserve
@@ -64,7 +67,7 @@ if reserved < 0 then
 end
 
 local st = redis.call('HMGET', KEYS[2], 'cursor', 'last_ms', 'carry_milli', 'paused',
-  'rate_from_ms', 'rate_n', 'shown', 'reload_until')
+  'rate_from_ms', 'rate_n', 'shown', 'reload_until', 'reload_gen')
 local cursor = tonumber(st[1]) or 0
 local rate = tonumber(ARGV[3])
 local full = rate * 1000
@@ -84,8 +87,10 @@ local admitted = 0
 -- Nobody more while the last admissions wait for the replicas (their passes unseen, and
 -- running out): see queue_show.lua.
 local unshown = cursor > (tonumber(st[7]) or 0)
--- Nobody while a forced warm-up reloads the units (it counted the passes out).
+-- Nobody while a forced warm-up reloads the units (it counted the passes out), nor on a
+-- stock read before one held the line.
 local reloading = now < (tonumber(st[8]) or 0)
+  or (tonumber(st[9]) or 0) ~= (tonumber(ARGV[10]) or 0)
 if st[4] ~= '1' and ARGV[9] ~= '1' and not unshown and not reloading and now >= tonumber(ARGV[1])
   and now < tonumber(ARGV[2]) then
   local room = tonumber(ARGV[6]) - (redis.call('SCARD', KEYS[5]) - tonumber(ARGV[7]))

@@ -20,7 +20,8 @@ pub use crate::telemetry::Meters;
 /// The scripts, preloaded as the server does, and the ones tests call or watch for.
 pub mod lua {
     pub use crate::lua::{
-        LEND, QUEUE_JOIN, QUEUE_STEP, QUEUE_TAKE, QUEUE_WHERE, RECEIVE, RELEASE, RULES_SET, preload,
+        LEND, QUEUE_JOIN, QUEUE_RELOAD, QUEUE_STEP, QUEUE_TAKE, QUEUE_WHERE, RECEIVE, RELEASE,
+        RULES_SET, preload,
     };
 }
 

@@ -142,7 +142,7 @@ async fn step(
     };
     let mut conn = deps.redis.bulk().await?;
     // The wins counted first, the stock after: see `lua/queue_step.lua`.
-    let sold_at_read = line::sold(&mut conn, &keys).await?;
+    let before = line::before_stock(&mut conn, &keys).await?;
     let buckets = stock::bucket_snapshots(&mut conn, &deps.keys, item.bucket_ids()).await?;
     let whole = stock::sum(&buckets);
     let now_ms = now.timestamp_millis();
@@ -172,7 +172,7 @@ async fn step(
     };
     // Taken before the step, held after it: see `lua/queue_show.lua`.
     let replication = deps.redis.replicas_for(&keys.replicated).await;
-    let Some(stepped) = line::step(&mut conn, &keys, rules, available, sold_at_read).await? else {
+    let Some(stepped) = line::step(&mut conn, &keys, rules, available, before).await? else {
         return Ok(());
     };
     if stepped.shown < stepped.cursor {

@@ -174,20 +174,42 @@ pub struct Stepped {
     pub shown: u64,
 }
 
-/// How many wins with a pass were counted: read before the stock, for [`step`].
-pub async fn sold(conn: &mut RedisConn, keys: &QueueKeys) -> Result<u64, RedisError> {
-    redis_timed(conn.scard(&keys.sold)).await
+/// What a step reads before the stock, for [`step`] to see what moved since.
+#[derive(Clone, Copy, Debug)]
+pub struct BeforeStock {
+    /// Wins bought with a pass, counted so far.
+    pub sold: u64,
+    /// Forced warm-ups that held the line so far (`lua/queue_reload.lua`).
+    pub reloads: u64,
+}
+
+/// Reads [`BeforeStock`], in one round trip.
+pub async fn before_stock(
+    conn: &mut RedisConn,
+    keys: &QueueKeys,
+) -> Result<BeforeStock, RedisError> {
+    let (sold, reloads): (u64, Option<u64>) = redis_timed(
+        redis::pipe()
+            .scard(&keys.sold)
+            .hget(&keys.state, "reload_gen")
+            .query_async(conn),
+    )
+    .await?;
+    Ok(BeforeStock {
+        sold,
+        reloads: reloads.unwrap_or(0),
+    })
 }
 
 /// One admission step (`lua/queue_step.lua`): `available`, the units unsold, read after
-/// `sold_at_read` was. `None`: nobody is in the line (nobody joined, or the sale was
-/// retired), and nothing was written.
+/// `before`. `None`: nobody is in the line (nobody joined, or the sale was retired), and
+/// nothing was written.
 pub async fn step(
     conn: &mut RedisConn,
     keys: &QueueKeys,
     rules: StepRules,
     available: u64,
-    sold_at_read: u64,
+    before: BeforeStock,
 ) -> Result<Option<Stepped>, RedisError> {
     let reply: Vec<i64> = redis_timed(
         QUEUE_STEP
@@ -203,9 +225,10 @@ pub async fn step(
             .arg(rules.pass_ttl_ms)
             .arg(rules.per_user)
             .arg(available)
-            .arg(sold_at_read)
+            .arg(before.sold)
             .arg(GRACE_MS)
             .arg(i64::from(rules.held))
+            .arg(before.reloads)
             .invoke_async(conn),
     )
     .await?;

@@ -759,6 +759,97 @@ async fn a_reload_leaves_the_units_the_live_passes_reserve() {
     server.stop().await;
 }
 
+/// A scheduler's step whose stock was read before a forced warm-up held the line lets
+/// nobody in, even once the hold is over: that stock may be the one the reload replaced,
+/// and the reload counted the passes without it. (The step's script run by hand, as the
+/// scheduler runs it, with no scheduler beside: a stock read, a hold and its end, then
+/// the step — before, it let 3 in on the old stock.)
+#[tokio::test]
+async fn a_step_on_a_stock_read_before_a_reload_lets_nobody_in() {
+    use seckill::testing::lua::{QUEUE_RELOAD, QUEUE_STEP};
+    let env = &TestEnv::new("waitgen").await;
+    let api = env.server(&[Role::Api, Role::Consumer]).await;
+    let start = Utc::now() - chrono::Duration::seconds(1);
+    env.item(ITEM, 10)
+        .window(start, start + chrono::Duration::hours(1))
+        .queued(json!({ "admit_per_s": 10 }))
+        .on_sale(&api)
+        .await;
+    for user in 1..=5 {
+        join(env, &api, user, None).await;
+    }
+    let keys = seckill::testing::Keys::new(&env.settings.namespace)
+        .queue(seckill::domain::ItemId::new(ITEM).unwrap());
+    let mut redis = env.redis.clone();
+    let step = |reloads_at_read: u64| {
+        let (keys, mut redis) = (keys.clone(), env.redis.clone());
+        async move {
+            let stepped: Vec<i64> = QUEUE_STEP
+                .key(&keys.line)
+                .key(&keys.state)
+                .key(&keys.passes)
+                .key(&keys.held)
+                .key(&keys.sold)
+                .key(&keys.used)
+                .arg(start.timestamp_millis())
+                .arg((start + chrono::Duration::hours(1)).timestamp_millis())
+                .arg(10)
+                .arg(300_000)
+                .arg(1)
+                .arg(10)
+                .arg(0)
+                .arg(5_000)
+                .arg(0)
+                .arg(reloads_at_read)
+                .invoke_async(&mut redis)
+                .await
+                .unwrap();
+            stepped[0]
+        }
+    };
+    // The warm-ups so far (each holds the line while it loads), as a step reads them
+    // before the stock.
+    let gen_of = |state: &std::collections::HashMap<String, String>| -> u64 {
+        state.get("reload_gen").map_or(0, |g| g.parse().unwrap())
+    };
+    let state: std::collections::HashMap<String, String> =
+        redis::AsyncCommands::hgetall(&mut redis, &keys.state)
+            .await
+            .unwrap();
+    let before = gen_of(&state);
+    // The first step starts the rate's clock; half a second later 5 are due.
+    assert_eq!(step(before).await, 0);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let reserved: u64 = QUEUE_RELOAD
+        .key(&keys.state)
+        .arg("hold")
+        .invoke_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(reserved, 0);
+    assert_eq!(
+        step(before + 1).await,
+        0,
+        "nobody while the reload holds the line"
+    );
+    let _: i64 = QUEUE_RELOAD
+        .key(&keys.state)
+        .arg("free")
+        .invoke_async(&mut redis)
+        .await
+        .unwrap();
+    // Each time with half a second's allowance (a step that lets nobody in drops it).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        step(before).await,
+        0,
+        "a stock read before the hold lets nobody in"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(step(before + 1).await > 0, "a stock read after it does");
+    api.stop().await;
+}
+
 /// The stream pushes a waiting buyer's place, then the admission with the pass.
 #[tokio::test]
 async fn the_stream_pushes_the_place_then_the_pass() {
