@@ -292,6 +292,53 @@ fn settled(state: QueueState, item: &crate::items::repo::Item) -> bool {
 /// move it, and the shared counters do not say by how much.
 const PRE_QUEUE_READ_EVERY: Duration = Duration::from_secs(5);
 
+/// A stream's buyer, followed (see [`places`]).
+struct Follow {
+    state: AppState,
+    item: Arc<CatalogItem>,
+    plan: QueuePlan,
+    user: UserId,
+    /// The buyer's place in the line, as last read.
+    index: Option<u64>,
+    read_at: std::time::Instant,
+    counters: tokio::sync::watch::Receiver<super::watch::Counters>,
+    next: Option<Standing>,
+    last: Option<QueueView>,
+    over: bool,
+}
+
+impl Follow {
+    /// The buyer's standing at the next change of the item's counters: computed from
+    /// them, or read again when the buyer was let in (for the pass) or, before
+    /// `start_at`, every [`PRE_QUEUE_READ_EVERY`]. `None` at `until`, or once the watch
+    /// is gone.
+    async fn next_standing(&mut self, until: tokio::time::Instant) -> Option<Standing> {
+        loop {
+            tokio::time::timeout_at(until, self.counters.changed())
+                .await
+                .ok()?
+                .ok()?;
+            let Some(mut counters) = *self.counters.borrow_and_update() else {
+                continue;
+            };
+            counters.index = self.index;
+            counters.now_ms = crate::clock::now().timestamp_millis();
+            let let_in = self.index.is_some_and(|index| index < counters.cursor);
+            let pre_queue = counters.now_ms < self.item.record.start_at.timestamp_millis()
+                && self.read_at.elapsed() >= PRE_QUEUE_READ_EVERY;
+            if !(let_in || pre_queue) {
+                return Some(counters);
+            }
+            // The buyer's own: the pass, or the place ranks ahead moved.
+            if let Ok(standing) = read_standing(&self.state, self.item.record.id, self.user).await {
+                self.index = standing.index;
+                self.read_at = std::time::Instant::now();
+                return Some(standing);
+            }
+        }
+    }
+}
+
 /// The buyer's place now, then at every change of the item's counters (as this
 /// instance's watch reads them); once let in, their standing is read again, for the pass.
 /// The stream ends once nothing more can happen to the buyer, or an hour after the sale.
@@ -302,19 +349,6 @@ fn places(
     user: UserId,
     first: Standing,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    struct Follow {
-        state: AppState,
-        item: Arc<CatalogItem>,
-        plan: QueuePlan,
-        user: UserId,
-        /// The buyer's place in the line, as last read.
-        index: Option<u64>,
-        read_at: std::time::Instant,
-        counters: tokio::sync::watch::Receiver<super::watch::Counters>,
-        next: Option<Standing>,
-        last: Option<QueueView>,
-        over: bool,
-    }
     let counters = state.waiting.watches.subscribe(item.record.id);
     let follow = Follow {
         index: first.index,
@@ -338,33 +372,7 @@ fn places(
             }
             let standing = match f.next.take() {
                 Some(standing) => standing,
-                None => {
-                    tokio::time::timeout_at(until, f.counters.changed())
-                        .await
-                        .ok()?
-                        .ok()?;
-                    let Some(mut counters) = *f.counters.borrow_and_update() else {
-                        continue;
-                    };
-                    counters.index = f.index;
-                    counters.now_ms = crate::clock::now().timestamp_millis();
-                    let let_in = f.index.is_some_and(|index| index < counters.cursor);
-                    let pre_queue = counters.now_ms < f.item.record.start_at.timestamp_millis()
-                        && f.read_at.elapsed() >= PRE_QUEUE_READ_EVERY;
-                    if let_in || pre_queue {
-                        // The buyer's own: the pass, or the place ranks ahead moved.
-                        match read_standing(&f.state, f.item.record.id, f.user).await {
-                            Ok(standing) => {
-                                f.index = standing.index;
-                                f.read_at = std::time::Instant::now();
-                                standing
-                            }
-                            Err(_) => continue,
-                        }
-                    } else {
-                        counters
-                    }
-                }
+                None => f.next_standing(until).await?,
             };
             let place = view(
                 &standing,
