@@ -287,10 +287,7 @@ async fn attempt(
         came.get_or_insert(order.judged_at);
     }
     let Some((parsed, order)) = found else {
-        let (outcome, status) = no_order(&mut tx, event).await?;
-        repo::set_outcome(&mut tx, &event.event_id, outcome, status).await?;
-        mysql_timed(tx.commit()).await?;
-        deps.meters.payment_event(outcome);
+        let (outcome, status) = judge_without_order(deps, tx, event).await?;
         return Ok(answer(event, outcome, status, false));
     };
     let price = item.as_ref().map_or(0, |i| i.price_cents);
@@ -660,13 +657,24 @@ async fn apply_one_held(deps: &Deps, event: &PaymentEvent) -> bool {
 async fn not_found(deps: &Deps, event: &PaymentEvent) -> Result<(), PaymentError> {
     let mut tx = mysql_begin(&deps.db).await?;
     if repo::lock_held(&mut tx, &event.event_id).await?.is_some() {
-        let (outcome, status) = no_order(&mut tx, event).await?;
-        repo::set_outcome(&mut tx, &event.event_id, outcome, status).await?;
-        mysql_timed(tx.commit()).await?;
-        deps.meters.payment_event(outcome);
+        let (outcome, _) = judge_without_order(deps, tx, event).await?;
         tracing::warn!(event_id = %event.event_id, order_sn = %event.order_sn, outcome, "a held payment's order exists nowhere");
     }
     Ok(())
+}
+
+/// Judges an event whose order exists nowhere ([`no_order`]), records its outcome in
+/// `tx` (the event's row already written or locked there) and commits.
+async fn judge_without_order(
+    deps: &Deps,
+    mut tx: Tx,
+    event: &PaymentEvent,
+) -> Result<(&'static str, u16), DbError> {
+    let (outcome, status) = no_order(&mut tx, event).await?;
+    repo::set_outcome(&mut tx, &event.event_id, outcome, status).await?;
+    mysql_timed(tx.commit()).await?;
+    deps.meters.payment_event(outcome);
+    Ok((outcome, status))
 }
 
 /// An event for an order that exists nowhere: a charge is owed back (`order_not_found`)
