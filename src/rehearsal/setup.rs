@@ -117,68 +117,7 @@ pub async fn prepare(
         None => new_item_id()?,
     };
     if args.item.is_none() || args.units.is_some() {
-        let units = args.units.unwrap_or(DEFAULT_UNITS);
-        let release: Vec<Value> = args
-            .release
-            .iter()
-            .flat_map(|w| &w.0)
-            .map(|(after, units)| {
-                json!({
-                    "at": start_at + chrono::Duration::seconds(i64::from(*after)),
-                    "units": units,
-                })
-            })
-            .collect();
-        // An item that exists keeps its price once loaded (`409 price_fixed`): set it up
-        // again at that price. (A missing item answers 404: a new one.)
-        let price_cents = match args.item {
-            Some(id) => admin
-                .call(Method::GET, &format!("/api/items/{id}"), None)
-                .await
-                .ok()
-                .and_then(|item| item["price_cents"].as_u64()),
-            None => None,
-        }
-        .unwrap_or(PRICE_CENTS);
-        let mut body = json!({
-            "name": format!("bench item {id}"),
-            "shop_id": args.shop,
-            "total": units,
-            // Started a moment before the presses, so the first one is on time.
-            "start_at": start_at - chrono::Duration::milliseconds(500),
-            "end_at": start_at + chrono::Duration::hours(1),
-            "price_cents": price_cents,
-            "buckets": args.buckets,
-            "per_user": args.per_user,
-            "release": release,
-        });
-        if let Some(after) = args.draw {
-            body["mode"] = json!("draw");
-            body["draw_at"] = json!(start_at + chrono::Duration::seconds(i64::from(after)));
-        }
-        admin
-            .call(Method::PUT, &format!("/admin/items/{id}"), Some(body))
-            .await?;
-        // Paused while it loads: a forced warm-up refuses a live sale (`sale_live`), and
-        // an existing item's new total would otherwise stand in MySQL unloaded.
-        admin
-            .call(Method::POST, &format!("/admin/items/{id}/pause"), None)
-            .await?;
-        admin
-            .call(
-                Method::POST,
-                &format!("/admin/items/{id}/warmup?force=true"),
-                None,
-            )
-            .await
-            .with_context(|| {
-                format!(
-                    "item {id} stays paused: resume it (POST /admin/items/{id}/resume) once loaded"
-                )
-            })?;
-        admin
-            .call(Method::POST, &format!("/admin/items/{id}/resume"), None)
-            .await?;
+        set_up(admin, args, id, start_at).await?;
     }
     let stats = admin
         .call(Method::GET, &format!("/admin/items/{id}/stats"), None)
@@ -197,6 +136,76 @@ pub async fn prepare(
         total: number(&stats["total"], "total")?,
         remaining: number(&stats["remaining"], "remaining")?,
     })
+}
+
+/// Writes item `id` as the arguments say (its window from `start_at`), and loads it.
+async fn set_up(
+    admin: &Admin,
+    args: &RehearsalArgs,
+    id: ItemId,
+    start_at: DateTime<Utc>,
+) -> anyhow::Result<()> {
+    let units = args.units.unwrap_or(DEFAULT_UNITS);
+    let release: Vec<Value> = args
+        .release
+        .iter()
+        .flat_map(|w| &w.0)
+        .map(|(after, units)| {
+            json!({
+                "at": start_at + chrono::Duration::seconds(i64::from(*after)),
+                "units": units,
+            })
+        })
+        .collect();
+    // An item that exists keeps its price once loaded (`409 price_fixed`): set it up
+    // again at that price. (A missing item answers 404: a new one.)
+    let price_cents = match args.item {
+        Some(id) => admin
+            .call(Method::GET, &format!("/api/items/{id}"), None)
+            .await
+            .ok()
+            .and_then(|item| item["price_cents"].as_u64()),
+        None => None,
+    }
+    .unwrap_or(PRICE_CENTS);
+    let mut body = json!({
+        "name": format!("bench item {id}"),
+        "shop_id": args.shop,
+        "total": units,
+        // Started a moment before the presses, so the first one is on time.
+        "start_at": start_at - chrono::Duration::milliseconds(500),
+        "end_at": start_at + chrono::Duration::hours(1),
+        "price_cents": price_cents,
+        "buckets": args.buckets,
+        "per_user": args.per_user,
+        "release": release,
+    });
+    if let Some(after) = args.draw {
+        body["mode"] = json!("draw");
+        body["draw_at"] = json!(start_at + chrono::Duration::seconds(i64::from(after)));
+    }
+    admin
+        .call(Method::PUT, &format!("/admin/items/{id}"), Some(body))
+        .await?;
+    // Paused while it loads: a forced warm-up refuses a live sale (`sale_live`), and
+    // an existing item's new total would otherwise stand in MySQL unloaded.
+    admin
+        .call(Method::POST, &format!("/admin/items/{id}/pause"), None)
+        .await?;
+    admin
+        .call(
+            Method::POST,
+            &format!("/admin/items/{id}/warmup?force=true"),
+            None,
+        )
+        .await
+        .with_context(|| {
+            format!("item {id} stays paused: resume it (POST /admin/items/{id}/resume) once loaded")
+        })?;
+    admin
+        .call(Method::POST, &format!("/admin/items/{id}/resume"), None)
+        .await?;
+    Ok(())
 }
 
 /// The price of an item a rehearsal sets up.
