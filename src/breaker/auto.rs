@@ -115,29 +115,12 @@ pub async fn control(
         ) else {
             continue;
         };
-        let to = to.map(|to| Setting {
-            level: to.level,
-            source: Source::Auto,
-            state: Some(to.state),
-            cool_down_s: Some(to.cool_down.as_secs()),
-            by: controller.me.clone(),
-            reason: reason.clone(),
-            at: crate::clock::now(),
-        });
+        let to = to.map(|to| controller.setting(to, &reason));
         if let Some(now) = controller.moved(current.as_ref(), to, reason).await {
             seen = now;
         }
     }
-    // Stopping: its breaker goes with it (a stopped instance holds nothing back).
-    let (_, current) = store::look(&controller.deps.redis, &controller.deps.keys, own)
-        .await
-        .unwrap_or_default();
-    if current.is_some() {
-        let why = "the instance stopped";
-        controller
-            .moved(current.as_ref(), None, why.to_owned())
-            .await;
-    }
+    controller.let_go().await;
 }
 
 /// One instance's automatic breaker, as its controller moves it.
@@ -151,6 +134,31 @@ struct Controller {
 }
 
 impl Controller {
+    /// The stored form of a move `to` this level and state, for `reason`.
+    fn setting(&self, to: Target, reason: &str) -> Setting {
+        Setting {
+            level: to.level,
+            source: Source::Auto,
+            state: Some(to.state),
+            cool_down_s: Some(to.cool_down.as_secs()),
+            by: self.me.clone(),
+            reason: reason.to_owned(),
+            at: crate::clock::now(),
+        }
+    }
+
+    /// Stopping: the instance's breaker goes with it (a stopped instance holds nothing
+    /// back).
+    async fn let_go(&self) {
+        let (_, current) = store::look(&self.deps.redis, &self.deps.keys, self.own)
+            .await
+            .unwrap_or_default();
+        if current.is_some() {
+            let why = "the instance stopped";
+            self.moved(current.as_ref(), None, why.to_owned()).await;
+        }
+    }
+
     /// Holds this instance's purchases back as its entry says (an operator may have cleared
     /// it), and shows it.
     fn obey(&self, current: Option<&Setting>) {
