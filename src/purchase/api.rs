@@ -149,25 +149,7 @@ async fn answer(state: &AppState, request: Request) -> Result<Response, ApiError
         .get(item_id)
         .await?
         .ok_or(ApiError::ItemNotFound)?;
-    // Refused before Redis: from memory (the window, the pause, sold out), the shop closed,
-    // or a breaker — after "sold out", so that a throttle's budget goes to purchases that
-    // can still win. Levels 1 and 2 of a breaker stop new purchases, not the answer a
-    // retried key is owed; level 3 stops everything.
-    let refused = if let Err(refused) = passed(state, &item, user, pass.as_deref(), now) {
-        Some(refused)
-    } else if let Some(refused) = from_memory(&item, now) {
-        Some(refusal(refused, &item))
-    } else if !state.shops.open_now(item.record.shop_id).await {
-        // (From this instance's cache, filled from Redis on a miss.)
-        Some(ApiError::ShopClosed)
-    } else {
-        match state.breakers.admit(item_id, Action::Purchase) {
-            Ok(()) => None,
-            Err(open) if open.level >= u8::from(Level::Stop) => return Err(open.into()),
-            Err(open) => Some(open.into()),
-        }
-    };
-    if let Some(refused) = refused {
+    if let Some(refused) = refused_before_redis(state, &item, user, pass.as_deref(), now).await? {
         return match key.as_deref() {
             None => Err(refused),
             // Boxed, as the rare case it is: inline, its future doubled every purchase's.
@@ -206,6 +188,34 @@ async fn answer(state: &AppState, request: Request) -> Result<Response, ApiError
     match sold {
         Ok(order_sn) => Ok(queued(order_sn, item_id)),
         Err(refused) => Err(not_sold(refused, &item)),
+    }
+}
+
+/// What refuses the purchase before Redis: its pass, memory (the window, the pause, sold
+/// out), the shop closed, or a breaker — after "sold out", so that a throttle's budget goes
+/// to purchases that can still win. Levels 1 and 2 of a breaker stop new purchases, not
+/// the answer a retried key is owed (`Ok(Some)`); level 3 stops everything (`Err`).
+async fn refused_before_redis(
+    state: &AppState,
+    item: &CatalogItem,
+    user: UserId,
+    pass: Option<&str>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Option<ApiError>, ApiError> {
+    if let Err(refused) = passed(state, item, user, pass, now) {
+        return Ok(Some(refused));
+    }
+    if let Some(refused) = from_memory(item, now) {
+        return Ok(Some(refusal(refused, item)));
+    }
+    // (From this instance's cache, filled from Redis on a miss.)
+    if !state.shops.open_now(item.record.shop_id).await {
+        return Ok(Some(ApiError::ShopClosed));
+    }
+    match state.breakers.admit(item.record.id, Action::Purchase) {
+        Ok(()) => Ok(None),
+        Err(open) if open.level >= u8::from(Level::Stop) => Err(open.into()),
+        Err(open) => Ok(Some(open.into())),
     }
 }
 
