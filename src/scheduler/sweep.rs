@@ -96,41 +96,7 @@ async fn visit(
         return Ok(next);
     }
     let held = marks::holdings(redis, keys, &stocks).await?;
-    // Which of them carry each kind of mark already.
-    let mut grouped = Grouped::new(redis);
-    for work in Work::ALL {
-        grouped
-            .group()
-            .cmd("ZMSCORE")
-            .arg(work.key(keys))
-            .arg(&members);
-    }
-    let marked: Vec<(Vec<Option<f64>>,)> = grouped.query(redis).await?;
-    let mut conn = redis.bulk().await?;
-    for (work, (scores,)) in Work::ALL.into_iter().zip(marked) {
-        let has_mark: std::collections::HashSet<&str> = members
-            .iter()
-            .zip(scores)
-            .filter(|(_, score)| score.is_some())
-            .map(|(m, _)| m.as_str())
-            .collect();
-        let unmarked: Vec<BucketId> = stocks
-            .iter()
-            .zip(&held)
-            .filter(|(_, holding)| holding.has(work))
-            .map(|(stock, _)| *stock)
-            .filter(|stock| !has_mark.contains(stock.to_string().as_str()))
-            .collect();
-        if !unmarked.is_empty() {
-            tracing::info!(
-                work = work.name(),
-                buckets = unmarked.len(),
-                "safety sweep: marked buckets whose work had no mark"
-            );
-            marks::mark(&mut conn, keys, work, unmarked).await?;
-        }
-    }
-    drop(conn);
+    mark_unmarked(redis, keys, &members, &stocks, &held).await?;
     repack_rules(redis, keys, &stocks).await?;
     let with_pending = held.iter().filter(|h| h.pending > 0).count();
     let share = (PENDING_PER_VISIT / with_pending.max(1)).max(PENDING_PAGE);
@@ -152,6 +118,53 @@ async fn visit(
         }
     }
     Ok(next)
+}
+
+/// Marks each of these buckets (`members` as the index names them) for every kind of work
+/// it holds and carries no mark for: a mark lost with its Redis master, or never written
+/// by a process that died.
+async fn mark_unmarked(
+    redis: &RedisConns,
+    keys: &Keys,
+    members: &[String],
+    stocks: &[BucketId],
+    held: &[marks::Holding],
+) -> Result<(), StoreError> {
+    // Which of them carry each kind of mark already.
+    let mut grouped = Grouped::new(redis);
+    for work in Work::ALL {
+        grouped
+            .group()
+            .cmd("ZMSCORE")
+            .arg(work.key(keys))
+            .arg(members);
+    }
+    let marked: Vec<(Vec<Option<f64>>,)> = grouped.query(redis).await?;
+    let mut conn = redis.bulk().await?;
+    for (work, (scores,)) in Work::ALL.into_iter().zip(marked) {
+        let has_mark: std::collections::HashSet<&str> = members
+            .iter()
+            .zip(scores)
+            .filter(|(_, score)| score.is_some())
+            .map(|(m, _)| m.as_str())
+            .collect();
+        let unmarked: Vec<BucketId> = stocks
+            .iter()
+            .zip(held)
+            .filter(|(_, holding)| holding.has(work))
+            .map(|(stock, _)| *stock)
+            .filter(|stock| !has_mark.contains(stock.to_string().as_str()))
+            .collect();
+        if !unmarked.is_empty() {
+            tracing::info!(
+                work = work.name(),
+                buckets = unmarked.len(),
+                "safety sweep: marked buckets whose work had no mark"
+            );
+            marks::mark(&mut conn, keys, work, unmarked).await?;
+        }
+    }
+    Ok(())
 }
 
 /// The walks' cursors; one left behind by a panic mid-update is as good as any.
