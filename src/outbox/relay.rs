@@ -224,7 +224,7 @@ impl Relay {
         if entries.is_empty() {
             return Ok(());
         }
-        let (outbox, pending) = (self.keys.outbox(stock), self.keys.pending(stock));
+        let outbox = self.keys.outbox(stock);
         let confirmed = self.keys.confirmed(stock);
         let mut conn = self.redis.bulk().await?;
         let sns: Vec<&str> = entries.iter().map(|(sn, _)| *sn).collect();
@@ -257,9 +257,25 @@ impl Relay {
             }
         }
         self.enter_unsent(&mut conn, stock, &unsent).await?;
+        self.repair_stale(&mut conn, stock, &stale, now).await
+    }
+
+    /// Of pending orders confirmed long ago (`stale`): those MySQL has are taken out of
+    /// `pending` (the consumer wrote them and could not clear them); those it lacks after
+    /// [`PENDING_LOST_AFTER`] are entered for the relay again, only while the orders
+    /// queue is empty (their message was lost after its confirm).
+    async fn repair_stale(
+        &self,
+        conn: &mut crate::store::RedisConn,
+        stock: BucketId,
+        stale: &[OrderPlaced],
+        now: i64,
+    ) -> Result<(), StoreError> {
         if stale.is_empty() {
             return Ok(());
         }
+        let (outbox, pending) = (self.keys.outbox(stock), self.keys.pending(stock));
+        let confirmed = self.keys.confirmed(stock);
         let sns: Vec<&str> = stale.iter().map(|o| o.order_sn.as_str()).collect();
         let mut written = HashSet::new();
         for chunk in sns.chunks(SWEEP_CHUNK) {
@@ -289,9 +305,9 @@ impl Relay {
                     .ignore();
             }
         }
-        redis_timed(pipe.query_async::<()>(&mut conn)).await?;
+        redis_timed(pipe.query_async::<()>(conn)).await?;
         if requeue {
-            marks::mark(&mut conn, &self.keys, Work::Relay, [stock]).await?;
+            marks::mark(conn, &self.keys, Work::Relay, [stock]).await?;
         }
         tracing::warn!(
             %stock,
