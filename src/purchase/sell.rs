@@ -189,7 +189,6 @@ impl Seller<'_> {
         now: chrono::DateTime<Utc>,
         key: Option<String>,
     ) -> Result<OrderSn, NotSold> {
-        let item_id = item.record.id;
         let idempotency = key.map(|key| IdempotencyKey::of(&self.deps.keys, item, user, key));
         // Before the grab (`SECKILL_REDIS_WAIT_REPLICAS`): the replicas a win will wait for,
         // on the master serving the buyer's bucket now. While that master is short of them no
@@ -248,20 +247,24 @@ impl Seller<'_> {
                 Err(NotSold::HeldUnconfirmed)
             }
             GrabOutcome::SoldOut => {
-                if item.mark_sold_out() {
-                    // Other instances learn it from the announcement rather than waiting for
-                    // their refresh to come round to this item (in the background: the buyer
-                    // does not wait for it).
-                    let catalog = self.catalog.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = catalog.announce(item_id).await {
-                            tracing::debug!(error = %e, "could not announce a sell-out; other instances find it themselves");
-                        }
-                    });
-                }
+                self.sold_out(item);
                 Err(NotSold::Refused(GrabOutcome::SoldOut))
             }
             other => Err(NotSold::Refused(other)),
+        }
+    }
+
+    /// Remembers that Redis found the item sold out; when this instance thought otherwise,
+    /// the others learn it from an announcement rather than waiting for their refresh to
+    /// come round to the item (in the background: the buyer does not wait for it).
+    fn sold_out(&self, item: &CatalogItem) {
+        if item.mark_sold_out() {
+            let (catalog, item_id) = (self.catalog.clone(), item.record.id);
+            tokio::spawn(async move {
+                if let Err(e) = catalog.announce(item_id).await {
+                    tracing::debug!(error = %e, "could not announce a sell-out; other instances find it themselves");
+                }
+            });
         }
     }
 
@@ -472,17 +475,8 @@ impl Refill<'_> {
             let (outcome, home_lends) = grabbed?;
             // Nothing for sale in the buyer's bucket (or nothing until a wave): maybe in
             // another.
-            if !matches!(
-                outcome,
-                GrabOutcome::SoldOut | GrabOutcome::BetweenReleases(_)
-            ) {
+            let Some(wave) = empty_until(&outcome) else {
                 return Ok(self.decided(home, borrowed_one, outcome));
-            }
-            // Empty until the wave Redis named, if it named one: every bucket lists every
-            // wave, so none has anything on sale before it.
-            let wave = match outcome {
-                GrabOutcome::BetweenReleases(at_ms) => Utc.timestamp_millis_opt(at_ms).single(),
-                _ => None,
             };
             item.mark_empty(home.bucket.index, wave);
             let lenders = self.lenders(home);
@@ -503,10 +497,7 @@ impl Refill<'_> {
                 // waits for one still moving a few times before answering "press again".
                 if borrowed.stalled || borrowed.moving {
                     let (outcome, lends) = self.attempt.grab(conn, home).await?;
-                    if !matches!(
-                        outcome,
-                        GrabOutcome::SoldOut | GrabOutcome::BetweenReleases(_)
-                    ) {
+                    if empty_until(&outcome).is_none() {
                         return Ok(self.decided(home, borrowed_one, outcome));
                     }
                     // A loan cut off (or a bucket paused, not loaded) does not settle in
@@ -586,4 +577,15 @@ fn same_round(last: &mut Option<Vec<(u8, u64)>>, mut round: Vec<(u8, u64)>) -> b
     }
     *last = Some(round);
     false
+}
+
+/// For a grab that found nothing on sale in its bucket, until when: `Some(None)` for no
+/// time said (sold out there), `Some(Some(at))` for the wave Redis named — every bucket
+/// lists every wave, so none has anything on sale before it; `None` for any other outcome.
+fn empty_until(outcome: &GrabOutcome) -> Option<Option<chrono::DateTime<Utc>>> {
+    match outcome {
+        GrabOutcome::SoldOut => Some(None),
+        GrabOutcome::BetweenReleases(at_ms) => Some(Utc.timestamp_millis_opt(*at_ms).single()),
+        _ => None,
+    }
 }

@@ -3,7 +3,8 @@
 //! it names, back to itself (a circle makes every one of them the place to start reading).
 //! Modules are files;
 //! what a file names is every `crate::…` and `super::…` path outside its tests, and every
-//! path through a module it imported (`use crate::items::repo;` … `repo::get`).
+//! path through a module it imported (`use crate::items::repo;` … `repo::get`). And no
+//! function of `src/` runs over [`MOST_LINES`] lines.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -171,6 +172,84 @@ fn every_public_module_has_a_reader_outside_the_crate() {
         neither.is_empty(),
         "modules neither pub nor pub(crate): {neither:?}"
     );
+}
+
+/// The longest a function of `src/` may be, counted from its `fn` line to its closing
+/// brace: a longer one does several things, and each deserves a name.
+const MOST_LINES: usize = 80;
+
+#[test]
+fn no_function_of_src_runs_over_eighty_lines() {
+    // The count finds a planted one, and where it ends.
+    let planted = format!(
+        "pub(crate) async fn long() {{\n    let s = \"{{}}\";\n{}}}\nfn next() {{}}\n",
+        "    x();\n".repeat(85)
+    );
+    assert_eq!(
+        functions(&planted),
+        [("long".to_owned(), 88), ("next".to_owned(), 1)]
+    );
+    let mut files = BTreeMap::new();
+    collect(&src(), &src(), &mut files);
+    let long: Vec<String> = files
+        .iter()
+        .flat_map(|(module, text)| {
+            functions(text)
+                .into_iter()
+                .filter(|(_, lines)| *lines > MOST_LINES)
+                .map(move |(name, lines)| format!("{}::{name}: {lines} lines", module.join("::")))
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "functions over {MOST_LINES} lines: {long:#?}"
+    );
+}
+
+/// Each function of a file's code (as [`collect`] reads it: tests and `//` comments cut)
+/// with its length in lines, by its braces (those of format strings come in pairs).
+fn functions(code: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut found = Vec::new();
+    for (at, line) in lines.iter().enumerate() {
+        let mut words = line.split_whitespace().peekable();
+        while let Some(word) = words.peek() {
+            if word.starts_with("pub") || matches!(*word, "async" | "const" | "unsafe") {
+                words.next();
+            } else {
+                break;
+            }
+        }
+        if words.next() != Some("fn") {
+            continue;
+        }
+        let name = words
+            .next()
+            .map(|w| w.split(['(', '<']).next().unwrap_or(w).to_owned())
+            .unwrap_or_default();
+        let mut depth = 0i64;
+        let mut opened = false;
+        for (n, body) in lines[at..].iter().enumerate() {
+            for c in body.chars() {
+                match c {
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' => depth -= 1,
+                    _ => {}
+                }
+            }
+            if opened && depth == 0 {
+                found.push((name.clone(), n + 1));
+                break;
+            }
+            if !opened && body.trim_end().ends_with(';') {
+                break;
+            }
+        }
+    }
+    found
 }
 
 fn src() -> std::path::PathBuf {
