@@ -156,6 +156,20 @@ async fn lend_to_bucket_0(env: &TestEnv, lender: &ItemKeys, transfer: &str) -> S
     unit
 }
 
+/// `receive.lua` at `home` for a transfer, run by hand as the borrowing request would:
+/// the home bucket's decision.
+async fn receive_at(env: &TestEnv, home: &ItemKeys, transfer: &str, unit: String) -> String {
+    RECEIVE
+        .key(&home.meta)
+        .key(&home.tokens)
+        .key(&home.transfers)
+        .arg(transfer)
+        .arg(unit)
+        .invoke_async(&mut env.redis.clone())
+        .await
+        .unwrap()
+}
+
 /// What `lend.lua` answers a borrower when `lender` has no unit: "empty" or "moving", the
 /// loans it ever made (a buyer's two looks compare them), and with "empty" the transfer
 /// ids of its older loans not settled (their units may be on their way back).
@@ -197,22 +211,7 @@ async fn a_transfer_cut_off_between_its_steps_is_settled_and_never_doubles_a_uni
     );
     let mut conn = env.redis.clone();
     let lend = |transfer: &'static str| lend_to_bucket_0(&env, &lender, transfer);
-    let receive = |transfer: &'static str, unit: String| {
-        let mut conn = env.redis.clone();
-        let home = home.clone();
-        async move {
-            let decided: String = RECEIVE
-                .key(&home.meta)
-                .key(&home.tokens)
-                .key(&home.transfers)
-                .arg(transfer)
-                .arg(unit)
-                .invoke_async(&mut conn)
-                .await
-                .unwrap();
-            decided
-        }
-    };
+    let receive = |transfer: &'static str, unit: String| receive_at(&env, &home, transfer, unit);
     let buckets = [home.clone(), lender.clone()];
 
     // Each unit counted once, whatever state a transfer was cut off in: by the stats, by
@@ -460,16 +459,10 @@ async fn a_loan_whose_unit_arrived_holds_back_no_sold_out() {
         keys.bucket(BucketId::new(item, 1)),
     );
     let unit = lend_to_bucket_0(&env, &lender, "arrived-unsettled").await;
-    let decided: String = RECEIVE
-        .key(&home.meta)
-        .key(&home.tokens)
-        .key(&home.transfers)
-        .arg("arrived-unsettled")
-        .arg(unit)
-        .invoke_async(&mut env.redis.clone())
-        .await
-        .unwrap();
-    assert_eq!(decided, "in");
+    assert_eq!(
+        receive_at(&env, &home, "arrived-unsettled", unit).await,
+        "in"
+    );
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let buyers = users_of_bucket(3, 2, 0, 3);
     let mut sold = Vec::new();
