@@ -8,6 +8,8 @@ pub use crate::app::listen;
 pub use crate::auth::Jwt;
 pub use crate::broker::{Broker, Topology};
 pub use crate::http::error::Conflict;
+/// `lend.lua` as a borrowing purchase runs it, for tests that cut a transfer off by hand.
+pub use crate::items::transfer::lend;
 pub use crate::keys::{ItemKeys, Keys, QueueKeys};
 pub use crate::marks::Work;
 pub use crate::orders::repo::{HeldOverTime, OrderStatus, held_over_time, insert_batch};
@@ -20,8 +22,8 @@ pub use crate::telemetry::Meters;
 /// The scripts, preloaded as the server does, and the ones tests call or watch for.
 pub mod lua {
     pub use crate::lua::{
-        LEND, QUEUE_JOIN, QUEUE_RELOAD, QUEUE_STEP, QUEUE_TAKE, QUEUE_WHERE, RECEIVE, RELEASE,
-        RULES_SET, preload,
+        QUEUE_JOIN, QUEUE_RELOAD, QUEUE_STEP, QUEUE_TAKE, QUEUE_WHERE, RECEIVE, RELEASE, RULES_SET,
+        preload,
     };
 }
 

@@ -187,7 +187,7 @@ where
 
 /// `lend.lua` on `lender` for `home`: the unit lent, or (empty, moving) the loans the
 /// lender had made — with an empty one's older loans still unsettled.
-async fn lend(
+pub async fn lend(
     conn: &mut (impl redis::aio::ConnectionLike + Send),
     home: &ItemKeys,
     lender: &ItemKeys,

@@ -10,7 +10,7 @@ use redis::AsyncCommands;
 use serde_json::{Value, json};
 
 use seckill::domain::{BucketId, ItemId, UserId};
-use seckill::testing::lua::{LEND, RECEIVE};
+use seckill::testing::lua::RECEIVE;
 use seckill::testing::{ItemKeys, Keys};
 
 use crate::history::*;
@@ -141,19 +141,20 @@ async fn buyers_of_one_bucket_get_every_unit_of_a_split_item_and_one_each() {
 /// `lend.lua` run by hand, as a server that then died would have run it: `lender` lends
 /// one unit to bucket 0. Returns the unit.
 async fn lend_to_bucket_0(env: &TestEnv, lender: &ItemKeys, transfer: &str) -> String {
-    let (outcome, unit): (String, String) = LEND
-        .key(&lender.meta)
-        .key(&lender.tokens)
-        .key(&lender.lent)
-        .arg(transfer)
-        .arg(0)
-        .arg(chrono::Utc::now().timestamp_millis())
-        .arg(RETURNING_FOR_MS)
-        .invoke_async(&mut env.redis.clone())
+    let answer = lend_from(env, lender, transfer).await;
+    assert_eq!(
+        answer[0], "lent",
+        "the lender has units to lend: {answer:?}"
+    );
+    answer[1].clone()
+}
+
+/// `lend.lua` on `lender` for bucket 0, as the server's purchase calls it.
+async fn lend_from(env: &TestEnv, lender: &ItemKeys, transfer: &str) -> Vec<String> {
+    let home = Keys::new(&env.settings.namespace).bucket(BucketId::new(lender.bucket.item, 0));
+    seckill::testing::lend(&mut env.redis.clone(), &home, lender, transfer)
         .await
-        .unwrap();
-    assert_eq!(outcome, "lent", "the lender has units to lend");
-    unit
+        .unwrap()
 }
 
 /// `receive.lua` at `home` for a transfer, run by hand as the borrowing request would:
@@ -174,24 +175,10 @@ async fn receive_at(env: &TestEnv, home: &ItemKeys, transfer: &str, unit: String
 /// loans it ever made (a buyer's two looks compare them), and with "empty" the transfer
 /// ids of its older loans not settled (their units may be on their way back).
 async fn ask_empty_lender(env: &TestEnv, lender: &ItemKeys) -> (String, String, Vec<String>) {
-    let answer: Vec<String> = LEND
-        .key(&lender.meta)
-        .key(&lender.tokens)
-        .key(&lender.lent)
-        .arg("asked-while-empty")
-        .arg(0)
-        .arg(chrono::Utc::now().timestamp_millis())
-        .arg(RETURNING_FOR_MS)
-        .invoke_async(&mut env.redis.clone())
-        .await
-        .unwrap();
+    let answer = lend_from(env, lender, "asked-while-empty").await;
     let loans = answer[2..].iter().step_by(2).cloned().collect();
     (answer[0].clone(), answer[1].clone(), loans)
 }
-
-/// How old a loan cut off may be and still count as on its way back (the server's
-/// `RETURNING_FOR`, src/items/transfer.rs).
-const RETURNING_FOR_MS: u64 = 60_000;
 
 /// The two states a transfer can be cut off in, made by running its first step(s) by
 /// hand as a dying server would: lent and never received (the sweep gives the unit back
