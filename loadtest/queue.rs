@@ -19,8 +19,8 @@ use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 
 use seckill::domain::{ItemId, UserId};
-use seckill::testing::lua::{QUEUE_JOIN, QUEUE_STEP, QUEUE_WHERE};
-use seckill::testing::{Keys, QueueKeys};
+use seckill::testing::lua::{QUEUE_JOIN, QUEUE_WHERE};
+use seckill::testing::{BeforeStock, Keys, QueueKeys, StepRules, queue_step};
 
 #[derive(clap::Parser)]
 struct Args {
@@ -151,36 +151,30 @@ async fn admit(
     let (mut admitted, mut steps) = (0u64, 0u64);
     while began.elapsed() < Duration::from_secs(args.admit_seconds) {
         tick.tick().await;
-        let stepped: Vec<i64> = QUEUE_STEP
-            .key(&keys.line)
-            .key(&keys.state)
-            .key(&keys.passes)
-            .key(&keys.held)
-            .key(&keys.sold)
-            .key(&keys.used)
-            .arg(now_ms - 1_000)
-            .arg(now_ms + 3_600_000)
-            .arg(args.admit_per_s)
-            .arg(300_000)
-            .arg(1)
-            .arg(args.buyers)
-            .arg(0)
-            .arg(5_000)
-            .arg(0)
-            // No forced warm-up held the line.
-            .arg(0)
-            .invoke_async(redis)
-            .await?;
-        anyhow::ensure!(stepped.len() == 4, "the step answered {stepped:?}");
+        let rules = StepRules {
+            start_ms: now_ms - 1_000,
+            end_ms: now_ms + 3_600_000,
+            admit_per_s: args.admit_per_s,
+            pass_ttl_ms: 300_000,
+            per_user: 1,
+            held: false,
+        };
+        // Stock for everyone; no win counted, no warm-up holding the line.
+        let before = BeforeStock {
+            sold: 0,
+            reloads: 0,
+        };
+        let stepped = queue_step(redis, keys, rules, args.buyers, before)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("the step found nobody in line"))?;
         // As the scheduler does once the replicas hold the step (none here).
-        let cursor = stepped.get(1).copied().unwrap_or(0);
         let _: i64 = redis::cmd("HSET")
             .arg(&keys.state)
             .arg("shown")
-            .arg(cursor)
+            .arg(stepped.cursor)
             .query_async(redis)
             .await?;
-        admitted += u64::try_from(stepped.first().copied().unwrap_or(0))?;
+        admitted += stepped.admitted;
         steps += 1;
     }
     Ok((admitted, began.elapsed().as_secs_f64(), steps))

@@ -16,14 +16,18 @@ pub use crate::orders::repo::{HeldOverTime, OrderStatus, held_over_time, insert_
 pub use crate::outbox::relay::Relay;
 pub use crate::payments::signature::{HEADER as PAYMENT_SIGNATURE, sign as sign_payment};
 pub use crate::purchase::grab::grab;
+/// A waiting room's admission step and a warm-up's hold of it, as the scheduler and the
+/// warm-up run them, for tests that interleave them by hand.
+pub use crate::queue::line::{
+    BeforeStock, StepRules, free_after_reload, hold_for_reload, step as queue_step,
+};
 pub use crate::store::{DbError, RedisConns, connect_mysql, migrate};
 pub use crate::telemetry::Meters;
 
 /// The scripts, preloaded as the server does, and the ones tests call or watch for.
 pub mod lua {
     pub use crate::lua::{
-        QUEUE_JOIN, QUEUE_RELOAD, QUEUE_STEP, QUEUE_TAKE, QUEUE_WHERE, RECEIVE, RELEASE, RULES_SET,
-        preload,
+        QUEUE_JOIN, QUEUE_TAKE, QUEUE_WHERE, RECEIVE, RELEASE, RULES_SET, preload,
     };
 }
 

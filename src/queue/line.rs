@@ -205,7 +205,7 @@ pub async fn before_stock(
 /// `before`. `None`: nobody is in the line (nobody joined, or the sale was retired), and
 /// nothing was written.
 pub async fn step(
-    conn: &mut RedisConn,
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
     keys: &QueueKeys,
     rules: StepRules,
     available: u64,
@@ -250,12 +250,18 @@ pub async fn step(
 /// Holds the waiting room for a forced warm-up (nobody let in for two minutes at most) and
 /// returns the units its live passes reserve, read in the same step
 /// (`lua/queue_reload.lua`).
-pub async fn hold_for_reload(conn: &mut RedisConn, keys: &QueueKeys) -> Result<u64, RedisError> {
+pub async fn hold_for_reload(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    keys: &QueueKeys,
+) -> Result<u64, RedisError> {
     redis_timed(QUEUE_RELOAD.key(&keys.state).arg("hold").invoke_async(conn)).await
 }
 
 /// Lets the waiting room go on after a warm-up's hold.
-pub async fn free_after_reload(conn: &mut RedisConn, keys: &QueueKeys) -> Result<(), RedisError> {
+pub async fn free_after_reload(
+    conn: &mut (impl redis::aio::ConnectionLike + Send),
+    keys: &QueueKeys,
+) -> Result<(), RedisError> {
     let _: i64 = redis_timed(QUEUE_RELOAD.key(&keys.state).arg("free").invoke_async(conn)).await?;
     Ok(())
 }

@@ -766,7 +766,6 @@ async fn a_reload_leaves_the_units_the_live_passes_reserve() {
 /// the step — before, it let 3 in on the old stock.)
 #[tokio::test]
 async fn a_step_on_a_stock_read_before_a_reload_lets_nobody_in() {
-    use seckill::testing::lua::{QUEUE_RELOAD, QUEUE_STEP};
     let env = &TestEnv::new("waitgen").await;
     let api = env.server(&[Role::Api, Role::Consumer]).await;
     let start = Utc::now() - chrono::Duration::seconds(1);
@@ -781,30 +780,22 @@ async fn a_step_on_a_stock_read_before_a_reload_lets_nobody_in() {
     let keys = seckill::testing::Keys::new(&env.settings.namespace)
         .queue(seckill::domain::ItemId::new(ITEM).unwrap());
     let mut redis = env.redis.clone();
-    let step = |reloads_at_read: u64| {
+    let rules = seckill::testing::StepRules {
+        start_ms: start.timestamp_millis(),
+        end_ms: (start + chrono::Duration::hours(1)).timestamp_millis(),
+        admit_per_s: 10,
+        pass_ttl_ms: 300_000,
+        per_user: 1,
+        held: false,
+    };
+    let step = |reloads: u64| {
         let (keys, mut redis) = (keys.clone(), env.redis.clone());
         async move {
-            let stepped: Vec<i64> = QUEUE_STEP
-                .key(&keys.line)
-                .key(&keys.state)
-                .key(&keys.passes)
-                .key(&keys.held)
-                .key(&keys.sold)
-                .key(&keys.used)
-                .arg(start.timestamp_millis())
-                .arg((start + chrono::Duration::hours(1)).timestamp_millis())
-                .arg(10)
-                .arg(300_000)
-                .arg(1)
-                .arg(10)
-                .arg(0)
-                .arg(5_000)
-                .arg(0)
-                .arg(reloads_at_read)
-                .invoke_async(&mut redis)
+            let before = seckill::testing::BeforeStock { sold: 0, reloads };
+            seckill::testing::queue_step(&mut redis, &keys, rules, 10, before)
                 .await
-                .unwrap();
-            stepped[0]
+                .unwrap()
+                .map_or(0, |stepped| stepped.admitted)
         }
     };
     // The warm-ups so far (each holds the line while it loads), as a step reads them
@@ -820,10 +811,7 @@ async fn a_step_on_a_stock_read_before_a_reload_lets_nobody_in() {
     // The first step starts the rate's clock; half a second later 5 are due.
     assert_eq!(step(before).await, 0);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let reserved: u64 = QUEUE_RELOAD
-        .key(&keys.state)
-        .arg("hold")
-        .invoke_async(&mut redis)
+    let reserved = seckill::testing::hold_for_reload(&mut redis, &keys)
         .await
         .unwrap();
     assert_eq!(reserved, 0);
@@ -832,10 +820,7 @@ async fn a_step_on_a_stock_read_before_a_reload_lets_nobody_in() {
         0,
         "nobody while the reload holds the line"
     );
-    let _: i64 = QUEUE_RELOAD
-        .key(&keys.state)
-        .arg("free")
-        .invoke_async(&mut redis)
+    seckill::testing::free_after_reload(&mut redis, &keys)
         .await
         .unwrap();
     // Each time with half a second's allowance (a step that lets nobody in drops it).
