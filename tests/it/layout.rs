@@ -4,7 +4,8 @@
 //! Modules are files;
 //! what a file names is every `crate::…` and `super::…` path outside its tests, and every
 //! path through a module it imported (`use crate::items::repo;` … `repo::get`). And no
-//! function of `src/` runs over [`MOST_LINES`] lines.
+//! function of `src/` runs over [`MOST_LINES`] lines. docs/development.md's table of the
+//! layers is [`LAYERS`], and its diagram of them is drawn from it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -22,7 +23,8 @@ struct Named {
 /// everything in it, or a file), or a module inside one that sits elsewhere (the orders
 /// table's rows, below the items that ask about orders). A feature's HTTP surface — its
 /// `api` and `admin` and the files only they use ([`SURFACE`]) — sits above the edge that
-/// serves it. docs/development.md shows the same table.
+/// serves it. docs/development.md shows the same table, and the diagram [`diagram`] draws
+/// from it.
 const LAYERS: &[(&str, &[&str])] = &[
     ("ground", &["domain", "config", "error"]),
     ("parts", &["keys", "telemetry", "auth"]),
@@ -65,6 +67,169 @@ const SURFACE: &[&str] = &[
     "purchase::refusal",
     "queue::view",
 ];
+
+/// The page that shows [`LAYERS`] to a reader: its table, and the diagram drawn from it.
+const DEVELOPMENT: &str = "docs/development.md";
+
+/// The table of "### The layers" in docs/development.md is [`LAYERS`]: the same layers,
+/// highest first, each row naming the same units (files and folders there, modules here;
+/// the surface's row also names the features' `api.rs` and `admin.rs` and [`SURFACE`]).
+#[test]
+fn the_layer_table_of_the_development_page_is_layers() {
+    let page = development_page();
+    let section = &page[layers_section(&page)];
+    let rows: Vec<(String, BTreeSet<String>)> = section
+        .lines()
+        // The section's first table, its head and the line under it skipped.
+        .skip_while(|line| !line.starts_with("| layer "))
+        .skip(2)
+        .take_while(|line| line.starts_with('|'))
+        .map(|line| {
+            let cells: Vec<&str> = line.split('|').collect();
+            let units = cells.get(2).copied().unwrap_or_default();
+            // What is in backticks is a file or a folder; the words between are prose.
+            let units = units.split('`').skip(1).step_by(2).map(|file| {
+                let file = file.trim_end_matches('/').trim_end_matches(".rs");
+                file.replace('/', "::")
+            });
+            (cells[1].trim().to_owned(), units.collect())
+        })
+        .collect();
+    let layers: Vec<(String, BTreeSet<String>)> = LAYERS
+        .iter()
+        .rev()
+        .map(|(name, units)| {
+            let mut units: BTreeSet<String> = units.iter().map(|u| (*u).to_owned()).collect();
+            if *name == "surface" {
+                units.extend(
+                    ["api", "admin"]
+                        .into_iter()
+                        .chain(SURFACE.iter().copied())
+                        .map(str::to_owned),
+                );
+            }
+            ((*name).to_owned(), units)
+        })
+        .collect();
+    assert_eq!(
+        rows, layers,
+        "the table of {DEVELOPMENT} (left) is not LAYERS (right): change one to match the other"
+    );
+}
+
+/// The diagram under the table of "### The layers" in docs/development.md is the one
+/// [`diagram`] draws from [`LAYERS`], so the picture cannot drift from the checked table.
+/// `SECKILL_WRITE_DIAGRAM=1` draws it there again instead of comparing.
+#[test]
+fn the_crate_diagram_is_drawn_from_the_layer_table() {
+    let drawn = diagram();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(DEVELOPMENT);
+    if std::env::var_os("SECKILL_WRITE_DIAGRAM").is_some() {
+        let page = development_page();
+        let block = diagram_block(&page);
+        let page = format!("{}{drawn}{}", &page[..block.start], &page[block.end..]);
+        std::fs::write(&path, page).expect("docs/development.md can be written");
+    }
+    let page = development_page();
+    let committed = &page[diagram_block(&page)];
+    assert!(
+        committed == drawn,
+        "the diagram of the layers in {DEVELOPMENT} is not the one LAYERS draws:\n{drawn}\n\
+         write it again with \
+         `SECKILL_WRITE_DIAGRAM=1 cargo test --test it layout::the_crate_diagram_is_drawn_from_the_layer_table`"
+    );
+}
+
+fn development_page() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(DEVELOPMENT);
+    std::fs::read_to_string(path).expect("docs/development.md can be read")
+}
+
+/// Where "### The layers" runs in the page: from its heading to the next one.
+fn layers_section(page: &str) -> std::ops::Range<usize> {
+    let heading = "### The layers\n";
+    let start = page
+        .find(heading)
+        .expect("docs/development.md has a section \"### The layers\"")
+        + heading.len();
+    let end = page[start..]
+        .find("\n#")
+        .map_or(page.len(), |n| start + n + 1);
+    start..end
+}
+
+/// Where the text of the section's first ```` ```text ```` block runs: after its opening
+/// fence, up to its closing one.
+fn diagram_block(page: &str) -> std::ops::Range<usize> {
+    let section = layers_section(page);
+    let fence = "```text\n";
+    let start = page[section.clone()]
+        .find(fence)
+        .map(|n| section.start + n + fence.len())
+        .expect("the layers' section of docs/development.md has a ```text block");
+    let end = page[start..section.end]
+        .find("```")
+        .map(|n| start + n)
+        .expect("the ```text block of the layers' section is closed within it");
+    start..end
+}
+
+/// How wide the text inside a layer's box is, so the drawing fits a page without scrolling.
+const INSIDE: usize = 64;
+
+/// [`LAYERS`] drawn as boxes, the highest on top, each with its units (the surface's also
+/// with what [`unit`] puts there). An arrow joins a box to the one below because a layer
+/// may name the layers below it; none points up because none may name a layer above.
+fn diagram() -> String {
+    let mut drawn = String::from(
+        "A box's modules may name modules of their own box and of the boxes below it (▼),\n\
+         never of one above.\n\n",
+    );
+    for (rank, (name, units)) in LAYERS.iter().enumerate().rev() {
+        let mut units: Vec<String> = units.iter().map(|u| (*u).to_owned()).collect();
+        if *name == "surface" {
+            units.push("each feature's api and admin".to_owned());
+            units.extend(SURFACE.iter().map(|u| (*u).to_owned()));
+        }
+        drawn.push_str(&layer_box(name, &units));
+        if rank > 0 {
+            drawn.push_str(&format!("{:>width$}\n", "▼", width = INSIDE / 2 + 2));
+        }
+    }
+    drawn
+}
+
+/// One layer's box: its name in the top edge, its units in lines of at most [`INSIDE`]
+/// characters, a unit never cut.
+fn layer_box(name: &str, units: &[String]) -> String {
+    let mut lines = vec![String::new()];
+    for (n, unit) in units.iter().enumerate() {
+        let unit = if n + 1 < units.len() {
+            format!("{unit},")
+        } else {
+            unit.clone()
+        };
+        let line = lines.last_mut().expect("lines start with one");
+        if line.is_empty() {
+            line.push_str(&unit);
+        } else if line.chars().count() + 1 + unit.chars().count() <= INSIDE {
+            line.push(' ');
+            line.push_str(&unit);
+        } else {
+            lines.push(unit);
+        }
+    }
+    let title = format!("─ {name} ");
+    let mut drawn = format!(
+        "┌{title}{}┐\n",
+        "─".repeat(INSIDE + 2 - title.chars().count())
+    );
+    for line in lines {
+        drawn.push_str(&format!("│ {line:<INSIDE$} │\n"));
+    }
+    drawn.push_str(&format!("└{}┘\n", "─".repeat(INSIDE + 2)));
+    drawn
+}
 
 #[test]
 fn no_module_of_src_names_a_module_of_a_layer_above_it() {
