@@ -623,7 +623,8 @@ async fn partitioned_sale(fleet: &mut Fleet, wait: &str, after: u64) -> Partitio
 
 /// Without `WAIT`, what a partitioned Redis master loses, over `FLEET_ROUNDS` (default 5)
 /// sales: acknowledged wins with no order, and units sold twice, printed for the fault
-/// matrix (docs/faults.md). A measurement, not a check: it asserts nothing of the sort.
+/// matrix (docs/faults.md). It asserts what that row says: every `202` became a row (lost
+/// 0) in every round — what is oversold is the measurement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a measurement for docs/faults.md"]
 async fn a_redis_partition_without_wait_measured() {
@@ -644,6 +645,10 @@ async fn a_redis_partition_without_wait_measured() {
             tally.lost.len(),
             tally.unexpected.len(),
             tally.oversold
+        );
+        assert!(
+            tally.lost.is_empty(),
+            "round {round}: docs/faults.md says every 202 became a row"
         );
         fleet.hosts.stop_servers();
     }
