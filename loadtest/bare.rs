@@ -3,13 +3,18 @@
 //! `POST /grab` reads `{"item_id": N}` and the `X-User` header and runs the same `grab.lua`
 //! call as seckill (`FCALL`) over one multiplexed connection — no auth, no checks, no
 //! logs, no publishing. `POST /minimal` does the same with the least a sale can do in Redis
-//! (`loadtest/lua/minimal.lua`: no window, no outbox), on an item of its own. `GET /hello`
-//! answers a constant. seckill's purchase path is measured against the first two; its
-//! sold-out path against the third.
+//! (`loadtest/lua/minimal.lua`: no window, no outbox), on an item of its own.
+//! `POST /minimal/fresh` runs the minimal script as a buyer never seen before on every
+//! request (a counter, not the request, names the buyer): every answer a win, as for a
+//! crowd of new buyers with the stock holding out. `GET /hello` answers a constant.
+//! seckill's purchase path is measured against `/grab` and `/minimal`, its sold-out path
+//! against `/hello`, and a crowd of 300,000 buyers against `/minimal/fresh` and `/hello`.
 //!
 //! `cargo run --release --example bare -- --addr 127.0.0.1:18081 --units 1000000`
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -39,13 +44,18 @@ struct Args {
     /// Units to load for the bare item.
     #[arg(long, default_value_t = 1_000_000)]
     units: u64,
+    /// Units to load for `/minimal/fresh`'s item: one a request it is sent.
+    #[arg(long, default_value_t = 1_000_000)]
+    fresh_units: u64,
 }
 
 #[derive(Clone)]
 struct Bare {
     redis: ConnectionManager,
-    /// grab.lua's item (1) and the minimal script's (2).
-    keys: std::sync::Arc<(ItemKeys, ItemKeys)>,
+    /// grab.lua's item (1), the minimal script's (2) and `/minimal/fresh`'s (3).
+    keys: Arc<(ItemKeys, ItemKeys, ItemKeys)>,
+    /// The next new buyer of `/minimal/fresh`.
+    fresh: Arc<AtomicU64>,
 }
 
 #[derive(Deserialize)]
@@ -62,19 +72,23 @@ async fn main() -> anyhow::Result<()> {
             .map(|item| namespace.bucket(BucketId::whole(item)))
             .ok_or_else(|| anyhow::anyhow!("item {id}"))
     };
-    let keys = (item_keys(1)?, item_keys(2)?);
+    let keys = (item_keys(1)?, item_keys(2)?, item_keys(3)?);
     let mut redis = ConnectionManager::new(redis::Client::open(args.redis.as_str())?).await?;
     fixture::load(&mut redis, &keys.0, args.units).await?;
     fixture::load(&mut redis, &keys.1, args.units).await?;
+    fixture::load(&mut redis, &keys.2, args.fresh_units).await?;
     seckill::testing::lua::preload(&mut redis).await?;
 
     let app = Router::new()
         .route("/grab", post(grab_handler))
         .route("/minimal", post(minimal_handler))
+        .route("/minimal/fresh", post(fresh_handler))
         .route("/hello", get(hello).post(hello))
         .with_state(Bare {
             redis,
-            keys: std::sync::Arc::new(keys),
+            keys: Arc::new(keys),
+            // Far above the X-User numbers the other routes are sent.
+            fresh: Arc::new(AtomicU64::new(1_000_000_000)),
         });
     // The same backlog as seckill's own listener, so the yardstick meets a crowd alike.
     let listener = seckill::testing::listen(args.addr)?;
@@ -131,8 +145,20 @@ async fn minimal_handler(
     headers: HeaderMap,
     Json(_): Json<Body>,
 ) -> (StatusCode, Json<Value>) {
+    minimal_answer(&bare, &bare.keys.1, user(&headers)).await
+}
+
+/// The minimal script as a new buyer each time: the least a crowd of new buyers costs.
+/// The request is read as on the other routes, so that it costs alike.
+async fn fresh_handler(State(bare): State<Bare>, Json(_): Json<Body>) -> (StatusCode, Json<Value>) {
+    let next = bare.fresh.fetch_add(1, Ordering::Relaxed);
+    let user = UserId::new(next);
+    minimal_answer(&bare, &bare.keys.2, user).await
+}
+
+async fn minimal_answer(bare: &Bare, keys: &ItemKeys, user: UserId) -> (StatusCode, Json<Value>) {
     let now = chrono::Utc::now().timestamp_millis();
-    match fixture::minimal(&mut bare.redis.clone(), &bare.keys.1, user(&headers), now).await {
+    match fixture::minimal(&mut bare.redis.clone(), keys, user, now).await {
         Ok(outcome) => (StatusCode::OK, Json(json!({ "code": outcome }))),
         Err(_) => (
             StatusCode::SERVICE_UNAVAILABLE,

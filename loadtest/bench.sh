@@ -1,34 +1,50 @@
 #!/usr/bin/env bash
-# One command, one run, everything local: seckill's purchase path against two yardsticks —
-# a bare axum server doing only the same call of grab.lua (as a Redis Function), and one
-# running the least a sale can do in Redis (loadtest/lua/minimal.lua), so the price of the
-# outbox and the checks shows; both are sent the same requests as seckill — (also with the
-# pipeline off: the handler's own share), its sold-out path against
-# a bare hello handler given the same requests, the consumer draining 100,000 queued
-# orders into MySQL, and the server's peak memory.
+# One command, everything local: seckill against yardsticks on the same machine, in rounds.
 #
-#   ./loadtest/bench.sh            (DURATION=10s CONNECTIONS=64 by default)
+#   ./loadtest/bench.sh        (DURATION=10s CONNECTIONS=64 ROUNDS=3 by default)
 #
-# Uses a private Redis on port 16600 with the deployment's settings (REDIS_SALE_SETTINGS in
-# dev/lib.sh: how the machine's own Redis was started is not the benchmark's business), and
-# the machine's MariaDB and RabbitMQ under the namespace and database `seckill_bench`,
-# emptied before and after. Logs and wrk outputs stay in loadtest/out/.
+# What is compared, each pair within a round in A B B A order (so a machine that speeds up
+# or slows down during a round weighs on both sides alike), over ROUNDS rounds: the report
+# gives every round's ratio, the median and the range.
+#   - the purchase path (buyers at random out of 300,000 on an item in stock: wins, then
+#     duplicates) against a bare axum server making the same grab.lua call (loadtest/bare.rs
+#     `/grab`: the server's own overhead) and the least a sale can do in Redis
+#     (`/minimal`, loadtest/lua/minimal.lua), both sent the same requests;
+#   - the sold-out path against a bare hello handler sent the same requests;
+#   - a crowd (the same 300,000 buyers at random on another item in stock) against what a
+#     crowd of new buyers costs at the least (`/minimal/fresh`: every request a new buyer)
+#     and a plain `GET` hello: the user's view, how much of a bare server's rate seckill keeps;
+#   - the purchase path of a server without a broker (its orders wait in its outbox: the
+#     handler's own share) against `/grab` again.
+# Once, before the rounds: the consumer draining 100,000 queued orders into MySQL. The
+# server runs every role (API, consumer, scheduler) at the default settings.
+#
+# Writes loadtest/out/bench.json (loadtest/report.py: the commit, the machine and its steal
+# time, every run) and prints its summary; the reports the docs cite are copied to
+# loadtest/results/. Uses a private Redis on port 16600 with the deployment's settings
+# (REDIS_SALE_SETTINGS in dev/lib.sh), and the machine's MariaDB and RabbitMQ under the
+# namespace and database `seckill_bench`, emptied before and after. Logs and wrk outputs
+# stay in loadtest/out/bench/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . loadtest/lib.sh
 
 duration=${DURATION:-10s}
 connections=${CONNECTIONS:-64}
+rounds=${ROUNDS:-3}
 threads=2
 fill_units=100000
-users=200000
+users=300000
+stock=400000
+# One unit a request of `/minimal/fresh`: room for 75,000 a second in each round's two runs.
+fresh_units=$((rounds * 2 * 75000 * ${duration%s}))
 
 ./dev/services.sh
 ./dev/tools.sh wrk
 cargo build --release --locked --bin seckill --example bare 2>&1 | tail -1
 
-out=loadtest/out
-mkdir -p "$out"
+out=loadtest/out/bench
+rm -rf "$out" && mkdir -p "$out"
 # One fixed namespace and database, emptied before and after: RabbitMQ's command line
 # cannot delete exchanges, so a new name per run would leave a pair behind each time.
 ns=seckill_bench
@@ -51,21 +67,16 @@ private_redis "$redis_port" "$out"
 
 stat() { admin GET "/admin/items/$1/stats" | sed -E "s/.*\"$2\":([0-9]+).*/\1/"; }
 rows() { mariadb -h 127.0.0.1 -u root -N -e "SELECT COUNT(*) FROM \`$ns\`.orders WHERE item_id = $1"; }
-# wrk: prints "requests_per_second p99" from its report.
-run_wrk() { # name url [env...]
-  local name=$1 url=$2; shift 2
-  env "$@" THREADS=$threads wrk -t$threads -c"$connections" -d"$duration" --latency \
-    -s loadtest/wrk/flashbuy.lua "$url" >"$out/$name.txt"
-  awk '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} END {print rps, p99}' "$out/$name.txt"
+# wrk's report → "requests_per_second p99_ms".
+rps_p99() {
+  awk '/Requests\/sec/ {rps = $2}
+    /^ +99%/ {p = $2; f = p ~ /us$/ ? 0.001 : p ~ /ms$/ ? 1 : 1000; sub(/[a-z]+$/, "", p); p99 = p * f}
+    END {print rps, p99}' "$1"
 }
-run_wrk_get() { # name url
-  wrk -t$threads -c"$connections" -d"$duration" --latency "$2" >"$out/$1.txt"
-  awk '/Requests\/sec/ {rps=$2} /^ +99%/ {p99=$2} END {print rps, p99}' "$out/$1.txt"
-}
-
 tokens_and_api
-on_sale 1 400000
+on_sale 1 "$stock"
 on_sale 3 "$fill_units"
+on_sale 4 "$stock"
 
 echo "filling the queue: selling $fill_units units of item 3 with no consumer running" >&2
 for _ in $(seq 20); do
@@ -102,60 +113,95 @@ until [ "$(rows 3)" -ge "$fill_units" ]; do
   sleep 0.05
 done
 t1=$(date +%s.%N)
-kill "$consumer_pid"
 drain_rate=$(echo "($fill_units - $first_count) / ($t1 - $t0)" | bc)
+# From here one server runs every role, as a deployment's would.
+kill "$consumer_pid" "$api_pid"
+wait "$consumer_pid" "$api_pid" 2>/dev/null || true
+"$bin" serve >"$out/server.log" 2>&1 &
+api_pid=$!
+pids+=("$api_pid")
+wait_http "$api/healthz"
 
 target/release/examples/bare --addr 127.0.0.1:18081 --redis "$SECKILL_REDIS_URL" \
-  --namespace bench_bare --units 400000 >"$out/bare.log" 2>&1 &
+  --namespace bench_bare --units "$stock" --fresh-units "$fresh_units" >"$out/bare.log" 2>&1 &
 pids+=("$!")
 wait_http "http://127.0.0.1:18081/hello"
+bare=http://127.0.0.1:18081
 
-# Each seckill path runs right next to its yardstick, after the broker has settled, so
-# that both see the machine in the same state.
+# Between runs: the orders of the last one out of the outboxes, then two quiet seconds, so
+# that each run finds the machine alike.
+outbox_empty() { [ "$(r zcard "$ns:{item:$1}:v1:outbox")" = 0 ]; }
 settle() {
-  wait_until 20 all_confirmed 1 || true
+  wait_until 20 outbox_empty 1 || true
+  wait_until 20 outbox_empty 4 || true
   sleep 2
 }
-settle
-echo "the sold-out path, then the bare hello handler (the same requests, then plain GETs)" >&2
-read -r soldout_rps soldout_p99 < <(run_wrk sold_out "$api/api/flashbuy" TOKENS="$out/tokens.txt" ITEM=3 MODE=random)
-read -r hello_rps hello_p99 < <(run_wrk bare_hello http://127.0.0.1:18081/hello TOKENS="$out/tokens.txt" ITEM=3 MODE=random)
-read -r get_rps get_p99 < <(run_wrk_get bare_hello_get http://127.0.0.1:18081/hello)
-settle
-echo "the purchase path (wins and duplicates: every request reaches Redis), then the bare grab.lua server" >&2
-read -r redis_rps redis_p99 < <(run_wrk redis_path "$api/api/flashbuy" TOKENS="$out/tokens.txt" ITEM=1 MODE=random)
-peak_kb=$(awk '/VmHWM/ {print $2}' "/proc/$api_pid/status")
-settle
-read -r bare_rps bare_p99 < <(run_wrk bare_grab http://127.0.0.1:18081/grab TOKENS="$out/tokens.txt" BARE_USERS=$users ITEM=1 MODE=random)
-settle
-read -r minimal_rps minimal_p99 < <(run_wrk bare_minimal http://127.0.0.1:18081/minimal TOKENS="$out/tokens.txt" BARE_USERS=$users ITEM=1 MODE=random)
+post() { # file url [env...]: wrk POSTs of loadtest/wrk/flashbuy.lua
+  local file=$1 url=$2
+  shift 2
+  env TOKENS="$out/tokens.txt" MODE=random "$@" THREADS=$threads \
+    wrk -t$threads -c"$connections" -d"$duration" --latency -s loadtest/wrk/flashbuy.lua "$url" >"$file"
+}
+# run ROUND NAME: one timed run, its figures appended to $out/runs.tsv.
+run() {
+  local file="$out/$2-$1.txt"
+  settle
+  case $2 in
+    purchase) post "$file" "$api/api/flashbuy" ITEM=1 ;;
+    bare_grab) post "$file" "$bare/grab" BARE_USERS=$users ITEM=1 ;;
+    bare_minimal) post "$file" "$bare/minimal" BARE_USERS=$users ITEM=1 ;;
+    sold_out) post "$file" "$api/api/flashbuy" ITEM=3 ;;
+    bare_hello) post "$file" "$bare/hello" ITEM=3 ;;
+    crowd) post "$file" "$api/api/flashbuy" ITEM=4 ;;
+    bare_fresh) post "$file" "$bare/minimal/fresh" ITEM=4 ;;
+    hello_get) wrk -t$threads -c"$connections" -d"$duration" --latency "$bare/hello" >"$file" ;;
+    alone) post "$file" "$alone/api/flashbuy" ITEM=2 ;;
+    *) die "no run named $2" ;;
+  esac
+  printf '%s\t%s\t%s\t%s\n' "$1" "$2" $(rps_p99 "$file") >>"$out/runs.tsv"
+  echo "round $1: $2 $(rps_p99 "$file")" >&2
+}
+# palindrome ROUND NAME...: the runs in order, then back (A B C C B A).
+palindrome() {
+  local round=$1 i
+  shift
+  for ((i = 1; i <= $#; i++)); do run "$round" "${!i}"; done
+  for ((i = $#; i >= 1; i--)); do run "$round" "${!i}"; done
+}
 
-# The handler's own share: an API server whose broker is unreachable (orders wait in its
+report_begin "DURATION=$duration CONNECTIONS=$connections ROUNDS=$rounds"
+: >"$out/runs.tsv"
+for round in $(seq "$rounds"); do
+  palindrome "$round" purchase bare_grab bare_minimal
+  palindrome "$round" sold_out bare_hello
+  palindrome "$round" crowd bare_fresh hello_get
+done
+peak_kb=$(awk '/VmHWM/ {print $2}' "/proc/$api_pid/status")
+
+# The handler's own share: a server whose broker is unreachable (orders wait in its
 # outbox), so no publishing, RabbitMQ or relay work shares the cores. Its own namespace.
-echo "the purchase path with the pipeline off (no broker)" >&2
 kill "$api_pid"
 alone=http://127.0.0.1:18083
 SECKILL_NAMESPACE=${ns}_alone SECKILL_HTTP_ADDR=127.0.0.1:18083 \
   SECKILL_AMQP_URL=amqp://guest:guest@127.0.0.1:1/%2f "$bin" serve --roles api >"$out/alone.log" 2>&1 &
 pids+=("$!")
 wait_http "$alone/healthz"
-at=$alone on_sale 2 400000
-sleep 2
-read -r alone_rps alone_p99 < <(run_wrk redis_alone "$alone/api/flashbuy" TOKENS="$out/tokens.txt" ITEM=2 MODE=random)
+at=$alone on_sale 2 "$stock"
+for round in $(seq "$rounds"); do palindrome "$round" alone bare_grab; done
 
-ratio() { echo "scale=2; $1 / $2" | bc; }
-cat <<REPORT
-
-seckill benchmark — $(nproc) cores, $(date -u +%Y-%m-%d), wrk -t$threads -c$connections -d$duration, all on this machine
-
-| path                                   | req/s      | p99      | yardstick            | req/s      | p99      | ratio |
-|----------------------------------------|------------|----------|----------------------|------------|----------|-------|
-| purchase, Redis path (wins+duplicates) | $redis_rps | $redis_p99 | bare grab.lua server | $bare_rps | $bare_p99 | $(ratio "$redis_rps" "$bare_rps") |
-| purchase, Redis path (wins+duplicates) | $redis_rps | $redis_p99 | bare minimal-script server | $minimal_rps | $minimal_p99 | $(ratio "$redis_rps" "$minimal_rps") |
-| the same, pipeline off (no broker)     | $alone_rps | $alone_p99 | bare grab.lua server | $bare_rps | $bare_p99 | $(ratio "$alone_rps" "$bare_rps") |
-| purchase, sold out (from memory)       | $soldout_rps | $soldout_p99 | bare hello handler, same requests | $hello_rps | $hello_p99 | $(ratio "$soldout_rps" "$hello_rps") |
-
-bare hello handler, plain GETs (no token, no body): $get_rps req/s, p99 $get_p99 (sold-out path against it: $(ratio "$soldout_rps" "$get_rps"))
-consumer: $fill_units queued orders drained into MySQL at $drain_rate orders/s
-server peak memory (VmHWM, API process): $((peak_kb / 1024)) MB
-REPORT
+fresh_left=$(r llen "bench_bare:{item:3}:v1:tokens")
+[ "$fresh_left" -gt 0 ] || die "/minimal/fresh ran out of units: its runs answered sold out"
+cat >"$out/figures.json" <<JSON
+{"wrk": "-t$threads -c$connections -d$duration", "rounds": $rounds, "buyers": $users,
+ "consumer_orders_per_s": $drain_rate, "consumer_orders": $fill_units,
+ "server_peak_mb": $((peak_kb / 1024))}
+JSON
+report=$(write_report bench "$out/figures.json" "$out/runs.tsv" \
+  "purchase / bare grab.lua server=purchase/bare_grab" \
+  "purchase / bare minimal-script server=purchase/bare_minimal" \
+  "sold out / bare hello, same requests=sold_out/bare_hello" \
+  "crowd / minimal script, every request a new buyer=crowd/bare_fresh" \
+  "crowd / plain GET hello=crowd/hello_get" \
+  "purchase, no broker / bare grab.lua server=alone/bare_grab")
+python3 loadtest/report.py --summary "$report"
+echo "written: $report" >&2

@@ -19,7 +19,9 @@
 # replicas and the whole machine (wrk and the kernel's share included), from /proc.
 #
 # Everything shares this machine's cores: the absolute rates are this VM's; the Redis
-# cost per grab and its spread over the masters are what carry over.
+# cost per grab and its spread over the masters are what carry over. Writes
+# loadtest/out/cluster/cluster.json (loadtest/report.py: the commit, the machine and its
+# steal time, every run, the WAIT ratio) beside the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . loadtest/lib.sh
@@ -36,8 +38,8 @@ ports=(7000 7001 7002 7003 7004 7005)
 ./dev/tools.sh wrk
 cargo build --release --locked --bin seckill 2>&1 | tail -1
 
-out=loadtest/out
-mkdir -p "$out"
+out=loadtest/out/cluster
+rm -rf "$out" && mkdir -p "$out"
 ns=seckill_cluster_bench
 bench_env "$ns" 127.0.0.1:18090 warn
 export SECKILL_REDIS_URL="redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002"
@@ -143,6 +145,7 @@ run() { # item buckets wait
   local cpu_us_per_grab
   cpu_us_per_grab=$(echo "scale=1; ($cpu1 - $cpu0) * 1000000 / ($calls + 1)" | bc)
   rows+=("| $buckets | $3 | $rps | $p99 | $calls | $(echo "scale=1; $usec / ($calls + 1)" | bc) | $cpu_us_per_grab | $((100 * top / (usec + 1)))% |")
+  printf '1\tk%s_wait%s\t%s\t%s\n' "$buckets" "$3" "$rps" "$(ms "$p99")" >>"$out/runs.tsv"
   if [ "$buckets" = 1 ]; then
     rps_sum[$3]=$(echo "${rps_sum[$3]:-0} + $rps" | bc)
     p99_sum[$3]=$(echo "${p99_sum[$3]:-0} + $(ms "$p99")" | bc)
@@ -157,6 +160,8 @@ wait_stats() {
     /^seckill_funnel_total.*stage="won"/ { won = $2 }
     END { if (waits > 0) printf "%d WAITs, %.2f ms each on average, %.1f wins per WAIT", waits, 1000 * secs / waits, won / waits }'
 }
+report_begin "DURATION=$duration CONNECTIONS=$connections MODE=$mode USERS=$users"
+: >"$out/runs.tsv"
 run 1 1 0
 serve 1
 run 11 1 1
@@ -168,6 +173,14 @@ run 2 2 0
 run 4 4 0
 run 8 8 0
 
+{
+  printf '{"wrk": "-t2 -c%s -d%s", "buyers": "%s out of %s", "waits": "%s",\n "table": [' "$connections" "$duration" "$mode" "$users" "$waits"
+  printf '"%s",' "${rows[@]}" | sed 's/,$//'
+  printf '],\n "cpu_us_a_request": ['
+  printf '"%s",' "${cpu_rows[@]}" | sed 's/,$//'
+  printf ']}\n'
+} >"$out/figures.json"
+echo "written: $(write_report cluster "$out/figures.json" "$out/runs.tsv" "WAIT 1 / no WAIT, one bucket=k1_wait1/k1_wait0")" >&2
 cat <<REPORT
 
 seckill on a local Redis Cluster (3 masters + 3 replicas) — $(nproc) cores, $(date -u +%Y-%m-%d), wrk -t2 -c$connections -d$duration, buyers $mode out of $users, all on this machine

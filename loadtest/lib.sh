@@ -91,6 +91,30 @@ tokens_and_api() {
   wait_http "$api/healthz"
 }
 
+# report_begin KNOBS: marks where a script's measured part begins (the report's start and
+# its steal time count from here); KNOBS are the variables the run was given, as a reader
+# would type them before the command (`DURATION=10s ROUNDS=3`).
+report_begin() {
+  report_command="${1:+$1 }./loadtest/$(basename "$0")"
+  report_stat0=$(head -1 /proc/stat)
+  report_began=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+}
+
+# write_report NAME FIGURES_JSON [RUNS_TSV RATIO...]: writes $out/NAME.json through
+# loadtest/report.py — the command that ran, the commit, the machine (nproc, CPU model, the
+# time the hypervisor stole), every setting off its default, then the figures, each round's
+# and each ratio's median and range — and prints its path. The reports the docs cite are
+# copied to loadtest/results/NAME-DATE.json and committed.
+write_report() {
+  local name=$1
+  shift
+  REPORT_COMMAND=$report_command REPORT_BEGAN=$report_began REPORT_STAT0=$report_stat0 \
+    REPORT_SETTINGS=$(changed_settings) REPORT_COMMIT=$(git rev-parse HEAD) \
+    REPORT_TREE_CHANGED=$(git status --porcelain --untracked-files=no | wc -l) \
+    python3 loadtest/report.py "$@" >"$out/$name.json"
+  echo "$out/$name.json"
+}
+
 # Clock ticks (user + system) a process, or one thread, has used: ticks /proc/PID/stat.
 ticks() { awk '{print $14 + $15}' "$1"; }
 # cpu_us_per_request TICKS REQUESTS: the µs of CPU those ticks were, per request.

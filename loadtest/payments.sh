@@ -7,7 +7,8 @@
 #
 #   ./loadtest/payments.sh          (ORDERS=6000 ROUNDS=3 by default)
 #
-# Writes loadtest/out/payments.json. Uses the machine's services under the namespace and
+# Writes loadtest/out/payments/payments.json (loadtest/report.py: the commit, the machine
+# and its steal time beside every round). Uses the machine's services under the namespace and
 # database `seckill_payments_bench`, emptied before and after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,8 +19,8 @@ rounds=${ROUNDS:-3}
 ./dev/services.sh
 cargo build --release --locked --bin seckill --example payments 2>&1 | tail -1
 
-out=loadtest/out
-mkdir -p "$out"
+out=loadtest/out/payments
+rm -rf "$out" && mkdir -p "$out"
 ns=seckill_payments_bench
 bench_env "$ns" 127.0.0.1:18097 warn
 export SECKILL_PAYMENT_SECRET=bench-payment-secret
@@ -38,6 +39,9 @@ server_pid=$!
 wait_http "$api/healthz" 60 "$server_pid"
 on_sale 1 "$orders"
 log "selling $orders units, then paying them in $rounds rounds"
+report_begin "ORDERS=$orders ROUNDS=$rounds"
 target/release/examples/payments "$api" "$SECKILL_ADMIN_TOKEN" "$SECKILL_PAYMENT_SECRET" \
-  "$out/payments-tokens.txt" 1 "$rounds" | tee "$out/payments.json"
-log "written: $out/payments.json (commit $(git rev-parse --short HEAD), nproc $(nproc))"
+  "$out/payments-tokens.txt" 1 "$rounds" >"$out/figures.json"
+report=$(write_report payments "$out/figures.json")
+cat "$report"
+log "written: $report"

@@ -2,7 +2,8 @@
 # What a waiting room costs Redis, on a private Redis (port 16401) nothing else uses:
 # a million buyers joining one item's pre-queue, reads of their places, and admission at
 # 10,000 a second (loadtest/queue.rs says how each figure is taken). Writes
-# loadtest/out/queue/report.json with the commit, the machine and the figures.
+# loadtest/out/queue/queue.json (loadtest/report.py: the commit, the machine and its steal
+# time beside the figures).
 #
 #   ./loadtest/queue.sh                 (BUYERS=1000000 READS=100000 ADMIT_PER_S=10000)
 set -euo pipefail
@@ -22,18 +23,9 @@ cleanup
 trap cleanup EXIT
 private_redis "$port" "$out"
 
+report_begin "BUYERS=$buyers READS=$reads ADMIT_PER_S=$admit"
 echo "$buyers joins, $reads reads, admission at $admit a second" >&2
 target/release/examples/queue --redis "redis://127.0.0.1:$port" --buyers "$buyers" \
   --reads "$reads" --admit-per-s "$admit" >"$out/figures.json"
-cat >"$out/report.json" <<REPORT
-{
-  "command": "./loadtest/queue.sh",
-  "commit": "$(git rev-parse --short HEAD)",
-  "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
-  "nproc": $(nproc),
-  "cpu": "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')",
-  "redis": "$(redis-server --version | grep -oE 'v=[0-9.]+' | cut -d= -f2)",
-  "figures": $(cat "$out/figures.json")
-}
-REPORT
-cat "$out/report.json"
+report=$(write_report queue "$out/figures.json")
+cat "$report"

@@ -9,7 +9,8 @@
 #    moves (a buyer let in every second, so every stream's place changes): the server's
 #    memory per open stream and its CPU while they are held (loadtest/streams.rs).
 #
-# Writes loadtest/out/queue_crowd/report.json (commit, machine, settings, every round).
+# Writes loadtest/out/queue_crowd/queue_crowd.json (loadtest/report.py: the commit, the
+# machine and its steal time, the settings off their defaults, every round).
 #
 #   ./loadtest/queue_crowd.sh                    (STREAMS=10000 HOLD_S=30)
 #
@@ -41,6 +42,7 @@ end=$(date -u -d '+1 day' +%Y-%m-%dT%H:%M:%SZ)
 admin PUT /admin/items/5 "{\"name\":\"queued load test\",\"shop_id\":1,\"total\":1000,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1,\"queue\":{\"admit_per_s\":1,\"pass_ttl_s\":30}}" >/dev/null
 admin POST /admin/items/5/warmup >/dev/null
 
+report_begin "${STREAMS:+STREAMS=$STREAMS }${HOLD_S:+HOLD_S=$HOLD_S}"
 rounds=()
 for item in 3 5 5 3; do
   t0=$(ticks /proc/"$api_pid"/stat)
@@ -65,19 +67,14 @@ target/release/examples/streams --api "$api" --tokens "$out/tokens.txt" --item 5
   --streams "$streams" --hold-s "$hold" --pid "$api_pid" >"$out/streams.json"
 
 IFS=,
-cat >"$out/report.json" <<REPORT
+cat >"$out/figures.json" <<JSON
 {
-  "command": "./loadtest/queue_crowd.sh",
-  "commit": "$(git rev-parse --short HEAD)",
-  "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
-  "nproc": $(nproc),
-  "cpu": "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')",
-  "changed_settings": $(changed_settings),
   "rust_log": "$RUST_LOG",
   "refusal_without_a_pass": $(printf '%s' "$refusal"),
   "refusal_rounds": [${rounds[*]}],
   "streams": $(cat "$out/streams.json")
 }
-REPORT
+JSON
 unset IFS
-cat "$out/report.json"
+report=$(write_report queue_crowd "$out/figures.json")
+cat "$report"

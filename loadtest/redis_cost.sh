@@ -23,7 +23,11 @@
 #                                      16 buyers at once by default: Redis runs ~50×
 #                                      slower and must still answer within the budget.
 #
-# Uses the machine's MariaDB and RabbitMQ under the namespace and database `seckill_cost`.
+# Writes loadtest/out/redis_cost/redis_cost.json (loadtest/report.py: the commit, the
+# machine and its steal time beside the figures), the per won order figure also as a
+# multiple of the minimal script's win in the same run — the figure to carry to another
+# machine (docs/deployment.md's capacity model). Uses the machine's MariaDB and RabbitMQ
+# under the namespace and database `seckill_cost`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . loadtest/lib.sh
@@ -63,6 +67,7 @@ if [ -n "${REDIS_CPU:-}" ]; then
   others=$(seq 0 $(($(nproc) - 1)) | grep -vx "$REDIS_CPU" | paste -sd,)
   taskset -pc "$others" $$ >/dev/null
 fi
+report_begin "${REDIS_CPU:+REDIS_CPU=$REDIS_CPU }${COUNT:+COUNT=$COUNT }CALLS=$calls ORDERS=$orders"
 redis_args=(--port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$PWD/$out"
   --logfile "$PWD/$out/redis.log" "${REDIS_SALE_SETTINGS[@]}")
 if [ "$count" = instructions ]; then
@@ -134,6 +139,12 @@ if [ "$count" = instructions ]; then
   m1=$(cpu_us)
   s_us=$(echo "($(date +%s.%N) - $s0) * 1000000" | bc | cut -d. -f1)
   minimal_win=$(( (m1 - m0 - idle_rate * s_us / 1000000) / 5000 ))
+  cat >"$out/figures.json" <<JSON
+{"count": "instructions", "buyers": $orders, "won": $won,
+ "instructions_per_won_order": $(( net / won )), "minimal_win_instructions": $minimal_win,
+ "multiple_of_minimal_win": $(awk -v a="$net" -v w="$won" -v m="$minimal_win" 'BEGIN {printf "%.2f", a / w / m}')}
+JSON
+  echo "written: $(write_report redis_cost "$out/figures.json")" >&2
   cat <<REPORT
 
 Redis instructions per won order, everything included ($(date -u +%Y-%m-%d), under callgrind):
@@ -150,12 +161,25 @@ REPORT
     sort -k2 -nr | head -20
   exit 0
 fi
+# The minimal script's win in the same run: `| minimal script, a win | 3.10 |`.
+minimal_win=$(awk -F'|' '/minimal script, a win/ {gsub(/ /, "", $3); print $3}' "$out/per_call.txt")
+per_won=$(echo "scale=1; $net / $won" | bc)
+per_call=$(awk -F'|' '$3 ~ /[0-9]/ {gsub(/^ +| +$/, "", $2); gsub(/ /, "", $3); printf "%s\"%s\": %s", (n++ ? ", " : ""), $2, $3}' "$out/per_call.txt")
+cat >"$out/figures.json" <<JSON
+{"count": "usec", "calls": $calls, "buyers": $orders, "won": $won,
+ "redis_version": "$(private info server | awk -F: '/^redis_version/ {print $2}' | tr -d '\r')",
+ "redis_cpu_us_per_won_order": $per_won, "idle_cpu_us_per_s": $idle_rate,
+ "per_call_us": {$per_call},
+ "multiple_of_minimal_win": $(awk -v a="$per_won" -v m="$minimal_win" 'BEGIN {printf "%.2f", a / m}')}
+JSON
+echo "written: $(write_report redis_cost "$out/figures.json")" >&2
 cat <<REPORT
 
 Redis CPU per won order, everything included ($(date -u +%Y-%m-%d), Redis $(private info server | awk -F: '/^redis_version/ {print $2}' | tr -d '\r')):
 $orders buyers pressing once, $won won; Redis used $(( (after - before) / 1000 )) ms of CPU in $(echo "scale=1; $elapsed_us / 1000000" | bc) s,
 $(( idle_rate * elapsed_us / 1000000000 )) ms of it what the idle server costs in that time:
-**$(echo "scale=1; $net / $won" | bc) µs of Redis CPU per won order**
+**$per_won µs of Redis CPU per won order**, $(echo "scale=2; $per_won / $minimal_win" | bc)× the
+$minimal_win µs of a win of the minimal script in the same run
 
 Where it went, per won order (INFO commandstats over the run, the idle server's share not
 taken out; a command inside a script counts in the script's time and in its own line too):

@@ -1,0 +1,128 @@
+"""Writes a load-test script's report: its figures beside what a reader needs to judge and
+rerun them. Called by `write_report` in loadtest/lib.sh (standard library only).
+
+    python3 loadtest/report.py FIGURES.json [RUNS.tsv RATIO...] > report.json
+    python3 loadtest/report.py --summary report.json     (what a script prints at its end)
+
+FIGURES.json  the script's own figures (a JSON object), kept as they are.
+RUNS.tsv      every timed run, one a line: round, name, requests a second, p99 in ms.
+RATIO         NAME=A/B: per round, A's mean requests a second over B's (the runs of a round
+              go A B B A, so drift within it falls on both sides alike); reported with
+              every round's value, the median and the range.
+
+The header comes from the environment lib.sh sets: REPORT_COMMAND, REPORT_BEGAN,
+REPORT_STAT0 (the first line of /proc/stat when the measured part began), REPORT_SETTINGS
+(every setting that differs from the default), REPORT_COMMIT, REPORT_TREE_CHANGED.
+"""
+
+import datetime
+import json
+import os
+import statistics
+import sys
+
+
+def steal_percent(before, after):
+    """The share of all CPU time the hypervisor took from this VM between two readings of
+    /proc/stat's `cpu` line (user nice system idle iowait irq softirq steal): above a few
+    percent the figures are not the machine's own."""
+    first = [int(x) for x in before.split()[1:9]]
+    last = [int(x) for x in after.split()[1:9]]
+    spent = [b - a for a, b in zip(first, last)]
+    return round(100 * spent[7] / max(sum(spent), 1), 2)
+
+
+def cpu_model():
+    with open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def rounds(path, ratios):
+    """The runs, and for each RATIO its value in each round, median and range."""
+    runs = []
+    with open(path) as tsv:
+        for line in tsv:
+            if line.strip():
+                round_, name, rps, p99 = line.split("\t")
+                runs.append({"round": int(round_), "name": name, "rps": float(rps), "p99_ms": round(float(p99), 2)})
+    figures = {"runs": runs, "ratios": {}}
+    for spec in ratios:
+        label, pair = spec.split("=", 1)
+        a, b = pair.split("/", 1)
+        per_round = []
+        for r in sorted({run["round"] for run in runs}):
+            mean = {
+                name: statistics.mean(x["rps"] for x in runs if x["round"] == r and x["name"] == name)
+                for name in (a, b)
+                if any(x["round"] == r and x["name"] == name for x in runs)
+            }
+            if len(mean) == 2:
+                per_round.append(round(mean[a] / mean[b], 3))
+        if not per_round:
+            sys.exit(f"report.py: no round has runs of both {a} and {b}")
+        figures["ratios"][label] = {
+            "of": a,
+            "to": b,
+            "per_round": per_round,
+            "median": round(statistics.median(per_round), 2),
+            "range": [round(min(per_round), 2), round(max(per_round), 2)],
+        }
+    return figures
+
+
+def summary(path):
+    """Each ratio's median and range, and each run's median requests a second and p99."""
+    with open(path) as f:
+        report = json.load(f)
+    figures = report["figures"]
+    machine = report["machine"]
+    print(f"{report['command']} at {report['commit'][:7]}, {report['began']}, "
+          f"{machine['nproc']} cores, {machine['steal_percent']}% stolen")
+    for label, ratio in figures.get("ratios", {}).items():
+        low, high = ratio["range"]
+        print(f"  {label}: {ratio['median']} (range {low}-{high}, {len(ratio['per_round'])} rounds)")
+    names = dict.fromkeys(run["name"] for run in figures.get("runs", []))
+    for name in names:
+        runs = [run for run in figures["runs"] if run["name"] == name]
+        rps = statistics.median(run["rps"] for run in runs)
+        p99 = round(statistics.median(run["p99_ms"] for run in runs), 2)
+        print(f"  {name}: {rps:,.0f} req/s, p99 {p99} ms (median of {len(runs)} runs)")
+    other = {k: v for k, v in figures.items() if k not in ("runs", "ratios")}
+    if other:
+        print("  " + json.dumps(other))
+
+
+def main():
+    if sys.argv[1] == "--summary":
+        summary(sys.argv[2])
+        return
+    with open(sys.argv[1]) as f:
+        figures = json.load(f)
+    if len(sys.argv) > 2:
+        figures.update(rounds(sys.argv[2], sys.argv[3:]))
+    with open("/proc/stat") as stat:
+        now = stat.readline()
+    env = os.environ
+    report = {
+        "command": env["REPORT_COMMAND"],
+        "commit": env["REPORT_COMMIT"],
+        "tree_changed": env["REPORT_TREE_CHANGED"] != "0",
+        "began": env["REPORT_BEGAN"],
+        "ended": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "machine": {
+            "nproc": os.cpu_count(),
+            "cpu_model": cpu_model(),
+            "steal_percent": steal_percent(env["REPORT_STAT0"], now),
+        },
+        "settings_changed": json.loads(env["REPORT_SETTINGS"]),
+        "figures": figures,
+    }
+    json.dump(report, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()
