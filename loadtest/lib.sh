@@ -103,14 +103,15 @@ report_begin() {
 # write_report NAME FIGURES_JSON [RUNS_TSV RATIO...]: writes $out/NAME.json through
 # loadtest/report.py — the command that ran, the commit, the machine (nproc, CPU model, the
 # time the hypervisor stole), every setting off its default, then the figures, each round's
-# and each ratio's median and range — and prints its path. The reports the docs cite are
+# and each ratio's median and range — and prints its path. `tree_changed` says whether the
+# code measured differed from the commit (docs, tests and reports left out). The reports the docs cite are
 # copied to loadtest/results/NAME-DATE.json and committed.
 write_report() {
   local name=$1
   shift
   REPORT_COMMAND=$report_command REPORT_BEGAN=$report_began REPORT_STAT0=$report_stat0 \
     REPORT_SETTINGS=$(changed_settings) REPORT_COMMIT=$(git rev-parse HEAD) \
-    REPORT_TREE_CHANGED=$(git status --porcelain --untracked-files=no | wc -l) \
+    REPORT_TREE_CHANGED=$(git status --porcelain --untracked-files=no -- . ':!docs' ':!*.md' ':!loadtest/results' ':!tests' | wc -l) \
     python3 loadtest/report.py "$@" >"$out/$name.json"
   echo "$out/$name.json"
 }
