@@ -12,7 +12,9 @@
 #   BIN=/tmp/seckill.before ./loadtest/cpu_split.sh   (another build of seckill, to compare:
 #                                    alternate it with the tree's own, run for run)
 #
-# Uses the machine's MariaDB and RabbitMQ under the namespace and database `seckill_cpu`.
+# Writes loadtest/out/cpu_split/cpu_split.json (loadtest/report.py: the commit, the
+# machine and its steal time beside the figures). Uses the machine's MariaDB and RabbitMQ
+# under the namespace and database `seckill_cpu`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . loadtest/lib.sh
@@ -94,6 +96,7 @@ syscalls_per_request() { # file seconds_counted requests_per_second
 echo "minting $users user tokens" >&2
 "$bin" token --user 1 --count "$users" --ttl-s 7200 >"$out/tokens.txt"
 
+report_begin "DURATION=$duration${BIN:+ BIN=$BIN}"
 echo "seckill: the Redis path for $duration" >&2
 redis_pid=$(start_redis $seckill_redis)
 SECKILL_REDIS_URL=redis://127.0.0.1:$seckill_redis "$bin" serve --roles api,scheduler \
@@ -118,6 +121,19 @@ sleep 2
 measure bare "http://$bare_addr/grab" "$bare_pid" "$bare_redis_pid" BARE_USERS=$users
 b_requests=$requests b_rps=$rps b_server=$d_server b_redis=$d_redis
 
+us() { cpu_us_per_request "$1" "$2"; }
+threads=$(join "$out/seckill.threads0" "$out/seckill.threads1" | while read -r name before after; do
+  printf '%s"%s": %s' "${sep:-}" "$name" "$(us $((after - before)) "$s_requests")"
+  sep=", "
+done)
+cat >"$out/figures.json" <<JSON
+{"wrk": "-t2 -c64 -d$duration", "buyers": $users,
+ "us_of_cpu_a_request": {
+   "seckill": {"server": $(us "$s_server" "$s_requests"), "redis": $(us "$s_redis" "$s_requests"), "rabbitmq": $(us "$s_rabbit" "$s_requests"), "threads": {$threads}},
+   "bare_grab": {"server": $(us "$b_server" "$b_requests"), "redis": $(us "$b_redis" "$b_requests")}},
+ "requests_per_s": {"seckill": $s_rps, "bare_grab": $b_rps}}
+JSON
+echo "written: $(write_report cpu_split "$out/figures.json")" >&2
 cat <<REPORT
 
 Where a purchase's CPU goes — $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ), wrk -t2 -c64 -d$duration, the Redis path

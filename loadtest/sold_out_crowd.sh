@@ -9,8 +9,9 @@
 #   BIN=/tmp/seckill.before ./loadtest/sold_out_crowd.sh   (another build, to alternate
 #                                    with the tree's own, run for run)
 #
-# Uses a private Redis on port 16605 and the machine's MariaDB and RabbitMQ under the
-# namespace and database `seckill_crowd`.
+# Writes loadtest/out/sold_out_crowd/sold_out_crowd.json (loadtest/report.py). Uses a
+# private Redis on port 16605 and the machine's MariaDB and RabbitMQ under the namespace
+# and database `seckill_crowd`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . loadtest/lib.sh
@@ -26,6 +27,8 @@ rm -rf "$out" && mkdir -p "$out"
 # The one unit goes to the first press: from then on every answer is `410`.
 sold_out_server seckill_crowd 127.0.0.1:18093 16605
 
+report_begin "${BIN:+BIN=$BIN}"
+rounds=()
 for round in first again; do
   echo "the sold-out path for 10 s ($round)" >&2
   t0=$(ticks /proc/"$api_pid"/stat)
@@ -34,7 +37,13 @@ for round in first again; do
   t1=$(ticks /proc/"$api_pid"/stat)
   requests=$(awk '/requests in/ {print $1}' "$out/$round.txt")
   rps=$(awk '/Requests\/sec/ {print $2}' "$out/$round.txt")
-  printf '%-6s %10s req/s  %6s µs of CPU an answer\n' "$round" "$rps" \
-    "$(cpu_us_per_request $((t1 - t0)) "$requests")"
+  us=$(cpu_us_per_request $((t1 - t0)) "$requests")
+  printf '%-6s %10s req/s  %6s µs of CPU an answer\n' "$round" "$rps" "$us"
+  rounds+=("{\"crowd\": \"$round\", \"requests_per_s\": $rps, \"server_cpu_us_per_answer\": $us}")
 done
-echo "peak memory (VmHWM): $(awk '/VmHWM/ {print $2}' /proc/"$api_pid"/status) kB"
+peak_kb=$(awk '/VmHWM/ {print $2}' /proc/"$api_pid"/status)
+echo "peak memory (VmHWM): $peak_kb kB"
+IFS=,
+echo "{\"buyers\": $users, \"wrk\": \"-t2 -c64 -d10s\", \"rounds\": [${rounds[*]}], \"server_peak_kb\": $peak_kb}" >"$out/figures.json"
+unset IFS
+echo "written: $(write_report sold_out_crowd "$out/figures.json")" >&2
