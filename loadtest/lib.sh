@@ -98,20 +98,23 @@ report_begin() {
   report_command="${1:+$1 }./loadtest/$(basename "$0")"
   report_stat0=$(head -1 /proc/stat)
   report_began=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  # The code measured: the commit when the run began, and whether anything measured
+  # (docs, tests and reports left out) differed from it.
+  report_commit=$(git rev-parse HEAD)
+  report_tree_changed=$(git status --porcelain --untracked-files=no -- . ':!docs' ':!*.md' ':!loadtest/results' ':!tests' | wc -l)
 }
 
 # write_report NAME FIGURES_JSON [RUNS_TSV RATIO...]: writes $out/NAME.json through
 # loadtest/report.py — the command that ran, the commit, the machine (nproc, CPU model, the
 # time the hypervisor stole), every setting off its default, then the figures, each round's
-# and each ratio's median and range — and prints its path. `tree_changed` says whether the
-# code measured differed from the commit (docs, tests and reports left out). The reports the docs cite are
+# and each ratio's median and range — and prints its path. The reports the docs cite are
 # copied to loadtest/results/NAME-DATE.json and committed.
 write_report() {
   local name=$1
   shift
   REPORT_COMMAND=$report_command REPORT_BEGAN=$report_began REPORT_STAT0=$report_stat0 \
-    REPORT_SETTINGS=$(changed_settings) REPORT_COMMIT=$(git rev-parse HEAD) \
-    REPORT_TREE_CHANGED=$(git status --porcelain --untracked-files=no -- . ':!docs' ':!*.md' ':!loadtest/results' ':!tests' | wc -l) \
+    REPORT_SETTINGS=$(changed_settings) REPORT_COMMIT=$report_commit \
+    REPORT_TREE_CHANGED=$report_tree_changed \
     python3 loadtest/report.py "$@" >"$out/$name.json"
   echo "$out/$name.json"
 }
