@@ -198,3 +198,34 @@ fn the_readme_summarises_every_invariant_of_the_contract() {
     assert!(contract.len() >= 9, "{contract:?}");
     assert_eq!(readme, contract);
 }
+
+/// Every report under `loadtest/results/` that README.md or docs/ names — as a link or in
+/// code — is committed, and says what a reader needs to rerun it: the command and the commit.
+#[test]
+fn every_report_the_docs_name_is_committed_with_its_command() {
+    let mut named = HashSet::new();
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).expect("page");
+        for (at, _) in text.match_indices("loadtest/results/") {
+            let file: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || "/._-".contains(*c))
+                .collect();
+            // The folder itself, linked as where the reports are.
+            if !file.ends_with('/') {
+                named.insert((page.display().to_string(), file));
+            }
+        }
+    }
+    assert!(named.len() >= 4, "only {} reports named", named.len());
+    for (page, file) in named {
+        let path = Path::new(ROOT).join(&file);
+        let report = std::fs::read_to_string(&path)
+            .unwrap_or_else(|_| panic!("{page} names {file}, which is not committed"));
+        let report: serde_json::Value =
+            serde_json::from_str(&report).unwrap_or_else(|e| panic!("{file}: {e}"));
+        for field in ["command", "commit"] {
+            assert!(report[field].is_string(), "{file} has no {field}");
+        }
+    }
+}
