@@ -4,8 +4,10 @@
 #   ./loadtest/bench.sh        (DURATION=10s CONNECTIONS=64 ROUNDS=3 by default)
 #
 # What is compared, each pair within a round in A B B A order (so a machine that speeds up
-# or slows down during a round weighs on both sides alike), over ROUNDS rounds: the report
-# gives every round's ratio, the median and the range.
+# or slows down during a round weighs on both sides alike), over ROUNDS rounds, each on
+# items put on sale for it (seckill's and the bare server's alike: buyers who won in one
+# round would only be duplicates in the next): the report gives every round's ratio, the
+# median and the range.
 #   - the purchase path (buyers at random out of 300,000 on an item in stock: wins, then
 #     duplicates) against a bare axum server making the same grab.lua call (loadtest/bare.rs
 #     `/grab`: the server's own overhead) and the least a sale can do in Redis
@@ -19,7 +21,7 @@
 # Once, before the rounds: the consumer draining 100,000 queued orders into MySQL. The
 # server runs every role (API, consumer, scheduler) at the default settings.
 #
-# Writes loadtest/out/bench.json (loadtest/report.py: the commit, the machine and its steal
+# Writes loadtest/out/bench/bench.json (loadtest/report.py: the commit, the machine and its steal
 # time, every run) and prints its summary; the reports the docs cite are copied to
 # loadtest/results/. Uses a private Redis on port 16600 with the deployment's settings
 # (REDIS_SALE_SETTINGS in dev/lib.sh), and the machine's MariaDB and RabbitMQ under the
@@ -36,8 +38,9 @@ threads=2
 fill_units=100000
 users=300000
 stock=400000
-# One unit a request of `/minimal/fresh`: room for 75,000 a second in each round's two runs.
-fresh_units=$((rounds * 2 * 75000 * ${duration%s}))
+[[ $duration =~ ^[0-9]+s$ ]] || die "DURATION is in seconds (10s), not '$duration'"
+# One unit a request of `/minimal/fresh`: room for 100,000 a second in a round's two runs.
+fresh_units=$((2 * 100000 * ${duration%s}))
 
 ./dev/services.sh
 ./dev/tools.sh wrk
@@ -60,6 +63,7 @@ cleanup() {
   wait 2>/dev/null || true
   r shutdown nosave >/dev/null 2>&1 || true
   forget "$ns"
+  forget "${ns}_alone"
 }
 cleanup
 trap cleanup EXIT
@@ -73,10 +77,9 @@ rps_p99() {
     /^ +99%/ {p = $2; f = p ~ /us$/ ? 0.001 : p ~ /ms$/ ? 1 : 1000; sub(/[a-z]+$/, "", p); p99 = p * f}
     END {print rps, p99}' "$1"
 }
+report_begin "DURATION=$duration CONNECTIONS=$connections ROUNDS=$rounds"
 tokens_and_api
-on_sale 1 "$stock"
 on_sale 3 "$fill_units"
-on_sale 4 "$stock"
 
 echo "filling the queue: selling $fill_units units of item 3 with no consumer running" >&2
 for _ in $(seq 20); do
@@ -122,18 +125,36 @@ api_pid=$!
 pids+=("$api_pid")
 wait_http "$api/healthz"
 
-target/release/examples/bare --addr 127.0.0.1:18081 --redis "$SECKILL_REDIS_URL" \
-  --namespace bench_bare --units "$stock" --fresh-units "$fresh_units" >"$out/bare.log" 2>&1 &
-pids+=("$!")
-wait_http "http://127.0.0.1:18081/hello"
 bare=http://127.0.0.1:18081
+bare_pid=
+# fresh_bare NAMESPACE: the bare server started anew with items of its own, untouched: each
+# round's yardsticks meet a stock as full as seckill's fresh items do.
+fresh_bare() {
+  [ -n "$bare_pid" ] && { kill "$bare_pid"; wait "$bare_pid" 2>/dev/null || true; }
+  target/release/examples/bare --addr 127.0.0.1:18081 --redis "$SECKILL_REDIS_URL" \
+    --namespace "$1" --units "$stock" --fresh-units "$fresh_units" >"$out/bare-$1.log" 2>&1 &
+  bare_pid=$!
+  pids+=("$bare_pid")
+  wait_http "$bare/hello" 60 "$bare_pid"
+  bare_ns=$1
+}
+# What the round's /minimal/fresh runs left: none left would have made them sold-out answers.
+fresh_held() {
+  local left
+  left=$(r llen "$bare_ns:{item:3}:v1:tokens")
+  [ "$left" -gt 0 ] || die "/minimal/fresh ran out of units in $bare_ns: its runs answered sold out"
+}
 
-# Between runs: the orders of the last one out of the outboxes, then two quiet seconds, so
-# that each run finds the machine alike.
-outbox_empty() { [ "$(r zcard "$ns:{item:$1}:v1:outbox")" = 0 ]; }
+# Between runs: the last run's orders out of the outbox and into MySQL, then two quiet
+# seconds, so that each run finds the machine alike.
+drained() {
+  local item
+  for item in "$@"; do
+    [ "$(r zcard "$ns:{item:$item}:v1:outbox")" = 0 ] && [ "$(r hlen "$ns:{item:$item}:v1:pending")" = 0 ] || return 1
+  done
+}
 settle() {
-  wait_until 20 outbox_empty 1 || true
-  wait_until 20 outbox_empty 4 || true
+  wait_until 60 drained "$purchase_item" "$crowd_item" || true
   sleep 2
 }
 post() { # file url [env...]: wrk POSTs of loadtest/wrk/flashbuy.lua
@@ -147,15 +168,15 @@ run() {
   local file="$out/$2-$1.txt"
   settle
   case $2 in
-    purchase) post "$file" "$api/api/flashbuy" ITEM=1 ;;
-    bare_grab) post "$file" "$bare/grab" BARE_USERS=$users ITEM=1 ;;
+    purchase) post "$file" "$api/api/flashbuy" ITEM="$purchase_item" ;;
+    bare_grab | bare_grab_alone) post "$file" "$bare/grab" BARE_USERS=$users ITEM=1 ;;
     bare_minimal) post "$file" "$bare/minimal" BARE_USERS=$users ITEM=1 ;;
     sold_out) post "$file" "$api/api/flashbuy" ITEM=3 ;;
     bare_hello) post "$file" "$bare/hello" ITEM=3 ;;
-    crowd) post "$file" "$api/api/flashbuy" ITEM=4 ;;
-    bare_fresh) post "$file" "$bare/minimal/fresh" ITEM=4 ;;
+    crowd) post "$file" "$api/api/flashbuy" ITEM="$crowd_item" ;;
+    bare_fresh) post "$file" "$bare/minimal/fresh" ITEM="$crowd_item" ;;
     hello_get) wrk -t$threads -c"$connections" -d"$duration" --latency "$bare/hello" >"$file" ;;
-    alone) post "$file" "$alone/api/flashbuy" ITEM=2 ;;
+    alone) post "$file" "$alone/api/flashbuy" ITEM="$purchase_item" ;;
     *) die "no run named $2" ;;
   esac
   printf '%s\t%s\t%s\t%s\n' "$1" "$2" $(rps_p99 "$file") >>"$out/runs.tsv"
@@ -169,12 +190,18 @@ palindrome() {
   for ((i = $#; i >= 1; i--)); do run "$round" "${!i}"; done
 }
 
-report_begin "DURATION=$duration CONNECTIONS=$connections ROUNDS=$rounds"
+# Every round on fresh items, seckill's and the yardsticks' alike: the same buyers pressing
+# again would turn a round's wins into the next one's duplicates.
 : >"$out/runs.tsv"
 for round in $(seq "$rounds"); do
+  purchase_item=$((10 + round)) crowd_item=$((20 + round))
+  on_sale "$purchase_item" "$stock"
+  on_sale "$crowd_item" "$stock"
+  fresh_bare "bench_bare_$round"
   palindrome "$round" purchase bare_grab bare_minimal
   palindrome "$round" sold_out bare_hello
   palindrome "$round" crowd bare_fresh hello_get
+  fresh_held
 done
 peak_kb=$(awk '/VmHWM/ {print $2}' "/proc/$api_pid/status")
 
@@ -186,11 +213,13 @@ SECKILL_NAMESPACE=${ns}_alone SECKILL_HTTP_ADDR=127.0.0.1:18083 \
   SECKILL_AMQP_URL=amqp://guest:guest@127.0.0.1:1/%2f "$bin" serve --roles api >"$out/alone.log" 2>&1 &
 pids+=("$!")
 wait_http "$alone/healthz"
-at=$alone on_sale 2 "$stock"
-for round in $(seq "$rounds"); do palindrome "$round" alone bare_grab; done
+for round in $(seq "$rounds"); do
+  purchase_item=$((30 + round)) crowd_item=$((30 + round))
+  at=$alone on_sale "$purchase_item" "$stock"
+  fresh_bare "bench_bare_alone_$round"
+  palindrome "$round" alone bare_grab_alone
+done
 
-fresh_left=$(r llen "bench_bare:{item:3}:v1:tokens")
-[ "$fresh_left" -gt 0 ] || die "/minimal/fresh ran out of units: its runs answered sold out"
 cat >"$out/figures.json" <<JSON
 {"wrk": "-t$threads -c$connections -d$duration", "rounds": $rounds, "buyers": $users,
  "consumer_orders_per_s": $drain_rate, "consumer_orders": $fill_units,
@@ -202,6 +231,6 @@ report=$(write_report bench "$out/figures.json" "$out/runs.tsv" \
   "sold out / bare hello, same requests=sold_out/bare_hello" \
   "crowd / minimal script, every request a new buyer=crowd/bare_fresh" \
   "crowd / plain GET hello=crowd/hello_get" \
-  "purchase, no broker / bare grab.lua server=alone/bare_grab")
+  "purchase, no broker / bare grab.lua server=alone/bare_grab_alone")
 python3 loadtest/report.py --summary "$report"
 echo "written: $report" >&2

@@ -10,7 +10,7 @@
 # summed over the masters, and the busiest master's share — so the capacity
 # model can say how many shards a sale of N presses/s needs.
 #
-#   ./loadtest/cluster.sh          (DURATION=10s CONNECTIONS=64 by default)
+#   ./loadtest/cluster.sh          (DURATION=10s CONNECTIONS=64 ROUNDS=3 by default)
 #   MODE=sequential USERS=500000 ./loadtest/cluster.sh
 #                                  every request a buyer's first press (a win each), so every
 #                                  WAIT run's request waits for its replicas
@@ -28,6 +28,7 @@ cd "$(dirname "$0")/.."
 
 duration=${DURATION:-10s}
 connections=${CONNECTIONS:-64}
+rounds=${ROUNDS:-3}
 users=${USERS:-200000}
 # Random buyers (wins, then more and more duplicates) or each buyer once (wins only).
 mode=${MODE:-random}
@@ -145,7 +146,7 @@ run() { # item buckets wait
   local cpu_us_per_grab
   cpu_us_per_grab=$(echo "scale=1; ($cpu1 - $cpu0) * 1000000 / ($calls + 1)" | bc)
   rows+=("| $buckets | $3 | $rps | $p99 | $calls | $(echo "scale=1; $usec / ($calls + 1)" | bc) | $cpu_us_per_grab | $((100 * top / (usec + 1)))% |")
-  printf '1\tk%s_wait%s\t%s\t%s\n' "$buckets" "$3" "$rps" "$(ms "$p99")" >>"$out/runs.tsv"
+  printf '%s\tk%s_wait%s\t%s\t%s\n' "$current_round" "$buckets" "$3" "$rps" "$(ms "$p99")" >>"$out/runs.tsv"
   if [ "$buckets" = 1 ]; then
     rps_sum[$3]=$(echo "${rps_sum[$3]:-0} + $rps" | bc)
     p99_sum[$3]=$(echo "${p99_sum[$3]:-0} + $(ms "$p99")" | bc)
@@ -160,15 +161,22 @@ wait_stats() {
     /^seckill_funnel_total.*stage="won"/ { won = $2 }
     END { if (waits > 0) printf "%d WAITs, %.2f ms each on average, %.1f wins per WAIT", waits, 1000 * secs / waits, won / waits }'
 }
-report_begin "DURATION=$duration CONNECTIONS=$connections MODE=$mode USERS=$users"
+report_begin "DURATION=$duration CONNECTIONS=$connections ROUNDS=$rounds MODE=$mode USERS=$users"
 : >"$out/runs.tsv"
-run 1 1 0
-serve 1
-run 11 1 1
-run 12 1 1
-waits=$(wait_stats)
-serve 0
-run 13 1 0
+# WAIT against none on one bucket, A B B A, in ROUNDS rounds (each run on an item of its
+# own, as full as the others); then K = 2, 4, 8 once each (round 0 in the report).
+waits=""
+for round in $(seq "$rounds"); do
+  current_round=$round base=$((100 * round))
+  run $((base + 1)) 1 0
+  serve 1
+  run $((base + 2)) 1 1
+  run $((base + 3)) 1 1
+  waits="$waits${waits:+; }round $round: $(wait_stats)"
+  serve 0
+  run $((base + 4)) 1 0
+done
+current_round=0
 run 2 2 0
 run 4 4 0
 run 8 8 0
@@ -180,7 +188,8 @@ run 8 8 0
   printf '"%s",' "${cpu_rows[@]}" | sed 's/,$//'
   printf ']}\n'
 } >"$out/figures.json"
-echo "written: $(write_report cluster "$out/figures.json" "$out/runs.tsv" "WAIT 1 / no WAIT, one bucket=k1_wait1/k1_wait0")" >&2
+report=$(write_report cluster "$out/figures.json" "$out/runs.tsv" "WAIT 1 / no WAIT, one bucket=k1_wait1/k1_wait0")
+echo "written: $report" >&2
 cat <<REPORT
 
 seckill on a local Redis Cluster (3 masters + 3 replicas) — $(nproc) cores, $(date -u +%Y-%m-%d), wrk -t2 -c$connections -d$duration, buyers $mode out of $users, all on this machine
@@ -195,5 +204,5 @@ CPU µs a request (buyers: $mode), per role and for the whole machine (wrk and t
 |---------|------|------------|---------|----------|---------|
 $(printf '%s\n' "${cpu_rows[@]}")
 
-WAIT 1 on one bucket, against no WAIT (two runs each): $(echo "scale=2; ${rps_sum[1]} / ${rps_sum[0]}" | bc) of the throughput, p99 $(echo "scale=2; ${p99_sum[1]} / ${p99_sum[0]}" | bc)×; $waits
+WAIT 1 on one bucket, against no WAIT (all rounds' runs): $(echo "scale=2; ${rps_sum[1]} / ${rps_sum[0]}" | bc) of the throughput, p99 $(echo "scale=2; ${p99_sum[1]} / ${p99_sum[0]}" | bc)×; $waits
 REPORT

@@ -133,7 +133,8 @@ cat >"$out/figures.json" <<JSON
    "bare_grab": {"server": $(us "$b_server" "$b_requests"), "redis": $(us "$b_redis" "$b_requests")}},
  "requests_per_s": {"seckill": $s_rps, "bare_grab": $b_rps}}
 JSON
-echo "written: $(write_report cpu_split "$out/figures.json")" >&2
+report=$(write_report cpu_split "$out/figures.json")
+echo "written: $report" >&2
 cat <<REPORT
 
 Where a purchase's CPU goes — $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ), wrk -t2 -c64 -d$duration, the Redis path

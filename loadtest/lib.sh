@@ -7,7 +7,7 @@
 # its own namespace and database (emptied by `forget`), the admin token the scripts send,
 # the address it listens on, and RUST_LOG unless the caller set one (LOG_LEVEL, `info` by
 # default). Every tuning setting stays at its default — the per-user purchase limit
-# included (5 a second: the crowds here spread their presses over 200,000 tokens); a
+# included (5 a second: the crowds here spread their presses over 200,000–300,000 tokens); a
 # script that changes one says so in its report (`changed_settings`). Also sets `api`.
 bench_env() {
   export SECKILL_NAMESPACE=$1
@@ -19,11 +19,17 @@ bench_env() {
 }
 
 # changed_settings: the SECKILL_* settings this shell exports, as a JSON object, but those
-# that only say where things are (stores, addresses, namespace, secrets): what a report
-# prints beside its figures, so a figure taken off the defaults says which.
+# that only say where things are or unlock them (stores, addresses, namespace, tokens,
+# secrets, passwords): what a report prints beside its figures, so a figure taken off the
+# defaults says which.
 changed_settings() {
-  env | grep '^SECKILL_' | grep -vE '^SECKILL_(NAMESPACE|DATABASE_URL|REDIS_URL|AMQP_URL|HTTP_ADDR|ADMIN_ADDR|ADMIN_TOKEN|JWT_SECRET|PAYMENT_SECRET)=' |
-    sort | awk -F= 'BEGIN {printf "{"} {v = substr($0, length($1) + 2); gsub(/"/, "\\\"", v); printf "%s\"%s\": \"%s\"", (NR > 1 ? ", " : ""), $1, v} END {printf "}"}'
+  python3 -c '
+import json, os, re
+# Where things are and what unlocks them say nothing of the figures, and must not be
+# committed in a report.
+left_out = re.compile(r"SECKILL_(NAMESPACE|DATABASE_URL|.*_URL|.*_ADDR|.*_TOKEN|.*_SECRET|.*_PASSWORD)$")
+print(json.dumps({k: v for k, v in sorted(os.environ.items())
+                  if k.startswith("SECKILL_") and not left_out.match(k)}))'
 }
 
 # private_redis PORT DIR: a Redis of the load test's own on PORT, with the deployment's
@@ -115,7 +121,8 @@ write_report() {
   REPORT_COMMAND=$report_command REPORT_BEGAN=$report_began REPORT_STAT0=$report_stat0 \
     REPORT_SETTINGS=$(changed_settings) REPORT_COMMIT=$report_commit \
     REPORT_TREE_CHANGED=$report_tree_changed \
-    python3 loadtest/report.py "$@" >"$out/$name.json"
+    python3 loadtest/report.py "$@" >"$out/$name.json" ||
+    { rm -f "$out/$name.json"; die "loadtest/report.py could not write $out/$name.json (its figures: $2)"; }
   echo "$out/$name.json"
 }
 

@@ -10,12 +10,13 @@
 #      in MySQL and the outbox and pending orders are empty; net of Redis's use while the
 #      same server idles for as long — then, counted alike, 200,000 wins of the minimal
 #      script (redis-benchmark), so the won order is also a multiple of the least a sale
-#      can cost Redis: the figure to carry to other hardware. (Its `usec_per_call` in 1.
-#      moved 2× between runs minutes apart; its CPU in 2. does not.)
+#      can cost Redis, the figure to carry to other hardware. On this VM it is no steadier
+#      than the µs (1.76–2.37 in three runs a minute apart, the µs 17.2–22.9).
 #
 #   ./loadtest/redis_cost.sh          (CALLS=50000 ORDERS=20000 by default)
-#   REDIS_CPU=1 ./loadtest/redis_cost.sh   Redis on core 1 alone, everything else on the
-#                                      others (usec is wall time: sharing a core with the
+#   REDIS_CPU=1 ./loadtest/redis_cost.sh   Redis on core 1, everything this script starts
+#                                      on the others (the machine's MariaDB and RabbitMQ
+#                                      are not moved) (usec is wall time: sharing a core with the
 #                                      server, Redis counts its waits for the core too)
 #   COUNT=instructions ./loadtest/redis_cost.sh   Redis under valgrind's callgrind: the
 #                                      second figure in instructions per won order (the
@@ -166,7 +167,8 @@ if [ "$count" = instructions ]; then
  "instructions_per_won_order": $(( net / won )), "minimal_win_instructions": $minimal_win,
  "multiple_of_minimal_win": $multiple}
 JSON
-  echo "written: $(write_report redis_cost "$out/figures.json")" >&2
+  report=$(write_report redis_cost "$out/figures.json")
+  echo "written: $report" >&2
   cat <<REPORT
 
 Redis instructions per won order, everything included ($(date -u +%Y-%m-%d), under callgrind):
@@ -192,7 +194,8 @@ cat >"$out/figures.json" <<JSON
  "multiple_of_minimal_win": $multiple,
  "per_call_us": {$per_call}}
 JSON
-echo "written: $(write_report redis_cost "$out/figures.json")" >&2
+report=$(write_report redis_cost "$out/figures.json")
+echo "written: $report" >&2
 cat <<REPORT
 
 Redis CPU per won order, everything included ($(date -u +%Y-%m-%d), Redis $(private info server | awk -F: '/^redis_version/ {print $2}' | tr -d '\r')):

@@ -18,7 +18,9 @@ REPORT_STAT0 (the first line of /proc/stat when the measured part began), REPORT
 import datetime
 import json
 import os
+import platform
 import statistics
+import subprocess
 import sys
 
 
@@ -38,6 +40,32 @@ def cpu_model():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return "unknown"
+
+
+def memory_gib():
+    with open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 2**20, 1)
+    return None
+
+
+def os_name():
+    try:
+        with open("/etc/os-release") as release:
+            for line in release:
+                if line.startswith("PRETTY_NAME="):
+                    return line.split("=", 1)[1].strip().strip('"')
+    except OSError:
+        pass
+    return platform.system()
+
+
+def rustc():
+    try:
+        return subprocess.run(["rustc", "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def rounds(path, ratios):
@@ -115,6 +143,10 @@ def main():
         "machine": {
             "nproc": os.cpu_count(),
             "cpu_model": cpu_model(),
+            "memory_gib": memory_gib(),
+            "os": os_name(),
+            "kernel": platform.release(),
+            "rustc": rustc(),
             "steal_percent": steal_percent(env["REPORT_STAT0"], now),
         },
         "settings_changed": json.loads(env["REPORT_SETTINGS"]),

@@ -46,4 +46,5 @@ echo "peak memory (VmHWM): $peak_kb kB"
 IFS=,
 echo "{\"buyers\": $users, \"wrk\": \"-t2 -c64 -d10s\", \"rounds\": [${rounds[*]}], \"server_peak_kb\": $peak_kb}" >"$out/figures.json"
 unset IFS
-echo "written: $(write_report sold_out_crowd "$out/figures.json")" >&2
+report=$(write_report sold_out_crowd "$out/figures.json")
+echo "written: $report" >&2
