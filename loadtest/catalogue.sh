@@ -25,6 +25,7 @@ mkdir -p "$out"
 ns=seckill_catalogue_bench
 bench_env "$ns" 127.0.0.1:18099 warn
 scheduler_addr=127.0.0.1:18098
+report_begin
 bin=target/release/seckill
 server_pid=
 scheduler_pid=
@@ -141,7 +142,7 @@ for first in $(seq 1 10000 "$setup_items"); do
 done
 setup_s=$(echo "$(date +%s.%N) - $setup_start" | bc)
 
-cat <<REPORT
+cat <<REPORT | tee "$out/catalogue.md"
 
 seckill with a large catalogue — $(nproc) cores, $(date -u +%Y-%m-%d), an API instance and a scheduler instance, idle 30 s
 
@@ -151,3 +152,5 @@ $(printf '%s\n' "${rows[@]}")
 
 $setup_items new items (100 units each, 50 shops) written and loaded with 10,000-item bulk calls: $(printf '%.1f' "$setup_s") s
 REPORT
+report=$(write_report catalogue "$out/catalogue.md")
+echo "written: $report" >&2

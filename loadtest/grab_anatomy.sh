@@ -134,6 +134,8 @@ else
   unit=instructions
   echo "per call: $calls calls a figure, redis-benchmark -c 16 -P 8, Redis under callgrind" >&2
 fi
+report_begin "COUNT=$count CALLS=$calls"
+{
 echo
 echo "| script ($unit of Redis per call, $(date -u +%Y-%m-%d)) | $unit |"
 echo "|---|---|"
@@ -185,3 +187,6 @@ printf '| %-36s | %5s | %-38s |\n' "grab.lua as a Function, a win" \
 printf '| %-36s | %5s | %-38s |\n' "grab.lua as a Function, a duplicate" \
   "$(ratio "$fn_duplicate" "$minimal_win")" "≤ 0.56 (4 µs where minimal cost 7.1)"
 printf '| %-36s | %5s | %-38s |\n' "grab.lua as a script, a win" "$(ratio "$win" "$minimal_win")" ""
+} | tee "$out/grab_anatomy.md"
+report=$(write_report grab_anatomy "$out/grab_anatomy.md")
+echo "written: $report" >&2

@@ -27,6 +27,7 @@ ns=seckill_history_bench
 bench_env "$ns" 127.0.0.1:18097 warn
 # The walker is one address: the per-address read limit would stop it at once.
 export SECKILL_READ_RATE_PER_IP=0
+report_begin "OLD=$old LIVE=$live WALK=$walk${BIN:+ BIN=$BIN}"
 server_pid=
 
 source loadtest/lib.sh
@@ -101,7 +102,7 @@ sleep 5
 cpu1=$(idle_cpu)
 rss3=$(rss_mb "$server_pid")
 
-cat <<REPORT
+cat <<REPORT | tee "$out/history.md"
 
 seckill with a long history — $(nproc) cores, $(date -u +%Y-%m-%d), one API instance ($bin)
 $live live items, $old ended and retired items; two walks over the old ids, $walk each: ${walked[0]}; ${walked[1]}
@@ -113,3 +114,5 @@ $live live items, $old ended and retired items; two walks over the old ids, $wal
 | catalogue: older items cached | $others0 | $others1 | $others2 | |
 | CPU while idle (stock pass, refresh), of one core | $cpu0% | | | $cpu1% |
 REPORT
+report=$(write_report history "$out/history.md")
+echo "written: $report" >&2

@@ -30,6 +30,7 @@ ns=seckill_instr
 bench_env "$ns" 127.0.0.1:18085
 bare_addr=127.0.0.1:18086
 pids=()
+report_begin "DURATION=$duration${BIN:+ BIN=$BIN}"
 
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
@@ -104,7 +105,7 @@ bare_idle=$(counted "$bare_pid" sleep "${duration%s}")
 hello=$(counted "$bare_pid" fire hello "http://$bare_addr/hello" ITEM=3)
 grab=$(counted "$bare_pid" fire bare_grab "http://$bare_addr/grab" ITEM=1 MODE=random BARE_USERS=$users)
 
-cat <<REPORT
+cat <<REPORT | tee "$out/instructions.md"
 
 instructions per request (callgrind, $(date -u +%Y-%m-%d); wrk -t1 -c4 -d$duration; net of idle)
 
@@ -116,3 +117,5 @@ instructions per request (callgrind, $(date -u +%Y-%m-%d); wrk -t1 -c4 -d$durati
 | bare hello handler (same requests)     | $(per_request "$hello" "$bare_idle" "$(requests hello)") | $(requests hello) |
 | bare grab.lua server                   | $(per_request "$grab" "$bare_idle" "$(requests bare_grab)") | $(requests bare_grab) |
 REPORT
+report=$(write_report instructions "$out/instructions.md")
+echo "written: $report" >&2

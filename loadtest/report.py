@@ -4,7 +4,8 @@ rerun them. Called by `write_report` in loadtest/lib.sh (standard library only).
     python3 loadtest/report.py FIGURES.json [RUNS.tsv RATIO...] > report.json
     python3 loadtest/report.py --summary report.json     (what a script prints at its end)
 
-FIGURES.json  the script's own figures (a JSON object), kept as they are.
+FIGURES.json  the script's own figures (a JSON object), kept as they are; or FIGURES.md,
+              the table a script prints, kept line by line (`printed`).
 RUNS.tsv      every timed run, one a line: round, name, requests a second, p99 in ms.
 RATIO         NAME=A/B: per round, A's mean requests a second over B's (the runs of a round
               go A B B A, so drift within it falls on both sides alike); reported with
@@ -128,7 +129,7 @@ def main():
         summary(sys.argv[2])
         return
     with open(sys.argv[1]) as f:
-        figures = json.load(f)
+        figures = {"printed": f.read().splitlines()} if sys.argv[1].endswith(".md") else json.load(f)
     if len(sys.argv) > 2:
         figures.update(rounds(sys.argv[2], sys.argv[3:]))
     with open("/proc/stat") as stat:
