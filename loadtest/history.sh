@@ -12,6 +12,7 @@
 # emptied before and after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. loadtest/lib.sh
 
 old=${OLD:-100000}
 live=${LIVE:-1000}
