@@ -71,12 +71,6 @@ private_redis "$redis_port" "$out"
 
 stat() { admin GET "/admin/items/$1/stats" | sed -E "s/.*\"$2\":([0-9]+).*/\1/"; }
 rows() { mariadb -h 127.0.0.1 -u root -N -e "SELECT COUNT(*) FROM \`$ns\`.orders WHERE item_id = $1"; }
-# wrk's report → "requests_per_second p99_ms".
-rps_p99() {
-  awk '/Requests\/sec/ {rps = $2}
-    /^ +99%/ {p = $2; f = p ~ /us$/ ? 0.001 : p ~ /ms$/ ? 1 : 1000; sub(/[a-z]+$/, "", p); p99 = p * f}
-    END {print rps, p99}' "$1"
-}
 report_begin "DURATION=$duration CONNECTIONS=$connections ROUNDS=$rounds"
 tokens_and_api
 on_sale 3 "$fill_units"
@@ -164,8 +158,12 @@ post() { # file url [env...]: wrk POSTs of loadtest/wrk/flashbuy.lua
     wrk -t$threads -c"$connections" -d"$duration" --latency -s loadtest/wrk/flashbuy.lua "$url" >"$file"
 }
 # run ROUND NAME: one timed run, its figures appended to $out/runs.tsv.
+run_count=0
 run() {
-  local file="$out/$2-$1.txt"
+  # Numbered: a name runs twice a round, and each run's wrk output is kept.
+  run_count=$((run_count + 1))
+  local file
+  file=$(printf '%s/%03d-%s-%s.txt' "$out" "$run_count" "$2" "$1")
   settle
   case $2 in
     purchase) post "$file" "$api/api/flashbuy" ITEM="$purchase_item" ;;
@@ -179,8 +177,8 @@ run() {
     alone) post "$file" "$alone/api/flashbuy" ITEM="$purchase_item" ;;
     *) die "no run named $2" ;;
   esac
-  printf '%s\t%s\t%s\t%s\n' "$1" "$2" $(rps_p99 "$file") >>"$out/runs.tsv"
-  echo "round $1: $2 $(rps_p99 "$file")" >&2
+  printf '%s\t%s\t%s\t%s\n' "$1" "$2" $(wrk_rps_p99 "$file") >>"$out/runs.tsv"
+  echo "round $1: $2 $(wrk_rps_p99 "$file")" >&2
 }
 # palindrome ROUND NAME...: the runs in order, then back (A B C C B A).
 palindrome() {

@@ -114,8 +114,6 @@ end=$(date -u -d '+1 day' +%Y-%m-%dT%H:%M:%SZ)
 rows=()
 cpu_rows=()
 declare -A rps_sum p99_sum
-# wrk's latencies (`850.00us`, `14.92ms`, `1.02s`) in ms.
-ms() { awk -v v="$1" 'BEGIN { n = v + 0; if (v ~ /us$/) n /= 1000; else if (v ~ /[0-9]s$/) n *= 1000; print n }'; }
 run() { # item buckets wait
   local item=$1 buckets=$2
   admin PUT "/admin/items/$item" "{\"name\":\"hot $item\",\"shop_id\":1,\"total\":$units,\"start_at\":\"$start\",\"end_at\":\"$end\",\"price_cents\":1,\"buckets\":$buckets}" >/dev/null
@@ -146,10 +144,10 @@ run() { # item buckets wait
   local cpu_us_per_grab
   cpu_us_per_grab=$(echo "scale=1; ($cpu1 - $cpu0) * 1000000 / ($calls + 1)" | bc)
   rows+=("| $buckets | $3 | $rps | $p99 | $calls | $(echo "scale=1; $usec / ($calls + 1)" | bc) | $cpu_us_per_grab | $((100 * top / (usec + 1)))% |")
-  printf '%s\tk%s_wait%s\t%s\t%s\n' "$current_round" "$buckets" "$3" "$rps" "$(ms "$p99")" >>"$out/runs.tsv"
+  printf '%s\tk%s_wait%s\t%s\t%s\n' "$current_round" "$buckets" "$3" "$rps" "$(wrk_ms "$p99")" >>"$out/runs.tsv"
   if [ "$buckets" = 1 ]; then
     rps_sum[$3]=$(echo "${rps_sum[$3]:-0} + $rps" | bc)
-    p99_sum[$3]=$(echo "${p99_sum[$3]:-0} + $(ms "$p99")" | bc)
+    p99_sum[$3]=$(echo "${p99_sum[$3]:-0} + $(wrk_ms "$p99")" | bc)
   fi
   : "$c0" "$u0"
 }

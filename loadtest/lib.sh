@@ -126,6 +126,13 @@ write_report() {
   echo "$out/$name.json"
 }
 
+# wrk_ms LATENCY: one of wrk's latencies (`850.00us`, `14.92ms`, `1.02s`) in ms.
+wrk_ms() { awk -v v="$1" 'BEGIN { n = v + 0; if (v ~ /us$/) n /= 1000; else if (v ~ /[0-9]s$/) n *= 1000; print n }'; }
+# wrk_rps_p99 FILE: "requests_per_second p99_ms" from a wrk report run with --latency.
+wrk_rps_p99() {
+  echo "$(awk '/Requests\/sec/ {print $2}' "$1") $(wrk_ms "$(awk '/^ +99%/ {print $2}' "$1")")"
+}
+
 # Clock ticks (user + system) a process, or one thread, has used: ticks /proc/PID/stat.
 ticks() { awk '{print $14 + $15}' "$1"; }
 # cpu_us_per_request TICKS REQUESTS: the µs of CPU those ticks were, per request.

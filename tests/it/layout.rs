@@ -123,12 +123,11 @@ fn the_layer_table_of_the_development_page_is_layers() {
 #[test]
 fn the_crate_diagram_is_drawn_from_the_layer_table() {
     let drawn = diagram();
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(DEVELOPMENT);
     if std::env::var_os("SECKILL_WRITE_DIAGRAM").is_some() {
         let page = development_page();
         let block = diagram_block(&page);
         let page = format!("{}{drawn}{}", &page[..block.start], &page[block.end..]);
-        std::fs::write(&path, page).expect("docs/development.md can be written");
+        std::fs::write(development_path(), page).expect("docs/development.md can be written");
     }
     let page = development_page();
     let committed = &page[diagram_block(&page)];
@@ -140,9 +139,12 @@ fn the_crate_diagram_is_drawn_from_the_layer_table() {
     );
 }
 
+fn development_path() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(DEVELOPMENT)
+}
+
 fn development_page() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(DEVELOPMENT);
-    std::fs::read_to_string(path).expect("docs/development.md can be read")
+    std::fs::read_to_string(development_path()).expect("docs/development.md can be read")
 }
 
 /// Where "### The layers" runs in the page: from its heading to the next one.
