@@ -31,7 +31,6 @@ export SECKILL_READ_RATE_PER_IP=0
 report_begin "OLD=$old LIVE=$live WALK=$walk${BIN:+ BIN=$BIN}"
 server_pid=
 
-source loadtest/lib.sh
 cleanup() {
   if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
   server_pid=

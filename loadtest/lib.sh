@@ -3,6 +3,11 @@
 # machine's MariaDB, Redis and RabbitMQ, putting an item on sale, and a process's CPU.
 . dev/lib.sh
 
+# REDIS_DEFAULTS=1: the scripts' private Redis servers without the deployment's listpack
+# settings (REDIS_SALE_SETTINGS), at Redis's own defaults — to measure what those settings
+# buy (docs/deployment.md). The report's command says so.
+if [ "${REDIS_DEFAULTS:-0}" = 1 ]; then REDIS_SALE_SETTINGS=(); fi
+
 # bench_env NAMESPACE HTTP_ADDR [LOG_LEVEL]: the settings every load-test server runs with —
 # its own namespace and database (emptied by `forget`), the admin token the scripts send,
 # the address it listens on, and RUST_LOG unless the caller set one (LOG_LEVEL, `info` by
@@ -101,7 +106,7 @@ tokens_and_api() {
 # its steal time count from here); KNOBS are the variables the run was given, as a reader
 # would type them before the command (`DURATION=10s ROUNDS=3`).
 report_begin() {
-  report_command="${1:+$1 }./loadtest/$(basename "$0")"
+  report_command="${1:+$1 }${REDIS_DEFAULTS:+REDIS_DEFAULTS=$REDIS_DEFAULTS }./loadtest/$(basename "$0")"
   report_stat0=$(head -1 /proc/stat)
   report_began=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   # The code measured: the commit when the run began, and whether anything measured

@@ -26,6 +26,9 @@
 #                                      (grab_anatomy.sh counts those). ORDERS=5000 and
 #                                      16 buyers at once by default: Redis runs ~50×
 #                                      slower and must still answer within the budget.
+#   REDIS_DEFAULTS=1 COUNT=instructions ./loadtest/redis_cost.sh   the same at Redis's own
+#                                      listpack defaults: what the deployment's settings
+#                                      buy (docs/deployment.md)
 #
 # Writes loadtest/out/redis_cost/redis_cost.json (loadtest/report.py: the commit, the
 # machine and its steal time beside the figures), the per won order figure also as a

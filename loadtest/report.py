@@ -6,10 +6,12 @@ rerun them. Called by `write_report` in loadtest/lib.sh (standard library only).
 
 FIGURES.json  the script's own figures (a JSON object), kept as they are; or FIGURES.md,
               the table a script prints, kept line by line (`printed`).
-RUNS.tsv      every timed run, one a line: round, name, requests a second, p99 in ms.
+RUNS.tsv      every timed run, one a line: round, name, requests a second, p99 in ms, then
+              any further figures of the run as FIELD=NUMBER (e.g. server_us=28.7).
 RATIO         NAME=A/B: per round, A's mean requests a second over B's (the runs of a round
-              go A B B A, so drift within it falls on both sides alike); reported with
-              every round's value, the median and the range.
+              go A B B A, so drift within it falls on both sides alike); NAME=A/B:FIELD
+              compares that figure instead. Reported with every round's value, the median
+              and the range.
 
 The header comes from the environment lib.sh sets: REPORT_COMMAND, REPORT_BEGAN,
 REPORT_STAT0 (the first line of /proc/stat when the measured part began), REPORT_SETTINGS
@@ -75,18 +77,24 @@ def rounds(path, ratios):
     with open(path) as tsv:
         for line in tsv:
             if line.strip():
-                round_, name, rps, p99 = line.split("\t")
-                runs.append({"round": int(round_), "name": name, "rps": float(rps), "p99_ms": round(float(p99), 2)})
+                round_, name, rps, p99, *more = line.rstrip("\n").split("\t")
+                run = {"round": int(round_), "name": name, "rps": float(rps), "p99_ms": round(float(p99), 2)}
+                for pair in more:
+                    field, value = pair.split("=", 1)
+                    run[field] = float(value)
+                runs.append(run)
     figures = {"runs": runs, "ratios": {}}
     for spec in ratios:
         label, pair = spec.split("=", 1)
+        pair, _, field = pair.partition(":")
+        field = field or "rps"
         a, b = pair.split("/", 1)
         per_round = []
         for r in sorted({run["round"] for run in runs}):
             mean = {
-                name: statistics.mean(x["rps"] for x in runs if x["round"] == r and x["name"] == name)
+                name: statistics.mean(x[field] for x in runs if x["round"] == r and x["name"] == name)
                 for name in (a, b)
-                if any(x["round"] == r and x["name"] == name for x in runs)
+                if any(x["round"] == r and x["name"] == name and field in x for x in runs)
             }
             if len(mean) == 2:
                 per_round.append(round(mean[a] / mean[b], 3))
@@ -95,6 +103,7 @@ def rounds(path, ratios):
         figures["ratios"][label] = {
             "of": a,
             "to": b,
+            "figure": field,
             "per_round": per_round,
             "median": round(statistics.median(per_round), 2),
             "range": [round(min(per_round), 2), round(max(per_round), 2)],
@@ -118,7 +127,10 @@ def summary(path):
         runs = [run for run in figures["runs"] if run["name"] == name]
         rps = statistics.median(run["rps"] for run in runs)
         p99 = round(statistics.median(run["p99_ms"] for run in runs), 2)
-        print(f"  {name}: {rps:,.0f} req/s, p99 {p99} ms (median of {len(runs)} runs)")
+        more = {field: statistics.median(run[field] for run in runs)
+                for field in runs[0] if field not in ("round", "name", "rps", "p99_ms")}
+        extra = "".join(f", {field} {value:g}" for field, value in more.items())
+        print(f"  {name}: {rps:,.0f} req/s, p99 {p99} ms{extra} (median of {len(runs)} runs)")
     other = {k: v for k, v in figures.items() if k not in ("runs", "ratios")}
     if other:
         print("  " + json.dumps(other))
