@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use redis::AsyncCommands;
-use serde_json::Value;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use seckill::Role;
@@ -347,8 +347,9 @@ async fn a_draw_cut_off_by_a_killed_scheduler_resumes_and_never_gives_twice() {
 
 /// A measurement, by hand (docs/benchmarks.md, "A draw"): a million entries over 16
 /// buckets, 1,000 units; how long entering them into Redis took, and the draw from
-/// `draw_at` to the seed's publication and to the last order in MySQL.
-/// `cargo test --release --test it draws::a_million_entries -- --ignored --nocapture`
+/// `draw_at` to the seed's publication and to the last order in MySQL, printed as one
+/// line of JSON after `draw figures: ` for `loadtest/draw.sh`, which runs it (release
+/// build) and writes the report. Asserts the winners, not the times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, run by hand"]
 async fn a_million_entries() {
@@ -375,11 +376,8 @@ async fn a_million_entries() {
     let before = memory().await;
     let began = std::time::Instant::now();
     enter_directly(&env, 1, 16, &seed, 1..1_000_001).await;
-    eprintln!(
-        "1,000,000 entries written in {:.1} s; Redis used_memory +{} MB",
-        began.elapsed().as_secs_f64(),
-        (memory().await - before) / 1_000_000
-    );
+    let entered_in = began.elapsed();
+    let entries_memory = memory().await - before;
     let stats = env.stats(&server, 1).await;
     assert_eq!(stats["entries"], 1_000_000, "{stats}");
     assert!(
@@ -391,14 +389,24 @@ async fn a_million_entries() {
     drawn(&env, &server, 1, Duration::from_secs(120)).await;
     let drawn_in = began.elapsed();
     quiet(&env, &server, 1, &amqp_url(), Duration::from_secs(120)).await;
-    eprintln!(
-        "draw of 1,000 among 1,000,000: seed published {:.2} s after draw_at, every order in MySQL after {:.2} s",
-        drawn_in.as_secs_f64(),
-        began.elapsed().as_secs_f64()
-    );
+    let in_mysql = began.elapsed();
     let expected: HashSet<u64> = lowest(&seed, 1..1_000_001, 1_000).into_iter().collect();
     let winners: HashSet<u64> = live_buyers(&env, 1).await.into_iter().collect();
-    assert_eq!(winners, expected);
+    assert_eq!(winners, expected, "the 1,000 lowest ranks");
+    let secs = |d: Duration| (d.as_secs_f64() * 100.0).round() / 100.0;
+    eprintln!(
+        "draw figures: {}",
+        json!({
+            "entries": 1_000_000,
+            "units": 1_000,
+            "buckets": 16,
+            "entered_s": secs(entered_in),
+            "redis_memory_mb": entries_memory / 1_000_000,
+            "seed_published_after_draw_at_s": secs(drawn_in),
+            "orders_in_mysql_after_draw_at_s": secs(in_mysql),
+            "winners_the_lowest_ranks": true,
+        })
+    );
 }
 
 /// Two draws of one item at the very same time (no lock between them, as if two

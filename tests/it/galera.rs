@@ -125,8 +125,8 @@ async fn sale_with_fault(
         began
     };
     let (mut ledger, began) = tokio::join!(crowd(env, 1, 1..3_001, &at, &answered), faulted);
-    // docs/faults.md: purchases go on (they never wait for MySQL); every order in MySQL
-    // 6–7.4 s after the fault. Allowed: 20 s, for a loaded 2-core machine (the isolated
+    // docs/faults.md (the measured figures): purchases go on (they never wait for MySQL).
+    // Allowed: every order in MySQL within 20 s, for a loaded 2-core machine (the isolated
     // node's writers move on once it knows it is alone, the proxy slowing every answer).
     let liveness = Liveness::unnoticed(name, Duration::from_secs(20));
     after_fault(env, &api, UNITS, &amqp_url(), began, &mut ledger, &liveness).await;
