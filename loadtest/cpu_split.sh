@@ -38,8 +38,9 @@ seckill_redis=16603
 bare_redis=16604
 pids=()
 
+bare_pid=
 cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}" $bare_pid; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
   for port in $seckill_redis $bare_redis; do redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; done
   forget "$ns"
@@ -138,13 +139,13 @@ run() { # round name
     bare)
       target/release/examples/bare --addr "$bare_addr" --redis "redis://127.0.0.1:$bare_redis" \
         --namespace "bench_bare_$run_count" --units 400000 >"$out/bare-$run_count.log" 2>&1 &
-      local bare_pid=$!
-      pids+=("$bare_pid")
+      bare_pid=$!
       wait_http "http://$bare_addr/hello" 60 "$bare_pid"
       sleep 2
       measure "$1" bare "http://$bare_addr/grab" "$bare_pid" "$bare_redis_pid" ITEM=1 BARE_USERS=$users
       kill "$bare_pid"
       wait "$bare_pid" 2>/dev/null || true
+      bare_pid=
       ;;
   esac
 }

@@ -20,7 +20,7 @@ cargo test --release --locked --test it --no-run 2>&1 | tail -1
 
 out=loadtest/out/draw
 rm -rf "$out" && mkdir -p "$out"
-report_begin "ROUNDS=$rounds"
+REPORT_MEASURES_TESTS=1 report_begin "ROUNDS=$rounds"
 for round in $(seq "$rounds"); do
   echo "round $round: a million entries, then the draw" >&2
   cargo test --release --locked --test it draws::a_million_entries -- --ignored --exact --nocapture \

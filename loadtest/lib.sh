@@ -3,11 +3,6 @@
 # machine's MariaDB, Redis and RabbitMQ, putting an item on sale, and a process's CPU.
 . dev/lib.sh
 
-# REDIS_DEFAULTS=1: the scripts' private Redis servers without the deployment's listpack
-# settings (REDIS_SALE_SETTINGS), at Redis's own defaults — to measure what those settings
-# buy (docs/deployment.md). The report's command says so.
-if [ "${REDIS_DEFAULTS:-0}" = 1 ]; then REDIS_SALE_SETTINGS=(); fi
-
 # bench_env NAMESPACE HTTP_ADDR [LOG_LEVEL]: the settings every load-test server runs with —
 # its own namespace and database (emptied by `forget`), the admin token the scripts send,
 # the address it listens on, and RUST_LOG unless the caller set one (LOG_LEVEL, `info` by
@@ -106,13 +101,17 @@ tokens_and_api() {
 # its steal time count from here); KNOBS are the variables the run was given, as a reader
 # would type them before the command (`DURATION=10s ROUNDS=3`).
 report_begin() {
-  report_command="${1:+$1 }${REDIS_DEFAULTS:+REDIS_DEFAULTS=$REDIS_DEFAULTS }./loadtest/$(basename "$0")"
+  report_command="${1:+$1 }./loadtest/$(basename "$0")"
   report_stat0=$(head -1 /proc/stat)
   report_began=$(date -u +%Y-%m-%dT%H:%M:%SZ)
   # The code measured: the commit when the run began, and whether anything measured
   # (docs, tests and reports left out) differed from it.
   report_commit=$(git rev-parse HEAD)
-  report_tree_changed=$(git status --porcelain --untracked-files=no -- . ':!docs' ':!*.md' ':!loadtest/results' ':!tests' | wc -l)
+  # New files count too (a script not yet committed); tests only where the script measures
+  # a test (REPORT_MEASURES_TESTS=1, as draw.sh does).
+  local leave_out=(':!docs' ':!*.md' ':!loadtest/results')
+  [ "${REPORT_MEASURES_TESTS:-0}" = 1 ] || leave_out+=(':!tests')
+  report_tree_changed=$(git status --porcelain --untracked-files=all -- . "${leave_out[@]}" | wc -l)
 }
 
 # write_report NAME FIGURES_JSON [RUNS_TSV RATIO...]: writes $out/NAME.json through

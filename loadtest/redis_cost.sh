@@ -74,7 +74,10 @@ if [ -n "${REDIS_CPU:-}" ]; then
   others=$(seq 0 $(($(nproc) - 1)) | grep -vx "$REDIS_CPU" | paste -sd,)
   taskset -pc "$others" $$ >/dev/null
 fi
-report_begin "${REDIS_CPU:+REDIS_CPU=$REDIS_CPU }${COUNT:+COUNT=$COUNT }CALLS=$calls ORDERS=$orders"
+# REDIS_DEFAULTS=1: the private Redis at Redis's own listpack defaults, not the deployment's.
+redis_defaults=
+if [ "${REDIS_DEFAULTS:-0}" = 1 ]; then REDIS_SALE_SETTINGS=() redis_defaults="REDIS_DEFAULTS=1 "; fi
+report_begin "${REDIS_CPU:+REDIS_CPU=$REDIS_CPU }${COUNT:+COUNT=$COUNT }$redis_defaults""CALLS=$calls ORDERS=$orders"
 redis_args=(--port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$PWD/$out"
   --logfile "$PWD/$out/redis.log" "${REDIS_SALE_SETTINGS[@]}")
 if [ "$count" = instructions ]; then

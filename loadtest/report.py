@@ -91,10 +91,11 @@ def rounds(path, ratios):
         a, b = pair.split("/", 1)
         per_round = []
         for r in sorted({run["round"] for run in runs}):
+            has = lambda x, name: x["round"] == r and x["name"] == name and field in x
             mean = {
-                name: statistics.mean(x[field] for x in runs if x["round"] == r and x["name"] == name)
+                name: statistics.mean(x[field] for x in runs if has(x, name))
                 for name in (a, b)
-                if any(x["round"] == r and x["name"] == name and field in x for x in runs)
+                if any(has(x, name) for x in runs)
             }
             if len(mean) == 2:
                 per_round.append(round(mean[a] / mean[b], 3))
@@ -127,8 +128,8 @@ def summary(path):
         runs = [run for run in figures["runs"] if run["name"] == name]
         rps = statistics.median(run["rps"] for run in runs)
         p99 = round(statistics.median(run["p99_ms"] for run in runs), 2)
-        more = {field: statistics.median(run[field] for run in runs)
-                for field in runs[0] if field not in ("round", "name", "rps", "p99_ms")}
+        fields = dict.fromkeys(f for run in runs for f in run if f not in ("round", "name", "rps", "p99_ms"))
+        more = {field: statistics.median(run[field] for run in runs if field in run) for field in fields}
         extra = "".join(f", {field} {value:g}" for field, value in more.items())
         print(f"  {name}: {rps:,.0f} req/s, p99 {p99} ms{extra} (median of {len(runs)} runs)")
     other = {k: v for k, v in figures.items() if k not in ("runs", "ratios")}
