@@ -58,6 +58,49 @@ async fn main() -> anyhow::Result<()> {
     let memory_before = used_memory(&mut redis).await?;
     reset_stats(&mut redis).await?;
     let began = Instant::now();
+    join_all(&redis, &keys, &args, (opens_ms, start_ms, end_ms)).await?;
+    let join_seconds = began.elapsed().as_secs_f64();
+    let join_usec = script_usec_per_call(&mut redis).await?;
+    let memory_after = used_memory(&mut redis).await?;
+
+    reset_stats(&mut redis).await?;
+    let began = Instant::now();
+    read_places(&redis, &keys, &args).await?;
+    let read_seconds = began.elapsed().as_secs_f64();
+    let read_usec = script_usec_per_call(&mut redis).await?;
+
+    reset_stats(&mut redis).await?;
+    let (admitted, admit_seconds, steps) = admit(&mut redis, &keys, &args).await?;
+    let step_usec = script_usec_per_call(&mut redis).await?;
+
+    #[allow(clippy::cast_precision_loss)]
+    let per = |a: f64, b: u64| a / b as f64;
+    let report = serde_json::json!({
+        "buyers": args.buyers,
+        "joins_per_s": per(args.buyers as f64, 1) / join_seconds,
+        "join_redis_usec": join_usec,
+        "redis_bytes_per_waiting_buyer": per(memory_after.saturating_sub(memory_before) as f64, args.buyers),
+        "reads": args.reads,
+        "reads_per_s": args.reads as f64 / read_seconds,
+        "read_redis_usec": read_usec,
+        "admit_per_s_set": args.admit_per_s,
+        "admitted": admitted,
+        "admitted_per_s": admitted as f64 / admit_seconds,
+        "steps": steps,
+        "step_redis_usec": step_usec,
+    });
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(())
+}
+
+/// `--buyers` buyers join the line by the queue's script, `--in-flight` at a time, each
+/// taking a rank place: the pre-queue open, the sale ahead (its open, start and end in ms).
+async fn join_all(
+    redis: &MultiplexedConnection,
+    keys: &QueueKeys,
+    args: &Args,
+    (opens_ms, start_ms, end_ms): (i64, i64, i64),
+) -> anyhow::Result<()> {
     let joins: Vec<anyhow::Result<()>> = futures::stream::iter(1..=args.buyers)
         .map(|user| {
             let (mut redis, keys) = (redis.clone(), keys.clone());
@@ -83,12 +126,15 @@ async fn main() -> anyhow::Result<()> {
         .collect()
         .await;
     joins.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
-    let join_seconds = began.elapsed().as_secs_f64();
-    let join_usec = script_usec_per_call(&mut redis).await?;
-    let memory_after = used_memory(&mut redis).await?;
+    Ok(())
+}
 
-    reset_stats(&mut redis).await?;
-    let began = Instant::now();
+/// `--reads` reads of a buyer's place, spread over the whole line.
+async fn read_places(
+    redis: &MultiplexedConnection,
+    keys: &QueueKeys,
+    args: &Args,
+) -> anyhow::Result<()> {
     let reads: Vec<anyhow::Result<()>> = futures::stream::iter(0..args.reads)
         .map(|i| {
             let (mut redis, keys) = (redis.clone(), keys.clone());
@@ -111,30 +157,6 @@ async fn main() -> anyhow::Result<()> {
         .collect()
         .await;
     reads.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
-    let read_seconds = began.elapsed().as_secs_f64();
-    let read_usec = script_usec_per_call(&mut redis).await?;
-
-    reset_stats(&mut redis).await?;
-    let (admitted, admit_seconds, steps) = admit(&mut redis, &keys, &args).await?;
-    let step_usec = script_usec_per_call(&mut redis).await?;
-
-    #[allow(clippy::cast_precision_loss)]
-    let per = |a: f64, b: u64| a / b as f64;
-    let report = serde_json::json!({
-        "buyers": args.buyers,
-        "joins_per_s": per(args.buyers as f64, 1) / join_seconds,
-        "join_redis_usec": join_usec,
-        "redis_bytes_per_waiting_buyer": per(memory_after.saturating_sub(memory_before) as f64, args.buyers),
-        "reads": args.reads,
-        "reads_per_s": args.reads as f64 / read_seconds,
-        "read_redis_usec": read_usec,
-        "admit_per_s_set": args.admit_per_s,
-        "admitted": admitted,
-        "admitted_per_s": admitted as f64 / admit_seconds,
-        "steps": steps,
-        "step_redis_usec": step_usec,
-    });
-    println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
 }
 

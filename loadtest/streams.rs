@@ -55,57 +55,17 @@ async fn main() -> anyhow::Result<()> {
     let base = format!("{}/api/items/{}/queue", args.api, args.item);
 
     let began = Instant::now();
-    let joined: Vec<anyhow::Result<()>> = futures::stream::iter(&tokens)
-        .map(|token| {
-            let (http, base) = (&http, &base);
-            async move {
-                let response = http.post(base).bearer_auth(token).send().await?;
-                let status = response.status();
-                anyhow::ensure!(
-                    status.is_success(),
-                    "join: {status} {}",
-                    response.text().await?
-                );
-                Ok(())
-            }
-        })
-        .buffer_unordered(args.in_flight)
-        .collect()
-        .await;
-    joined.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+    join_all(&http, &base, &tokens, args.in_flight).await?;
     let join_s = began.elapsed().as_secs_f64();
     eprintln!("{} joined in {join_s:.1} s", tokens.len());
 
     let rss_before = rss_kb(args.pid)?;
-    let events = Arc::new(AtomicU64::new(0));
-    let ended = Arc::new(AtomicU64::new(0));
     let began = Instant::now();
-    let url = format!("{base}/me/events");
-    let opened: Vec<anyhow::Result<reqwest::Response>> = futures::stream::iter(&tokens)
-        .map(|token| {
-            let (http, url) = (&http, &url);
-            async move {
-                let response = http.get(url).bearer_auth(token).send().await?;
-                let status = response.status();
-                anyhow::ensure!(status.is_success(), "stream: {status}");
-                Ok(response)
-            }
-        })
-        .buffer_unordered(args.in_flight)
-        .collect()
-        .await;
-    let mut readers = Vec::with_capacity(opened.len());
-    for response in opened {
-        let mut response = response?;
-        let (events, ended) = (events.clone(), ended.clone());
-        readers.push(tokio::spawn(async move {
-            while let Ok(Some(chunk)) = response.chunk().await {
-                let blocks = chunk.windows(2).filter(|w| w == b"\n\n").count();
-                events.fetch_add(blocks as u64, Ordering::Relaxed);
-            }
-            ended.fetch_add(1, Ordering::Relaxed);
-        }));
-    }
+    let Streams {
+        readers,
+        events,
+        ended,
+    } = open_all(&http, &format!("{base}/me/events"), &tokens, args.in_flight).await?;
     let open_s = began.elapsed().as_secs_f64();
     eprintln!("{} streams open in {open_s:.1} s", readers.len());
     // Settled: every stream has had its first event.
@@ -137,6 +97,76 @@ async fn main() -> anyhow::Result<()> {
     });
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(())
+}
+
+/// Every buyer joins the line, `in_flight` at a time; the first refusal ends the run.
+async fn join_all(
+    http: &reqwest::Client,
+    base: &str,
+    tokens: &[String],
+    in_flight: usize,
+) -> anyhow::Result<()> {
+    let joined: Vec<anyhow::Result<()>> = futures::stream::iter(tokens)
+        .map(|token| async move {
+            let response = http.post(base).bearer_auth(token).send().await?;
+            let status = response.status();
+            anyhow::ensure!(
+                status.is_success(),
+                "join: {status} {}",
+                response.text().await?
+            );
+            Ok(())
+        })
+        .buffer_unordered(in_flight)
+        .collect()
+        .await;
+    joined.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+    Ok(())
+}
+
+/// The open event streams: a reader task each, counting the events read and the streams
+/// the server ended.
+struct Streams {
+    readers: Vec<tokio::task::JoinHandle<()>>,
+    events: Arc<AtomicU64>,
+    ended: Arc<AtomicU64>,
+}
+
+/// Every buyer opens the event stream at `url`, `in_flight` at a time, and keeps reading it.
+async fn open_all(
+    http: &reqwest::Client,
+    url: &str,
+    tokens: &[String],
+    in_flight: usize,
+) -> anyhow::Result<Streams> {
+    let opened: Vec<anyhow::Result<reqwest::Response>> = futures::stream::iter(tokens)
+        .map(|token| async move {
+            let response = http.get(url).bearer_auth(token).send().await?;
+            let status = response.status();
+            anyhow::ensure!(status.is_success(), "stream: {status}");
+            Ok(response)
+        })
+        .buffer_unordered(in_flight)
+        .collect()
+        .await;
+    let (events, ended) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut readers = Vec::with_capacity(opened.len());
+    for response in opened {
+        let mut response = response?;
+        let (events, ended) = (events.clone(), ended.clone());
+        readers.push(tokio::spawn(async move {
+            while let Ok(Some(chunk)) = response.chunk().await {
+                let blocks = chunk.windows(2).filter(|w| w == b"\n\n").count();
+                events.fetch_add(blocks as u64, Ordering::Relaxed);
+            }
+            ended.fetch_add(1, Ordering::Relaxed);
+        }));
+    }
+    Ok(Streams {
+        readers,
+        events,
+        ended,
+    })
 }
 
 /// The process's resident memory (`VmRSS`, kB).
