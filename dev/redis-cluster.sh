@@ -19,7 +19,8 @@ command -v redis-server >/dev/null || die "redis-server is missing: sudo apt-get
 
 # A node: its append-only file on (one that rejoins after a kill must not come back empty
 # as a master); a replica may always take over however long it was cut off (`WAIT` says
-# what a replica holds, and the tests kill masters on purpose); failures noticed in 2 s.
+# what a replica holds, and the tests kill masters on purpose); failures noticed in 2 s;
+# small hashes and sorted sets kept as a sale's Redis keeps them (REDIS_SALE_SETTINGS).
 node() { # DIR PORT [IP]
   local dir=$1 port=$2 ip=${3:-127.0.0.1}
   mkdir -p "$dir"
@@ -27,7 +28,7 @@ node() { # DIR PORT [IP]
   exec redis-server --port "$port" --bind "$ip" --protected-mode no \
     --cluster-enabled yes --cluster-node-timeout 2000 --cluster-config-file nodes.conf \
     --cluster-replica-validity-factor 0 --save "" --appendonly yes \
-    --dir "$dir" --logfile "$dir/redis.log"
+    --dir "$dir" --logfile "$dir/redis.log" "${REDIS_SALE_SETTINGS[@]}"
 }
 
 create() { # HOST:PORT...
