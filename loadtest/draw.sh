@@ -29,14 +29,6 @@ for round in $(seq "$rounds"); do
   tail -1 "$out/runs.jsonl" >&2
 done
 [ "$(wc -l <"$out/runs.jsonl")" = "$rounds" ] || die "not every run printed its figures; see $out/run-*.log"
-python3 -c '
-import json, statistics, sys
-runs = [json.loads(line) for line in open(sys.argv[1])]
-timed = [k for k, v in runs[0].items() if k.endswith(("_s", "_mb"))]
-print(json.dumps({"rounds": runs,
-                  "median": {k: statistics.median(r[k] for r in runs) for k in timed},
-                  "range": {k: [min(r[k] for r in runs), max(r[k] for r in runs)] for k in timed}}))
-' "$out/runs.jsonl" >"$out/figures.json"
-report=$(write_report draw "$out/figures.json")
+report=$(write_report draw "$out/runs.jsonl")
 python3 loadtest/report.py --summary "$report"
 echo "written: $report" >&2

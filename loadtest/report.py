@@ -5,7 +5,9 @@ rerun them. Called by `write_report` in loadtest/lib.sh (standard library only).
     python3 loadtest/report.py --summary report.json     (what a script prints at its end)
 
 FIGURES.json  the script's own figures (a JSON object), kept as they are; or FIGURES.md,
-              the table a script prints, kept line by line (`printed`).
+              the table a script prints, kept line by line (`printed`); or FIGURES.jsonl,
+              one JSON object a round, kept as `rounds` with the median and range of
+              each of their numbers.
 RUNS.tsv      every timed run, one a line: round, name, requests a second, p99 in ms, then
               any further figures of the run as FIELD=NUMBER (e.g. server_us=28.7).
 RATIO         NAME=A/B: per round, A's mean requests a second over B's (the runs of a round
@@ -112,6 +114,19 @@ def rounds(path, ratios):
     return figures
 
 
+def over_rounds(path):
+    """Rounds of figures (one JSON object a line), with each number's median and range."""
+    with open(path) as jsonl:
+        rows = [json.loads(line) for line in jsonl if line.strip()]
+    numbers = [k for k, v in rows[0].items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "round"]
+    return {
+        "rounds": rows,
+        "median": {k: statistics.median(row[k] for row in rows) for k in numbers},
+        "range": {k: [min(row[k] for row in rows), max(row[k] for row in rows)] for k in numbers},
+    }
+
+
 def summary(path):
     """Each ratio's median and range, and each run's median requests a second and p99."""
     with open(path) as f:
@@ -141,8 +156,11 @@ def main():
     if sys.argv[1] == "--summary":
         summary(sys.argv[2])
         return
-    with open(sys.argv[1]) as f:
-        figures = {"printed": f.read().splitlines()} if sys.argv[1].endswith(".md") else json.load(f)
+    if sys.argv[1].endswith(".jsonl"):
+        figures = over_rounds(sys.argv[1])
+    else:
+        with open(sys.argv[1]) as f:
+            figures = {"printed": f.read().splitlines()} if sys.argv[1].endswith(".md") else json.load(f)
     if len(sys.argv) > 2:
         figures.update(rounds(sys.argv[2], sys.argv[3:]))
     with open("/proc/stat") as stat:

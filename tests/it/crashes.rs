@@ -51,8 +51,8 @@ async fn an_api_instance_killed_mid_burst_loses_nothing() {
     );
     // docs/faults.md (the measured figures): requests in flight break, pressing again sells
     // or names the order; a win its publisher had not entered waits for the safety sweep
-    // (8 s) and the relay. Allowed here: the broken answers
-    // within 2 s of the kill, the orders within 15 s, for a loaded 2-core machine.
+    // (8 s) and the relay. Allowed here: the broken answers within 2 s of the kill, the
+    // orders within 15 s, for a loaded 2-core machine.
     let liveness = Liveness {
         fault: "API instance killed",
         allowed: &["202 queued", "409 duplicate", "410 sold_out", "transport"],
@@ -251,7 +251,8 @@ async fn a_scheduler_killed_mid_pass_returns_every_unit_exactly_once() {
             .env("SECKILL_SCHEDULER_POLL_MS", "100"),
     );
     // docs/faults.md (the measured figures): every unit back after the lease (3 s here).
-    // Allowed: the lease and 5 s, for a loaded 2-core machine (the wait for it below gives up at 30 s).
+    // Allowed: the lease and 5 s, for a loaded 2-core machine (the wait for it below gives
+    // up at 30 s).
     let liveness = Liveness::unnoticed(
         "scheduler killed mid-pass (lease 3 s)",
         Duration::from_secs(8),
@@ -406,8 +407,9 @@ async fn redis_restarted_mid_burst(appendfsync: &str) {
     };
     // docs/faults.md (the measured figures): purchases answer `503 unavailable` for up to a
     // second, pressing again sells or names the order; a win whose answer the kill cut off
-    // waits for the safety sweep, which enters it 8 s after the win. Allowed: the last `503` within 3 s of the kill (Redis is down 0.5 s,
-    // then starts and loads its file), the orders within 15 s — for a loaded 2-core machine.
+    // waits for the safety sweep, which enters it 8 s after the win. Allowed: the last
+    // `503` within 3 s of the kill (Redis is down 0.5 s, then starts and loads its file),
+    // the orders within 15 s — for a loaded 2-core machine.
     let name = format!("Redis killed, appendfsync {appendfsync}");
     let liveness = Liveness {
         fault: &name,

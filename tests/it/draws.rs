@@ -345,7 +345,7 @@ async fn a_draw_cut_off_by_a_killed_scheduler_resumes_and_never_gives_twice() {
     drop((second, third));
 }
 
-/// A measurement, by hand (docs/benchmarks.md, "A draw"): a million entries over 16
+/// A measurement (`loadtest/draw.sh`; docs/benchmarks.md's figures): a million entries over 16
 /// buckets, 1,000 units; how long entering them into Redis took, and the draw from
 /// `draw_at` to the seed's publication and to the last order in MySQL, printed as one
 /// line of JSON after `draw figures: ` for `loadtest/draw.sh`, which runs it (release
