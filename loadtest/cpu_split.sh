@@ -92,18 +92,17 @@ measure() { # round name url pid redis_pid [env...]
   requests=$(awk '/requests in/ {print $1}' "$file.wrk")
   {
     printf '%s\t%s\t%s\t%s' "$round" "$name" $(wrk_rps_p99 "$file.wrk")
-    printf '\tserver_us=%s\tredis_us=%s' "$(us $((s1 - s0)) "$requests")" "$(us $((r1 - r0)) "$requests")"
+    printf '\tserver_us=%s\tredis_us=%s' "$(cpu_us_per_request $((s1 - s0)) "$requests")" "$(cpu_us_per_request $((r1 - r0)) "$requests")"
     if [ "$name" = seckill ]; then
-      printf '\trabbitmq_us=%s' "$(us $((b1 - b0)) "$requests")"
+      printf '\trabbitmq_us=%s' "$(cpu_us_per_request $((b1 - b0)) "$requests")"
       join "$file.threads0" "$file.threads1" | while read -r thread before after; do
-        printf '\t%s_us=%s' "$thread" "$(us $((after - before)) "$requests")"
+        printf '\t%s_us=%s' "$thread" "$(cpu_us_per_request $((after - before)) "$requests")"
       done
     fi
     echo
   } >>"$out/runs.tsv"
   echo "round $round: $name $(tail -1 "$out/runs.tsv" | cut -f3-)" >&2
 }
-us() { cpu_us_per_request "$1" "$2"; }
 # The syscalls file as "writev 1.47, recvfrom 1.01, …" per request.
 syscalls_per_request() { # file seconds_counted wrk_file
   [ -s "$1" ] || { echo "(perf not available)"; return; }
